@@ -1,0 +1,412 @@
+/*
+ * group.c - the CPU backend's tensor-parallel gather over an in-process
+ * group of ranks (one thread per rank).
+ *
+ * The ranks meet at barriers with a timeout (a rank that never arrives turns
+ * into BEAM_ERR_COMM, never a hang). Every call starts with an agreement:
+ * each rank posts its checked status and the collective arguments, and if any
+ * rank failed or the ranks disagree, every rank returns an error before
+ * anything is written. The posted slots alternate between two banks, so a
+ * fast rank starting the next call never overwrites what a slow rank still
+ * reads.
+ *
+ * Strategies (same bits by construction, SPEC.md 1.4):
+ *   ONESHOT: finalize owned rows into the shared stage, then every rank runs
+ *            norm_residual_norm over all T rows itself.
+ *   TWOSHOT: each rank runs the fused pass over its owned rows into shared
+ *            hidden/normalized stages; every rank copies all rows out.
+ *   UNFUSED: finalize into a rank-local buffer, all-gather it (copy in,
+ *            barrier, copy out), then norm_residual_norm over all rows.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "group.h"
+#include "ops.h"
+
+/* What a rank posts at a rendezvous; compared field by field. */
+typedef struct bm_slot {
+    beam_status status;
+    int64_t tokens;    /* gather: T;  create: max_tokens */
+    int32_t top_k, hidden, strategy;
+    int32_t has_scales, post_on, post_w, next_on, next_w;
+    float routed_scale, scale_x, scale_r, post_eps, next_eps;
+} bm_slot;
+
+/* Buffers of one set of workspaces (one per rank), allocated by rank 0. */
+typedef struct bm_shared {
+    int32_t nranks, refs;
+    uint16_t *fin; /* [max_tokens, hidden] finalized rows of every rank    */
+    uint16_t *hid; /* [max_tokens, hidden] TWOSHOT: hidden rows            */
+    uint16_t *nrm; /* [max_tokens, hidden] TWOSHOT: normalized rows        */
+    uint16_t **local;    /* [nranks][ceil(max_tokens/R), hidden] UNFUSED send */
+    uint16_t **gathered; /* [nranks][max_tokens, hidden] UNFUSED receive     */
+} bm_shared;
+
+struct beam_cpu_group {
+    int32_t nranks;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t gen;     /* barrier generation */
+    int32_t arrived;
+    int broken;       /* a barrier timed out: the group can only be destroyed */
+    int32_t live_ws;
+    char *joined;     /* [nranks]: the rank holds a workspace */
+    bm_slot *slots;   /* [3][nranks]: two banks for calls, one for creation */
+    bm_shared *shared;
+    beam_status create_status;
+};
+
+typedef struct bm_cpu_ws {
+    beam_cpu_group *g;
+    bm_shared *sh;
+    uint64_t calls;
+} bm_cpu_ws;
+
+/* ---- barrier with timeout ---------------------------------------------- */
+
+static void bm_deadline(struct timespec *ts, int32_t timeout_ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec += 1;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static beam_status bm_barrier(beam_cpu_group *g, int32_t rank, int32_t timeout_ms, const char *fn)
+{
+    struct timespec ts;
+    uint64_t gen;
+    beam_status st = BEAM_OK;
+
+    bm_deadline(&ts, timeout_ms);
+    pthread_mutex_lock(&g->mu);
+    gen = g->gen;
+    if (g->broken) {
+        st = BEAM_ERR_COMM;
+    } else if (++g->arrived == g->nranks) {
+        g->arrived = 0;
+        g->gen++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (gen == g->gen && !g->broken) {
+            if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && gen == g->gen) {
+                g->broken = 1;
+                pthread_cond_broadcast(&g->cv);
+            }
+        }
+        if (gen == g->gen) st = BEAM_ERR_COMM;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (st != BEAM_OK)
+        return bm_fail(st, "%s: rank %d: a peer did not arrive within timeout_ms=%d, or an earlier "
+                       "timeout broke the group (destroy it)", fn, (int)rank, (int)timeout_ms);
+    return BEAM_OK;
+}
+
+/* ---- group ------------------------------------------------------------- */
+
+beam_status bm_cpu_group_create(int32_t nranks, beam_cpu_group **group)
+{
+    pthread_condattr_t attr;
+    beam_cpu_group *g = (beam_cpu_group *)calloc(1, sizeof *g);
+    if (g) {
+        g->joined = (char *)calloc((size_t)nranks, 1);
+        g->slots = (bm_slot *)calloc(3 * (size_t)nranks, sizeof *g->slots);
+    }
+    if (!g || !g->joined || !g->slots) {
+        if (g) {
+            free(g->joined);
+            free(g->slots);
+        }
+        free(g);
+        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "beam_cpu_group_create: out of host memory");
+    }
+    g->nranks = nranks;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    *group = g;
+    return BEAM_OK;
+}
+
+beam_status bm_cpu_group_destroy(beam_cpu_group *g)
+{
+    int32_t live;
+    pthread_mutex_lock(&g->mu);
+    live = g->live_ws;
+    pthread_mutex_unlock(&g->mu);
+    if (live)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_cpu_group_destroy: group still has %d live "
+                       "workspaces: destroy them first", (int)live);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g->joined);
+    free(g->slots);
+    free(g);
+    return BEAM_OK;
+}
+
+/* ---- workspace --------------------------------------------------------- */
+
+static void bm_shared_free(bm_shared *sh)
+{
+    int32_t r;
+    if (!sh) return;
+    free(sh->fin);
+    free(sh->hid);
+    free(sh->nrm);
+    for (r = 0; sh->local && r < sh->nranks; r++) free(sh->local[r]);
+    for (r = 0; sh->gathered && r < sh->nranks; r++) free(sh->gathered[r]);
+    free(sh->local);
+    free(sh->gathered);
+    free(sh);
+}
+
+static bm_shared *bm_shared_alloc(int32_t nranks, int64_t max_tokens, int32_t hidden)
+{
+    size_t all = (size_t)(max_tokens ? max_tokens : 1) * (size_t)hidden * sizeof(uint16_t);
+    size_t part = (size_t)((max_tokens + nranks - 1) / nranks + 1) * (size_t)hidden * sizeof(uint16_t);
+    int32_t r, ok;
+    bm_shared *sh = (bm_shared *)calloc(1, sizeof *sh);
+    if (!sh) return NULL;
+    sh->nranks = nranks;
+    sh->fin = (uint16_t *)malloc(all);
+    sh->hid = (uint16_t *)malloc(all);
+    sh->nrm = (uint16_t *)malloc(all);
+    sh->local = (uint16_t **)calloc((size_t)nranks, sizeof *sh->local);
+    sh->gathered = (uint16_t **)calloc((size_t)nranks, sizeof *sh->gathered);
+    ok = sh->fin && sh->hid && sh->nrm && sh->local && sh->gathered;
+    for (r = 0; ok && r < nranks; r++) {
+        sh->local[r] = (uint16_t *)malloc(part);
+        sh->gathered[r] = (uint16_t *)malloc(all);
+        ok = sh->local[r] && sh->gathered[r];
+    }
+    if (!ok) {
+        bm_shared_free(sh);
+        return NULL;
+    }
+    sh->refs = nranks;
+    return sh;
+}
+
+beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_status local)
+{
+    static const char fn[] = "beam_workspace_create_cpu";
+    bm_slot *mine, *all;
+    bm_cpu_ws *impl = NULL;
+    beam_status st;
+    int32_t r, bad = -1;
+
+    if (rank < 0 || rank >= g->nranks)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d must be in [0, %d) of the group", fn,
+                       (int)rank, (int)g->nranks);
+    all = g->slots + 2 * (size_t)g->nranks;
+    mine = all + rank;
+    pthread_mutex_lock(&g->mu);
+    if (local == BEAM_OK && g->joined[rank])
+        local = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d already holds a workspace on this group "
+                        "(one per rank: destroy it first)", fn, (int)rank);
+    memset(mine, 0, sizeof *mine);
+    mine->status = local;
+    mine->tokens = ws->max_tokens;
+    mine->hidden = ws->hidden;
+    mine->strategy = ws->cfg.timeout_ms;
+    pthread_mutex_unlock(&g->mu);
+    if (local == BEAM_OK) {
+        impl = (bm_cpu_ws *)calloc(1, sizeof *impl);
+        if (!impl) local = mine->status = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    }
+
+    st = bm_barrier(g, rank, local == BEAM_OK ? ws->cfg.timeout_ms : 30000, fn);
+    if (st != BEAM_OK) goto fail;
+    for (r = 0; r < g->nranks && bad < 0; r++)
+        if (all[r].status != BEAM_OK || all[r].tokens != all[0].tokens || all[r].hidden != all[0].hidden ||
+            all[r].strategy != all[0].strategy)
+            bad = r;
+    if (bad < 0 && rank == 0) {
+        g->shared = bm_shared_alloc(g->nranks, ws->max_tokens, ws->hidden);
+        g->create_status = g->shared ? BEAM_OK : BEAM_ERR_OUT_OF_MEMORY;
+    }
+    /* Second barrier: nobody re-posts a creation slot before all have read,
+     * and rank 0's allocation is visible to all. */
+    st = bm_barrier(g, rank, local == BEAM_OK ? ws->cfg.timeout_ms : 30000, fn);
+    if (st != BEAM_OK) goto fail;
+    if (bad >= 0) {
+        st = local != BEAM_OK ? local
+             : all[bad].status != BEAM_OK
+                 ? bm_fail(all[bad].status, "%s: rank %d failed its own checks; no workspace was created",
+                           fn, (int)bad)
+                 : bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d passed max_tokens=%lld, hidden=%d, "
+                           "timeout_ms=%d but rank 0 passed %lld, %d, %d: every rank must pass the same", fn,
+                           (int)bad, (long long)all[bad].tokens, (int)all[bad].hidden, (int)all[bad].strategy,
+                           (long long)all[0].tokens, (int)all[0].hidden, (int)all[0].strategy);
+        goto fail;
+    }
+    if (g->create_status != BEAM_OK) {
+        st = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory for the shared buffers of "
+                     "max_tokens=%lld x hidden=%d", fn, (long long)ws->max_tokens, (int)ws->hidden);
+        goto fail;
+    }
+    pthread_mutex_lock(&g->mu);
+    g->joined[rank] = 1;
+    g->live_ws++;
+    impl->sh = g->shared;
+    pthread_mutex_unlock(&g->mu);
+    impl->g = g;
+    ws->rank = rank;
+    ws->nranks = g->nranks;
+    ws->impl = impl;
+    return BEAM_OK;
+fail:
+    free(impl);
+    return st;
+}
+
+beam_status bm_cpu_ws_destroy(bm_ws *ws)
+{
+    bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
+    beam_cpu_group *g = impl->g;
+    bm_shared *drop = NULL;
+    pthread_mutex_lock(&g->mu);
+    g->joined[ws->rank] = 0;
+    g->live_ws--;
+    if (--impl->sh->refs == 0) {
+        drop = impl->sh;
+        if (g->shared == drop) g->shared = NULL;
+    }
+    pthread_mutex_unlock(&g->mu);
+    bm_shared_free(drop);
+    free(impl);
+    return BEAM_OK;
+}
+
+/* ---- gather ------------------------------------------------------------ */
+
+static void bm_post(bm_slot *s, const bm_args *a, beam_strategy strategy, beam_status local)
+{
+    memset(s, 0, sizeof *s);
+    s->status = local;
+    s->tokens = a->tokens;
+    s->top_k = a->top_k;
+    s->hidden = a->hidden;
+    s->strategy = (int32_t)strategy;
+    s->has_scales = a->has_scales;
+    s->scale_x = a->scale_x;
+    s->scale_r = a->scale_r;
+    s->routed_scale = a->routed_scale;
+    s->post_on = a->post.on;
+    s->post_w = a->post.weight != NULL;
+    s->post_eps = a->post.eps;
+    s->next_on = a->next.on;
+    s->next_w = a->next.weight != NULL;
+    s->next_eps = a->next.eps;
+}
+
+/* The first collective argument on which slot s differs from slot 0. */
+static const char *bm_disagree(const bm_slot *s, const bm_slot *s0)
+{
+    if (s->tokens != s0->tokens) return "tokens";
+    if (s->top_k != s0->top_k) return "top_k";
+    if (s->hidden != s0->hidden) return "hidden";
+    if (s->strategy != s0->strategy) return "strategy";
+    if (memcmp(&s->routed_scale, &s0->routed_scale, sizeof(float))) return "routed_scale";
+    if (s->has_scales != s0->has_scales || memcmp(&s->scale_x, &s0->scale_x, sizeof(float)) ||
+        memcmp(&s->scale_r, &s0->scale_r, sizeof(float)))
+        return "scales";
+    if (s->post_on != s0->post_on || s->post_w != s0->post_w ||
+        memcmp(&s->post_eps, &s0->post_eps, sizeof(float)))
+        return "post_norm";
+    if (s->next_on != s0->next_on || s->next_w != s0->next_w ||
+        memcmp(&s->next_eps, &s0->next_eps, sizeof(float)))
+        return "next_norm";
+    return NULL;
+}
+
+static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn)
+{
+    bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
+    bm_shared *sh = impl->sh;
+    const int32_t R = ws->nranks, r = ws->rank, tmo = ws->cfg.timeout_ms;
+    const int64_t T = a->tokens, L = (T + R - 1) / R, start = (int64_t)r * L;
+    const size_t H = (size_t)a->hidden, row = H * sizeof(uint16_t);
+    int64_t owned = T - start;
+    bm_args b = *a;
+
+    owned = owned < 0 ? 0 : (owned > L ? L : owned);
+    b.tokens = owned;
+    switch (strategy) {
+    case BEAM_STRATEGY_ONESHOT:
+        b.output = sh->fin + (size_t)start * H;
+        if (owned) bm_cpu_finalize(&b);
+        BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
+        b = *a;
+        b.x = sh->fin;
+        b.pre.on = 0;
+        bm_cpu_norm_residual_norm(&b);
+        break;
+    case BEAM_STRATEGY_TWOSHOT:
+        b.residual = a->residual + (size_t)start * H;
+        b.hidden_out = sh->hid + (size_t)start * H;
+        b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
+        if (owned) bm_cpu_fused(&b);
+        BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
+        memcpy(a->hidden_out, sh->hid, (size_t)T * row);
+        if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
+        break;
+    default: /* UNFUSED */
+        b.output = sh->local[r];
+        if (owned) {
+            bm_cpu_finalize(&b);
+            memcpy(sh->fin + (size_t)start * H, sh->local[r], (size_t)owned * row);
+        }
+        BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
+        memcpy(sh->gathered[r], sh->fin, (size_t)T * row);
+        b = *a;
+        b.x = sh->gathered[r];
+        b.pre.on = 0;
+        BM_CHECK(bm_barrier(impl->g, r, tmo, fn)); /* the stage is free again */
+        return bm_cpu_norm_residual_norm(&b);
+    }
+    /* Nobody may refill the stages for the next call before all have read. */
+    return bm_barrier(impl->g, r, tmo, fn);
+}
+
+beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
+{
+    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
+    bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
+    beam_cpu_group *g = impl->g;
+    const int32_t R = ws->nranks;
+    bm_slot *bank = g->slots + (size_t)(impl->calls++ & 1u) * (size_t)R;
+    const char *what = NULL;
+    int32_t r;
+
+    bm_post(&bank[ws->rank], a, strategy, local);
+    BM_CHECK(bm_barrier(g, ws->rank, ws->cfg.timeout_ms, fn));
+    for (r = 0; r < R; r++) {
+        if (bank[r].status != BEAM_OK) {
+            if (local != BEAM_OK) return local; /* this rank's own message is set */
+            return bm_fail(bank[r].status, "%s: rank %d failed its argument checks, so no rank wrote "
+                           "anything (see that rank's message)", fn, (int)r);
+        }
+    }
+    for (r = 1; r < R && !what; r++) {
+        what = bm_disagree(&bank[r], &bank[0]);
+        if (what)
+            return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s: "
+                           "every rank must pass the same", fn, (int)r, what);
+    }
+    if (a->tokens == 0) return BEAM_OK;
+    return bm_gather_run(ws, a, strategy, fn);
+}

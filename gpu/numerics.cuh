@@ -1,0 +1,116 @@
+/*
+ * numerics.cuh - SPEC.md section 2 arithmetic on the device (internal).
+ *
+ * Every FP32 step is an explicit round-to-nearest intrinsic (__fmul_rn,
+ * __fadd_rn, __fdiv_rn, __fsqrt_rn) so that no compiler flag or contraction
+ * can change a bit; the build adds --fmad=false as a second guard. BF16
+ * rounding is the SPEC's integer formula, with every NaN becoming 0x7FFF.
+ */
+#ifndef BEAMMOE_GPU_NUMERICS_CUH
+#define BEAMMOE_GPU_NUMERICS_CUH
+
+#include <stdint.h>
+
+/* f(b): BF16 bits -> FP32, exact. */
+__device__ __forceinline__ float bm_f(uint32_t b16)
+{
+    return __uint_as_float(b16 << 16);
+}
+
+/* bf16(v): (u + 0x7FFF + ((u >> 16) & 1)) >> 16, NaN -> 0x7FFF. */
+__device__ __forceinline__ uint32_t bm_bf16(float v)
+{
+    uint32_t u = __float_as_uint(v);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+        return 0x7FFFu;
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+/* Eight BF16 values packed in four 32-bit words (element 2i in the low half
+ * of word i: the little-endian memory order of a 16-byte vector). */
+struct bm_pack8 {
+    uint32_t w[4];
+};
+
+__device__ __forceinline__ void bm_unpack8(const bm_pack8 &p, float v[8])
+{
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        v[2 * i] = __uint_as_float(p.w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(p.w[i] & 0xFFFF0000u);
+    }
+}
+
+__device__ __forceinline__ bm_pack8 bm_round8(const float v[8])
+{
+    bm_pack8 p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        p.w[i] = bm_bf16(v[2 * i]) | (bm_bf16(v[2 * i + 1]) << 16);
+    return p;
+}
+
+/* Loads and stores of eight consecutive BF16 values. VEC: one 16-byte
+ * access (the caller guarantees 16-byte alignment); otherwise eight 2-byte
+ * accesses, for bases that are only 2-byte aligned. */
+template <bool VEC>
+__device__ __forceinline__ bm_pack8 bm_load8(const uint16_t *p)
+{
+    bm_pack8 r;
+    if (VEC) {
+        uint4 q = *reinterpret_cast<const uint4 *>(p);
+        r.w[0] = q.x; r.w[1] = q.y; r.w[2] = q.z; r.w[3] = q.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            r.w[i] = (uint32_t)p[2 * i] | ((uint32_t)p[2 * i + 1] << 16);
+    }
+    return r;
+}
+
+/* Streaming load for data read exactly once (expert outputs): evict-first,
+ * so it does not push the residual stream out of L2. */
+template <bool VEC>
+__device__ __forceinline__ bm_pack8 bm_load8_stream(const uint16_t *p)
+{
+    if (VEC) {
+        bm_pack8 r;
+        uint4 q = __ldcs(reinterpret_cast<const uint4 *>(p));
+        r.w[0] = q.x; r.w[1] = q.y; r.w[2] = q.z; r.w[3] = q.w;
+        return r;
+    }
+    return bm_load8<false>(p);
+}
+
+template <bool VEC>
+__device__ __forceinline__ void bm_store8(uint16_t *p, const bm_pack8 &v)
+{
+    if (VEC) {
+        *reinterpret_cast<uint4 *>(p) = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            p[2 * i] = (uint16_t)(v.w[i] & 0xFFFFu);
+            p[2 * i + 1] = (uint16_t)(v.w[i] >> 16);
+        }
+    }
+}
+
+/* P[c] of SPEC: ((((((q0 + q1) + q2) + q3) + q4) + q5) + q6) + q7. */
+__device__ __forceinline__ float bm_chunk_sumsq(const float v[8])
+{
+    float a = __fmul_rn(v[0], v[0]);
+#pragma unroll
+    for (int i = 1; i < 8; ++i)
+        a = __fadd_rn(a, __fmul_rn(v[i], v[i]));
+    return a;
+}
+
+/* inv = 1 / sqrt(P0 / H + eps), correctly rounded at every step. */
+__device__ __forceinline__ float bm_inv_rms(float p0, int hidden, float eps)
+{
+    float ms = __fdiv_rn(p0, (float)hidden);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+}
+
+#endif

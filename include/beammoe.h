@@ -1,0 +1,197 @@
+/*
+ * beammoe.h - the one public header of beammoe.
+ *
+ * beammoe computes the last step of a mixture-of-experts layer: each token's
+ * top_k expert results (BF16) and routing weights (FP32) become its hidden
+ * state (weighted sum, BF16 rounding, routed scale, optional post-norm),
+ * optionally fused with the residual add and the next layer's RMSNorm, and in
+ * tensor parallelism with an all-gather of each rank's tokens.
+ *
+ * Every result follows one exact rounding order (the project's SPEC.md,
+ * section 2), so all backends, strategies, thread counts and ranks give the
+ * same bits.
+ *
+ * Layouts are dense, row-major, contiguous:
+ *   expert_outputs  [capacity, top_k, hidden]  BF16 (token-major)
+ *   expert_weights  [capacity, top_k]          FP32
+ *   residual, hidden, normalized, x, output    [tokens, hidden] BF16
+ *   norm weights    [hidden]                   BF16
+ * Only live rows are read; rows past them may hold anything (NaN included).
+ *
+ * BF16 values travel as uint16_t bit patterns. Every call returns a
+ * beam_status; on failure nothing has been written and beam_last_error()
+ * names the function, the argument and the rule that was broken.
+ *
+ * Three libraries export exactly these symbols: libbeammoe_cpu (C99 +
+ * OpenMP), libbeammoe_cuda (CUDA) and libbeammoe (picks one at run time).
+ */
+#ifndef BEAMMOE_H
+#define BEAMMOE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define BEAM_API
+#elif defined(__GNUC__)
+#define BEAM_API __attribute__((visibility("default")))
+#else
+#define BEAM_API
+#endif
+
+#define BEAM_VERSION_MAJOR 0
+#define BEAM_VERSION_MINOR 1
+#define BEAM_VERSION_PATCH 0
+
+/* Status codes. BEAM_OK is 0; every other value is an error. */
+typedef enum beam_status {
+    BEAM_OK = 0,
+    BEAM_ERR_INVALID_ARGUMENT = 1, /* a rule of the contract was broken   */
+    BEAM_ERR_UNSUPPORTED = 2,      /* not available in this build/backend */
+    BEAM_ERR_DEVICE = 3,           /* CUDA runtime or driver error         */
+    BEAM_ERR_COMM = 4,             /* communication error or timeout      */
+    BEAM_ERR_OUT_OF_MEMORY = 5
+} beam_status;
+
+/* How an operation is carried out. Every strategy gives identical bits.
+ * Local operations take AUTO, FUSED, UNFUSED; the gather takes AUTO,
+ * ONESHOT, TWOSHOT, UNFUSED. */
+typedef enum beam_strategy {
+    BEAM_STRATEGY_AUTO = 0,
+    BEAM_STRATEGY_FUSED = 1,   /* one pass over memory per token          */
+    BEAM_STRATEGY_UNFUSED = 2, /* composition of the separate operations  */
+    BEAM_STRATEGY_ONESHOT = 3, /* gather finalized rows, normalize all    */
+    BEAM_STRATEGY_TWOSHOT = 4  /* normalize owned rows, gather the results */
+} beam_strategy;
+
+/* An optional RMSNorm: pass a pointer to one (NULL = no norm).
+ * weight may be NULL (no affine step); eps must be finite and >= 0. */
+typedef struct beam_norm {
+    const uint16_t *weight; /* [hidden] BF16, or NULL */
+    float eps;
+} beam_norm;
+
+/* ---- errors, version, backend selection ------------------------------- */
+
+/* A fixed description of a status code ("invalid argument", ...). */
+BEAM_API const char *beam_status_string(beam_status status);
+
+/* The calling thread's message for its last failed call ("" if none). */
+BEAM_API const char *beam_last_error(void);
+
+/* "MAJOR.MINOR.PATCH" */
+BEAM_API const char *beam_version(void);
+
+/* Name of the backend that runs the calls: "cpu" or "cuda". */
+BEAM_API const char *beam_backend_name(void);
+
+/* Select a backend: "cpu", "cuda" or "auto" (CUDA when it loads and a device
+ * is visible, else the CPU). libbeammoe reads BEAM_BACKEND at first use.
+ * A backend library accepts its own name and "auto" only. */
+BEAM_API beam_status beam_set_backend(const char *name);
+
+/* ---- single-device operations ------------------------------------------ */
+
+/* finalize: for each live token t < live_tokens,
+ *   output[t] = post_norm( bf16( bf16(sum_k w[t][k] * x[t][k]) * routed_scale ) )
+ * output is [live_tokens, hidden]. stream is a cudaStream_t (CPU: ignored). */
+BEAM_API beam_status beam_moe_finalize(
+    const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t live_tokens, int32_t top_k, int32_t hidden,
+    float routed_scale, const beam_norm *post_norm,
+    uint16_t *output, void *stream);
+
+/* norm_residual_norm: for each token,
+ *   x'         = pre_norm ? N(x) : x
+ *   hidden     = bf16(bf16(x' * scales[0]) + bf16(residual * scales[1]))
+ *                (without the scale products when scales is NULL)
+ *   normalized = N(hidden)      (only when next_norm is given)
+ * scales is a host array of two floats or NULL. hidden may be the residual
+ * buffer itself (in-place update). normalized must be non-NULL exactly when
+ * next_norm is given. */
+BEAM_API beam_status beam_norm_residual_norm(
+    const uint16_t *x, const uint16_t *residual,
+    int64_t tokens, int32_t hidden,
+    const beam_norm *pre_norm, const float *scales, const beam_norm *next_norm,
+    uint16_t *hidden_out, uint16_t *normalized, void *stream);
+
+/* finalize then norm_residual_norm (no pre-norm) in one operation:
+ * strategy AUTO, FUSED (one pass over memory) or UNFUSED (the composition).
+ * residual, hidden_out, normalized are [live_tokens, hidden]. */
+BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
+    const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t live_tokens, int32_t top_k, int32_t hidden,
+    float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm,
+    uint16_t *hidden_out, uint16_t *normalized,
+    beam_strategy strategy, void *stream);
+
+/* ---- tensor-parallel gather -------------------------------------------- */
+
+typedef struct beam_workspace beam_workspace;
+
+/* An in-process group of nranks ranks (threads), for the CPU backend. */
+typedef struct beam_cpu_group beam_cpu_group;
+
+/* Strategy thresholds and the timeout of a workspace.
+ * AUTO picks ONESHOT for tokens <= oneshot_max_tokens, else TWOSHOT for
+ * tokens <= twoshot_max_tokens, else UNFUSED. A rank that waits longer than
+ * timeout_ms for its peers returns BEAM_ERR_COMM. */
+typedef struct beam_workspace_config {
+    int64_t oneshot_max_tokens;
+    int64_t twoshot_max_tokens;
+    int32_t timeout_ms;
+} beam_workspace_config;
+
+/* The defaults of the backend that runs the calls. */
+BEAM_API beam_workspace_config beam_workspace_config_default(void);
+
+/* Create / destroy a CPU group of nranks in [1, 256]. Destroy it only after
+ * every workspace on it is destroyed. */
+BEAM_API beam_status beam_cpu_group_create(int32_t nranks, beam_cpu_group **group);
+BEAM_API beam_status beam_cpu_group_destroy(beam_cpu_group *group);
+
+/* Collective: each of the group's ranks calls it once from its own thread.
+ * cfg may be NULL (defaults). */
+BEAM_API beam_status beam_workspace_create_cpu(
+    beam_cpu_group *group, int32_t rank, int64_t max_tokens, int32_t hidden,
+    const beam_workspace_config *cfg, beam_workspace **workspace);
+
+/* Collective over an existing NCCL communicator (an ncclComm_t, passed as a
+ * pointer); every rank calls it with the same max_tokens, hidden and cfg on
+ * its own device, which must be current. CUDA backend only. */
+BEAM_API beam_status beam_workspace_create_nccl(
+    void *nccl_comm, int64_t max_tokens, int32_t hidden,
+    const beam_workspace_config *cfg, beam_workspace **workspace);
+
+/* Collective: every rank destroys its workspace. NULL is a no-op. */
+BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace);
+
+/* Rank and world size of a workspace. */
+BEAM_API beam_status beam_workspace_info(const beam_workspace *workspace,
+                                         int32_t *rank, int32_t *nranks);
+
+/* The tensor-parallel finalize, gather, norm, residual, norm. Collective:
+ * every rank calls it with the same tokens, top_k, hidden, scales, norms and
+ * strategy. Rank r of R owns L = ceil(tokens / R) tokens, global rows
+ * [r*L, min((r+1)*L, tokens)); its expert_outputs/expert_weights hold only
+ * those rows (local row i = global row r*L + i; capacity >= L). residual,
+ * hidden_out and normalized are the full replicated [tokens, hidden] arrays
+ * on every rank, and every rank returns the same bits. */
+BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
+    beam_workspace *workspace,
+    const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t tokens, int32_t top_k, int32_t hidden,
+    float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm,
+    uint16_t *hidden_out, uint16_t *normalized,
+    beam_strategy strategy, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BEAMMOE_H */

@@ -1,0 +1,160 @@
+/*
+ * check.c - argument checks shared by every backend (SPEC.md section 3).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "check.h"
+#include "error.h"
+
+#define BAD BEAM_ERR_INVALID_ARGUMENT
+
+beam_status bm_check_top_k(const char *fn, int32_t top_k)
+{
+    if (top_k < 1 || top_k > BM_MAX_TOP_K)
+        return bm_fail(BAD, "%s: top_k=%d must be in [1, %d]", fn, (int)top_k, BM_MAX_TOP_K);
+    return BEAM_OK;
+}
+
+beam_status bm_check_hidden(const char *fn, int32_t hidden)
+{
+    if (hidden < BM_MIN_HIDDEN || hidden > BM_MAX_HIDDEN || hidden % 256 != 0)
+        return bm_fail(BAD, "%s: hidden=%d must be a multiple of 256 in [%d, %d]", fn,
+                       (int)hidden, BM_MIN_HIDDEN, BM_MAX_HIDDEN);
+    return BEAM_OK;
+}
+
+beam_status bm_check_rows(const char *fn, const char *cap_name, int64_t capacity,
+                          const char *live_name, int64_t live, int32_t top_k, int32_t hidden)
+{
+    /* The largest row count whose expert array [rows, top_k, hidden] BF16
+     * still has a byte size that fits in both size_t and int64_t. */
+    uint64_t limit = (uint64_t)(SIZE_MAX < INT64_MAX ? SIZE_MAX : INT64_MAX);
+    uint64_t row_bytes = (uint64_t)top_k * (uint64_t)hidden * 2u;
+
+    if (live < 0)
+        return bm_fail(BAD, "%s: %s=%lld must be >= 0", fn, live_name, (long long)live);
+    if (capacity < live)
+        return bm_fail(BAD, "%s: %s=%lld must be >= %s=%lld", fn, cap_name,
+                       (long long)capacity, live_name, (long long)live);
+    if ((uint64_t)capacity > limit / row_bytes)
+        return bm_fail(BAD, "%s: %s=%lld is too large for this address space", fn, cap_name,
+                       (long long)capacity);
+    return BEAM_OK;
+}
+
+beam_status bm_check_finite(const char *fn, const char *name, float v)
+{
+    if (!isfinite(v))
+        return bm_fail(BAD, "%s: %s=%g must be finite", fn, name, (double)v);
+    return BEAM_OK;
+}
+
+beam_status bm_check_norm(const char *fn, const char *name, const beam_norm *n, bm_norm *out)
+{
+    out->on = 0;
+    out->weight = NULL;
+    out->eps = 0.0f;
+    if (!n) return BEAM_OK;
+    if (!isfinite(n->eps) || !(n->eps >= 0.0f))
+        return bm_fail(BAD, "%s: %s->eps=%g must be finite and >= 0", fn, name, (double)n->eps);
+    out->on = 1;
+    out->weight = n->weight;
+    out->eps = n->eps;
+    return BEAM_OK;
+}
+
+beam_status bm_check_scales(const char *fn, const float *scales, int *has, float *sx, float *sr)
+{
+    *has = 0;
+    *sx = 1.0f;
+    *sr = 1.0f;
+    if (!scales) return BEAM_OK;
+    if (!isfinite(scales[0]))
+        return bm_fail(BAD, "%s: scales[0]=%g must be finite", fn, (double)scales[0]);
+    if (!isfinite(scales[1]))
+        return bm_fail(BAD, "%s: scales[1]=%g must be finite", fn, (double)scales[1]);
+    *has = 1;
+    *sx = scales[0];
+    *sr = scales[1];
+    return BEAM_OK;
+}
+
+static int bm_overlap(const bm_ptr *a, const bm_ptr *b)
+{
+    uintptr_t a0 = (uintptr_t)a->ptr, b0 = (uintptr_t)b->ptr;
+    if (a->bytes == 0 || b->bytes == 0) return 0;
+    return a0 < b0 + b->bytes && b0 < a0 + a->bytes;
+}
+
+/* hidden_out == residual (same base, same extent) is the one allowed alias. */
+static int bm_in_place(const bm_ptr *out, const bm_ptr *in)
+{
+    return strcmp(out->name, "hidden_out") == 0 && strcmp(in->name, "residual") == 0 &&
+           out->ptr == in->ptr && out->bytes == in->bytes;
+}
+
+beam_status bm_check_pointers(const char *fn, const bm_ptr *p, int n)
+{
+    int i, j;
+    for (i = 0; i < n; i++) {
+        /* BF16 arrays need 2-byte, FP32 arrays 4-byte alignment; the name
+         * "expert_weights" is the only FP32 array among them. */
+        size_t align = strcmp(p[i].name, "expert_weights") == 0 ? 4 : 2;
+        if (p[i].bytes == 0) continue; /* empty: may be NULL, never touched */
+        if (!p[i].ptr)
+            return bm_fail(BAD, "%s: %s must not be NULL", fn, p[i].name);
+        if ((uintptr_t)p[i].ptr % align != 0)
+            return bm_fail(BAD, "%s: %s=%p must be %zu-byte aligned", fn, p[i].name, p[i].ptr, align);
+        if ((uintptr_t)p[i].ptr > UINTPTR_MAX - p[i].bytes)
+            return bm_fail(BAD, "%s: %s=%p plus %zu bytes wraps around the address space", fn,
+                           p[i].name, p[i].ptr, p[i].bytes);
+    }
+    for (i = 0; i < n; i++) {
+        if (!p[i].is_output) continue;
+        for (j = 0; j < n; j++) {
+            if (j == i || (p[j].is_output && j < i)) continue;
+            if (!bm_overlap(&p[i], &p[j])) continue;
+            if (!p[j].is_output && bm_in_place(&p[i], &p[j])) continue;
+            if (!p[j].is_output && strcmp(p[i].name, "hidden_out") == 0 &&
+                strcmp(p[j].name, "residual") == 0)
+                return bm_fail(BAD, "%s: hidden_out overlaps residual without being the same buffer "
+                               "(in-place needs hidden_out == residual exactly)", fn);
+            return bm_fail(BAD, "%s: %s overlaps %s %s (outputs must not overlap inputs or each other)",
+                           fn, p[i].name, p[j].is_output ? "output" : "input", p[j].name);
+        }
+    }
+    return BEAM_OK;
+}
+
+const char *bm_strategy_name(beam_strategy s)
+{
+    switch (s) {
+    case BEAM_STRATEGY_AUTO: return "AUTO";
+    case BEAM_STRATEGY_FUSED: return "FUSED";
+    case BEAM_STRATEGY_UNFUSED: return "UNFUSED";
+    case BEAM_STRATEGY_ONESHOT: return "ONESHOT";
+    case BEAM_STRATEGY_TWOSHOT: return "TWOSHOT";
+    }
+    return "?";
+}
+
+beam_status bm_check_strategy(const char *fn, beam_strategy s, int gather)
+{
+    int ok;
+    switch (s) {
+    case BEAM_STRATEGY_AUTO:
+    case BEAM_STRATEGY_UNFUSED: ok = 1; break;
+    case BEAM_STRATEGY_FUSED: ok = !gather; break;
+    case BEAM_STRATEGY_ONESHOT:
+    case BEAM_STRATEGY_TWOSHOT: ok = gather; break;
+    default:
+        return bm_fail(BAD, "%s: strategy=%d: unknown strategy", fn, (int)s);
+    }
+    if (!ok)
+        return bm_fail(BAD, "%s: strategy=%s: unknown strategy for this operation (use %s)", fn,
+                       bm_strategy_name(s), gather ? "AUTO, ONESHOT, TWOSHOT or UNFUSED"
+                                                   : "AUTO, FUSED or UNFUSED");
+    return BEAM_OK;
+}

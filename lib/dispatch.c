@@ -1,0 +1,394 @@
+/*
+ * dispatch.c - libbeammoe: the same beam_* API, forwarded at run time to a
+ * backend library (libbeammoe_cpu or libbeammoe_cuda).
+ *
+ * Each backend library is loaded with dlopen(RTLD_LOCAL) and reached only
+ * through a table of its entry points (bm_api below, filled by dlsym), so
+ * this library never calls its own exported names. The backend checks the
+ * arguments; after a failed call its message is copied into this library's
+ * thread-local message. The choice: BEAM_BACKEND=cpu|cuda|auto at first use,
+ * or beam_set_backend(); "auto" takes CUDA when that library loads and sees a
+ * device, else the CPU.
+ *
+ * Backends are searched in $BEAM_BACKEND_DIR, then beside this library
+ * (dladdr), then in the configured libdir, then by the loader's own search.
+ */
+#define _GNU_SOURCE /* dladdr */
+#include "config.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "beammoe.h"
+#include "error.h"
+
+#ifndef BEAM_LIBDIR
+#define BEAM_LIBDIR "/usr/local/lib"
+#endif
+#ifndef BEAM_SO_SUFFIX
+#define BEAM_SO_SUFFIX ".so.0"
+#endif
+
+/* The entry points a backend library exports, as an X-macro:
+ * X(name, return type, parameter list). */
+#define BM_API_LIST(X)                                                                          \
+    X(beam_last_error, const char *, (void))                                                   \
+    X(beam_backend_name, const char *, (void))                                                 \
+    X(beam_set_backend, beam_status, (const char *))                                           \
+    X(beam_moe_finalize, beam_status,                                                          \
+      (const uint16_t *, const float *, int64_t, int64_t, int32_t, int32_t, float,             \
+       const beam_norm *, uint16_t *, void *))                                                 \
+    X(beam_norm_residual_norm, beam_status,                                                    \
+      (const uint16_t *, const uint16_t *, int64_t, int32_t, const beam_norm *, const float *, \
+       const beam_norm *, uint16_t *, uint16_t *, void *))                                     \
+    X(beam_moe_finalize_norm_residual_norm, beam_status,                                       \
+      (const uint16_t *, const float *, int64_t, int64_t, int32_t, int32_t, float,             \
+       const beam_norm *, const uint16_t *, const float *, const beam_norm *, uint16_t *,      \
+       uint16_t *, beam_strategy, void *))                                                     \
+    X(beam_workspace_config_default, beam_workspace_config, (void))                            \
+    X(beam_cpu_group_create, beam_status, (int32_t, beam_cpu_group **))                        \
+    X(beam_cpu_group_destroy, beam_status, (beam_cpu_group *))                                 \
+    X(beam_workspace_create_cpu, beam_status,                                                  \
+      (beam_cpu_group *, int32_t, int64_t, int32_t, const beam_workspace_config *,             \
+       beam_workspace **))                                                                     \
+    X(beam_workspace_create_nccl, beam_status,                                                 \
+      (void *, int64_t, int32_t, const beam_workspace_config *, beam_workspace **))            \
+    X(beam_workspace_destroy, beam_status, (beam_workspace *))                                 \
+    X(beam_workspace_info, beam_status, (const beam_workspace *, int32_t *, int32_t *))        \
+    X(beam_moe_finalize_gather_norm_residual_norm, beam_status,                                \
+      (beam_workspace *, const uint16_t *, const float *, int64_t, int64_t, int32_t, int32_t,  \
+       float, const beam_norm *, const uint16_t *, const float *, const beam_norm *,           \
+       uint16_t *, uint16_t *, beam_strategy, void *))
+
+typedef struct bm_api {
+#define BM_FIELD(name, ret, params) ret(*name) params;
+    BM_API_LIST(BM_FIELD)
+#undef BM_FIELD
+} bm_api;
+
+enum { BM_CPU = 0, BM_CUDA = 1, BM_NBACKENDS = 2 };
+static const char *const bm_names[BM_NBACKENDS] = {"cpu", "cuda"};
+
+typedef struct bm_loaded {
+    int tried;
+    void *handle;
+    bm_api api;
+    char why[384]; /* why it did not load */
+} bm_loaded;
+
+static pthread_mutex_t bm_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t bm_once = PTHREAD_ONCE_INIT;
+static bm_loaded bm_backends[BM_NBACKENDS];
+static const bm_api *bm_current;     /* read with __atomic_load_n */
+static beam_status bm_init_status;   /* of BEAM_BACKEND at first use */
+static char bm_init_msg[512];
+
+/* A workspace of this library: the backend that made it and its handle. */
+struct beam_workspace {
+    const bm_api *be;
+    beam_workspace *inner;
+};
+
+static void *bm_try_open(const char *dir, const char *file, char *why, size_t n)
+{
+    char path[4096];
+    void *h;
+    if (dir)
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+    else
+        snprintf(path, sizeof path, "%s", file);
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h && why[0] == '\0') snprintf(why, n, "%s", dlerror());
+    return h;
+}
+
+/* Load backend b once (under bm_mu). */
+static bm_loaded *bm_load(int b)
+{
+    bm_loaded *l = &bm_backends[b];
+    char file[64], self_dir[4096];
+    const char *env = getenv("BEAM_BACKEND_DIR");
+    Dl_info info;
+    void *h = NULL;
+
+    if (l->tried) return l->handle ? l : NULL;
+    l->tried = 1;
+    snprintf(file, sizeof file, "libbeammoe_%s%s", bm_names[b], BEAM_SO_SUFFIX);
+    if (env && *env) h = bm_try_open(env, file, l->why, sizeof l->why);
+    if (!h && dladdr((void *)&bm_load, &info) && info.dli_fname) {
+        char *slash;
+        snprintf(self_dir, sizeof self_dir, "%s", info.dli_fname);
+        slash = strrchr(self_dir, '/');
+        if (slash) {
+            *slash = '\0';
+            h = bm_try_open(self_dir, file, l->why, sizeof l->why);
+        }
+    }
+    if (!h) h = bm_try_open(BEAM_LIBDIR, file, l->why, sizeof l->why);
+    if (!h) h = bm_try_open(NULL, file, l->why, sizeof l->why);
+    if (!h) return NULL;
+#define BM_SYM(name, ret, params)                                                      \
+    *(void **)(&l->api.name) = dlsym(h, #name);                                        \
+    if (!l->api.name) {                                                                \
+        snprintf(l->why, sizeof l->why, "%s lacks the symbol %s", file, #name);        \
+        dlclose(h);                                                                    \
+        return NULL;                                                                   \
+    }
+    BM_API_LIST(BM_SYM)
+#undef BM_SYM
+    l->handle = h;
+    return l;
+}
+
+/* Make `name` current; BEAM_OK or an error with the message set. */
+static beam_status bm_select(const char *name, const char *fn)
+{
+    bm_loaded *l;
+    beam_status st = BEAM_OK;
+    int b;
+
+    if (!name) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: name must not be NULL", fn);
+    if (strcmp(name, "auto") != 0 && strcmp(name, "cpu") != 0 && strcmp(name, "cuda") != 0)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: backend \"%s\" must be \"cpu\", \"cuda\" or \"auto\"",
+                       fn, name);
+    pthread_mutex_lock(&bm_mu);
+    for (b = strcmp(name, "cpu") == 0 ? BM_CPU : BM_CUDA; b >= 0; b--) {
+        l = bm_load(b);
+        if (!l) {
+            st = bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend did not load: %s", fn, bm_names[b],
+                         bm_backends[b].why);
+        } else if ((st = l->api.beam_set_backend(bm_names[b])) != BEAM_OK) {
+            st = bm_fail(st, "%s: the %s backend cannot run here: %s", fn, bm_names[b],
+                         l->api.beam_last_error());
+        } else {
+            __atomic_store_n(&bm_current, &l->api, __ATOMIC_RELEASE);
+            break;
+        }
+        if (strcmp(name, "auto") != 0) break; /* an explicit choice does not fall back */
+    }
+    pthread_mutex_unlock(&bm_mu);
+    return st;
+}
+
+static void bm_init(void)
+{
+    const char *env = getenv("BEAM_BACKEND");
+    bm_init_status = bm_select(env && *env ? env : "auto", "libbeammoe (BEAM_BACKEND)");
+    if (bm_init_status != BEAM_OK) snprintf(bm_init_msg, sizeof bm_init_msg, "%s", bm_last_error());
+}
+
+/* The current backend, or NULL (then bm_no_backend() says why). */
+static const bm_api *bm_be(void)
+{
+    const bm_api *be;
+    pthread_once(&bm_once, bm_init);
+    be = __atomic_load_n(&bm_current, __ATOMIC_ACQUIRE);
+    return be;
+}
+
+static beam_status bm_no_backend(void)
+{
+    return bm_fail(bm_init_status ? bm_init_status : BEAM_ERR_UNSUPPORTED, "%s", bm_init_msg);
+}
+
+/* Forward a call's status; on failure copy the backend's message. */
+static beam_status bm_ret(const bm_api *be, beam_status st)
+{
+    if (st != BEAM_OK) return bm_fail(st, "%s", be->beam_last_error());
+    return BEAM_OK;
+}
+
+/* ---- the public API ---------------------------------------------------- */
+
+BEAM_API const char *beam_status_string(beam_status status)
+{
+    return bm_status_string(status);
+}
+
+BEAM_API const char *beam_last_error(void)
+{
+    return bm_last_error();
+}
+
+BEAM_API const char *beam_version(void)
+{
+    return PACKAGE_VERSION;
+}
+
+BEAM_API const char *beam_backend_name(void)
+{
+    const bm_api *be = bm_be();
+    return be ? be->beam_backend_name() : "none";
+}
+
+BEAM_API beam_status beam_set_backend(const char *name)
+{
+    bm_clear_error();
+    pthread_once(&bm_once, bm_init);
+    return bm_select(name, "beam_set_backend");
+}
+
+BEAM_API beam_status beam_moe_finalize(const uint16_t *expert_outputs, const float *expert_weights,
+                                       int64_t capacity, int64_t live_tokens, int32_t top_k,
+                                       int32_t hidden, float routed_scale, const beam_norm *post_norm,
+                                       uint16_t *output, void *stream)
+{
+    const bm_api *be = bm_be();
+    bm_clear_error();
+    if (!be) return bm_no_backend();
+    return bm_ret(be, be->beam_moe_finalize(expert_outputs, expert_weights, capacity, live_tokens, top_k,
+                                            hidden, routed_scale, post_norm, output, stream));
+}
+
+BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *residual, int64_t tokens,
+                                             int32_t hidden, const beam_norm *pre_norm, const float *scales,
+                                             const beam_norm *next_norm, uint16_t *hidden_out,
+                                             uint16_t *normalized, void *stream)
+{
+    const bm_api *be = bm_be();
+    bm_clear_error();
+    if (!be) return bm_no_backend();
+    return bm_ret(be, be->beam_norm_residual_norm(x, residual, tokens, hidden, pre_norm, scales, next_norm,
+                                                  hidden_out, normalized, stream));
+}
+
+BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
+    const uint16_t *expert_outputs, const float *expert_weights, int64_t capacity, int64_t live_tokens,
+    int32_t top_k, int32_t hidden, float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm, uint16_t *hidden_out,
+    uint16_t *normalized, beam_strategy strategy, void *stream)
+{
+    const bm_api *be = bm_be();
+    bm_clear_error();
+    if (!be) return bm_no_backend();
+    return bm_ret(be, be->beam_moe_finalize_norm_residual_norm(
+                          expert_outputs, expert_weights, capacity, live_tokens, top_k, hidden, routed_scale,
+                          post_norm, residual, scales, next_norm, hidden_out, normalized, strategy, stream));
+}
+
+BEAM_API beam_workspace_config beam_workspace_config_default(void)
+{
+    const bm_api *be = bm_be();
+    beam_workspace_config c;
+    if (be) return be->beam_workspace_config_default();
+    memset(&c, 0, sizeof c);
+    return c;
+}
+
+/* The CPU group is the CPU backend's, whichever backend is current. */
+static const bm_api *bm_cpu_be(const char *fn)
+{
+    bm_loaded *l;
+    pthread_mutex_lock(&bm_mu);
+    l = bm_load(BM_CPU);
+    pthread_mutex_unlock(&bm_mu);
+    if (!l) {
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the cpu backend did not load: %s", fn, bm_backends[BM_CPU].why);
+        return NULL;
+    }
+    return &l->api;
+}
+
+BEAM_API beam_status beam_cpu_group_create(int32_t nranks, beam_cpu_group **group)
+{
+    const bm_api *be;
+    bm_clear_error();
+    be = bm_cpu_be("beam_cpu_group_create");
+    if (!be) return BEAM_ERR_UNSUPPORTED;
+    return bm_ret(be, be->beam_cpu_group_create(nranks, group));
+}
+
+BEAM_API beam_status beam_cpu_group_destroy(beam_cpu_group *group)
+{
+    const bm_api *be;
+    bm_clear_error();
+    if (!group) return BEAM_OK;
+    be = bm_cpu_be("beam_cpu_group_destroy");
+    if (!be) return BEAM_ERR_UNSUPPORTED;
+    return bm_ret(be, be->beam_cpu_group_destroy(group));
+}
+
+/* Wrap a backend's new workspace so later calls reach the same backend. */
+static beam_status bm_wrap(const bm_api *be, beam_status st, beam_workspace *inner, beam_workspace **out,
+                           const char *fn)
+{
+    struct beam_workspace *w;
+    if (st != BEAM_OK) return bm_ret(be, st);
+    w = (struct beam_workspace *)malloc(sizeof *w);
+    if (!w) {
+        /* Collective destroy is fine here: the CPU group's destroy is local. */
+        be->beam_workspace_destroy(inner);
+        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    }
+    w->be = be;
+    w->inner = inner;
+    *out = w;
+    return BEAM_OK;
+}
+
+BEAM_API beam_status beam_workspace_create_cpu(beam_cpu_group *group, int32_t rank, int64_t max_tokens,
+                                               int32_t hidden, const beam_workspace_config *cfg,
+                                               beam_workspace **workspace)
+{
+    static const char fn[] = "beam_workspace_create_cpu";
+    const bm_api *be;
+    beam_workspace *inner = NULL;
+    bm_clear_error();
+    if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
+    *workspace = NULL;
+    be = bm_cpu_be(fn);
+    if (!be) return BEAM_ERR_UNSUPPORTED;
+    return bm_wrap(be, be->beam_workspace_create_cpu(group, rank, max_tokens, hidden, cfg, &inner), inner,
+                   workspace, fn);
+}
+
+BEAM_API beam_status beam_workspace_create_nccl(void *nccl_comm, int64_t max_tokens, int32_t hidden,
+                                                const beam_workspace_config *cfg, beam_workspace **workspace)
+{
+    static const char fn[] = "beam_workspace_create_nccl";
+    const bm_api *be = bm_be();
+    beam_workspace *inner = NULL;
+    bm_clear_error();
+    if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
+    *workspace = NULL;
+    if (!be) return bm_no_backend();
+    return bm_wrap(be, be->beam_workspace_create_nccl(nccl_comm, max_tokens, hidden, cfg, &inner), inner,
+                   workspace, fn);
+}
+
+BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace)
+{
+    beam_status st;
+    bm_clear_error();
+    if (!workspace) return BEAM_OK;
+    st = bm_ret(workspace->be, workspace->be->beam_workspace_destroy(workspace->inner));
+    free(workspace);
+    return st;
+}
+
+BEAM_API beam_status beam_workspace_info(const beam_workspace *workspace, int32_t *rank, int32_t *nranks)
+{
+    bm_clear_error();
+    if (!workspace)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_workspace_info: workspace must not be NULL");
+    return bm_ret(workspace->be, workspace->be->beam_workspace_info(workspace->inner, rank, nranks));
+}
+
+BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
+    beam_workspace *workspace, const uint16_t *expert_outputs, const float *expert_weights, int64_t capacity,
+    int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm, uint16_t *hidden_out,
+    uint16_t *normalized, beam_strategy strategy, void *stream)
+{
+    bm_clear_error();
+    if (!workspace)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                       "beam_moe_finalize_gather_norm_residual_norm: workspace must not be NULL");
+    return bm_ret(workspace->be, workspace->be->beam_moe_finalize_gather_norm_residual_norm(
+                                     workspace->inner, expert_outputs, expert_weights, capacity, tokens,
+                                     top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
+                                     hidden_out, normalized, strategy, stream));
+}

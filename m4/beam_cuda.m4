@@ -1,0 +1,53 @@
+# BEAM_CUDA
+# ---------
+# --with-cuda[=DIR]: build libbeammoe_cuda. Default: detect (DIR from
+# $CUDA_HOME, else /usr/local/cuda); --without-cuda builds the CPU backend
+# only; --with-cuda that finds no toolkit is an error.
+# Needs nvcc, cuda_runtime.h, libcudart, nccl.h and libnccl (NCCL may also be
+# installed system-wide, e.g. Debian's libnccl-dev).
+# Sets: BEAM_WITH_CUDA (Automake conditional), NVCC, NVCC_FLAGS,
+# CUDA_CPPFLAGS, CUDA_LDFLAGS, CUDA_LIBS, NCCL_LIBS.
+AC_DEFUN([BEAM_CUDA], [
+  AC_ARG_WITH([cuda],
+    [AS_HELP_STRING([--with-cuda@<:@=DIR@:>@], [build the CUDA backend (default: if found; DIR: toolkit root)])],
+    [], [with_cuda=check])
+  AC_ARG_VAR([NVCC], [CUDA compiler])
+  AC_ARG_VAR([NVCC_FLAGS], [flags for nvcc (default: -O3, sm_90 code plus compute_90 PTX, --fmad=false)])
+  beam_cuda=no
+  AS_CASE([$with_cuda],
+    [no], [],
+    [yes|check], [beam_cuda_dir=${CUDA_HOME:-/usr/local/cuda}],
+    [beam_cuda_dir=$with_cuda])
+  AS_IF([test "x$with_cuda" != "xno"], [
+    AS_IF([test -z "$NVCC"], [AC_PATH_PROG([NVCC], [nvcc], [], [$beam_cuda_dir/bin$PATH_SEPARATOR$PATH])])
+    CUDA_CPPFLAGS="-I$beam_cuda_dir/include"
+    beam_cuda_libdir=$beam_cuda_dir/lib64
+    AS_IF([test ! -d "$beam_cuda_libdir"], [beam_cuda_libdir=$beam_cuda_dir/lib])
+    CUDA_LDFLAGS="-L$beam_cuda_libdir -Wl,-rpath,$beam_cuda_libdir"
+    beam_save_CPPFLAGS=$CPPFLAGS
+    beam_save_LDFLAGS=$LDFLAGS
+    beam_save_LIBS=$LIBS
+    CPPFLAGS="$CPPFLAGS $CUDA_CPPFLAGS"
+    LDFLAGS="$LDFLAGS $CUDA_LDFLAGS"
+    beam_cuda=yes
+    AS_IF([test -z "$NVCC"], [beam_cuda=no])
+    AS_IF([test $beam_cuda = yes], [AC_CHECK_HEADER([cuda_runtime.h], [], [beam_cuda=no])])
+    AS_IF([test $beam_cuda = yes], [AC_CHECK_LIB([cudart], [cudaGetDeviceCount], [CUDA_LIBS=-lcudart], [beam_cuda=no])])
+    AS_IF([test $beam_cuda = yes], [AC_CHECK_HEADER([nccl.h], [], [beam_cuda=no])])
+    AS_IF([test $beam_cuda = yes], [AC_CHECK_LIB([nccl], [ncclGetVersion], [NCCL_LIBS=-lnccl], [beam_cuda=no])])
+    CPPFLAGS=$beam_save_CPPFLAGS
+    LDFLAGS=$beam_save_LDFLAGS
+    LIBS=$beam_save_LIBS
+    AS_IF([test $beam_cuda = no && test "x$with_cuda" != "xcheck"],
+      [AC_MSG_ERROR([--with-cuda: no usable CUDA toolkit with NCCL under $beam_cuda_dir (nvcc, cuda_runtime.h, libcudart, nccl.h, libnccl)])])
+  ])
+  AS_IF([test -z "$NVCC_FLAGS"],
+    [NVCC_FLAGS="-O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 --fmad=false --prec-div=true --prec-sqrt=true --ftz=false -Xcompiler -fvisibility=hidden"])
+  AC_MSG_CHECKING([whether to build the CUDA backend])
+  AC_MSG_RESULT([$beam_cuda])
+  AM_CONDITIONAL([BEAM_WITH_CUDA], [test $beam_cuda = yes])
+  AC_SUBST([CUDA_CPPFLAGS])
+  AC_SUBST([CUDA_LDFLAGS])
+  AC_SUBST([CUDA_LIBS])
+  AC_SUBST([NCCL_LIBS])
+])

@@ -1,0 +1,250 @@
+/*
+ * test_numerics.c - the library against the naive reference, bit for bit,
+ * on fresh random inputs (seed printed; BEAM_TEST_SEED reproduces a run).
+ *
+ * The sweep covers every (top_k, hidden, tokens) triple of
+ *   top_k 1,2,6,8,32 x hidden 256,2048,4096,7168,8192 x tokens 0,1,7,100
+ * and picks the remaining axes (post/pre/next norm off|plain|weighted,
+ * scales, routed_scale 1 or not, in place, misaligned bases, exotic values,
+ * NaN padding rows) by a fixed rotation of the triple's index, so every
+ * value of every axis appears without running the whole cross product.
+ * Each case runs finalize, norm_residual_norm and the fused op under every
+ * local strategy (AUTO, FUSED, UNFUSED).
+ *
+ * Built twice: test_numerics links the dispatcher libbeammoe (backend "cpu"),
+ * test_numerics_cpu links libbeammoe_cpu directly.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "test_case.h"
+
+static uint64_t g_seed;
+
+static const int32_t KS[] = {1, 2, 6, 8, 32};
+static const int32_t HS[] = {256, 2048, 4096, 7168, 8192};
+static const int64_t TS[] = {0, 1, 7, 100};
+#define NK 5
+#define NH 5
+#define NT 4
+
+/* The i-th case of the sweep; options rotate with i so each value of each
+ * axis appears. */
+static tc_spec sweep_spec(int i)
+{
+    tc_spec s;
+    int ki = i % NK, hi = (i / NK) % NH, ti = i / (NK * NH);
+    memset(&s, 0, sizeof s);
+    s.K = KS[ki];
+    s.H = HS[hi];
+    s.T = TS[ti];
+    s.pad = i % 3;             /* 0, 1 or 2 NaN rows past the live ones */
+    s.post = i % 3;
+    s.next = (i / 3) % 3;
+    s.pre = (i / 2 + 1) % 3;
+    s.scales = (i / 4) % 2;
+    s.rs_one = (i / 5) % 2;
+    s.inplace = (i / 7 + i) % 2;
+    s.misalign = (i % 4) == 3;
+    s.exotic = (i % 6) == 5;
+    return s;
+}
+
+static int sweep_size(void)
+{
+    return NK * NH * NT;
+}
+
+/* Light cases for quick runs (valgrind): small hidden and tokens. */
+static int sweep_skip(int i)
+{
+    tc_spec s = sweep_spec(i);
+    if (!tu_quick())
+        return 0;
+    return s.H > 2048 || s.T > 7 || s.K > 8;
+}
+
+static const char *op_name(tc_op op)
+{
+    return op == TC_FINALIZE ? "finalize" : op == TC_NRN ? "norm_residual_norm"
+                                                         : "finalize_norm_residual_norm";
+}
+
+/* Run one op of one case through the library and compare with ref. */
+static void check_op(const tc_data *d, int idx, tc_op op, beam_strategy strat,
+                     const uint16_t *want_h, const uint16_t *want_n)
+{
+    size_t TH = (size_t)d->s.T * (size_t)d->s.H;
+    uint16_t *got_h = (uint16_t *)tu_alloc(2 * TH, 0);
+    uint16_t *got_n = (uint16_t *)tu_alloc(2 * TH, 0);
+    int guard_ok = 0;
+    char desc[256], label[400];
+    beam_status st;
+
+    tc_describe(&d->s, desc, sizeof desc);
+    snprintf(label, sizeof label, "seed=%llu case=%d %s strategy=%d [%s]",
+             (unsigned long long)g_seed, idx, op_name(op), (int)strat, desc);
+    st = tc_lib(d, op, strat, got_h, got_n, &guard_ok);
+    if (st != BEAM_OK)
+        fprintf(stderr, "FAIL %s: status %d: %s\n", label, (int)st, beam_last_error());
+    CU_ASSERT_EQUAL(st, BEAM_OK);
+    if (!guard_ok)
+        fprintf(stderr, "FAIL %s: wrote past the live rows\n", label);
+    CU_ASSERT(guard_ok);
+    if (st == BEAM_OK) {
+        CU_ASSERT_EQUAL(tu_cmp_bf16(label, got_h, want_h, TH), 0);
+        if (tc_has_normalized(d, op)) {
+            char l2[420];
+            snprintf(l2, sizeof l2, "%s normalized", label);
+            CU_ASSERT_EQUAL(tu_cmp_bf16(l2, got_n, want_n, TH), 0);
+        }
+    }
+    tu_free(got_h);
+    tu_free(got_n);
+}
+
+static void run_case(int i)
+{
+    tc_spec s = sweep_spec(i);
+    tc_data d;
+    size_t TH = (size_t)s.T * (size_t)s.H;
+    uint16_t *ref_h = (uint16_t *)tu_alloc(2 * TH, 0);
+    uint16_t *ref_n = (uint16_t *)tu_alloc(2 * TH, 0);
+    static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
+                                            BEAM_STRATEGY_UNFUSED};
+    int k;
+
+    tc_make(&d, &s, g_seed ^ (0x1000003ULL * (uint64_t)(i + 1)));
+
+    tc_ref(&d, TC_FINALIZE, ref_h, ref_n);
+    check_op(&d, i, TC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
+
+    tc_ref(&d, TC_NRN, ref_h, ref_n);
+    check_op(&d, i, TC_NRN, BEAM_STRATEGY_AUTO, ref_h, ref_n);
+
+    tc_ref(&d, TC_FUSED, ref_h, ref_n);
+    for (k = 0; k < 3; k++)
+        check_op(&d, i, TC_FUSED, strats[k], ref_h, ref_n);
+
+    tc_free(&d);
+    tu_free(ref_h);
+    tu_free(ref_n);
+}
+
+static void test_sweep(void)
+{
+    int i, n = sweep_size(), ran = 0;
+    for (i = 0; i < n; i++) {
+        if (sweep_skip(i))
+            continue;
+        run_case(i);
+        ran++;
+    }
+    fprintf(stderr, "  sweep: %d cases x 5 calls\n", ran);
+}
+
+/* Each axis value must be present in the sweep (guards the rotation). */
+static void test_sweep_covers_axes(void)
+{
+    int seen[8][3], i, a, v;
+    memset(seen, 0, sizeof seen);
+    for (i = 0; i < sweep_size(); i++) {
+        tc_spec s = sweep_spec(i);
+        seen[0][s.post]++;
+        seen[1][s.pre]++;
+        seen[2][s.next]++;
+        seen[3][s.scales]++;
+        seen[4][s.rs_one]++;
+        seen[5][s.inplace]++;
+        seen[6][s.misalign]++;
+        seen[7][s.pad > 0]++;
+    }
+    for (a = 0; a < 8; a++)
+        for (v = 0; v < (a < 3 ? 3 : 2); v++)
+            CU_ASSERT(seen[a][v] > 0);
+    /* every norm x scales combination appears with live tokens too */
+    for (a = 0; a < 3; a++)
+        for (v = 0; v < 3; v++) {
+            int found = 0;
+            for (i = 0; i < sweep_size(); i++) {
+                tc_spec s = sweep_spec(i);
+                if (s.T > 0 && s.post == a && s.next == v)
+                    found = 1;
+            }
+            CU_ASSERT(found);
+        }
+}
+
+/* Rows of a case whose live_tokens < capacity by a lot, the padding full of
+ * NaN: a separate focused check on large padding with every op. */
+static void test_big_padding(void)
+{
+    tc_spec s;
+    tc_data d;
+    uint16_t *ref_h, *ref_n;
+    memset(&s, 0, sizeof s);
+    s.K = 8;
+    s.H = 1024;
+    s.T = 3;
+    s.pad = 61;
+    s.post = TC_NORM_WEIGHT;
+    s.next = TC_NORM_WEIGHT;
+    s.scales = 1;
+    tc_make(&d, &s, g_seed + 77);
+    ref_h = (uint16_t *)tu_alloc(2 * 3 * 1024, 0);
+    ref_n = (uint16_t *)tu_alloc(2 * 3 * 1024, 0);
+    tc_ref(&d, TC_FINALIZE, ref_h, ref_n);
+    check_op(&d, -1, TC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
+    tc_ref(&d, TC_FUSED, ref_h, ref_n);
+    check_op(&d, -1, TC_FUSED, BEAM_STRATEGY_FUSED, ref_h, ref_n);
+    check_op(&d, -1, TC_FUSED, BEAM_STRATEGY_UNFUSED, ref_h, ref_n);
+    tc_free(&d);
+    tu_free(ref_h);
+    tu_free(ref_n);
+}
+
+/* tokens == 0 with capacity > 0: valid and nothing is written. */
+static void test_zero_tokens(void)
+{
+    uint16_t ex[8 * 256], res[256], out[256], nrm[256];
+    float w[8];
+    beam_norm nn = {NULL, 1e-6f};
+    memset(ex, 0, sizeof ex);
+    memset(w, 0, sizeof w);
+    memset(res, 0, sizeof res);
+    tu_poison(out, sizeof out);
+    tu_poison(nrm, sizeof nrm);
+    CU_ASSERT_EQUAL(beam_moe_finalize(ex, w, 1, 0, 8, 256, 1.0f, &nn, out, NULL), BEAM_OK);
+    CU_ASSERT(tu_is_poison(out, sizeof out));
+    CU_ASSERT_EQUAL(beam_norm_residual_norm(res, res + 0, 0, 256, &nn, NULL, &nn, out, nrm, NULL),
+                    BEAM_OK);
+    CU_ASSERT(tu_is_poison(out, sizeof out));
+    CU_ASSERT(tu_is_poison(nrm, sizeof nrm));
+    CU_ASSERT_EQUAL(beam_moe_finalize_norm_residual_norm(ex, w, 1, 0, 8, 256, 1.0f, NULL, res,
+                                                         NULL, &nn, out, nrm,
+                                                         BEAM_STRATEGY_FUSED, NULL),
+                    BEAM_OK);
+    CU_ASSERT(tu_is_poison(out, sizeof out));
+    CU_ASSERT(tu_is_poison(nrm, sizeof nrm));
+}
+
+int main(void)
+{
+    static const tu_test tests[] = {
+        {"sweep covers every axis value", test_sweep_covers_axes},
+        {"tokens == 0 writes nothing", test_zero_tokens},
+        {"NaN padding far past live rows", test_big_padding},
+        {"sweep vs naive reference", test_sweep},
+        {NULL, NULL}};
+    beam_status st;
+    g_seed = tu_seed("test_numerics");
+    st = beam_set_backend("cpu");
+    if (st != BEAM_OK) {
+        fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());
+        return 1;
+    }
+    return tu_run_suite("numerics", tests);
+}

@@ -1,0 +1,20 @@
+/*
+ * devmem.h - device memory for the tool, through a run-time loaded CUDA
+ * runtime (dlopen of libcudart), so the tool builds and runs on hosts
+ * without CUDA and needs no CUDA headers or link flags.
+ */
+#ifndef BEAMMOE_TOOLS_DEVMEM_H
+#define BEAMMOE_TOOLS_DEVMEM_H
+
+#include <stddef.h>
+
+/* 0 when the CUDA runtime is loaded (idempotent); else -1 with a message. */
+int dev_open(char *msg, size_t n);
+void *dev_alloc(size_t bytes);                           /* NULL on failure */
+void dev_free(void *p);
+int dev_upload(void *dst, const void *src, size_t bytes); /* 0 on success */
+int dev_download(void *dst, const void *src, size_t bytes);
+int dev_sync(void);
+const char *dev_last_error(void);
+
+#endif
