@@ -1,1 +1,5 @@
-# placeholder: owned by a helper
+# bench/local.mk - the CPU benchmark lives in the tool: `tools/beammoe bench`
+# (see tools/bench.c and docs/PERF.md). `make bench-cpu` builds and runs it.
+.PHONY: bench-cpu
+bench-cpu: tools/beammoe$(EXEEXT)
+	$(builddir)/tools/beammoe bench

@@ -336,13 +336,14 @@ BEAM_API beam_status beam_workspace_create_cpu(beam_cpu_group *group, int32_t ra
     static const char fn[] = "beam_workspace_create_cpu";
     const bm_api *be;
     beam_workspace *inner = NULL;
+    beam_status st;
     bm_clear_error();
     if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
     *workspace = NULL;
     be = bm_cpu_be(fn);
     if (!be) return BEAM_ERR_UNSUPPORTED;
-    return bm_wrap(be, be->beam_workspace_create_cpu(group, rank, max_tokens, hidden, cfg, &inner), inner,
-                   workspace, fn);
+    st = be->beam_workspace_create_cpu(group, rank, max_tokens, hidden, cfg, &inner);
+    return bm_wrap(be, st, inner, workspace, fn);
 }
 
 BEAM_API beam_status beam_workspace_create_nccl(void *nccl_comm, int64_t max_tokens, int32_t hidden,
@@ -351,12 +352,13 @@ BEAM_API beam_status beam_workspace_create_nccl(void *nccl_comm, int64_t max_tok
     static const char fn[] = "beam_workspace_create_nccl";
     const bm_api *be = bm_be();
     beam_workspace *inner = NULL;
+    beam_status st;
     bm_clear_error();
     if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
     *workspace = NULL;
     if (!be) return bm_no_backend();
-    return bm_wrap(be, be->beam_workspace_create_nccl(nccl_comm, max_tokens, hidden, cfg, &inner), inner,
-                   workspace, fn);
+    st = be->beam_workspace_create_nccl(nccl_comm, max_tokens, hidden, cfg, &inner);
+    return bm_wrap(be, st, inner, workspace, fn);
 }
 
 BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace)

@@ -53,9 +53,19 @@ void tc_make(tc_data *d, const tc_spec *s, uint64_t seed)
     tu_fill_bf16(&r, d->x, TH);
     tu_fill_bf16(&r, d->residual, TH);
     if (s->exotic) {
-        tu_sprinkle_exotic(&r, d->experts, KH * (size_t)s->T, 97);
-        tu_sprinkle_exotic(&r, d->x, TH, 97);
-        tu_sprinkle_exotic(&r, d->residual, TH, 97);
+        /* finite oddities everywhere; one row-killing value (inf, NaN, max)
+         * in one row of each array, so the other rows stay meaningful */
+        tu_sprinkle_exotic(&r, d->experts, KH * (size_t)s->T, 31);
+        tu_sprinkle_exotic_weights(&r, d->weights, (size_t)s->K * (size_t)s->T, 31);
+        tu_sprinkle_exotic(&r, d->x, TH, 31);
+        tu_sprinkle_exotic(&r, d->residual, TH, 31);
+        if (s->T > 0) {
+            int64_t t = s->T / 2;
+            d->experts[(size_t)t * KH + tu_below(&r, (uint32_t)KH)] = tu_rand_killer(&r);
+            d->x[(size_t)(s->T - 1) * (size_t)s->H + tu_below(&r, (uint32_t)s->H)] =
+                tu_rand_killer(&r);
+            d->residual[tu_below(&r, (uint32_t)s->H)] = tu_rand_killer(&r);
+        }
     }
 
     d->wpost = norm_weight(&r, s->post, s->H);

@@ -215,13 +215,30 @@ const beam_norm *tu_beam_norm(const nr_norm *n, beam_norm *dst)
 
 void tu_sprinkle_exotic(tu_rng *r, uint16_t *p, size_t n, uint32_t rate)
 {
-    static const uint16_t ex[] = {
-        0x0001, 0x8001, 0x007F, 0x0080, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80,
-        0x7FC0, 0xFFC1, 0x7F81, 0x0000, 0x8000, 0x0040, 0x00FF, 0x8080};
+    /* finite and harmless to a whole row: subnormals, zeros, min normal,
+     * 2^-24, large values whose squares still fit FP32 sums */
+    static const uint16_t ex[] = {0x0001, 0x8001, 0x007F, 0x0080, 0x0040, 0x00FF,
+                                  0x8080, 0x0000, 0x8000, 0x4F00, 0xCF00, 0x3380};
     size_t i;
     for (i = 0; i < n; i++)
         if (tu_below(r, rate) == 0)
             p[i] = ex[tu_below(r, (uint32_t)(sizeof ex / sizeof ex[0]))];
+}
+
+uint16_t tu_rand_killer(tu_rng *r)
+{
+    static const uint16_t ex[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x7F7F, 0xFF7F};
+    return ex[tu_below(r, (uint32_t)(sizeof ex / sizeof ex[0]))];
+}
+
+void tu_sprinkle_exotic_weights(tu_rng *r, float *p, size_t n, uint32_t rate)
+{
+    static const uint32_t ex[] = {0x00000000u, 0x80000000u, 0x00000400u, 0x80000001u,
+                                  0x3F800000u, 0x00800000u, 0x60000000u};
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (tu_below(r, rate) == 0)
+            p[i] = tu_f32(ex[tu_below(r, (uint32_t)(sizeof ex / sizeof ex[0]))]);
 }
 
 int tu_run_suite(const char *suite, const tu_test *tests)

@@ -86,8 +86,12 @@ typedef struct tu_test {
  * status for automake: 0 all passed, 1 a failure, 99 CUnit itself failed. */
 int tu_run_suite(const char *suite, const tu_test *tests);
 
-/* Exotic BF16 values (subnormals, infinities, NaNs, signed zeros, extremes)
- * mixed one time in `rate` into p[0..n). */
+/* Finite exotic BF16 values (subnormals, signed zeros, min normal, large
+ * values) mixed one time in `rate` into p[0..n). */
 void tu_sprinkle_exotic(tu_rng *r, uint16_t *p, size_t n, uint32_t rate);
+/* A value that takes a whole normalized row with it: +-inf, NaNs, +-max. */
+uint16_t tu_rand_killer(tu_rng *r);
+/* Exotic routing weights (zeros, subnormals, 1, 2^69) one time in `rate`. */
+void tu_sprinkle_exotic_weights(tu_rng *r, float *p, size_t n, uint32_t rate);
 
 #endif

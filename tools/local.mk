@@ -1,1 +1,19 @@
-# placeholder: owned by a helper
+# tools/local.mk - the `beammoe` command-line tool (audit, run, bench).
+# Included by the top Makefile.am; paths are relative to the top directory.
+
+bin_PROGRAMS += tools/beammoe
+tools_beammoe_SOURCES = \
+	tools/beammoe.c tools/audit.c tools/gather.c tools/run.c tools/bench.c \
+	tools/problem.c tools/reference.c tools/util.c tools/devmem.c \
+	tools/common.h tools/audit.h tools/problem.h tools/reference.h tools/devmem.h
+# OpenMP: `bench` times memcpy with the same threads as the library, and
+# `audit` sets the thread count of the library's (shared) OpenMP runtime.
+tools_beammoe_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
+tools_beammoe_LDFLAGS = $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
+# The dispatcher: the tool reaches every backend this host can load.
+tools_beammoe_LDADD = libbeammoe.la
+
+# `make check` runs the quick audit (every backend and strategy against the
+# CPU ground truth, the CPU backend against tools/reference.c).
+TESTS += tools/audit-quick.sh
+EXTRA_DIST += tools/audit-quick.sh

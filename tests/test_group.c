@@ -1,0 +1,644 @@
+/*
+ * test_group.c - the CPU tensor-parallel gather against the naive reference.
+ *
+ * For R = 1, 2, 3, 4, 8 ranks: one pthread per rank, a beam_cpu_group, a
+ * workspace per rank (beam_workspace_create_cpu, collective). Rank r owns
+ * L = ceil(T/R) tokens, rows [r*L, min((r+1)*L, T)), and passes only those
+ * rows as its expert buffers (capacity >= L, NaN past its live rows);
+ * residual, hidden_out and normalized are full [T, H] arrays on every rank.
+ * Every rank's outputs must equal nr_gather() bit for bit, under every
+ * strategy (AUTO, ONESHOT, TWOSHOT, UNFUSED), for tokens 0, 1, < R, not
+ * divisible by R, a rank owning no rows at all, in place or not.
+ *
+ * Invalid gathers (T > max_tokens, hidden mismatch, capacity < ceil(T/R),
+ * strategy FUSED or unknown) must fail on every rank and write nothing.
+ *
+ * Links the dispatcher (backend "cpu"). CUnit asserts run on the main
+ * thread only; rank threads just record what they got.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "test_util.h"
+
+#define MAXR 8
+#define GUARD 2
+
+static uint64_t g_seed;
+
+typedef enum job_kind { JOB_CREATE, JOB_GATHER, JOB_INFO, JOB_DESTROY, JOB_QUIT } job_kind;
+
+/* What every rank does next, and what it got. */
+typedef struct job {
+    job_kind kind;
+    /* create */
+    int64_t max_tokens;
+    int32_t ws_hidden;
+    const beam_workspace_config *cfg;
+    /* gather */
+    int64_t T;
+    int32_t K, H;
+    float rs;
+    const beam_norm *post, *next;
+    const float *scales;
+    beam_strategy strategy;
+    int null_ws;
+    const uint16_t *ex[MAXR];
+    const float *wt[MAXR];
+    int64_t cap[MAXR];
+    const uint16_t *res[MAXR];
+    uint16_t *hid[MAXR], *nrm[MAXR];
+    /* results */
+    beam_status st[MAXR];
+    char msg[MAXR][256];
+    int32_t info_rank[MAXR], info_n[MAXR];
+} job;
+
+typedef struct group {
+    int R;
+    beam_cpu_group *g;
+    beam_workspace *ws[MAXR];
+    pthread_t th[MAXR];
+    pthread_barrier_t start, done;
+    job j;
+} group;
+
+typedef struct rank_arg {
+    group *grp;
+    int r;
+} rank_arg;
+
+static void *rank_main(void *p)
+{
+    rank_arg *a = (rank_arg *)p;
+    group *G = a->grp;
+    int r = a->r;
+    for (;;) {
+        job *j = &G->j;
+        beam_status st = BEAM_OK;
+        pthread_barrier_wait(&G->start);
+        if (j->kind == JOB_QUIT)
+            break;
+        switch (j->kind) {
+        case JOB_CREATE:
+            st = beam_workspace_create_cpu(G->g, r, j->max_tokens, j->ws_hidden, j->cfg,
+                                           &G->ws[r]);
+            break;
+        case JOB_GATHER:
+            st = beam_moe_finalize_gather_norm_residual_norm(
+                j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r], j->T, j->K, j->H,
+                j->rs, j->post, j->res[r], j->scales, j->next, j->hid[r], j->nrm[r],
+                j->strategy, NULL);
+            break;
+        case JOB_INFO:
+            st = beam_workspace_info(G->ws[r], &j->info_rank[r], &j->info_n[r]);
+            break;
+        case JOB_DESTROY:
+            st = beam_workspace_destroy(G->ws[r]);
+            G->ws[r] = NULL;
+            break;
+        case JOB_QUIT:
+            break;
+        }
+        j->st[r] = st;
+        snprintf(j->msg[r], sizeof j->msg[r], "%s", st == BEAM_OK ? "" : beam_last_error());
+        pthread_barrier_wait(&G->done);
+    }
+    return NULL;
+}
+
+static rank_arg g_args[MAXR];
+
+/* Run the current job on every rank and wait for all of them. */
+static void run_job(group *G)
+{
+    pthread_barrier_wait(&G->start);
+    pthread_barrier_wait(&G->done);
+}
+
+static int group_start(group *G, int R)
+{
+    int r;
+    memset(G, 0, sizeof *G);
+    G->R = R;
+    if (beam_cpu_group_create(R, &G->g) != BEAM_OK) {
+        fprintf(stderr, "beam_cpu_group_create(%d): %s\n", R, beam_last_error());
+        return 0;
+    }
+    pthread_barrier_init(&G->start, NULL, (unsigned)R + 1);
+    pthread_barrier_init(&G->done, NULL, (unsigned)R + 1);
+    for (r = 0; r < R; r++) {
+        g_args[r].grp = G;
+        g_args[r].r = r;
+        pthread_create(&G->th[r], NULL, rank_main, &g_args[r]);
+    }
+    return 1;
+}
+
+static void group_stop(group *G)
+{
+    int r;
+    G->j.kind = JOB_QUIT;
+    pthread_barrier_wait(&G->start);
+    for (r = 0; r < G->R; r++)
+        pthread_join(G->th[r], NULL);
+    pthread_barrier_destroy(&G->start);
+    pthread_barrier_destroy(&G->done);
+    CU_ASSERT_EQUAL(beam_cpu_group_destroy(G->g), BEAM_OK);
+}
+
+static int ws_create(group *G, int64_t max_tokens, int32_t H, const beam_workspace_config *cfg)
+{
+    int r, ok = 1;
+    G->j.kind = JOB_CREATE;
+    G->j.max_tokens = max_tokens;
+    G->j.ws_hidden = H;
+    G->j.cfg = cfg;
+    run_job(G);
+    for (r = 0; r < G->R; r++)
+        if (G->j.st[r] != BEAM_OK) {
+            fprintf(stderr, "workspace_create_cpu R=%d rank %d: %s\n", G->R, r, G->j.msg[r]);
+            ok = 0;
+        }
+    CU_ASSERT(ok);
+    if (!ok)
+        return 0;
+    G->j.kind = JOB_INFO;
+    run_job(G);
+    for (r = 0; r < G->R; r++) {
+        CU_ASSERT_EQUAL(G->j.st[r], BEAM_OK);
+        CU_ASSERT_EQUAL(G->j.info_rank[r], r);
+        CU_ASSERT_EQUAL(G->j.info_n[r], G->R);
+    }
+    return 1;
+}
+
+static void ws_destroy(group *G)
+{
+    int r;
+    G->j.kind = JOB_DESTROY;
+    run_job(G);
+    for (r = 0; r < G->R; r++)
+        CU_ASSERT_EQUAL(G->j.st[r], BEAM_OK);
+}
+
+/* ---- one gather case ---------------------------------------------------- */
+
+typedef struct gcase {
+    int64_t T;
+    int32_t K, H;
+    int post, next; /* 0 off, 1 plain, 2 weight */
+    int scales, rs_one, inplace;
+    int64_t pad;    /* NaN rows past L in every rank's expert buffer */
+} gcase;
+
+typedef struct gdata {
+    gcase c;
+    int R;
+    int64_t L;
+    uint16_t *ex[MAXR];
+    float *wt[MAXR];
+    uint16_t *residual;    /* [T, H], shared input contents */
+    uint16_t *wpost, *wnext;
+    beam_norm post, next;
+    nr_norm npost, nnext;
+    float scales[2], rs;
+    uint16_t *want_h, *want_n; /* the reference */
+    /* per rank outputs (T + GUARD rows) and residual copies */
+    uint16_t *res[MAXR], *hid[MAXR], *nrm[MAXR];
+} gdata;
+
+static uint16_t *rand_norm_w(tu_rng *r, int choice, int32_t H)
+{
+    uint16_t *w;
+    int32_t h;
+    if (choice != 2)
+        return NULL;
+    w = (uint16_t *)tu_alloc(2 * (size_t)H, 0);
+    for (h = 0; h < H; h++)
+        w[h] = tu_rand_norm_weight(r);
+    return w;
+}
+
+static void gdata_make(gdata *d, const gcase *c, int R, uint64_t seed)
+{
+    tu_rng rng;
+    size_t KH = (size_t)c->K * (size_t)c->H, TH = (size_t)c->T * (size_t)c->H;
+    int r;
+    memset(d, 0, sizeof *d);
+    d->c = *c;
+    d->R = R;
+    d->L = (c->T + R - 1) / R;
+    tu_rng_init(&rng, seed);
+    for (r = 0; r < R; r++) {
+        int64_t lo = r * d->L, hi = (r + 1) * d->L, own, cap = d->L + c->pad;
+        if (hi > c->T)
+            hi = c->T;
+        own = hi > lo ? hi - lo : 0;
+        d->ex[r] = (uint16_t *)tu_alloc(2 * KH * (size_t)(cap ? cap : 1), 0);
+        d->wt[r] = (float *)tu_alloc(4 * (size_t)c->K * (size_t)(cap ? cap : 1), 0);
+        tu_fill_bf16(&rng, d->ex[r], KH * (size_t)own);
+        tu_fill_weight(&rng, d->wt[r], (size_t)c->K * (size_t)own);
+        tu_fill_bf16_nan(d->ex[r] + KH * (size_t)own, KH * (size_t)(cap - own));
+        tu_fill_f32_nan(d->wt[r] + (size_t)c->K * (size_t)own, (size_t)c->K * (size_t)(cap - own));
+    }
+    d->residual = (uint16_t *)tu_alloc(2 * TH, 0);
+    tu_fill_bf16(&rng, d->residual, TH);
+    d->wpost = rand_norm_w(&rng, c->post, c->H);
+    d->wnext = rand_norm_w(&rng, c->next, c->H);
+    d->post.weight = d->wpost;
+    d->post.eps = 1e-6f;
+    d->next.weight = d->wnext;
+    d->next.eps = 1e-5f;
+    d->npost.on = c->post != 0;
+    d->npost.weight = d->wpost;
+    d->npost.eps = 1e-6f;
+    d->nnext.on = c->next != 0;
+    d->nnext.weight = d->wnext;
+    d->nnext.eps = 1e-5f;
+    d->scales[0] = tu_rand_scale(&rng);
+    d->scales[1] = tu_rand_scale(&rng);
+    d->rs = c->rs_one ? 1.0f : tu_rand_scale(&rng);
+
+    d->want_h = (uint16_t *)tu_alloc(2 * TH, 0);
+    d->want_n = (uint16_t *)tu_alloc(2 * TH, 0);
+    nr_gather((const uint16_t *const *)d->ex, (const float *const *)d->wt, R, c->T, c->K, c->H,
+              d->rs, &d->npost, d->residual, c->scales ? d->scales : NULL, &d->nnext, d->want_h,
+              d->want_n);
+
+    for (r = 0; r < R; r++) {
+        size_t ob = 2 * (TH + GUARD * (size_t)c->H);
+        d->hid[r] = (uint16_t *)tu_alloc(ob, 0);
+        tu_poison(d->hid[r], ob);
+        if (c->next) {
+            d->nrm[r] = (uint16_t *)tu_alloc(ob, 0);
+            tu_poison(d->nrm[r], ob);
+        }
+        if (c->inplace) {
+            memcpy(d->hid[r], d->residual, 2 * TH);
+            d->res[r] = d->hid[r];
+        } else {
+            d->res[r] = (uint16_t *)tu_alloc(2 * TH, 0);
+            memcpy(d->res[r], d->residual, 2 * TH);
+        }
+    }
+}
+
+static void gdata_free(gdata *d)
+{
+    int r;
+    for (r = 0; r < d->R; r++) {
+        tu_free(d->ex[r]);
+        tu_free(d->wt[r]);
+        if (d->res[r] != d->hid[r])
+            tu_free(d->res[r]);
+        tu_free(d->hid[r]);
+        tu_free(d->nrm[r]);
+    }
+    tu_free(d->residual);
+    tu_free(d->wpost);
+    tu_free(d->wnext);
+    tu_free(d->want_h);
+    tu_free(d->want_n);
+}
+
+static void job_from(group *G, gdata *d, beam_strategy s)
+{
+    job *j = &G->j;
+    int r;
+    j->kind = JOB_GATHER;
+    j->T = d->c.T;
+    j->K = d->c.K;
+    j->H = d->c.H;
+    j->rs = d->rs;
+    j->post = d->c.post ? &d->post : NULL;
+    j->next = d->c.next ? &d->next : NULL;
+    j->scales = d->c.scales ? d->scales : NULL;
+    j->strategy = s;
+    j->null_ws = 0;
+    for (r = 0; r < G->R; r++) {
+        j->ex[r] = d->ex[r];
+        j->wt[r] = d->wt[r];
+        j->cap[r] = d->L + d->c.pad;
+        j->res[r] = d->res[r];
+        j->hid[r] = d->hid[r];
+        j->nrm[r] = d->nrm[r];
+    }
+}
+
+static const char *strat_name(beam_strategy s)
+{
+    switch (s) {
+    case BEAM_STRATEGY_AUTO: return "AUTO";
+    case BEAM_STRATEGY_ONESHOT: return "ONESHOT";
+    case BEAM_STRATEGY_TWOSHOT: return "TWOSHOT";
+    case BEAM_STRATEGY_UNFUSED: return "UNFUSED";
+    default: return "?";
+    }
+}
+
+/* Run one valid case under one strategy and check every rank. */
+static void run_valid(group *G, const gcase *c, beam_strategy s, uint64_t seed)
+{
+    gdata d;
+    size_t TH = (size_t)c->T * (size_t)c->H;
+    int r;
+    char label[300];
+    gdata_make(&d, c, G->R, seed);
+    job_from(G, &d, s);
+    run_job(G);
+    for (r = 0; r < G->R; r++) {
+        snprintf(label, sizeof label,
+                 "seed=%llu R=%d rank=%d T=%lld K=%d H=%d post=%d next=%d scales=%d rs_one=%d "
+                 "inplace=%d pad=%lld strategy=%s",
+                 (unsigned long long)seed, G->R, r, (long long)c->T, (int)c->K, (int)c->H,
+                 c->post, c->next, c->scales, c->rs_one, c->inplace, (long long)c->pad,
+                 strat_name(s));
+        if (G->j.st[r] != BEAM_OK)
+            fprintf(stderr, "FAIL %s: status %d: %s\n", label, (int)G->j.st[r], G->j.msg[r]);
+        CU_ASSERT_EQUAL(G->j.st[r], BEAM_OK);
+        CU_ASSERT_EQUAL(tu_cmp_bf16(label, d.hid[r], d.want_h, TH), 0);
+        CU_ASSERT(tu_is_poison(d.hid[r] + TH, 2 * GUARD * (size_t)c->H));
+        if (c->next) {
+            CU_ASSERT_EQUAL(tu_cmp_bf16(label, d.nrm[r], d.want_n, TH), 0);
+            CU_ASSERT(tu_is_poison(d.nrm[r] + TH, 2 * GUARD * (size_t)c->H));
+        }
+    }
+    gdata_free(&d);
+}
+
+static const beam_strategy GSTRATS[4] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT,
+                                         BEAM_STRATEGY_TWOSHOT, BEAM_STRATEGY_UNFUSED};
+
+/* Token counts for R ranks: 0, 1, < R, R - 1, R + 1, not divisible by R,
+ * one where the last rank owns no row (T = 9, R = 4: L = 3), and a larger
+ * one. */
+static int token_list(int R, int64_t *t)
+{
+    int n = 0;
+    t[n++] = 0;
+    t[n++] = 1;
+    if (R > 2)
+        t[n++] = R - 1;
+    if (R > 3)
+        t[n++] = 2;
+    t[n++] = R + 1;
+    t[n++] = 7;
+    t[n++] = 9;
+    t[n++] = 100;
+    return n;
+}
+
+static void run_R(int R)
+{
+    group G;
+    beam_workspace_config cfg = beam_workspace_config_default();
+    int64_t toks[16];
+    int nt = token_list(R, toks), i, k;
+    uint64_t n = 0;
+    if (!group_start(&G, R)) {
+        CU_FAIL("group create");
+        return;
+    }
+    /* AUTO's thresholds low enough that it picks each strategy over the list */
+    cfg.oneshot_max_tokens = 2;
+    cfg.twoshot_max_tokens = 8;
+    cfg.timeout_ms = 20000;
+    if (ws_create(&G, 128, 1024, &cfg)) {
+        for (i = 0; i < nt; i++)
+            for (k = 0; k < 4; k++) {
+                gcase c;
+                int v = (int)(n % 18);
+                memset(&c, 0, sizeof c);
+                c.T = toks[i];
+                c.K = (int32_t[]){1, 2, 6, 8, 32}[n % 5];
+                c.H = 1024;
+                c.post = v % 3;
+                c.next = (v / 3) % 3;
+                c.scales = (int)((n / 2) % 2);
+                c.rs_one = (int)((n / 3) % 2);
+                c.inplace = (int)((n / 5) % 2);
+                c.pad = (int64_t)(n % 3);
+                if (tu_quick() && c.T > 9)
+                    c.K = 2;
+                run_valid(&G, &c, GSTRATS[k], g_seed + 7919u * (uint64_t)R + n);
+                n++;
+            }
+        ws_destroy(&G);
+    }
+    /* a second workspace on the same group: another hidden, default cfg */
+    if (!tu_quick() && ws_create(&G, 64, 7168, NULL)) {
+        for (k = 0; k < 4; k++) {
+            gcase c;
+            memset(&c, 0, sizeof c);
+            c.T = 64 - 3;
+            c.K = 8;
+            c.H = 7168;
+            c.post = 2;
+            c.next = 2;
+            c.scales = k % 2;
+            c.rs_one = k / 2;
+            c.inplace = k % 2;
+            c.pad = 1;
+            run_valid(&G, &c, GSTRATS[k], g_seed + 31337u * (uint64_t)R + (uint64_t)k);
+        }
+        ws_destroy(&G);
+    }
+    group_stop(&G);
+}
+
+static void test_R1(void) { run_R(1); }
+static void test_R2(void) { run_R(2); }
+static void test_R3(void) { run_R(3); }
+static void test_R4(void) { run_R(4); }
+static void test_R8(void) { run_R(8); }
+
+/* ---- invalid gathers ---------------------------------------------------- */
+
+/* Every rank must fail; no output byte on any rank may change. */
+static void expect_all_fail(group *G, gdata *d, const char *what, const char *arg)
+{
+    size_t ob = 2 * ((size_t)d->c.T * (size_t)d->c.H + GUARD * (size_t)d->c.H);
+    int r;
+    run_job(G);
+    for (r = 0; r < G->R; r++) {
+        if (G->j.st[r] == BEAM_OK)
+            fprintf(stderr, "FAIL invalid gather '%s' R=%d rank %d returned OK\n", what, G->R,
+                    r);
+        CU_ASSERT_NOT_EQUAL(G->j.st[r], BEAM_OK);
+        if (arg && G->j.st[r] == BEAM_ERR_INVALID_ARGUMENT) {
+            CU_ASSERT_PTR_NOT_NULL(strstr(G->j.msg[r], "beam_moe_finalize_gather_norm_residual_norm"));
+            CU_ASSERT_PTR_NOT_NULL(strstr(G->j.msg[r], arg));
+            if (!strstr(G->j.msg[r], arg))
+                fprintf(stderr, "message for '%s' does not name %s: %s\n", what, arg,
+                        G->j.msg[r]);
+        }
+        if (d->c.inplace == 0) {
+            CU_ASSERT(tu_is_poison(d->hid[r], ob));
+            if (d->nrm[r])
+                CU_ASSERT(tu_is_poison(d->nrm[r], ob));
+            if (!tu_is_poison(d->hid[r], ob))
+                fprintf(stderr, "FAIL invalid gather '%s' R=%d rank %d wrote hidden_out\n", what,
+                        G->R, r);
+        }
+    }
+}
+
+static void test_invalid(void)
+{
+    static const int Rs[3] = {1, 2, 3};
+    int ri;
+    for (ri = 0; ri < 3; ri++) {
+        group G;
+        gdata d;
+        gcase c;
+        beam_workspace_config cfg = beam_workspace_config_default();
+        int R = Rs[ri], r;
+        cfg.timeout_ms = 5000;
+        if (!group_start(&G, R)) {
+            CU_FAIL("group create");
+            continue;
+        }
+        if (!ws_create(&G, 16, 512, &cfg)) {
+            group_stop(&G);
+            continue;
+        }
+        memset(&c, 0, sizeof c);
+        c.K = 4;
+        c.H = 512;
+        c.next = 2;
+        c.post = 1;
+        c.scales = 1;
+
+        /* T > max_tokens */
+        c.T = 17;
+        gdata_make(&d, &c, R, g_seed + 5);
+        job_from(&G, &d, BEAM_STRATEGY_AUTO);
+        expect_all_fail(&G, &d, "T > max_tokens", "tokens");
+        gdata_free(&d);
+
+        /* hidden mismatch: H = 768 on a hidden = 512 workspace */
+        c.T = 5;
+        c.H = 768;
+        gdata_make(&d, &c, R, g_seed + 6);
+        job_from(&G, &d, BEAM_STRATEGY_AUTO);
+        expect_all_fail(&G, &d, "hidden mismatch", "hidden");
+        gdata_free(&d);
+        c.H = 512;
+
+        /* capacity < ceil(T/R) on every rank */
+        c.T = 7;
+        gdata_make(&d, &c, R, g_seed + 7);
+        job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
+        for (r = 0; r < R; r++)
+            G.j.cap[r] = d.L - 1;
+        expect_all_fail(&G, &d, "capacity < ceil(T/R)", "capacity");
+        /* ... and on the last rank only: its peers must learn it too */
+        if (R > 1) {
+            job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
+            G.j.cap[R - 1] = d.L - 1;
+            expect_all_fail(&G, &d, "capacity < ceil(T/R) on one rank", NULL);
+        }
+        gdata_free(&d);
+
+        /* strategies the gather does not take */
+        gdata_make(&d, &c, R, g_seed + 8);
+        job_from(&G, &d, BEAM_STRATEGY_FUSED);
+        expect_all_fail(&G, &d, "strategy FUSED", "strategy");
+        job_from(&G, &d, (beam_strategy)99);
+        expect_all_fail(&G, &d, "strategy 99", "strategy");
+        job_from(&G, &d, (beam_strategy)-1);
+        expect_all_fail(&G, &d, "strategy -1", "strategy");
+        gdata_free(&d);
+
+        /* NULL workspace */
+        gdata_make(&d, &c, R, g_seed + 9);
+        job_from(&G, &d, BEAM_STRATEGY_AUTO);
+        G.j.null_ws = 1;
+        expect_all_fail(&G, &d, "NULL workspace", "workspace");
+        gdata_free(&d);
+
+        /* the workspace still works after all that */
+        c.T = 7;
+        run_valid(&G, &c, BEAM_STRATEGY_AUTO, g_seed + 10);
+        run_valid(&G, &c, BEAM_STRATEGY_TWOSHOT, g_seed + 11);
+        ws_destroy(&G);
+        group_stop(&G);
+    }
+}
+
+/* Non-collective argument errors of the group and workspace calls. */
+static void test_group_args(void)
+{
+    beam_cpu_group *g = NULL;
+    beam_workspace *ws = NULL;
+    int32_t rk, nr;
+    CU_ASSERT_EQUAL(beam_cpu_group_create(0, &g), BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_cpu_group_create"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "nranks"));
+    CU_ASSERT_EQUAL(beam_cpu_group_create(257, &g), BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_EQUAL(beam_cpu_group_create(-3, &g), BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_EQUAL(beam_cpu_group_create(2, NULL), BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NULL(g);
+    CU_ASSERT_EQUAL(beam_cpu_group_create(2, &g), BEAM_OK);
+    if (g) {
+        /* rank outside [0, nranks): fails at once, before any collective wait */
+        CU_ASSERT_EQUAL(beam_workspace_create_cpu(g, 2, 16, 512, NULL, &ws),
+                        BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "rank"));
+        CU_ASSERT_EQUAL(beam_workspace_create_cpu(g, -1, 16, 512, NULL, &ws),
+                        BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NULL(ws);
+        CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+    }
+    CU_ASSERT_NOT_EQUAL(beam_workspace_create_cpu(NULL, 0, 16, 512, NULL, &ws), BEAM_OK);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "group"));
+    CU_ASSERT_EQUAL(beam_workspace_destroy(NULL), BEAM_OK);
+    CU_ASSERT_NOT_EQUAL(beam_workspace_info(NULL, &rk, &nr), BEAM_OK);
+    /* a one-rank group: hidden and max_tokens are checked before anything */
+    CU_ASSERT_EQUAL(beam_cpu_group_create(1, &g), BEAM_OK);
+    if (g) {
+        CU_ASSERT_EQUAL(beam_workspace_create_cpu(g, 0, 16, 300, NULL, &ws),
+                        BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "hidden"));
+        CU_ASSERT_EQUAL(beam_workspace_create_cpu(g, 0, -1, 512, NULL, &ws),
+                        BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "max_tokens"));
+        CU_ASSERT_EQUAL(beam_workspace_create_cpu(g, 0, 16, 512, NULL, NULL),
+                        BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_EQUAL(beam_workspace_create_cpu(g, 0, 16, 512, NULL, &ws), BEAM_OK);
+        if (ws) {
+            CU_ASSERT_EQUAL(beam_workspace_info(ws, &rk, &nr), BEAM_OK);
+            CU_ASSERT_EQUAL(rk, 0);
+            CU_ASSERT_EQUAL(nr, 1);
+            CU_ASSERT_EQUAL(beam_workspace_destroy(ws), BEAM_OK);
+        }
+        CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+    }
+    /* the NCCL workspace belongs to the CUDA backend */
+    CU_ASSERT_NOT_EQUAL(beam_workspace_create_nccl(NULL, 16, 512, NULL, &ws), BEAM_OK);
+}
+
+int main(void)
+{
+    static const tu_test tests[] = {{"group and workspace arguments", test_group_args},
+                                    {"R=1", test_R1},
+                                    {"R=2", test_R2},
+                                    {"R=3", test_R3},
+                                    {"R=4", test_R4},
+                                    {"R=8", test_R8},
+                                    {"invalid gathers fail on every rank", test_invalid},
+                                    {NULL, NULL}};
+    g_seed = tu_seed("test_group");
+    if (beam_set_backend("cpu") != BEAM_OK) {
+        fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());
+        return 1;
+    }
+    return tu_run_suite("group", tests);
+}

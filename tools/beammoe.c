@@ -1,0 +1,64 @@
+/*
+ * beammoe.c - entry point of the `beammoe` command-line tool: picks the
+ * subcommand (audit.c, run.c, bench.c) and handles --help / --version.
+ *
+ * The tool links libbeammoe (the run-time dispatcher), so `audit` and `run`
+ * reach every backend this host can load.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+
+#ifndef PACKAGE_VERSION
+#define BEAM_STR2(x) #x
+#define BEAM_STR(x) BEAM_STR2(x)
+#define PACKAGE_VERSION                                                                        \
+    BEAM_STR(BEAM_VERSION_MAJOR) "." BEAM_STR(BEAM_VERSION_MINOR) "." BEAM_STR(BEAM_VERSION_PATCH)
+#endif
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: beammoe <command> [options]\n"
+            "       beammoe --help | --version\n"
+            "\n"
+            "Commands:\n"
+            "  audit   every backend and strategy against the CPU ground truth, and the\n"
+            "          CPU backend against an independent scalar reference\n"
+            "  run     one case: backend, median time, GB/s, checksum of the outputs\n"
+            "  bench   CPU backend throughput as a fraction of memcpy bandwidth\n"
+            "\n"
+            "'beammoe <command> --help' describes a command's options.\n"
+            "Environment: BEAM_BACKEND=cpu|cuda|auto picks the backend of 'run' when\n"
+            "--backend is not given.\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *cmd;
+    if (argc < 2) {
+        fprintf(stderr, "beammoe: missing command\n");
+        usage(stderr);
+        return TOOL_EXIT_USAGE;
+    }
+    cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return TOOL_EXIT_OK;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        printf("beammoe %s (library %s)\n", PACKAGE_VERSION, beam_version());
+        return TOOL_EXIT_OK;
+    }
+    /* getopt_long of each command sees argv[0] = the command name */
+    if (!strcmp(cmd, "audit")) return cmd_audit(argc - 1, argv + 1);
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
+    fprintf(stderr, "beammoe: unknown command '%s'\nTry 'beammoe --help'.\n", cmd);
+    return TOOL_EXIT_USAGE;
+}

@@ -1,0 +1,265 @@
+/*
+ * run.c - `beammoe run`: one case, timed, with a checksum of its outputs.
+ *
+ * The checksum (64-bit FNV-1a over the live output rows, little-endian
+ * bytes) is the same on every backend and strategy when they agree bit for
+ * bit, so `run` on two hosts or backends can be compared by eye.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devmem.h"
+#include "problem.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "Usage: beammoe run --tokens T --top-k K --hidden H [options]\n"
+            "\n"
+            "Runs one operation on generated inputs; prints the backend, the median time\n"
+            "per call, GB/s (bytes per call as in TARGETS.md) and a 64-bit FNV-1a\n"
+            "checksum of the outputs.\n"
+            "\n"
+            "  --tokens T           live tokens (rows)\n"
+            "  --top-k K            experts per token (ignored by --op nrn)\n"
+            "  --hidden H           hidden size\n"
+            "  --backend B          cpu, cuda or auto (default: the library's choice,\n"
+            "                       BEAM_BACKEND or auto)\n"
+            "  --op OP              finalize, nrn (norm_residual_norm) or fused\n"
+            "                       (finalize_norm_residual_norm, the default)\n"
+            "  --strategy S         auto, fused or unfused (--op fused only; default auto)\n"
+            "  --post-norm          post-FFN RMSNorm with a weight (finalize, fused)\n"
+            "  --pre-norm           RMSNorm of x with a weight (nrn only)\n"
+            "  --next-norm          RMSNorm of hidden with a weight (nrn, fused)\n"
+            "  --scales A,B         scale x by A and the residual by B (nrn, fused)\n"
+            "  --routed-scale S     routed scale (default 1)\n"
+            "  --eps E              eps of every norm (default 1e-6)\n"
+            "  --iters N            timed calls (default 10)\n"
+            "  --seed N             seed of the inputs (default 1)\n"
+            "  -h, --help           this text\n"
+            "\n"
+            "Exit status: 0 done, 1 library error, 2 usage error.\n");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "beammoe run: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'beammoe run --help'.\n");
+    return TOOL_EXIT_USAGE;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    enum { O_TOKENS = 256, O_TOPK, O_HIDDEN, O_BACKEND, O_STRATEGY, O_OP, O_POST, O_NEXT, O_PRE,
+           O_SCALES, O_RS, O_EPS, O_ITERS, O_SEED };
+    static const struct option longopts[] = {
+        {"tokens", required_argument, NULL, O_TOKENS},
+        {"top-k", required_argument, NULL, O_TOPK},
+        {"hidden", required_argument, NULL, O_HIDDEN},
+        {"backend", required_argument, NULL, O_BACKEND},
+        {"strategy", required_argument, NULL, O_STRATEGY},
+        {"op", required_argument, NULL, O_OP},
+        {"post-norm", no_argument, NULL, O_POST},
+        {"next-norm", no_argument, NULL, O_NEXT},
+        {"pre-norm", no_argument, NULL, O_PRE},
+        {"scales", required_argument, NULL, O_SCALES},
+        {"routed-scale", required_argument, NULL, O_RS},
+        {"eps", required_argument, NULL, O_EPS},
+        {"iters", required_argument, NULL, O_ITERS},
+        {"seed", required_argument, NULL, O_SEED},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    int64_t tokens = 0, iters64 = 10;
+    int32_t top_k = 1, hidden = 0;
+    int have_t = 0, have_k = 0, have_h = 0, have_strategy = 0;
+    const char *backend = NULL;
+    beam_strategy strategy = BEAM_STRATEGY_AUTO;
+    tool_op op = OP_FUSED;
+    unsigned opts = 0;
+    float scales[2] = {1.0f, 1.0f}, rs = 1.0f, eps = 1e-6f;
+    uint64_t seed = 1;
+    int opt, i, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
+    problem p;
+    outputs o;
+    bound b;
+    beam_status st;
+    double *times, med, bytes;
+    char msg[400];
+
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case O_TOKENS:
+            if (parse_i64("run", "--tokens", optarg, &tokens)) return TOOL_EXIT_USAGE;
+            have_t = 1;
+            break;
+        case O_TOPK:
+            if (parse_i32("run", "--top-k", optarg, &top_k)) return TOOL_EXIT_USAGE;
+            have_k = 1;
+            break;
+        case O_HIDDEN:
+            if (parse_i32("run", "--hidden", optarg, &hidden)) return TOOL_EXIT_USAGE;
+            have_h = 1;
+            break;
+        case O_BACKEND:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
+                return usage_error("--backend: '%s' is not cpu, cuda or auto", optarg);
+            backend = optarg;
+            break;
+        case O_STRATEGY:
+            if (!strcmp(optarg, "auto"))
+                strategy = BEAM_STRATEGY_AUTO;
+            else if (!strcmp(optarg, "fused"))
+                strategy = BEAM_STRATEGY_FUSED;
+            else if (!strcmp(optarg, "unfused"))
+                strategy = BEAM_STRATEGY_UNFUSED;
+            else
+                return usage_error("--strategy: '%s' is not auto, fused or unfused", optarg);
+            have_strategy = 1;
+            break;
+        case O_OP:
+            if (!strcmp(optarg, "finalize"))
+                op = OP_FINALIZE;
+            else if (!strcmp(optarg, "nrn"))
+                op = OP_NRN;
+            else if (!strcmp(optarg, "fused"))
+                op = OP_FUSED;
+            else
+                return usage_error("--op: '%s' is not finalize, nrn or fused", optarg);
+            break;
+        case O_POST:
+            opts |= OPT_POST | OPT_POST_W;
+            break;
+        case O_NEXT:
+            opts |= OPT_NEXT | OPT_NEXT_W;
+            break;
+        case O_PRE:
+            opts |= OPT_PRE | OPT_PRE_W;
+            break;
+        case O_SCALES:
+            if (parse_f32_pair("run", "--scales", optarg, scales)) return TOOL_EXIT_USAGE;
+            opts |= OPT_SCALES;
+            break;
+        case O_RS:
+            if (parse_f32("run", "--routed-scale", optarg, &rs)) return TOOL_EXIT_USAGE;
+            break;
+        case O_EPS:
+            if (parse_f32("run", "--eps", optarg, &eps)) return TOOL_EXIT_USAGE;
+            break;
+        case O_ITERS:
+            if (parse_i64("run", "--iters", optarg, &iters64)) return TOOL_EXIT_USAGE;
+            if (iters64 < 1 || iters64 > 1000000)
+                return usage_error("--iters: '%s' must be in [1, 1000000]", optarg);
+            break;
+        case O_SEED:
+            if (parse_u64("run", "--seed", optarg, &seed)) return TOOL_EXIT_USAGE;
+            break;
+        case 'h':
+            usage(stdout);
+            return TOOL_EXIT_OK;
+        default:
+            fprintf(stderr, "Try 'beammoe run --help'.\n");
+            return TOOL_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+    if (!have_t) return usage_error("%s is required", "--tokens");
+    if (!have_h) return usage_error("%s is required", "--hidden");
+    if (!have_k && op != OP_NRN) return usage_error("%s is required", "--top-k");
+    if (op == OP_NRN) top_k = 1;
+    /* Options that the chosen op has no place for: say so, do not ignore. */
+    if ((opts & OPT_PRE) && op != OP_NRN) return usage_error("%s applies to --op nrn only", "--pre-norm");
+    if ((opts & OPT_POST) && op == OP_NRN)
+        return usage_error("%s applies to --op finalize and fused only", "--post-norm");
+    if ((opts & (OPT_NEXT | OPT_SCALES)) && op == OP_FINALIZE)
+        return usage_error("%s apply to --op nrn and fused only", "--next-norm and --scales");
+    if (have_strategy && op != OP_FUSED) return usage_error("%s applies to --op fused only", "--strategy");
+    iters = (int)iters64;
+
+    if (backend) {
+        st = beam_set_backend(backend);
+        if (st != BEAM_OK) return report_lib_error("run", "beam_set_backend", st);
+    }
+    on_device = !strcmp(beam_backend_name(), "cuda");
+    if (on_device && dev_open(msg, sizeof msg)) {
+        fprintf(stderr, "beammoe run: %s\n", msg);
+        return TOOL_EXIT_FAIL;
+    }
+
+    if (problem_make(&p, op, tokens, tokens, top_k, hidden, opts, rs, scales, eps, GEN_NORMAL,
+                     seed)) {
+        fprintf(stderr, "beammoe run: out of memory for the inputs\n");
+        return TOOL_EXIT_FAIL;
+    }
+    if (outputs_make(&o, &p)) {
+        fprintf(stderr, "beammoe run: out of memory for the outputs\n");
+        problem_free(&p);
+        return TOOL_EXIT_FAIL;
+    }
+    times = malloc(sizeof *times * (size_t)iters);
+    if (!times || bound_make(&b, &p, &o, on_device, 0, msg, sizeof msg)) {
+        fprintf(stderr, "beammoe run: %s\n", times ? msg : "out of memory");
+        goto out;
+    }
+
+    /* one untimed call: first-touch of pages, lazy loading, errors */
+    st = bound_call(&b, strategy);
+    if (st != BEAM_OK) {
+        rc = report_lib_error("run", op == OP_FINALIZE ? "beam_moe_finalize"
+                                     : op == OP_NRN    ? "beam_norm_residual_norm"
+                                                       : "beam_moe_finalize_norm_residual_norm",
+                              st);
+        goto out_b;
+    }
+    for (i = 0; i < iters; i++) {
+        double t0 = now_seconds();
+        st = bound_call(&b, strategy);
+        if (on_device && dev_sync()) {
+            fprintf(stderr, "beammoe run: %s\n", dev_last_error());
+            goto out_b;
+        }
+        times[i] = now_seconds() - t0;
+        if (st != BEAM_OK) {
+            rc = report_lib_error("run", "timed call", st);
+            goto out_b;
+        }
+    }
+    if (bound_finish(&b, msg, sizeof msg)) {
+        fprintf(stderr, "beammoe run: %s\n", msg);
+        goto out_b;
+    }
+    med = median_of(times, iters);
+    bytes = op == OP_FINALIZE ? bytes_finalize(tokens, top_k, hidden, !!(opts & OPT_POST_W))
+            : op == OP_NRN    ? bytes_nrn(tokens, hidden, !!(opts & OPT_PRE_W), !!(opts & OPT_NEXT),
+                                          !!(opts & OPT_NEXT_W))
+                              : bytes_fused(tokens, top_k, hidden, !!(opts & OPT_POST_W),
+                                            !!(opts & OPT_NEXT), !!(opts & OPT_NEXT_W));
+    printf("backend:   %s\n", beam_backend_name());
+    printf("op:        %s%s%s T=%lld K=%d H=%d%s%s%s%s routed_scale=%g\n", op_name(op),
+           op == OP_FUSED ? " strategy=" : "",
+           op == OP_FUSED ? (strategy == BEAM_STRATEGY_AUTO    ? "auto"
+                             : strategy == BEAM_STRATEGY_FUSED ? "fused"
+                                                               : "unfused")
+                          : "",
+           (long long)tokens, (int)top_k, (int)hidden, (opts & OPT_POST) ? " post-norm" : "",
+           (opts & OPT_PRE) ? " pre-norm" : "", (opts & OPT_NEXT) ? " next-norm" : "",
+           (opts & OPT_SCALES) ? " scales" : "", (double)rs);
+    printf("median:    %.2f us per call (%d calls)\n", med * 1e6, iters);
+    printf("bandwidth: %.2f GB/s (%.0f bytes per call)\n", med > 0 ? bytes / med * 1e-9 : 0.0,
+           bytes);
+    printf("checksum:  0x%016llx\n", (unsigned long long)outputs_checksum(&o, &p));
+    rc = TOOL_EXIT_OK;
+out_b:
+    bound_free(&b);
+out:
+    free(times);
+    outputs_free(&o);
+    problem_free(&p);
+    return rc;
+}
