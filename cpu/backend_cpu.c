@@ -52,11 +52,8 @@ beam_status bm_cpu_fused(const bm_args *a)
     const size_t hidden = (size_t)a->hidden;
 #pragma omp parallel for schedule(static, BM_CPU_CHUNK)
     for (t = 0; t < a->tokens; t++) {
-        uint16_t row[BM_MAX_HIDDEN];
         size_t o = (size_t)t * hidden;
-        bm_cpu_finalize_row(a, t, row);
-        bm_cpu_residual_row(a, row, a->residual + o, a->hidden_out + o,
-                            a->normalized ? a->normalized + o : NULL);
+        bm_cpu_fused_row(a, t, a->residual + o, a->hidden_out + o, a->normalized ? a->normalized + o : NULL);
     }
     return BEAM_OK;
 }

@@ -19,4 +19,9 @@ void bm_cpu_finalize_row(const bm_args *a, int64_t row, uint16_t *out);
 void bm_cpu_residual_row(const bm_args *a, const uint16_t *x, const uint16_t *residual,
                          uint16_t *hidden, uint16_t *normalized);
 
+/* finalize then the residual stage of token `row`, never storing the
+ * finalized row. */
+void bm_cpu_fused_row(const bm_args *a, int64_t row, const uint16_t *residual, uint16_t *hidden,
+                      uint16_t *normalized);
+
 #endif

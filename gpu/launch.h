@@ -2,11 +2,13 @@
  * launch.h - choosing and launching the row kernel (internal, C++).
  *
  * A launch shape is (NT threads per block, J chunks per thread, U expert
- * slots loaded ahead). bm_pick_shape chooses one per call from the row count
+ * slots loaded ahead, CS blocks of a cluster per row, PDL or not). bm_pick_shape chooses one per call from the row count
  * and the hidden size only (no device query): decode sizes get one chunk per
  * thread and wide blocks (latency: every load of a row in flight at once),
  * prefill sizes get narrower blocks with several chunks per thread
- * (bandwidth: more rows resident per multiprocessor).
+ * (bandwidth: more rows resident per multiprocessor). Decode launches use
+ * programmatic dependent launch, so that their start overlaps the tail of
+ * the preceding kernel (the kernel waits for it before reading memory).
  */
 #ifndef BEAMMOE_GPU_LAUNCH_H
 #define BEAMMOE_GPU_LAUNCH_H
@@ -16,9 +18,11 @@
 #include "row_kernel.cuh"
 
 struct bm_shape {
-    int nt; /* threads per block: 32 .. 1024, a power of two */
-    int j;  /* chunks per thread: 1, 2, 4 or 8; nt * j >= hidden / 8 */
-    int u;  /* expert slots loaded ahead: 1, 2, 4 or 8 */
+    int nt;  /* threads per block: 32 .. 1024, a power of two */
+    int j;   /* chunks per thread: 1, 2, 4 or 8; cs * nt * j >= hidden / 8 */
+    int u;   /* expert slots loaded ahead: 1, 2, 4 or 8 */
+    int cs;  /* blocks per row (a thread block cluster): 1, 2, 4 or 8 */
+    int pdl; /* launch with programmatic stream serialization */
 };
 
 /* The shape the library uses for rows x hidden. */

@@ -96,6 +96,20 @@ __device__ __forceinline__ void bm_store8(uint16_t *p, const bm_pack8 &v)
     }
 }
 
+/* 16-byte asynchronous copy global -> shared (LDGSTS): the data lands in
+ * shared memory without passing through registers. Both addresses must be
+ * 16-byte aligned. bm_cp_async_wait waits for all of the thread's copies. */
+__device__ __forceinline__ void bm_cp_async16(void *smem, const void *gmem)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void bm_cp_async_wait()
+{
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 /* P[c] of SPEC: ((((((q0 + q1) + q2) + q3) + q4) + q5) + q6) + q7. */
 __device__ __forceinline__ float bm_chunk_sumsq(const float v[8])
 {

@@ -19,6 +19,12 @@
  * are the same kernel with different arguments, and the fused pass reads
  * each input byte once and writes each output byte once.
  *
+ * Decode sizes may spread one row over a cluster of CS blocks (CS > 1, on
+ * CS multiprocessors): "virtual thread" g = b*NT + t of cluster rank b owns
+ * chunks g, g + CS*NT, ...; the tree then runs over the thread's own chunks,
+ * across the cluster's blocks (distributed shared memory), then within the
+ * block, which is again the SPEC halving order (high index bits first).
+ *
  * The RMSNorm sum follows SPEC.md's tree exactly: the tree over NT*J leaves
  * (zero padded; adding +0 to a sum of squares never changes it, since such
  * a sum is never -0) first combines chunks that differ in the high index
@@ -32,6 +38,8 @@
 #define BEAMMOE_GPU_ROW_KERNEL_CUH
 
 #include <stdint.h>
+
+#include <cooperative_groups.h>
 
 #include "numerics.cuh"
 
@@ -105,27 +113,43 @@ __device__ __forceinline__ float bm_block_tree(float q, float *red)
     return __shfl_sync(0xFFFFFFFFu, q, 0);
 }
 
-/* v <- f(N(v, w, eps)) for the thread's J chunks (padding chunks stay 0). */
-template <int NT, int J, bool VEC>
+/* v <- f(N(v, w, eps)) for the thread's J chunks (padding chunks stay 0).
+ * w: the weights of this thread's slots (slot j at w + j*NT*8 + t*8 when
+ * wslots, else the global row at chunk c), or NULL. */
+template <int NT, int J, int CS, bool VEC>
 __device__ __forceinline__ void bm_norm_row(float (&v)[J][8], const uint16_t *w,
-                                            float eps, int hidden, int C,
-                                            float *red)
+                                            int wslots, float eps, int hidden,
+                                            int C, int g0, float *red, float *xred)
 {
     float P[J];
 #pragma unroll
     for (int j = 0; j < J; ++j)
         P[j] = bm_chunk_sumsq(v[j]);
     bm_halving<J / 2>(P);
-    const float inv = bm_inv_rms(bm_block_tree<NT>(P[0], red), hidden, eps);
+    float q = P[0];
+    if (CS > 1) {
+        /* across the cluster: Q[b] += Q[b + s] for the same t */
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        xred[threadIdx.x] = q;
+        cl.sync();
+        float qb[CS];
+#pragma unroll
+        for (int b = 0; b < CS; ++b)
+            qb[b] = cl.map_shared_rank(xred, b)[threadIdx.x];
+        bm_halving<CS / 2>(qb);
+        q = qb[0];
+    }
+    const float inv = bm_inv_rms(bm_block_tree<NT>(q, red), hidden, eps);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-        const int c = threadIdx.x + j * NT;
+        const int c = g0 + j * CS * NT;
         if (c >= C)
             continue;
         float wf[8];
         if (w) {
-            bm_pack8 wp = bm_load8<VEC>(w + (size_t)c * 8);
-            bm_unpack8(wp, wf);
+            const uint16_t *wp = wslots ? w + (size_t)(j * NT + threadIdx.x) * 8 : w + (size_t)c * 8;
+            bm_unpack8(bm_load8<VEC>(wp), wf);
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
@@ -139,11 +163,11 @@ __device__ __forceinline__ void bm_norm_row(float (&v)[J][8], const uint16_t *w,
 
 /* a = +0; a = a + w[k] * f(x[k]) for k in order, for U slots at a time
  * (all U*J loads are issued before the first use). */
-template <int NT, int J, int U, bool VEC>
+template <int NT, int J, int U, int CS, bool VEC>
 __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
                                                   const uint16_t *xr,
                                                   const float *wr, int k,
-                                                  int hidden, int C)
+                                                  int hidden, int C, int g0)
 {
     bm_pack8 ld[U][J];
     float wk[U];
@@ -152,7 +176,7 @@ __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
         wk[u] = __ldg(wr + k + u);
 #pragma unroll
         for (int j = 0; j < J; ++j) {
-            const int c = threadIdx.x + j * NT;
+            const int c = g0 + j * CS * NT;
             if (c < C)
                 ld[u][j] = bm_load8_stream<VEC>(xr + (size_t)(k + u) * hidden +
                                                 (size_t)c * 8);
@@ -162,7 +186,7 @@ __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
     for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int j = 0; j < J; ++j) {
-            const int c = threadIdx.x + j * NT;
+            const int c = g0 + j * CS * NT;
             if (c >= C)
                 continue;
             float f[8];
@@ -173,16 +197,73 @@ __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
         }
 }
 
-template <int NT, int J, int U, bool VEC>
+/* Programmatic dependent launch: wait until the preceding kernel of the
+ * stream has completed (and its writes are visible) before touching global
+ * memory, and let the next kernel's blocks be scheduled early. Both are
+ * no-ops when the launch did not ask for it. */
+__device__ __forceinline__ void bm_pdl_wait()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void bm_pdl_trigger()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+template <int NT, int J, int U, int CS, bool VEC>
 __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
 {
     __shared__ float red[2][NT];
+    __shared__ float xred[2][CS > 1 ? NT : 1];
+    /* The norm weights of this thread's slots, copied once per block
+     * (vector path): each thread copies and later reads only its own slots,
+     * so no barrier is needed, only the wait for its own copies. */
+    __shared__ __align__(16) uint16_t wsm[2][VEC ? NT * J * 8 : 8];
     int par = 0;
     const int C = p.hidden >> 3;
     const int H = p.hidden;
+    const int b = CS > 1 ? (int)(blockIdx.x % CS) : 0;
+    const int g0 = b * NT + (int)threadIdx.x;
+    const uint16_t *wA = p.wA, *wB = p.wB;
+    int wslots = 0;
 
-    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    bm_pdl_wait();
+    bm_pdl_trigger();
+    if (VEC && p.rows > 0) {
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c >= C)
+                continue;
+            const int slot = j * NT + threadIdx.x;
+            if (p.normA && p.wA)
+                bm_cp_async16(&wsm[0][slot * 8], p.wA + (size_t)c * 8);
+            if (p.normB && p.wB)
+                bm_cp_async16(&wsm[1][slot * 8], p.wB + (size_t)c * 8);
+        }
+        if (p.wA)
+            wA = wsm[0];
+        if (p.wB)
+            wB = wsm[1];
+        wslots = 1;
+    }
+
+    const int64_t row0 = CS > 1 ? (int64_t)(blockIdx.x / CS) : (int64_t)blockIdx.x;
+    const int64_t rstep = CS > 1 ? (int64_t)(gridDim.x / CS) : (int64_t)gridDim.x;
+    for (int64_t row = row0; row < p.rows; row += rstep) {
         float v[J][8];
+
+        /* The residual is loaded first, so that its latency overlaps the
+         * row source's instead of following it. */
+        bm_pack8 res[J];
+        if (p.residual) {
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                const int c = g0 + j * CS * NT;
+                if (c < C)
+                    res[j] = bm_load8<VEC>(p.residual + (size_t)row * H + (size_t)c * 8);
+            }
+        }
 
         /* ---- stage A ---- */
         if (p.experts) {
@@ -196,9 +277,9 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
             const float *wr = p.weights + (size_t)row * K;
             int k = 0;
             for (; k + U <= K; k += U)
-                bm_finalize_slots<NT, J, U, VEC>(v, xr, wr, k, H, C);
+                bm_finalize_slots<NT, J, U, CS, VEC>(v, xr, wr, k, H, C, g0);
             for (; k < K; ++k)
-                bm_finalize_slots<NT, J, 1, VEC>(v, xr, wr, k, H, C);
+                bm_finalize_slots<NT, J, 1, CS, VEC>(v, xr, wr, k, H, C, g0);
 #pragma unroll
             for (int j = 0; j < J; ++j)
 #pragma unroll
@@ -209,7 +290,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         } else {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                const int c = threadIdx.x + j * NT;
+                const int c = g0 + j * CS * NT;
                 bm_pack8 q = {{0u, 0u, 0u, 0u}};
                 if (c < C)
                     q = bm_load8<VEC>(p.x + (size_t)row * H + (size_t)c * 8);
@@ -219,14 +300,17 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         /* padding chunks must hold +0 for the norm tree */
 #pragma unroll
         for (int j = 0; j < J; ++j)
-            if ((int)threadIdx.x + j * NT >= C)
+            if (g0 + j * CS * NT >= C)
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
                     v[j][e] = 0.0f;
 
+        if (wslots)
+            bm_cp_async_wait();
+
         /* ---- norm A ---- */
         if (p.normA) {
-            bm_norm_row<NT, J, VEC>(v, p.wA, p.epsA, H, C, red[par]);
+            bm_norm_row<NT, J, CS, VEC>(v, wA, wslots, p.epsA, H, C, g0, red[par], xred[par]);
             par ^= 1;
         }
 
@@ -234,7 +318,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         if (!p.residual) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                const int c = threadIdx.x + j * NT;
+                const int c = g0 + j * CS * NT;
                 if (c < C)
                     bm_store8<VEC>(p.out + (size_t)row * H + (size_t)c * 8,
                                    bm_round8(v[j]));
@@ -245,12 +329,11 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         /* ---- stage B: hidden = bf16(bx + br) ---- */
 #pragma unroll
         for (int j = 0; j < J; ++j) {
-            const int c = threadIdx.x + j * NT;
+            const int c = g0 + j * CS * NT;
             if (c >= C)
                 continue;
-            const size_t off = (size_t)row * H + (size_t)c * 8;
             float r[8];
-            bm_unpack8(bm_load8<VEC>(p.residual + off), r);
+            bm_unpack8(res[j], r);
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 float bx = v[j][e], br = r[e];
@@ -260,22 +343,26 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
                 }
                 v[j][e] = bm_f(bm_bf16(__fadd_rn(bx, br)));
             }
-            bm_store8<VEC>(p.out + off, bm_round8(v[j]));
+            bm_store8<VEC>(p.out + (size_t)row * H + (size_t)c * 8, bm_round8(v[j]));
         }
 
         /* ---- norm B ---- */
         if (p.normB) {
-            bm_norm_row<NT, J, VEC>(v, p.wB, p.epsB, H, C, red[par]);
+            bm_norm_row<NT, J, CS, VEC>(v, wB, wslots, p.epsB, H, C, g0, red[par], xred[par]);
             par ^= 1;
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                const int c = threadIdx.x + j * NT;
+                const int c = g0 + j * CS * NT;
                 if (c < C)
                     bm_store8<VEC>(p.normalized + (size_t)row * H + (size_t)c * 8,
                                    bm_round8(v[j]));
             }
         }
     }
+    /* No block of a cluster may exit while a peer can still read its
+     * shared memory. */
+    if (CS > 1)
+        cooperative_groups::this_cluster().sync();
 }
 
 #endif

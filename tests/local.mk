@@ -1,1 +1,105 @@
-# placeholder: owned by a helper
+# tests/local.mk - the CPU test suite (included by the top Makefile.am; paths
+# are relative to the top directory).
+#
+#   make check            every test below; none needs a GPU, none skips
+#   make check-valgrind   each test binary once under valgrind memcheck
+#                         (errors and definite leaks fail; BEAM_TEST_QUICK=1
+#                         shrinks the sweeps, valgrind is ~50x slower);
+#                         logs in tests/<name>.vg.log
+#   ./configure --enable-sanitizers && make check    the ASan/UBSan variant
+#
+# Reproduce a random run: BEAM_TEST_SEED=<seed printed by the test> make check
+# (or run the binary, e.g. BEAM_TEST_SEED=123 ./tests/test_numerics).
+#
+# Programs:
+#   test_numerics      sweep vs the naive reference (dispatcher, backend cpu)
+#   test_numerics_cpu  the same program linked to libbeammoe_cpu directly
+#   test_edges         hand-checked rounding vectors (libbeammoe_cpu)
+#   test_golden        golden FNV-1a digests of fixed cases (libbeammoe_cpu)
+#   test_threads       identical bits for 1, 2, 3 OpenMP threads
+#   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks
+#   test_contract      every rule of SPEC section 3: status, message, no write
+#   test_dispatch      backend selection of libbeammoe
+#   test_symbols.sh    the libraries export the same beam_* symbols
+
+if HAVE_CUNIT
+
+# The naive reference and the shared helpers, built once. The reference is
+# compiled with FMA contraction and fast-math off whatever the top flags say.
+check_LTLIBRARIES = tests/libbeamtest.la
+tests_libbeamtest_la_SOURCES = tests/naive_ref.c tests/naive_ref.h \
+	tests/test_util.c tests/test_util.h tests/test_case.c tests/test_case.h
+tests_libbeamtest_la_CFLAGS = $(AM_CFLAGS) -std=c99 -ffp-contract=off -fno-fast-math
+
+BEAM_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
+BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
+
+BEAM_CPU_TESTS = tests/test_numerics tests/test_numerics_cpu tests/test_edges \
+	tests/test_golden tests/test_threads tests/test_group tests/test_contract \
+	tests/test_dispatch
+check_PROGRAMS += $(BEAM_CPU_TESTS)
+TESTS += $(BEAM_CPU_TESTS) tests/test_symbols.sh
+EXTRA_DIST += tests/test_symbols.sh
+
+# test_symbols.sh looks for the libraries under $top_builddir/.libs.
+AM_TESTS_ENVIRONMENT = top_builddir='$(top_builddir)'; top_srcdir='$(top_srcdir)'; \
+	export top_builddir top_srcdir;
+
+tests_test_numerics_SOURCES = tests/test_numerics.c
+tests_test_numerics_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_numerics_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+
+tests_test_numerics_cpu_SOURCES = tests/test_numerics.c
+tests_test_numerics_cpu_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_numerics_cpu_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
+
+tests_test_edges_SOURCES = tests/test_edges.c
+tests_test_edges_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_edges_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
+
+tests_test_golden_SOURCES = tests/test_golden.c
+tests_test_golden_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_golden_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
+
+# omp_set_num_threads() in the test steers the library's (same) libgomp.
+tests_test_threads_SOURCES = tests/test_threads.c
+tests_test_threads_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_threads_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS)
+tests_test_threads_LDFLAGS = $(OPENMP_CFLAGS)
+tests_test_threads_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+
+tests_test_group_SOURCES = tests/test_group.c
+tests_test_group_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_group_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_group_LDFLAGS = $(PTHREAD_CFLAGS)
+tests_test_group_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+
+tests_test_contract_SOURCES = tests/test_contract.c
+tests_test_contract_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_contract_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+
+tests_test_dispatch_SOURCES = tests/test_dispatch.c
+tests_test_dispatch_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_dispatch_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+
+CLEANFILES += tests/*.vg.log
+
+# Each CPU test once under valgrind; libtool runs the real binary (not the
+# wrapper script) with the uninstalled libraries on the path.
+BEAM_VALGRIND = valgrind --error-exitcode=1 --leak-check=full \
+	--errors-for-leak-kinds=definite --track-origins=yes
+check-valgrind: $(check_LTLIBRARIES) $(check_PROGRAMS) $(lib_LTLIBRARIES)
+	@fail=0; for t in $(BEAM_CPU_TESTS); do \
+	  echo "valgrind $$t"; \
+	  BEAM_TEST_QUICK=1 $(LIBTOOL) --mode=execute $(BEAM_VALGRIND) ./$$t \
+	    >$$t.vg.log 2>&1 || { echo "FAIL: $$t (see $$t.vg.log)"; fail=1; }; \
+	done; test $$fail = 0
+
+else
+
+check-valgrind:
+	@echo "CUnit was not found at configure time: no tests to run" >&2; exit 1
+
+endif
+
+.PHONY: check-valgrind

@@ -31,8 +31,8 @@ enum {
     OFF_X = OFF_WT + 64,             /* [T, H] BF16: 1536 */
     OFF_RES = OFF_X + T * H * 2,
     OFF_OUT = OFF_RES + T * H * 2,   /* output / hidden_out */
-    OFF_NRM = OFF_OUT + T * H * 2 + 512,
-    OFF_WPOST = OFF_NRM + T * H * 2 + 512,
+    OFF_NRM = OFF_OUT + T * H * 2 + 2048,
+    OFF_WPOST = OFF_NRM + T * H * 2 + 2048,
     OFF_WPRE = OFF_WPOST + H * 2,
     OFF_WNEXT = OFF_WPRE + H * 2,
     OFF_SC = OFF_WNEXT + H * 2,
@@ -72,8 +72,8 @@ static void arena_reset(void)
     tu_fill_weight(&r, (float *)AT(OFF_WT), (size_t)CAP * K);
     tu_fill_bf16(&r, (uint16_t *)AT(OFF_X), (size_t)T * H);
     tu_fill_bf16(&r, (uint16_t *)AT(OFF_RES), (size_t)T * H);
-    tu_poison(AT(OFF_OUT), (size_t)T * H * 2 + 512);
-    tu_poison(AT(OFF_NRM), (size_t)T * H * 2 + 512);
+    tu_poison(AT(OFF_OUT), (size_t)T * H * 2 + 2048);
+    tu_poison(AT(OFF_NRM), (size_t)T * H * 2 + 2048);
     for (i = 0; i < H; i++) {
         ((uint16_t *)AT(OFF_WPOST))[i] = tu_rand_norm_weight(&r);
         ((uint16_t *)AT(OFF_WPRE))[i] = tu_rand_norm_weight(&r);
@@ -172,8 +172,7 @@ static void expect_ok_(int line, call c)
 }
 #define expect_ok(c) expect_ok_(__LINE__, (c))
 
-static const float BAD_F[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* filled in main: NaN, inf, -inf */
-static float g_nan, g_inf;
+static float g_nan, g_inf; /* set in main from their bits */
 
 /* ---- rules shared by the ops that take experts (finalize, fused) ------ */
 static void expert_rules(fnid fn)
@@ -264,12 +263,12 @@ static void expert_rules(fnid fn)
     c = base(fn);
     c.out = (uint16_t *)AT(OFF_EX + 256); /* inside the first live row */
     expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
+    /* one live row: experts [0, 1024), weights [OFF_WT, +8); a one-row
+     * output [OFF_WT + 16 - 512, OFF_WT + 16) hits only the weights */
     c = base(fn);
-    c.out = (uint16_t *)AT(OFF_WT - 2 * H); /* the output's tail covers the weights */
-    c.ex = (const uint16_t *)AT(OFF_EX);
-    c.cap = 1; /* experts end before the output starts... */
+    c.cap = 1;
     c.live = 1;
-    c.out = (uint16_t *)AT(OFF_WT + 16 - 2 * H); /* ...whose last bytes hit the weights */
+    c.out = (uint16_t *)AT(OFF_WT + 16 - 2 * H);
     expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
     c = base(fn);
     c.out = (uint16_t *)AT(OFF_WPOST - 2 * H * T + 2); /* last row hits post weight */
@@ -321,8 +320,7 @@ static void residual_rules(fnid fn)
         c.nrm = (uint16_t *)AT(OFF_X + 2);
         expect_bad(c, "normalized");
         c = base(fn);
-        c.out = (uint16_t *)AT(OFF_WPRE - 2); /* last element hits pre weight */
-        c.out = (uint16_t *)AT(OFF_WPRE - 2 * H * T + 2);
+        c.out = (uint16_t *)AT(OFF_WPRE - 2 * H * T + 2); /* hits pre weight */
         expect_bad(c, outname);
     }
     /* residual: required, aligned */
@@ -355,20 +353,14 @@ static void residual_rules(fnid fn)
         expect_bad(c, "next_norm");
     }
     /* scales finite; scales misaligned */
-    for (i = 0; i < 3; i++) {
-        float *sc = (float *)AT(OFF_SC + 16);
+    for (i = 0; i < 4; i++) {
+        static float bad[2];
+        bad[0] = 1.0f;
+        bad[1] = 1.0f;
+        bad[i % 2] = i < 2 ? g_nan : i == 2 ? g_inf : -g_inf;
         c = base(fn);
-        (void)sc;
-        /* the scales live in the arena copy that arena_reset() rewrites, so
-         * use a static array for the bad values */
-        {
-            static float bad[2];
-            bad[0] = 1.0f;
-            bad[1] = 1.0f;
-            bad[i % 2] = i == 0 ? g_nan : i == 1 ? g_inf : -g_inf;
-            c.scales = bad;
-            expect_bad(c, "scales");
-        }
+        c.scales = bad; /* scales[0] NaN, [1] NaN, [0] inf, [1] -inf */
+        expect_bad(c, "scales");
     }
     c = base(fn);
     c.scales = NULL;
@@ -403,7 +395,7 @@ static void residual_rules(fnid fn)
     c = base(fn);
     c.nrm = (uint16_t *)AT(OFF_WNEXT - 2 * H * T + 2);
     expect_bad(c, "normalized");
-    /* the output name used in messages by the fused op */
+    /* strategies of the local op: AUTO, FUSED, UNFUSED only */
     if (fn == F_FUSED) {
         static const beam_strategy bad_s[4] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
                                                (beam_strategy)99, (beam_strategy)-1};
@@ -489,7 +481,6 @@ int main(void)
                                     {"status strings", test_status_strings},
                                     {NULL, NULL}};
     int rc;
-    (void)BAD_F;
     g_nan = tu_f32(0x7FC00000u);
     g_inf = tu_f32(0x7F800000u);
     g_arena = (unsigned char *)tu_alloc(ARENA, 0);

@@ -433,6 +433,20 @@ static void test_fused_chain(void)
     }
 }
 
+/* This program links libbeammoe_cpu itself: it knows only its own name and
+ * "auto" (SPEC 4: a backend library accepts its own name and "auto"). */
+static void test_direct_backend(void)
+{
+    CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
+    CU_ASSERT_EQUAL(beam_set_backend("cpu"), BEAM_OK);
+    CU_ASSERT_EQUAL(beam_set_backend("auto"), BEAM_OK);
+    CU_ASSERT_NOT_EQUAL(beam_set_backend("cuda"), BEAM_OK);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_set_backend"));
+    CU_ASSERT_NOT_EQUAL(beam_set_backend("bogus"), BEAM_OK);
+    CU_ASSERT_NOT_EQUAL(beam_set_backend(NULL), BEAM_OK);
+    CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
+}
+
 int main(void)
 {
     static const tu_test tests[] = {
@@ -445,6 +459,7 @@ int main(void)
         {"RMSNorm edges", test_norm_edges},
         {"RMSNorm summation tree", test_norm_tree_order},
         {"fused chain", test_fused_chain},
+        {"libbeammoe_cpu linked directly", test_direct_backend},
         {NULL, NULL}};
     (void)g_fail_line;
     return tu_run_suite("edges", tests);

@@ -41,6 +41,7 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     const char *cmd;
+    static char name[64];
     if (argc < 2) {
         fprintf(stderr, "beammoe: missing command\n");
         usage(stderr);
@@ -55,7 +56,10 @@ int main(int argc, char **argv)
         printf("beammoe %s (library %s)\n", PACKAGE_VERSION, beam_version());
         return TOOL_EXIT_OK;
     }
-    /* getopt_long of each command sees argv[0] = the command name */
+    /* getopt_long of each command sees argv[0] = "beammoe <cmd>", so its
+     * own messages ("beammoe run: unrecognized option ...") name it */
+    snprintf(name, sizeof name, "beammoe %s", cmd);
+    argv[1] = name;
     if (!strcmp(cmd, "audit")) return cmd_audit(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);

@@ -181,6 +181,8 @@ int problem_make(problem *p, tool_op op, int64_t tokens, int64_t capacity, int32
     p->scales[1] = scales ? scales[1] : 1.0f;
     p->eps = eps;
     rng_seed(&r, seed);
+    /* sizes that do not even fit the address space: fail like malloc would */
+    if ((double)C * (double)(K ? K : 1) * (double)(H ? H : 1) * 4.0 > 1e15) return -1;
 
     if (op != OP_NRN) {
         p->experts = xmalloc(C * K * H * 2);

@@ -1,0 +1,168 @@
+/*
+ * test_dispatch.c - the run-time dispatcher libbeammoe: backend selection by
+ * beam_set_backend() and BEAM_BACKEND, errors for unknown or unavailable
+ * backends, and that the library keeps working after such an error.
+ *
+ * "cuda" must be refused on a host without a GPU (no /dev/nvidiactl), and
+ * "auto" must fall back to the CPU there. On a GPU host asking for "cuda"
+ * may succeed; then the name must say so and switching back must work.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CUnit/Basic.h>
+
+#include "test_util.h"
+
+static int g_gpu_host;
+
+/* A tiny finalize that must work on whatever backend is selected (CPU). */
+static void small_call_works(void)
+{
+    uint16_t x[2 * 256], out[256];
+    float w[2] = {0.5f, 0.25f};
+    int h, bad = 0;
+    for (h = 0; h < 2 * 256; h++)
+        x[h] = 0x3F80; /* 1.0 */
+    CU_ASSERT_EQUAL(beam_moe_finalize(x, w, 1, 1, 2, 256, 1.0f, NULL, out, NULL), BEAM_OK);
+    for (h = 0; h < 256; h++)
+        bad += out[h] != 0x3F40; /* 0.75 */
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+static void test_version(void)
+{
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", BEAM_VERSION_MAJOR, BEAM_VERSION_MINOR,
+             BEAM_VERSION_PATCH);
+    CU_ASSERT_PTR_NOT_NULL(beam_version());
+    if (beam_version())
+        CU_ASSERT_STRING_EQUAL(beam_version(), want);
+}
+
+static void test_select_cpu(void)
+{
+    CU_ASSERT_EQUAL(beam_set_backend("cpu"), BEAM_OK);
+    CU_ASSERT_PTR_NOT_NULL(beam_backend_name());
+    if (beam_backend_name())
+        CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
+    small_call_works();
+}
+
+static void test_bogus(void)
+{
+    static const char *bad[] = {"bogus", "", "CPU ", "cpux", "cud", NULL};
+    int i;
+    CU_ASSERT_EQUAL(beam_set_backend("cpu"), BEAM_OK);
+    for (i = 0; bad[i]; i++) {
+        beam_status st = beam_set_backend(bad[i]);
+        CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_set_backend"));
+        if (st == BEAM_OK)
+            fprintf(stderr, "beam_set_backend(\"%s\") accepted\n", bad[i]);
+    }
+    CU_ASSERT_NOT_EQUAL(beam_set_backend(NULL), BEAM_OK);
+    /* still the CPU, still working */
+    CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
+    small_call_works();
+}
+
+static void test_cuda(void)
+{
+    beam_status st = beam_set_backend("cuda");
+    if (g_gpu_host && st == BEAM_OK) {
+        /* a CUDA build on a GPU host: the switch worked */
+        CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cuda");
+        CU_ASSERT_EQUAL(beam_set_backend("cpu"), BEAM_OK);
+    } else {
+        CU_ASSERT_NOT_EQUAL(st, BEAM_OK);
+        CU_ASSERT(strlen(beam_last_error()) > 0);
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "cuda"));
+        if (!g_gpu_host)
+            fprintf(stderr, "  (no GPU: beam_set_backend(\"cuda\") -> %d \"%s\")\n", (int)st,
+                    beam_last_error());
+    }
+    /* whatever happened, the CPU is (back) in charge and works */
+    CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
+    small_call_works();
+}
+
+static void test_auto(void)
+{
+    CU_ASSERT_EQUAL(beam_set_backend("auto"), BEAM_OK);
+    if (!g_gpu_host)
+        CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
+    CU_ASSERT_EQUAL(beam_set_backend("cpu"), BEAM_OK);
+    small_call_works();
+}
+
+/* Run this program again with BEAM_BACKEND set; the child prints the name
+ * of the backend its first call found. */
+static int child_backend(const char *value, char *name, size_t n)
+{
+    int fd[2], status = 0;
+    pid_t pid;
+    ssize_t got;
+    if (pipe(fd) != 0)
+        return -1;
+    pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        if (value)
+            setenv("BEAM_BACKEND", value, 1);
+        else
+            unsetenv("BEAM_BACKEND");
+        execl("/proc/self/exe", "test_dispatch", "--print-backend", (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    got = read(fd[0], name, n - 1);
+    close(fd[0]);
+    name[got > 0 ? got : 0] = '\0';
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void test_env(void)
+{
+    char name[64];
+    CU_ASSERT_EQUAL(child_backend("cpu", name, sizeof name), 0);
+    CU_ASSERT_STRING_EQUAL(name, "cpu");
+    CU_ASSERT_EQUAL(child_backend("auto", name, sizeof name), 0);
+    if (!g_gpu_host)
+        CU_ASSERT_STRING_EQUAL(name, "cpu");
+    CU_ASSERT_EQUAL(child_backend(NULL, name, sizeof name), 0);
+    if (!g_gpu_host)
+        CU_ASSERT_STRING_EQUAL(name, "cpu");
+}
+
+int main(int argc, char **argv)
+{
+    static const tu_test tests[] = {{"version", test_version},
+                                    {"select cpu", test_select_cpu},
+                                    {"unknown backend names", test_bogus},
+                                    {"cuda", test_cuda},
+                                    {"auto", test_auto},
+                                    {"BEAM_BACKEND", test_env},
+                                    {NULL, NULL}};
+    if (argc > 1 && strcmp(argv[1], "--print-backend") == 0) {
+        const char *n = beam_backend_name();
+        printf("%s", n ? n : "(null)");
+        return 0;
+    }
+    g_gpu_host = access("/dev/nvidiactl", F_OK) == 0;
+    /* before any failing call, the message is empty (and not NULL) */
+    if (!beam_last_error() || beam_last_error()[0] != '\0') {
+        fprintf(stderr, "beam_last_error() before any failure: not \"\"\n");
+        return 1;
+    }
+    return tu_run_suite("dispatch", tests);
+}
