@@ -170,7 +170,7 @@ static void case_label(const acase *c, char *buf, size_t n)
 
 static void print_header(void)
 {
-    printf("%-52s %-7s %-18s %11s %10s %7s\n", "case", "backend", "strategy", "compared",
+    printf("%-56s %-7s %-18s %11s %10s %7s\n", "case", "backend", "strategy", "compared",
            "mismatch", "maxulp");
 }
 
@@ -179,7 +179,7 @@ void audit_print_row(tally *t, const char *label, const char *backend, const cha
 {
     char ulp[32];
     cmp_ulp_text(c, ulp, sizeof ulp);
-    printf("%-52s %-7s %-18s %11lld %10lld %7s%s\n", label, backend, strategy,
+    printf("%-56s %-7s %-18s %11lld %10lld %7s%s\n", label, backend, strategy,
            (long long)c->compared, (long long)c->mismatched, ulp, c->mismatched ? "  <-- MISMATCH" : "");
     t->rows++;
     t->compared += c->compared;
@@ -190,7 +190,7 @@ void audit_print_row(tally *t, const char *label, const char *backend, const cha
 void audit_print_error(tally *t, const char *label, const char *backend, const char *strategy,
                         const char *msg)
 {
-    printf("%-52s %-7s %-18s %11s %10s %7s  <-- ERROR\n      %s\n", label, backend, strategy, "-",
+    printf("%-56s %-7s %-18s %11s %10s %7s  <-- ERROR\n      %s\n", label, backend, strategy, "-",
            "ERROR", "-", msg);
     t->rows++;
     t->errors++;
@@ -428,7 +428,7 @@ int cmd_audit(int argc, char **argv)
         fflush(stdout);
     }
     if (ax.have_cuda)
-        printf("%-52s %-7s %-18s %11s %10s %7s  skipped: CUDA gather is a later issue\n",
+        printf("%-56s %-7s %-18s %11s %10s %7s  skipped: CUDA gather is a later issue\n",
                "(every fused case)", "cuda", "gather/*", "-", "-", "-");
     printf("\nsummary: %d cases, %d rows, %lld elements compared, %lld mismatching in %d rows, "
            "%d errors, reference met %lld rounding ties, %.1f s: %s\n",

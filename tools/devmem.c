@@ -41,8 +41,12 @@ static void note(const char *what, int rc)
 
 int dev_open(char *msg, size_t n)
 {
-    static const char *names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                                  "libcudart.so.11.0"};
+    /* The soname first: when the backend links the runtime dynamically this
+     * finds the copy already loaded. Then the usual toolkit location. */
+    static const char *names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
+                                  "/usr/local/cuda/lib64/libcudart.so.13",
+                                  "/usr/local/cuda/lib64/libcudart.so.12",
+                                  "/usr/local/cuda/lib64/libcudart.so"};
     size_t i;
     if (g.lib) return 0;
     for (i = 0; i < sizeof names / sizeof names[0] && !g.lib; i++)
