@@ -90,19 +90,41 @@ static void gen_row(problem *p, int64_t t, tool_gen g, tool_rng *r)
     case GEN_COUNT:
         break;
     case GEN_NAN:
-        sprinkle(r, e, ne, 1 + (int)rng_below(r, 3), nan_set, 5);
-        if (w && rng_below(r, 4) == 0) w[rng_below(r, (uint32_t)K)] = NAN;
-        if (rng_below(r, 2)) sprinkle(r, res, res ? nh : 0, 1, nan_set, 5);
-        if (rng_below(r, 2)) sprinkle(r, x, x ? nh : 0, 1, nan_set, 5);
+    case GEN_INF: {
+        /* Half the rows stay clean, so the norms (which spread one NaN over
+         * a whole row) leave rows to compare; the other half get the value
+         * in one kind of input only. */
+        const uint16_t *set = g == GEN_NAN ? nan_set : inf_set;
+        uint32_t nset = g == GEN_NAN ? 5 : 2;
+        if (rng_below(r, 2)) break;
+        switch (rng_below(r, 4)) {
+        case 0:
+            sprinkle(r, e, ne, 1 + (int)rng_below(r, 3), set, nset);
+            break;
+        case 1:
+            if (w) {
+                w[rng_below(r, (uint32_t)K)] = g == GEN_NAN ? NAN
+                                               : rng_below(r, 2) ? INFINITY
+                                                                 : -INFINITY;
+                /* and a zero weight against an inf element: 0 * inf */
+                if (g == GEN_INF && e && K > 1) {
+                    w[0] = 0.0f;
+                    e[rng_below(r, (uint32_t)H)] = inf_set[rng_below(r, 2)];
+                }
+            }
+            break;
+        case 2:
+            sprinkle(r, res, res ? nh : 0, 1, set, nset);
+            break;
+        default:
+            if (x)
+                sprinkle(r, x, nh, 1, set, nset);
+            else
+                sprinkle(r, e, ne, 1, set, nset);
+            break;
+        }
         break;
-    case GEN_INF:
-        sprinkle(r, e, ne, 1 + (int)rng_below(r, 3), inf_set, 2);
-        if (w && rng_below(r, 4) == 0)
-            w[rng_below(r, (uint32_t)K)] = rng_below(r, 2) ? INFINITY : -INFINITY;
-        if (w && rng_below(r, 4) == 0) w[rng_below(r, (uint32_t)K)] = 0.0f;
-        if (rng_below(r, 2)) sprinkle(r, res, res ? nh : 0, 1, inf_set, 2);
-        if (rng_below(r, 2)) sprinkle(r, x, x ? nh : 0, 1, inf_set, 2);
-        break;
+    }
     case GEN_ZERO: {
         static const float wz[] = {0.0f, -0.0f, 0.5f, -0.5f};
         for (i = 0; i < ne; i++) e[i] = (uint16_t)(rng_below(r, 2) << 15);
@@ -134,30 +156,48 @@ static void gen_row(problem *p, int64_t t, tool_gen g, tool_rng *r)
         if (res)
             for (i = 0; i < nh; i++) res[i] = bf_tie_value(r, -9, 2);
         break;
-    case GEN_HUGE:
-        for (i = 0; i < ne; i++)
-            if (rng_below(r, 4)) e[i] = bf_huge(r);
-        if (w)
-            for (i = 0; i < K; i++) w[i] = rng_uniform(r, 0.6f, 1.4f);
-        if (x)
-            for (i = 0; i < nh; i++)
-                if (rng_below(r, 4)) x[i] = bf_huge(r);
-        if (res)
-            for (i = 0; i < nh; i++)
-                if (rng_below(r, 4)) res[i] = bf_huge(r);
+    case GEN_HUGE: {
+        /* one of three overflows per row: squares past FLT_MAX (the norm's
+         * mean becomes inf, its inverse 0), a sum or product past the BF16
+         * maximum (rounds to inf), an add of two near-maximum values */
+        static const uint16_t none[] = {0};
+        uint32_t v = rng_below(r, 3);
+        (void)none;
+        if (v == 0) {
+            for (i = 0; i < ne; i++)
+                e[i] = f32_to_bf16((rng_below(r, 2) ? -1.0f : 1.0f) * rng_uniform(r, 1e19f, 1e20f));
+            if (x)
+                for (i = 0; i < nh; i++)
+                    x[i] = f32_to_bf16((rng_below(r, 2) ? -1.0f : 1.0f) * rng_uniform(r, 1e19f, 1e20f));
+        } else if (v == 1) {
+            if (w)
+                for (i = 0; i < K; i++) w[i] = rng_uniform(r, 0.6f, 1.4f);
+            for (i = 0; i < 3 && ne; i++) e[(size_t)(rng_unit(r) * (double)ne)] = bf_huge(r);
+            for (i = 0; i < 3 && x; i++) x[(size_t)(rng_unit(r) * (double)nh)] = bf_huge(r);
+        } else {
+            for (i = 0; i < 3 && res; i++) {
+                size_t at = (size_t)(rng_unit(r) * (double)nh);
+                res[at] = (uint16_t)(bf_huge(r) & 0x7FFF);
+                if (x) x[at] = (uint16_t)(bf_huge(r) & 0x7FFF);
+            }
+        }
         break;
+    }
     }
 }
 
-static void gen_norm_weight(uint16_t *nw, int32_t H, tool_gen g, tool_rng *r)
+/* In corner-case problems a few columns get odd weights too: zeros, a
+ * subnormal, a negative one; the last norm (next) also inf and BF16 max.
+ * No inf or huge weight before the last norm: one such column reaches every
+ * row's next norm and leaves nothing but NaN and zeros to compare. */
+static void gen_norm_weight(uint16_t *nw, int32_t H, tool_gen g, int last, tool_rng *r)
 {
-    static const uint16_t odd[] = {0x0000, 0x8000, 0x0001, 0xBF80, 0x7F80, 0x7F7F, 0x7FC0};
+    static const uint16_t odd[] = {0x0000, 0x8000, 0x0001, 0xBF80, 0x7F80, 0x7F7F};
     int32_t h;
     for (h = 0; h < H; h++) nw[h] = bf_uniform(r, 0.5f, 1.5f);
-    /* in corner-case problems a few columns get odd weights too */
     if (g != GEN_NORMAL)
         for (h = 0; h < H; h++)
-            if (rng_below(r, 50) == 0) nw[h] = pick(r, odd, 7);
+            if (rng_below(r, 50) == 0) nw[h] = pick(r, odd, last ? 6 : 4);
 }
 
 int problem_make(problem *p, tool_op op, int64_t tokens, int64_t capacity, int32_t top_k,
@@ -200,9 +240,9 @@ int problem_make(problem *p, tool_op op, int64_t tokens, int64_t capacity, int32
     p->pre_w = xmalloc(H * 2);
     p->next_w = xmalloc(H * 2);
     if (!p->post_w || !p->pre_w || !p->next_w) goto oom;
-    gen_norm_weight(p->post_w, hidden, gen, &r);
-    gen_norm_weight(p->pre_w, hidden, gen, &r);
-    gen_norm_weight(p->next_w, hidden, gen, &r);
+    gen_norm_weight(p->post_w, hidden, gen, 0, &r);
+    gen_norm_weight(p->pre_w, hidden, gen, 0, &r);
+    gen_norm_weight(p->next_w, hidden, gen, 1, &r);
 
     /* rows past the live ones: NaN everywhere, they must never be read */
     if (p->experts) fill_u16(p->experts, IN_PAD_NAN, C * K * H);
