@@ -1,5 +1,6 @@
 # bench/local.mk - the CPU benchmark lives in the tool: `tools/beammoe bench`
 # (see tools/bench.c and docs/PERF.md). `make bench-cpu` builds and runs it.
-.PHONY: bench-cpu
+# (No .PHONY here: automake -Werror rejects .PHONY declared both inside and
+# outside an Automake conditional, and no file named bench-cpu ever exists.)
 bench-cpu: tools/beammoe$(EXEEXT)
 	$(builddir)/tools/beammoe bench

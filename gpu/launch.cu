@@ -18,6 +18,13 @@
     X(128, 1, 8, 4) X(128, 1, 8, 8) X(256, 1, 8, 2) X(256, 1, 8, 4)           \
     X(512, 1, 8, 2)
 
+/* Pipelined shapes (NT, J, D): prefill, vector path. */
+#define BM_PIPES(X) \
+    X(256, 4, 3) X(256, 4, 4) X(256, 4, 6) X(512, 2, 3) X(512, 2, 4)  \
+    X(512, 2, 6) X(128, 4, 4) X(128, 4, 8) X(256, 2, 4) X(256, 2, 8)  \
+    X(128, 2, 4) X(128, 2, 8) X(256, 1, 4) X(128, 1, 4) X(64, 1, 4)   \
+    X(32, 1, 4)
+
 static int next_pow2(int c)
 {
     int n = 1;
@@ -32,6 +39,7 @@ bm_shape bm_pick_shape(int64_t rows, int hidden)
     bm_shape s;
     s.pdl = 0;
     s.cs = 1;
+    s.d = 0;
     if (rows <= 64) {
         /* decode: one chunk per thread, the whole row loaded at once, the
          * row spread over a cluster of up to 8 multiprocessors as long as
@@ -44,14 +52,13 @@ bm_shape bm_pick_shape(int64_t rows, int hidden)
         s.j = 1;
         s.u = 8;
         s.pdl = 1;
-    } else if (n2 >= 1024) {
-        s.nt = 512; s.j = 2; s.u = 2;
-    } else if (n2 == 512) {
-        s.nt = 256; s.j = 2; s.u = 4;
-    } else if (n2 == 256) {
-        s.nt = 128; s.j = 2; s.u = 4;
     } else {
-        s.nt = n2; s.j = 1; s.u = 8;
+        /* prefill: the pipelined kernel, 4 stages, at most 256 threads and
+         * 4 chunks per thread */
+        s.d = 4;
+        s.u = 0;
+        s.j = n2 >= 1024 ? 4 : n2 >= 512 ? 2 : n2 >= 256 ? 2 : 1;
+        s.nt = n2 / s.j;
     }
     return s;
 }
@@ -60,6 +67,15 @@ int bm_shape_ok(bm_shape s, int hidden)
 {
     if ((long)s.cs * s.nt * s.j < hidden / 8)
         return 0;
+    if (s.d > 0) {
+        if (s.cs != 1)
+            return 0;
+#define BM_POK(NT, J, D) \
+    if (s.nt == NT && s.j == J && s.d == D) return 1;
+        BM_PIPES(BM_POK)
+#undef BM_POK
+        return 0;
+    }
 #define BM_OK(NT, J, U, CS) \
     if (s.nt == NT && s.j == J && s.u == U && s.cs == CS) return 1;
     BM_SHAPES(BM_OK)
@@ -109,11 +125,67 @@ static cudaError_t bm_go(const bm_row_params &p, unsigned rows_grid, int pdl,
     return cudaLaunchKernelEx(&cfg, bm_row_kernel<NT, J, U, CS, VEC>, p);
 }
 
+/* The pipelined kernel: dynamic shared memory raised once per kernel, and a
+ * persistent grid of one wave (multiprocessors x resident blocks), both
+ * computed at the kernel's first launch on a device and cached (host-side
+ * attribute calls, not stream work: legal during graph capture). */
+template <int NT, int J, int D>
+static cudaError_t bm_go_pipe(const bm_row_params &p, int pdl, cudaStream_t stream)
+{
+    static int cached_dev = -1, cached_wave = 0;
+    const size_t smem = (size_t)D * J * NT * 16;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    if (dev != cached_dev) {
+        int sms = 0, per_sm = 0;
+        e = cudaFuncSetAttribute(bm_pipe_kernel<NT, J, D>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e == cudaSuccess)
+            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bm_pipe_kernel<NT, J, D>,
+                                                              NT, smem);
+        if (e != cudaSuccess)
+            return e;
+        cached_wave = sms * (per_sm > 0 ? per_sm : 1);
+        cached_dev = dev;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    const int64_t grid = p.rows < (int64_t)cached_wave ? p.rows : (int64_t)cached_wave;
+    cfg.gridDim = dim3((unsigned)grid, 1, 1);
+    cfg.blockDim = dim3(NT, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, bm_pipe_kernel<NT, J, D>, p);
+}
+
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
                            cudaStream_t stream)
 {
     if (p.rows <= 0)
         return cudaSuccess;
+    if (s.d > 0 && vec && s.cs == 1) {
+#define BM_PGO(NT, J, D)                                                          \
+        if (s.nt == NT && s.j == J && s.d == D) {                                 \
+            cudaError_t e_ = bm_go_pipe<NT, J, D>(p, s.pdl, stream);              \
+            return e_ != cudaSuccess ? e_ : cudaGetLastError();                   \
+        }
+        BM_PIPES(BM_PGO)
+#undef BM_PGO
+        return cudaErrorInvalidConfiguration;
+    }
+    if (s.d > 0) {
+        /* a base not 16-byte aligned: the row kernel of the same width */
+        s.d = 0;
+        s.u = s.j >= 4 ? 2 : s.j == 2 ? (s.nt >= 512 ? 2 : 4) : 8;
+    }
     /* Rows beyond the grid are taken by a grid-stride loop. */
     const int64_t cap = (int64_t)(INT_MAX / 8);
     const unsigned rows_grid = (unsigned)(p.rows < cap ? p.rows : cap);

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include "pipe_kernel.cuh"
 #include "row_kernel.cuh"
 
 struct bm_shape {
@@ -23,6 +24,8 @@ struct bm_shape {
     int u;   /* expert slots loaded ahead: 1, 2, 4 or 8 */
     int cs;  /* blocks per row (a thread block cluster): 1, 2, 4 or 8 */
     int pdl; /* launch with programmatic stream serialization */
+    int d;   /* > 0: the pipelined kernel (pipe_kernel.cuh) with d stages
+              * (vector path, cs == 1, u unused); 0: the row kernel */
 };
 
 /* The shape the library uses for rows x hidden. */

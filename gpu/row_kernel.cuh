@@ -114,13 +114,23 @@ __device__ __forceinline__ float bm_block_tree(float q, float *red)
 }
 
 /* v <- f(N(v, w, eps)) for the thread's J chunks (padding chunks stay 0).
- * w: the weights of this thread's slots (slot j at w + j*NT*8 + t*8 when
- * wslots, else the global row at chunk c), or NULL. */
+ * w: the norm weight row [hidden], or NULL. */
 template <int NT, int J, int CS, bool VEC>
 __device__ __forceinline__ void bm_norm_row(float (&v)[J][8], const uint16_t *w,
-                                            int wslots, float eps, int hidden,
+                                            float eps, int hidden,
                                             int C, int g0, float *red, float *xred)
 {
+    /* The weights first: their load (an L1 or L2 hit) then overlaps the
+     * reduction's barriers instead of following them. */
+    bm_pack8 wp[J];
+    if (w) {
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c < C)
+                wp[j] = bm_load8<VEC>(w + (size_t)c * 8);
+        }
+    }
     float P[J];
 #pragma unroll
     for (int j = 0; j < J; ++j)
@@ -147,10 +157,8 @@ __device__ __forceinline__ void bm_norm_row(float (&v)[J][8], const uint16_t *w,
         if (c >= C)
             continue;
         float wf[8];
-        if (w) {
-            const uint16_t *wp = wslots ? w + (size_t)(j * NT + threadIdx.x) * 8 : w + (size_t)c * 8;
-            bm_unpack8(bm_load8<VEC>(wp), wf);
-        }
+        if (w)
+            bm_unpack8(wp[j], wf);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             uint32_t u = bm_bf16(__fmul_rn(v[j][e], inv));
@@ -218,34 +226,30 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
     /* The norm weights of this thread's slots, copied once per block
      * (vector path): each thread copies and later reads only its own slots,
      * so no barrier is needed, only the wait for its own copies. */
-    __shared__ __align__(16) uint16_t wsm[2][VEC ? NT * J * 8 : 8];
+    /* The residual row of this thread's slots, fetched with asynchronous
+     * copies at the start of the row (vector path): its latency overlaps the
+     * row source's and it costs no registers. Each thread copies and later
+     * reads only its own slots: no barrier, only the wait for its copies. */
+    __shared__ __align__(16) uint16_t rsm[VEC ? NT * J * 8 : 8];
     int par = 0;
     const int C = p.hidden >> 3;
     const int H = p.hidden;
     const int b = CS > 1 ? (int)(blockIdx.x % CS) : 0;
     const int g0 = b * NT + (int)threadIdx.x;
-    const uint16_t *wA = p.wA, *wB = p.wB;
-    int wslots = 0;
 
     bm_pdl_wait();
     bm_pdl_trigger();
-    if (VEC && p.rows > 0) {
+    /* The norm weights are the same for every row: pull them into L1 now,
+     * while the first row's loads are in flight (no registers held). */
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
-            if (c >= C)
-                continue;
-            const int slot = j * NT + threadIdx.x;
-            if (p.normA && p.wA)
-                bm_cp_async16(&wsm[0][slot * 8], p.wA + (size_t)c * 8);
-            if (p.normB && p.wB)
-                bm_cp_async16(&wsm[1][slot * 8], p.wB + (size_t)c * 8);
-        }
-        if (p.wA)
-            wA = wsm[0];
-        if (p.wB)
-            wB = wsm[1];
-        wslots = 1;
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * CS * NT;
+        if (c >= C)
+            continue;
+        if (p.normA && p.wA)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.wA + (size_t)c * 8));
+        if (p.normB && p.wB)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.wB + (size_t)c * 8));
     }
 
     const int64_t row0 = CS > 1 ? (int64_t)(blockIdx.x / CS) : (int64_t)blockIdx.x;
@@ -253,15 +257,13 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
     for (int64_t row = row0; row < p.rows; row += rstep) {
         float v[J][8];
 
-        /* The residual is loaded first, so that its latency overlaps the
-         * row source's instead of following it. */
-        bm_pack8 res[J];
-        if (p.residual) {
+        if (VEC && p.residual) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int c = g0 + j * CS * NT;
                 if (c < C)
-                    res[j] = bm_load8<VEC>(p.residual + (size_t)row * H + (size_t)c * 8);
+                    bm_cp_async16(&rsm[(j * NT + threadIdx.x) * 8],
+                                  p.residual + (size_t)row * H + (size_t)c * 8);
             }
         }
 
@@ -305,12 +307,9 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
                 for (int e = 0; e < 8; ++e)
                     v[j][e] = 0.0f;
 
-        if (wslots)
-            bm_cp_async_wait();
-
         /* ---- norm A ---- */
         if (p.normA) {
-            bm_norm_row<NT, J, CS, VEC>(v, wA, wslots, p.epsA, H, C, g0, red[par], xred[par]);
+            bm_norm_row<NT, J, CS, VEC>(v, p.wA, p.epsA, H, C, g0, red[par], xred[par]);
             par ^= 1;
         }
 
@@ -333,7 +332,12 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
             if (c >= C)
                 continue;
             float r[8];
-            bm_unpack8(res[j], r);
+            if (VEC) {
+                bm_cp_async_wait();
+                bm_unpack8(*reinterpret_cast<const bm_pack8 *>(&rsm[(j * NT + threadIdx.x) * 8]), r);
+            } else {
+                bm_unpack8(bm_load8<false>(p.residual + (size_t)row * H + (size_t)c * 8), r);
+            }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 float bx = v[j][e], br = r[e];
@@ -348,7 +352,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
 
         /* ---- norm B ---- */
         if (p.normB) {
-            bm_norm_row<NT, J, CS, VEC>(v, wB, wslots, p.epsB, H, C, g0, red[par], xred[par]);
+            bm_norm_row<NT, J, CS, VEC>(v, p.wB, p.epsB, H, C, g0, red[par], xred[par]);
             par ^= 1;
 #pragma unroll
             for (int j = 0; j < J; ++j) {

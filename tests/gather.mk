@@ -1,1 +1,33 @@
-# placeholder: owned by a helper
+# tests/gather.mk - the NCCL tensor-parallel gather: its test and its
+# benchmark (both need libbeammoe_cuda, NCCL and two or more GPUs). Included
+# by the top Makefile.am inside `if BEAM_WITH_CUDA`, after tests/cuda.mk;
+# paths relative to the top directory.
+#
+#   make check                    runs tests/test_gather_nccl: one process per
+#                                 GPU; exits 77 (skipped) with fewer than 2
+#   make bench-gather             bench/gather_bench: TP=2, H=7168, K=8, every
+#                                 strategy side by side (docs/PERF.md)
+# Both set NCCL_NVLS_ENABLE=0 themselves (NVLink multicast is never used).
+# Outside Autotools (the GPU host has no libtool): scripts/gather-run.sh.
+
+check_PROGRAMS += tests/test_gather_nccl
+TESTS += tests/test_gather_nccl
+# The SPEC model is compiled into the test with its own flags (no FMA
+# contraction, no fast-math), as in tests/local.mk.
+tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/naive_ref.c tests/naive_ref.h
+tests_test_gather_nccl_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests $(CUDA_CPPFLAGS)
+tests_test_gather_nccl_CFLAGS = $(AM_CFLAGS) -std=c99 -ffp-contract=off -fno-fast-math
+tests_test_gather_nccl_LDFLAGS = $(CUDA_LDFLAGS)
+tests_test_gather_nccl_LDADD = libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS) -lm
+
+noinst_PROGRAMS += bench/gather_bench
+bench_gather_bench_SOURCES = bench/gather_bench.c
+bench_gather_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+bench_gather_bench_LDFLAGS = $(CUDA_LDFLAGS)
+bench_gather_bench_LDADD = libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS)
+
+EXTRA_DIST += scripts/gather-run.sh
+
+# (no .PHONY: automake refuses it in two conditions; bench-gather is never a file)
+bench-gather: bench/gather_bench$(EXEEXT)
+	NCCL_NVLS_ENABLE=0 $(builddir)/bench/gather_bench

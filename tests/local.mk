@@ -39,7 +39,7 @@ BEAM_CPU_TESTS = tests/test_numerics tests/test_numerics_cpu tests/test_edges \
 	tests/test_dispatch
 check_PROGRAMS += $(BEAM_CPU_TESTS)
 TESTS += $(BEAM_CPU_TESTS) tests/test_symbols.sh
-EXTRA_DIST += tests/test_symbols.sh
+EXTRA_DIST += tests/test_symbols.sh tests/valgrind.supp
 
 # test_symbols.sh looks for the libraries under $top_builddir/.libs.
 AM_TESTS_ENVIRONMENT = top_builddir='$(top_builddir)'; top_srcdir='$(top_srcdir)'; \
@@ -76,6 +76,8 @@ tests_test_group_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
 tests_test_contract_SOURCES = tests/test_contract.c
 tests_test_contract_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_contract_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_contract_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_contract_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
 tests_test_dispatch_SOURCES = tests/test_dispatch.c
@@ -87,7 +89,8 @@ CLEANFILES += tests/*.vg.log
 # Each CPU test once under valgrind; libtool runs the real binary (not the
 # wrapper script) with the uninstalled libraries on the path.
 BEAM_VALGRIND = valgrind --error-exitcode=1 --leak-check=full \
-	--errors-for-leak-kinds=definite --track-origins=yes
+	--errors-for-leak-kinds=definite --track-origins=yes --keep-debuginfo=yes \
+	--suppressions=$(top_srcdir)/tests/valgrind.supp
 check-valgrind: $(check_LTLIBRARIES) $(check_PROGRAMS) $(lib_LTLIBRARIES)
 	@fail=0; for t in $(BEAM_CPU_TESTS); do \
 	  echo "valgrind $$t"; \
@@ -102,4 +105,5 @@ check-valgrind:
 
 endif
 
-.PHONY: check-valgrind
+# (no .PHONY line here: automake refuses .PHONY in two conditions, and
+# tests/gather.mk declares its own inside BEAM_WITH_CUDA)

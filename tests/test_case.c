@@ -185,7 +185,7 @@ beam_status tc_lib(const tc_data *d, tc_op op, beam_strategy strategy,
     *guard_ok = tu_is_poison(hid + TH, sizeof(uint16_t) * TC_GUARD * row);
     if (nrm && !tu_is_poison(nrm + TH, sizeof(uint16_t) * TC_GUARD * row))
         *guard_ok = 0;
-    /* in place with T == 0: nothing at all may change */
+    /* hand the live rows back (the guard rows were checked above) */
     memcpy(hidden, hid, sizeof(uint16_t) * TH);
     if (nrm)
         memcpy(normalized, nrm, sizeof(uint16_t) * TH);

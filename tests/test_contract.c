@@ -10,7 +10,10 @@
  * Links the dispatcher (backend "cpu"). The gather's contract is in
  * test_group.c (it needs a group of ranks).
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -452,6 +455,34 @@ static void test_empty(void)
     }
 }
 
+/* The message is per thread: another thread's failure does not show here,
+ * and this thread's failure does not show there. */
+static char g_other_msg[512];
+static void *fail_in_thread(void *p)
+{
+    (void)p;
+    beam_moe_finalize(NULL, NULL, 1, 1, 99, 256, 1.0f, NULL, NULL, NULL); /* top_k */
+    snprintf(g_other_msg, sizeof g_other_msg, "%s", beam_last_error());
+    return NULL;
+}
+
+static void test_thread_local_message(void)
+{
+    call c = base(F_FIN);
+    pthread_t th;
+    char mine[512];
+    c.h = 300;
+    arena_reset();
+    CU_ASSERT_EQUAL(invoke(&c), BEAM_ERR_INVALID_ARGUMENT);
+    snprintf(mine, sizeof mine, "%s", beam_last_error());
+    CU_ASSERT_PTR_NOT_NULL(strstr(mine, "hidden"));
+    CU_ASSERT_EQUAL(pthread_create(&th, NULL, fail_in_thread, NULL), 0);
+    pthread_join(th, NULL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(g_other_msg, "top_k"));
+    CU_ASSERT_PTR_NULL(strstr(g_other_msg, "hidden"));
+    CU_ASSERT_STRING_EQUAL(beam_last_error(), mine);
+}
+
 /* Status strings: fixed, distinct, never NULL. */
 static void test_status_strings(void)
 {
@@ -479,6 +510,7 @@ int main(void)
                                     {"beam_moe_finalize_norm_residual_norm", test_fused},
                                     {"empty calls", test_empty},
                                     {"status strings", test_status_strings},
+                                    {"error message is per thread", test_thread_local_message},
                                     {NULL, NULL}};
     int rc;
     g_nan = tu_f32(0x7FC00000u);

@@ -103,7 +103,9 @@ static void test_auto(void)
 
 /* Run this program again with BEAM_BACKEND set; the child prints the name
  * of the backend its first call found. */
-static int child_backend(const char *value, char *name, size_t n)
+static char g_self[4096];
+
+static int child_run(const char *value, const char *mode, char *name, size_t n)
 {
     int fd[2], status = 0;
     pid_t pid;
@@ -120,7 +122,7 @@ static int child_backend(const char *value, char *name, size_t n)
             setenv("BEAM_BACKEND", value, 1);
         else
             unsetenv("BEAM_BACKEND");
-        execl("/proc/self/exe", "test_dispatch", "--print-backend", (char *)NULL);
+        execl(g_self, "test_dispatch", mode, (char *)NULL);
         _exit(127);
     }
     close(fd[1]);
@@ -129,6 +131,11 @@ static int child_backend(const char *value, char *name, size_t n)
     name[got > 0 ? got : 0] = '\0';
     waitpid(pid, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int child_backend(const char *value, char *name, size_t n)
+{
+    return child_run(value, "--print-backend", name, n);
 }
 
 static void test_env(void)
@@ -142,6 +149,18 @@ static void test_env(void)
     CU_ASSERT_EQUAL(child_backend(NULL, name, sizeof name), 0);
     if (!g_gpu_host)
         CU_ASSERT_STRING_EQUAL(name, "cpu");
+    /* a bad BEAM_BACKEND: calls fail with a status (no crash), and
+     * beam_set_backend("cpu") recovers */
+    CU_ASSERT_EQUAL(child_run("bogus", "--call", name, sizeof name), 0);
+    CU_ASSERT_NOT_EQUAL(strncmp(name, "0 ", 2), 0);
+    CU_ASSERT_STRING_EQUAL(name + (name[0] ? 2 : 0), "0 0");
+    if (!g_gpu_host) {
+        CU_ASSERT_EQUAL(child_run("cuda", "--call", name, sizeof name), 0);
+        CU_ASSERT_NOT_EQUAL(strncmp(name, "0 ", 2), 0);
+        CU_ASSERT_STRING_EQUAL(name + (name[0] ? 2 : 0), "0 0");
+    }
+    CU_ASSERT_EQUAL(child_run("cpu", "--call", name, sizeof name), 0);
+    CU_ASSERT_STRING_EQUAL(name, "0 0 0");
 }
 
 int main(int argc, char **argv)
@@ -158,7 +177,26 @@ int main(int argc, char **argv)
         printf("%s", n ? n : "(null)");
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--call") == 0) {
+        /* first use under the given BEAM_BACKEND: the status of a call,
+         * then of beam_set_backend("cpu") and of the same call again */
+        uint16_t x[256], out[256];
+        float w = 1.0f;
+        int a, b, c;
+        memset(x, 0, sizeof x);
+        a = (int)beam_moe_finalize(x, &w, 1, 1, 1, 256, 1.0f, NULL, out, NULL);
+        b = (int)beam_set_backend("cpu");
+        c = (int)beam_moe_finalize(x, &w, 1, 1, 1, 256, 1.0f, NULL, out, NULL);
+        printf("%d %d %d", a, b, c);
+        return 0;
+    }
     g_gpu_host = access("/dev/nvidiactl", F_OK) == 0;
+    /* the path of this program, resolved now: under valgrind the kernel's
+     * /proc/self/exe would name valgrind itself */
+    {
+        ssize_t n = readlink("/proc/self/exe", g_self, sizeof g_self - 1);
+        g_self[n > 0 ? n : 0] = '\0';
+    }
     /* before any failing call, the message is empty (and not NULL) */
     if (!beam_last_error() || beam_last_error()[0] != '\0') {
         fprintf(stderr, "beam_last_error() before any failure: not \"\"\n");

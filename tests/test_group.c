@@ -10,8 +10,15 @@
  * strategy (AUTO, ONESHOT, TWOSHOT, UNFUSED), for tokens 0, 1, < R, not
  * divisible by R, a rank owning no rows at all, in place or not.
  *
- * Invalid gathers (T > max_tokens, hidden mismatch, capacity < ceil(T/R),
- * strategy FUSED or unknown) must fail on every rank and write nothing.
+ * Back-to-back gathers with no sync but the library's own (a fast rank runs
+ * ahead into the next call) must all stay exact.
+ *
+ * Invalid gathers (T > max_tokens, hidden mismatch, capacity < ceil(T/R) on
+ * every rank or on one, strategy FUSED or unknown, ranks that disagree on a
+ * collective argument, NULL workspace) must fail with
+ * BEAM_ERR_INVALID_ARGUMENT on every rank, at once, and write nothing. A
+ * rank that never arrives makes its peers return BEAM_ERR_COMM after the
+ * workspace's timeout; a hang is caught by alarm().
  *
  * Links the dispatcher (backend "cpu"). CUnit asserts run on the main
  * thread only; rank threads just record what they got.
@@ -19,9 +26,12 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <CUnit/Basic.h>
 
@@ -32,7 +42,14 @@
 
 static uint64_t g_seed;
 
-typedef enum job_kind { JOB_CREATE, JOB_GATHER, JOB_INFO, JOB_DESTROY, JOB_QUIT } job_kind;
+typedef enum job_kind {
+    JOB_CREATE,
+    JOB_GATHER,
+    JOB_BURST,
+    JOB_INFO,
+    JOB_DESTROY,
+    JOB_QUIT
+} job_kind;
 
 /* What every rank does next, and what it got. */
 typedef struct job {
@@ -49,6 +66,7 @@ typedef struct job {
     const float *scales;
     beam_strategy strategy;
     int null_ws;
+    int absent_rank; /* this rank skips the gather (timeout test); -1: none */
     const uint16_t *ex[MAXR];
     const float *wt[MAXR];
     int64_t cap[MAXR];
@@ -58,6 +76,10 @@ typedef struct job {
     beam_status st[MAXR];
     char msg[MAXR][256];
     int32_t info_rank[MAXR], info_n[MAXR];
+    /* burst: nburst gathers back to back, no sync between them but the
+     * library's own */
+    int nburst;
+    beam_status burst_st[MAXR][64];
 } job;
 
 typedef struct group {
@@ -73,6 +95,20 @@ typedef struct rank_arg {
     group *grp;
     int r;
 } rank_arg;
+
+/* Rank 0 may be told to disagree with its peers on a collective argument
+ * (set by run_disagree, read by the rank threads between barriers). */
+typedef struct odd_rank {
+    int active;
+    beam_strategy strategy;
+    int64_t T;
+    const float *scales;
+} odd_rank;
+static odd_rank g_odd;
+
+struct group;
+/* One gather of a burst (defined with the burst test below). */
+static beam_status burst_call(struct group *G, int r, int i);
 
 static void *rank_main(void *p)
 {
@@ -90,12 +126,27 @@ static void *rank_main(void *p)
             st = beam_workspace_create_cpu(G->g, r, j->max_tokens, j->ws_hidden, j->cfg,
                                            &G->ws[r]);
             break;
-        case JOB_GATHER:
+        case JOB_GATHER: {
+            /* rank 0 may be told to disagree with the others (odd_rank) */
+            int odd = r == 0 && g_odd.active;
+            if (r == j->absent_rank)
+                break;
             st = beam_moe_finalize_gather_norm_residual_norm(
-                j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r], j->T, j->K, j->H,
-                j->rs, j->post, j->res[r], j->scales, j->next, j->hid[r], j->nrm[r],
-                j->strategy, NULL);
+                j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r],
+                odd ? g_odd.T : j->T, j->K, j->H, j->rs, j->post, j->res[r],
+                odd ? g_odd.scales : j->scales, j->next, j->hid[r], j->nrm[r],
+                odd ? g_odd.strategy : j->strategy, NULL);
             break;
+        }
+        case JOB_BURST: {
+            int i;
+            for (i = 0; i < j->nburst; i++) {
+                j->burst_st[r][i] = burst_call(G, r, i);
+                if (j->burst_st[r][i] != BEAM_OK)
+                    st = j->burst_st[r][i];
+            }
+            break;
+        }
         case JOB_INFO:
             st = beam_workspace_info(G->ws[r], &j->info_rank[r], &j->info_n[r]);
             break;
@@ -322,6 +373,7 @@ static void job_from(group *G, gdata *d, beam_strategy s)
     j->scales = d->c.scales ? d->scales : NULL;
     j->strategy = s;
     j->null_ws = 0;
+    j->absent_rank = -1;
     for (r = 0; r < G->R; r++) {
         j->ex[r] = d->ex[r];
         j->wt[r] = d->wt[r];
@@ -459,6 +511,86 @@ static void test_R3(void) { run_R(3); }
 static void test_R4(void) { run_R(4); }
 static void test_R8(void) { run_R(8); }
 
+/* ---- back-to-back gathers ------------------------------------------- */
+
+/* Each rank runs NBURST gathers in a row without waiting for the main
+ * thread: a fast rank starts call i+1 while slow ones still read call i's
+ * shared stage. Every result is checked afterwards. */
+#define NBURST 24
+static gdata g_burst[NBURST];
+static beam_strategy g_burst_strat[NBURST];
+
+static beam_status burst_call(struct group *G, int r, int i)
+{
+    gdata *d = &g_burst[i];
+    (void)G;
+    return beam_moe_finalize_gather_norm_residual_norm(
+        G->ws[r], d->ex[r], d->wt[r], d->L + d->c.pad, d->c.T, d->c.K, d->c.H, d->rs,
+        d->c.post ? &d->post : NULL, d->res[r], d->c.scales ? d->scales : NULL,
+        d->c.next ? &d->next : NULL, d->hid[r], d->nrm[r], g_burst_strat[i], NULL);
+}
+
+static void run_burst(int R)
+{
+    group G;
+    beam_workspace_config cfg = beam_workspace_config_default();
+    static const int64_t toks[6] = {5, 1, 40, 0, 13, 64};
+    int i, r;
+    if (!group_start(&G, R)) {
+        CU_FAIL("group create");
+        return;
+    }
+    cfg.oneshot_max_tokens = 4;
+    cfg.twoshot_max_tokens = 16;
+    cfg.timeout_ms = 20000;
+    if (!ws_create(&G, 64, 512, &cfg)) {
+        group_stop(&G);
+        return;
+    }
+    for (i = 0; i < NBURST; i++) {
+        gcase c;
+        memset(&c, 0, sizeof c);
+        c.T = toks[i % 6];
+        c.K = 1 + i % 8;
+        c.H = 512;
+        c.post = i % 3;
+        c.next = (i / 3) % 3;
+        c.scales = i % 2;
+        c.rs_one = (i / 2) % 2;
+        c.inplace = (i / 4) % 2;
+        c.pad = i % 2;
+        gdata_make(&g_burst[i], &c, R, g_seed + 555u * (uint64_t)R + (uint64_t)i);
+        g_burst_strat[i] = GSTRATS[(i + i / 4) % 4];
+    }
+    G.j.kind = JOB_BURST;
+    G.j.nburst = NBURST;
+    run_job(&G);
+    for (i = 0; i < NBURST; i++) {
+        gdata *d = &g_burst[i];
+        size_t TH = (size_t)d->c.T * (size_t)d->c.H;
+        for (r = 0; r < R; r++) {
+            char label[200];
+            snprintf(label, sizeof label, "seed=%llu burst R=%d call=%d rank=%d T=%lld strategy=%s",
+                     (unsigned long long)g_seed, R, i, r, (long long)d->c.T,
+                     strat_name(g_burst_strat[i]));
+            CU_ASSERT_EQUAL(G.j.burst_st[r][i], BEAM_OK);
+            CU_ASSERT_EQUAL(tu_cmp_bf16(label, d->hid[r], d->want_h, TH), 0);
+            if (d->c.next)
+                CU_ASSERT_EQUAL(tu_cmp_bf16(label, d->nrm[r], d->want_n, TH), 0);
+        }
+        gdata_free(d);
+    }
+    ws_destroy(&G);
+    group_stop(&G);
+}
+
+static void test_burst(void)
+{
+    run_burst(2);
+    run_burst(3);
+    run_burst(8);
+}
+
 /* ---- invalid gathers ---------------------------------------------------- */
 
 /* Every rank must fail; no output byte on any rank may change. */
@@ -471,7 +603,11 @@ static void expect_all_fail(group *G, gdata *d, const char *what, const char *ar
         if (G->j.st[r] == BEAM_OK)
             fprintf(stderr, "FAIL invalid gather '%s' R=%d rank %d returned OK\n", what, G->R,
                     r);
-        CU_ASSERT_NOT_EQUAL(G->j.st[r], BEAM_OK);
+        /* an argument error, found before any wait: not a peer timeout */
+        CU_ASSERT_EQUAL(G->j.st[r], BEAM_ERR_INVALID_ARGUMENT);
+        if (G->j.st[r] != BEAM_OK && G->j.st[r] != BEAM_ERR_INVALID_ARGUMENT)
+            fprintf(stderr, "invalid gather '%s' R=%d rank %d: status %d (%s)\n", what, G->R, r,
+                    (int)G->j.st[r], G->j.msg[r]);
         if (arg && G->j.st[r] == BEAM_ERR_INVALID_ARGUMENT) {
             CU_ASSERT_PTR_NOT_NULL(strstr(G->j.msg[r], "beam_moe_finalize_gather_norm_residual_norm"));
             CU_ASSERT_PTR_NOT_NULL(strstr(G->j.msg[r], arg));
@@ -488,6 +624,19 @@ static void expect_all_fail(group *G, gdata *d, const char *what, const char *ar
                         G->R, r);
         }
     }
+}
+
+/* Rank 0 calls with (s, T, scales), the others with the job's values:
+ * every rank must refuse. */
+static void run_disagree(group *G, gdata *d, const char *what, beam_strategy s, int64_t T,
+                         const float *scales)
+{
+    g_odd.active = 1;
+    g_odd.strategy = s;
+    g_odd.T = T;
+    g_odd.scales = scales;
+    expect_all_fail(G, d, what, NULL);
+    g_odd.active = 0;
 }
 
 static void test_invalid(void)
@@ -539,13 +688,33 @@ static void test_invalid(void)
         for (r = 0; r < R; r++)
             G.j.cap[r] = d.L - 1;
         expect_all_fail(&G, &d, "capacity < ceil(T/R)", "capacity");
-        /* ... and on the last rank only: its peers must learn it too */
+        /* ... and on one rank only: its peers must learn it too (no rank
+         * writes anything, and nobody waits for a timeout) */
         if (R > 1) {
             job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
             G.j.cap[R - 1] = d.L - 1;
-            expect_all_fail(&G, &d, "capacity < ceil(T/R) on one rank", NULL);
+            expect_all_fail(&G, &d, "capacity < ceil(T/R) on the last rank", NULL);
+            job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
+            G.j.cap[0] = d.L - 1;
+            expect_all_fail(&G, &d, "capacity < ceil(T/R) on rank 0", NULL);
+            job_from(&G, &d, BEAM_STRATEGY_UNFUSED);
+            G.j.cap[R - 1] = -1;
+            expect_all_fail(&G, &d, "capacity -1 on the last rank", NULL);
         }
         gdata_free(&d);
+
+        /* ranks that disagree on a collective argument */
+        if (R > 1) {
+            static float other[2] = {1.0f, 1.0f};
+            gdata_make(&d, &c, R, g_seed + 12);
+            job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
+            run_disagree(&G, &d, "strategy", BEAM_STRATEGY_TWOSHOT, d.c.T, G.j.scales);
+            job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
+            run_disagree(&G, &d, "tokens", BEAM_STRATEGY_TWOSHOT, d.c.T - 1, G.j.scales);
+            job_from(&G, &d, BEAM_STRATEGY_UNFUSED);
+            run_disagree(&G, &d, "scales", BEAM_STRATEGY_UNFUSED, d.c.T, other);
+            gdata_free(&d);
+        }
 
         /* strategies the gather does not take */
         gdata_make(&d, &c, R, g_seed + 8);
@@ -573,12 +742,66 @@ static void test_invalid(void)
     }
 }
 
+/* A peer that never arrives: the others return BEAM_ERR_COMM after about
+ * timeout_ms instead of hanging, and write nothing. The workspace is then
+ * only destroyed. */
+static void test_timeout(void)
+{
+    group G;
+    gdata d;
+    gcase c;
+    beam_workspace_config cfg = beam_workspace_config_default();
+    struct timespec t0, t1;
+    double secs;
+    size_t ob;
+    int r;
+    if (!group_start(&G, 3)) {
+        CU_FAIL("group create");
+        return;
+    }
+    cfg.timeout_ms = 1000;
+    if (!ws_create(&G, 16, 256, &cfg)) {
+        group_stop(&G);
+        return;
+    }
+    memset(&c, 0, sizeof c);
+    c.T = 9;
+    c.K = 2;
+    c.H = 256;
+    c.next = 1;
+    gdata_make(&d, &c, 3, g_seed + 99);
+    ob = 2 * ((size_t)c.T * (size_t)c.H + GUARD * (size_t)c.H);
+    job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
+    G.j.absent_rank = 2;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_job(&G);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    for (r = 0; r < 2; r++) {
+        CU_ASSERT_EQUAL(G.j.st[r], BEAM_ERR_COMM);
+        if (G.j.st[r] != BEAM_ERR_COMM)
+            fprintf(stderr, "timeout: rank %d status %d (%s)\n", r, (int)G.j.st[r], G.j.msg[r]);
+        CU_ASSERT(tu_is_poison(d.hid[r], ob));
+        CU_ASSERT(tu_is_poison(d.nrm[r], ob));
+    }
+    fprintf(stderr, "  (peer absent: returned after %.2f s, timeout 1 s)\n", secs);
+    CU_ASSERT(secs < 10.0);
+    gdata_free(&d);
+    ws_destroy(&G);
+    group_stop(&G);
+}
+
 /* Non-collective argument errors of the group and workspace calls. */
 static void test_group_args(void)
 {
     beam_cpu_group *g = NULL;
     beam_workspace *ws = NULL;
     int32_t rk, nr;
+    beam_workspace_config def = beam_workspace_config_default();
+    /* defaults: a positive timeout, thresholds in order */
+    CU_ASSERT(def.timeout_ms > 0);
+    CU_ASSERT(def.oneshot_max_tokens >= 0);
+    CU_ASSERT(def.twoshot_max_tokens >= def.oneshot_max_tokens);
     CU_ASSERT_EQUAL(beam_cpu_group_create(0, &g), BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_cpu_group_create"));
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "nranks"));
@@ -633,9 +856,13 @@ int main(void)
                                     {"R=3", test_R3},
                                     {"R=4", test_R4},
                                     {"R=8", test_R8},
+                                    {"back-to-back gathers", test_burst},
                                     {"invalid gathers fail on every rank", test_invalid},
+                                    {"absent peer: timeout, not a hang", test_timeout},
                                     {NULL, NULL}};
     g_seed = tu_seed("test_group");
+    /* a hang is a failure: SIGALRM ends the program (default action) */
+    alarm(tu_quick() ? 1200 : 300);
     if (beam_set_backend("cpu") != BEAM_OK) {
         fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());
         return 1;

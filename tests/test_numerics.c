@@ -11,6 +11,9 @@
  * Each case runs finalize, norm_residual_norm and the fused op under every
  * local strategy (AUTO, FUSED, UNFUSED).
  *
+ * A last check runs with every buffer ending at an inaccessible page and
+ * live_tokens == capacity, so any access past an array faults.
+ *
  * Built twice: test_numerics links the dispatcher libbeammoe (backend "cpu"),
  * test_numerics_cpu links libbeammoe_cpu directly.
  */
@@ -231,16 +234,99 @@ static void test_zero_tokens(void)
     CU_ASSERT(tu_is_poison(nrm, sizeof nrm));
 }
 
-int main(void)
+/* Every buffer ends where an inaccessible page begins and live_tokens ==
+ * capacity: a read or write one element past any array faults (the test
+ * then dies, which make check reports). Compared with the reference. */
+static void fenced_case(int32_t K, int32_t H, int64_t T, int with_norms)
+{
+    size_t TH = (size_t)T * (size_t)H, KH = (size_t)K * (size_t)H;
+    size_t bx = 2 * TH * (size_t)K, bw = 4 * (size_t)K * (size_t)T, bt = 2 * TH, bn = 2 * (size_t)H;
+    uint16_t *ex = (uint16_t *)tu_alloc_fenced(bx), *x = (uint16_t *)tu_alloc_fenced(bt);
+    uint16_t *res = (uint16_t *)tu_alloc_fenced(bt), *hid = (uint16_t *)tu_alloc_fenced(bt);
+    uint16_t *nrm = (uint16_t *)tu_alloc_fenced(bt), *wn = (uint16_t *)tu_alloc_fenced(bn);
+    float *wt = (float *)tu_alloc_fenced(bw), *sc = (float *)tu_alloc_fenced(8);
+    uint16_t *ref_h = (uint16_t *)tu_alloc(bt, 0), *ref_n = (uint16_t *)tu_alloc(bt, 0);
+    beam_norm bn_post = {NULL, 1e-6f}, bn_next = {NULL, 1e-5f};
+    nr_norm n_post = {1, NULL, 1e-6f}, n_next = {1, NULL, 1e-5f};
+    static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
+                                            BEAM_STRATEGY_UNFUSED};
+    tu_rng r;
+    size_t i;
+    int k;
+    char label[200];
+
+    tu_rng_init(&r, g_seed + 4242u + (uint64_t)H);
+    tu_fill_bf16(&r, ex, KH * (size_t)T);
+    tu_fill_weight(&r, wt, (size_t)K * (size_t)T);
+    tu_fill_bf16(&r, x, TH);
+    tu_fill_bf16(&r, res, TH);
+    for (i = 0; i < (size_t)H; i++)
+        wn[i] = tu_rand_norm_weight(&r);
+    sc[0] = 0.75f;
+    sc[1] = 1.25f;
+    bn_post.weight = n_post.weight = wn;
+    bn_next.weight = n_next.weight = wn;
+    n_post.on = n_next.on = with_norms;
+    snprintf(label, sizeof label, "seed=%llu fenced K=%d H=%d T=%lld norms=%d",
+             (unsigned long long)g_seed, (int)K, (int)H, (long long)T, with_norms);
+
+    nr_finalize(ex, wt, T, K, H, 1.5f, &n_post, ref_h);
+    CU_ASSERT_EQUAL(beam_moe_finalize(ex, wt, T, T, K, H, 1.5f, with_norms ? &bn_post : NULL,
+                                      hid, NULL), BEAM_OK);
+    CU_ASSERT_EQUAL(tu_cmp_bf16(label, hid, ref_h, TH), 0);
+
+    nr_norm_residual_norm(x, res, T, H, &n_post, sc, &n_next, ref_h, ref_n);
+    CU_ASSERT_EQUAL(beam_norm_residual_norm(x, res, T, H, with_norms ? &bn_post : NULL, sc,
+                                            with_norms ? &bn_next : NULL, hid,
+                                            with_norms ? nrm : NULL, NULL), BEAM_OK);
+    CU_ASSERT_EQUAL(tu_cmp_bf16(label, hid, ref_h, TH), 0);
+    if (with_norms)
+        CU_ASSERT_EQUAL(tu_cmp_bf16(label, nrm, ref_n, TH), 0);
+
+    nr_finalize_norm_residual_norm(ex, wt, T, K, H, 1.5f, &n_post, res, sc, &n_next, ref_h, ref_n);
+    for (k = 0; k < 3; k++) {
+        CU_ASSERT_EQUAL(beam_moe_finalize_norm_residual_norm(
+                            ex, wt, T, T, K, H, 1.5f, with_norms ? &bn_post : NULL, res, sc,
+                            with_norms ? &bn_next : NULL, hid, with_norms ? nrm : NULL, strats[k],
+                            NULL), BEAM_OK);
+        CU_ASSERT_EQUAL(tu_cmp_bf16(label, hid, ref_h, TH), 0);
+        if (with_norms)
+            CU_ASSERT_EQUAL(tu_cmp_bf16(label, nrm, ref_n, TH), 0);
+    }
+
+    tu_free_fenced(ex, bx);
+    tu_free_fenced(x, bt);
+    tu_free_fenced(res, bt);
+    tu_free_fenced(hid, bt);
+    tu_free_fenced(nrm, bt);
+    tu_free_fenced(wn, bn);
+    tu_free_fenced(wt, bw);
+    tu_free_fenced(sc, 8);
+    tu_free(ref_h);
+    tu_free(ref_n);
+}
+
+static void test_fenced(void)
+{
+    fenced_case(1, 256, 1, 1);
+    fenced_case(8, 7168, 3, 1);
+    fenced_case(8, 7168, 3, 0);
+    fenced_case(32, 8192, 2, 1);
+    fenced_case(6, 2048, 5, 0);
+}
+
+int main(int argc, char **argv)
 {
     static const tu_test tests[] = {
         {"sweep covers every axis value", test_sweep_covers_axes},
         {"tokens == 0 writes nothing", test_zero_tokens},
         {"NaN padding far past live rows", test_big_padding},
+        {"buffers that end at an inaccessible page", test_fenced},
         {"sweep vs naive reference", test_sweep},
         {NULL, NULL}};
     beam_status st;
-    g_seed = tu_seed("test_numerics");
+    const char *prog = argc > 0 && strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : "test_numerics";
+    g_seed = tu_seed(prog);
     st = beam_set_backend("cpu");
     if (st != BEAM_OK) {
         fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());

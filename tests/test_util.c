@@ -3,7 +3,12 @@
  * Every generator works on integer bits, so the values it yields are the same
  * on every host and compiler (the golden digests depend on that).
  */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS under -std=c99 */
+
 #include "test_util.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,4 +271,31 @@ int tu_run_suite(const char *suite, const tu_test *tests)
     failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     CU_cleanup_registry();
     return failed ? 1 : 0;
+}
+
+/* Layout: [pad][n bytes][PROT_NONE page]; the mapping starts one page-sized
+ * header before, which stores nothing (size recomputed from n). */
+void *tu_alloc_fenced(size_t n)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t body = (n + pg - 1) / pg * pg;
+    unsigned char *m = (unsigned char *)mmap(NULL, body + pg, PROT_READ | PROT_WRITE,
+                                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == (unsigned char *)MAP_FAILED) {
+        fprintf(stderr, "tu_alloc_fenced: mmap failed\n");
+        exit(1);
+    }
+    if (mprotect(m + body, pg, PROT_NONE) != 0) {
+        fprintf(stderr, "tu_alloc_fenced: mprotect failed\n");
+        exit(1);
+    }
+    return m + body - n;
+}
+
+void tu_free_fenced(void *p, size_t n)
+{
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+    size_t body = (n + pg - 1) / pg * pg;
+    unsigned char *end = (unsigned char *)p + n; /* == m + body */
+    munmap(end - body, body + pg);
 }

@@ -59,6 +59,12 @@ int tu_quick(void);
 void *tu_alloc(size_t n, size_t off);
 void tu_free(void *p);
 
+/* n bytes that end exactly where an inaccessible page begins: any access
+ * past the end faults. n must be even (BF16) or a multiple of 4 (FP32) for
+ * the result to be aligned. Free with tu_free_fenced(p, n). */
+void *tu_alloc_fenced(size_t n);
+void tu_free_fenced(void *p, size_t n);
+
 /* Byte pattern written into outputs before a call that must not touch them. */
 #define TU_POISON 0xA5
 void tu_poison(void *p, size_t n);

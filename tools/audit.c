@@ -283,6 +283,8 @@ static void audit_case(audit_ctx *ax, const acase *c, int index)
     float sc[2];
     variant truth_v = {"fused", BEAM_STRATEGY_FUSED, 0, 0};
 
+    memset(&truth, 0, sizeof truth);
+    memset(&ref, 0, sizeof ref);
     case_label(c, label, sizeof label);
     sc[0] = c->scales[0];
     sc[1] = c->scales[1];
@@ -293,8 +295,7 @@ static void audit_case(audit_ctx *ax, const acase *c, int index)
     }
     if (outputs_make(&truth, &p) || outputs_make(&ref, &p)) {
         audit_print_error(&ax->t, label, "cpu", "-", "out of memory for the outputs");
-        problem_free(&p);
-        return;
+        goto done;
     }
 
     /* ground truth: the CPU backend, nothing else */

@@ -1,0 +1,227 @@
+/*
+ * backend_cuda.cu - the ops table of libbeammoe_cuda (lib/backend.h).
+ *
+ * lib/api.c has checked every argument before any of these runs; what is
+ * left here is CUDA's own rule (every pointer in device memory of the
+ * current device), mapping a call onto the row kernel (gpu/row_kernel.cuh)
+ * and turning CUDA errors into BEAM_ERR_DEVICE with CUDA's message.
+ *
+ * Every entry point is stream-ordered and capturable in a CUDA graph: no
+ * allocation, no synchronization, no device query per call beyond the
+ * pointer attribute checks (cudaPointerGetAttributes, about 0.1 us each).
+ */
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+
+#include "backend.h"
+#include "error.h"
+#include "launch.h"
+
+/* ---- availability and pointers ------------------------------------------ */
+
+static beam_status bm_cuda_available(void)
+{
+    int n = 0, dev = 0, major = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver || (e == cudaSuccess && n == 0)) {
+        (void)cudaGetLastError();
+        return bm_fail(BEAM_ERR_UNSUPPORTED, "cuda backend: no CUDA device is visible (%s)",
+                       e == cudaSuccess ? "device count is 0" : cudaGetErrorString(e));
+    }
+    if (e != cudaSuccess)
+        return bm_fail(BEAM_ERR_DEVICE, "cuda backend: cudaGetDeviceCount failed: %s",
+                       cudaGetErrorString(e));
+    e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e != cudaSuccess)
+        return bm_fail(BEAM_ERR_DEVICE, "cuda backend: cannot query the current device: %s",
+                       cudaGetErrorString(e));
+    /* The kernels are built for sm_90 (plus its PTX): clusters, griddepcontrol. */
+    if (major < 9)
+        return bm_fail(BEAM_ERR_UNSUPPORTED,
+                       "cuda backend: device %d has compute capability %d.x; the kernels need 9.0 or newer",
+                       dev, major);
+    return BEAM_OK;
+}
+
+static const char *bm_mem_kind(cudaMemoryType t)
+{
+    switch (t) {
+    case cudaMemoryTypeUnregistered: return "ordinary host";
+    case cudaMemoryTypeHost: return "pinned host";
+    case cudaMemoryTypeDevice: return "device";
+    case cudaMemoryTypeManaged: return "managed";
+    }
+    return "unknown";
+}
+
+/* SPEC section 3: every pointer in device memory of the current device.
+ * Device and managed allocations of the current device pass; host memory
+ * (pageable or pinned) and other devices' memory do not. Empty extents are
+ * never touched and skipped, like lib's generic checks do. */
+static beam_status bm_cuda_check_pointers(const char *fn, const bm_ptr *p, int n)
+{
+    int dev = -1, i;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return bm_fail(BEAM_ERR_DEVICE, "%s: cudaGetDevice failed: %s", fn, cudaGetErrorString(e));
+    for (i = 0; i < n; i++) {
+        cudaPointerAttributes at;
+        if (p[i].bytes == 0 || !p[i].ptr)
+            continue;
+        e = cudaPointerGetAttributes(&at, p[i].ptr);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (e == cudaErrorInvalidValue)
+                return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                               "%s: %s=%p must be device memory of the current device %d (not a CUDA pointer)",
+                               fn, p[i].name, p[i].ptr, dev);
+            return bm_fail(BEAM_ERR_DEVICE, "%s: cudaPointerGetAttributes(%s) failed: %s", fn,
+                           p[i].name, cudaGetErrorString(e));
+        }
+        if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged)
+            return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                           "%s: %s=%p must be device memory of the current device %d (it is %s memory)", fn,
+                           p[i].name, p[i].ptr, dev, bm_mem_kind(at.type));
+        if (at.device != dev)
+            return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                           "%s: %s=%p must be device memory of the current device %d (it belongs to device %d)",
+                           fn, p[i].name, p[i].ptr, dev, at.device);
+    }
+    return BEAM_OK;
+}
+
+/* ---- operations ----------------------------------------------------------- */
+
+static beam_status bm_cuda_run(const char *fn, const bm_row_params &p, void *stream)
+{
+    const bm_shape s = bm_pick_shape(p.rows, p.hidden);
+    cudaError_t e = bm_launch_rows(p, s, bm_params_vec_ok(p), (cudaStream_t)stream);
+    if (e != cudaSuccess)
+        return bm_fail(BEAM_ERR_DEVICE, "%s: kernel launch failed: %s", fn, cudaGetErrorString(e));
+    return BEAM_OK;
+}
+
+static bm_row_params bm_params_base(const bm_args *a)
+{
+    bm_row_params p = {};
+    p.rows = a->tokens;
+    p.hidden = a->hidden;
+    return p;
+}
+
+/* stage A = finalize (experts, weights, routed scale, post-norm) */
+static void bm_set_finalize(bm_row_params &p, const bm_args *a)
+{
+    p.experts = a->experts;
+    p.weights = a->weights;
+    p.top_k = a->top_k;
+    p.routed_scale = a->routed_scale;
+    p.normA = a->post.on;
+    p.wA = a->post.weight;
+    p.epsA = a->post.eps;
+}
+
+/* stage B = scales, residual add, next norm */
+static void bm_set_residual(bm_row_params &p, const bm_args *a)
+{
+    p.residual = a->residual;
+    p.has_scales = a->has_scales;
+    p.scale_x = a->scale_x;
+    p.scale_r = a->scale_r;
+    p.normB = a->next.on;
+    p.wB = a->next.weight;
+    p.epsB = a->next.eps;
+    p.out = a->hidden_out;
+    p.normalized = a->next.on ? a->normalized : NULL;
+}
+
+static beam_status bm_cuda_finalize(const bm_args *a)
+{
+    bm_row_params p = bm_params_base(a);
+    bm_set_finalize(p, a);
+    p.out = a->output;
+    return bm_cuda_run("beam_moe_finalize", p, a->stream);
+}
+
+static beam_status bm_cuda_norm_residual_norm(const bm_args *a)
+{
+    bm_row_params p = bm_params_base(a);
+    p.x = a->x;
+    p.normA = a->pre.on;
+    p.wA = a->pre.weight;
+    p.epsA = a->pre.eps;
+    bm_set_residual(p, a);
+    return bm_cuda_run("beam_norm_residual_norm", p, a->stream);
+}
+
+/* One kernel: each input byte read once, each output byte written once; the
+ * finalized row stays in registers. */
+static beam_status bm_cuda_fused(const bm_args *a)
+{
+    bm_row_params p = bm_params_base(a);
+    bm_set_finalize(p, a);
+    bm_set_residual(p, a);
+    return bm_cuda_run("beam_moe_finalize_norm_residual_norm", p, a->stream);
+}
+
+/* The composition: the finalize kernel writes the finalized rows into a
+ * scratch buffer, then the norm_residual_norm kernel (no pre-norm) reads
+ * them back. No allocation: the scratch is an output of the call itself.
+ *  - hidden_out != residual: hidden_out. The second kernel then reads x from
+ *    the buffer it writes; that is safe because each thread reads its own
+ *    elements of a row before it writes them.
+ *  - hidden_out == residual (in place) with a next norm: normalized, by the
+ *    same argument.
+ *  - in place without a next norm: no output is free to hold the finalized
+ *    rows (hidden_out still holds the residual). Then the fused kernel runs;
+ *    it computes the same composition in one pass, with the same bits by
+ *    construction (SPEC.md section 2). */
+static beam_status bm_cuda_unfused(const bm_args *a)
+{
+    static const char fn[] = "beam_moe_finalize_norm_residual_norm";
+    uint16_t *scratch = a->hidden_out != a->residual ? a->hidden_out
+                        : a->next.on                  ? a->normalized
+                                                      : NULL;
+    if (!scratch)
+        return bm_cuda_fused(a);
+    bm_row_params f = bm_params_base(a);
+    bm_set_finalize(f, a);
+    f.out = scratch;
+    BM_CHECK(bm_cuda_run(fn, f, a->stream));
+    bm_row_params r = bm_params_base(a);
+    r.x = scratch;
+    bm_set_residual(r, a);
+    return bm_cuda_run(fn, r, a->stream);
+}
+
+/* Gather thresholds of this backend (the gather itself comes with the NCCL
+ * workspace): ONESHOT up to 64 tokens, TWOSHOT up to 16384, a 10 s timeout.
+ * Provisional until the gather is measured on two GPUs. */
+static beam_workspace_config bm_cuda_ws_default(void)
+{
+    beam_workspace_config c;
+    c.oneshot_max_tokens = 64;
+    c.twoshot_max_tokens = 16384;
+    c.timeout_ms = 10000;
+    return c;
+}
+
+extern "C" const bm_backend bm_backend_table = {
+    "cuda",
+    bm_cuda_available,
+    bm_cuda_check_pointers,
+    bm_cuda_finalize,
+    bm_cuda_norm_residual_norm,
+    bm_cuda_fused,
+    bm_cuda_unfused,
+    bm_cuda_ws_default,
+    NULL, /* group_create: CPU groups are the CPU backend's */
+    NULL, /* group_destroy */
+    NULL, /* ws_create_cpu */
+    NULL, /* ws_create_nccl: next issue */
+    NULL, /* ws_destroy */
+    NULL, /* gather: next issue */
+};

@@ -1,0 +1,60 @@
+/*
+ * gather.cu - bm_cuda_gather: one tensor-parallel call (internal).
+ *
+ * Host work per call is a few checks and one or three launches; nothing
+ * synchronizes or allocates, so a call can be captured in a CUDA graph.
+ * Order of the checks:
+ *   1. the workspace must be used from its own device;
+ *   2. an earlier device-side failure (timeout, a peer's rejected call)
+ *      makes every later call fail with BEAM_ERR_COMM (the record lives in
+ *      host-mapped memory: under graph replay it is seen by the next eager
+ *      call or by beam_workspace_destroy);
+ *   3. this rank's arguments failed lib's checks: for ONESHOT/TWOSHOT it
+ *      still marks its flags of this epoch as "rejected" at every peer (a
+ *      small kernel that touches no user memory), so their kernels stop
+ *      waiting and their next call reports it; for UNFUSED it cannot take
+ *      part in the NCCL all-gather, whose peers then wait inside NCCL (abort
+ *      the communicator);
+ *   4. tokens == 0: nothing to do, on every rank alike.
+ */
+#include "error.h"
+#include "gather_impl.h"
+
+extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
+                                      beam_status local_status)
+{
+    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
+    bm_tp_ws *w = (bm_tp_ws *)ws->impl;
+    int dev = -1;
+    if (!w)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: the workspace was not created by the CUDA backend", fn);
+    if (cudaGetDevice(&dev) != cudaSuccess || dev != w->device)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                       "%s: workspace belongs to device %d but device %d is current (cudaSetDevice(%d) first)",
+                       fn, w->device, dev, w->device);
+    BM_CHECK(bm_tp_check_failed(fn, w));
+    const int fused = strategy == BEAM_STRATEGY_ONESHOT || strategy == BEAM_STRATEGY_TWOSHOT;
+    if (local_status != BEAM_OK) {
+        if (fused && w->peers && w->nranks > 1 && a->tokens != 0) {
+            bm_tp_launch_reject(w, (cudaStream_t)a->stream);
+            cudaGetLastError(); /* best effort; the argument error is what we report */
+        }
+        return local_status;
+    }
+    if (a->tokens == 0)
+        return BEAM_OK;
+    if (strategy == BEAM_STRATEGY_UNFUSED)
+        return bm_tp_unfused(fn, w, a);
+    if (!fused)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: strategy=%d is not a gather strategy", fn, (int)strategy);
+    if (!w->peers)
+        return bm_fail(BEAM_ERR_UNSUPPORTED,
+                       "%s: strategy %s needs peer memory, which this workspace lacks (ranks on several "
+                       "hosts, or CUDA IPC failed); use UNFUSED or AUTO",
+                       fn, strategy == BEAM_STRATEGY_ONESHOT ? "ONESHOT" : "TWOSHOT");
+    cudaError_t e = bm_tp_launch_fused(w, a, strategy == BEAM_STRATEGY_TWOSHOT, (cudaStream_t)a->stream);
+    if (e != cudaSuccess)
+        return bm_fail(BEAM_ERR_DEVICE, "%s: launching the %s kernel failed: %s", fn,
+                       strategy == BEAM_STRATEGY_ONESHOT ? "ONESHOT" : "TWOSHOT", cudaGetErrorString(e));
+    return BEAM_OK;
+}

@@ -1,0 +1,44 @@
+/*
+ * gather.h - the tensor-parallel finalize_gather_norm_residual_norm of the
+ * CUDA backend over NCCL (internal). The lead's backend table points at
+ * these four functions; lib/api.c has checked every argument before.
+ *
+ * A workspace is made collectively from the caller's ncclComm_t. On one host
+ * (every rank's device reachable through CUDA IPC) it holds peer-visible
+ * buffers and flags for the fused ONESHOT and TWOSHOT strategies; otherwise
+ * (ranks on several hosts) only UNFUSED is available, AUTO's thresholds are
+ * set to 0 so that it always picks UNFUSED, and ONESHOT/TWOSHOT return
+ * BEAM_ERR_UNSUPPORTED.
+ */
+#ifndef BEAMMOE_GPU_GATHER_H
+#define BEAMMOE_GPU_GATHER_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Thresholds measured on two H200s over NVLink (docs/PERF.md) and the
+ * timeout of a rank waiting for its peers. */
+beam_workspace_config bm_cuda_ws_default(void);
+
+/* Collective over comm (an ncclComm_t); the current device must be the
+ * communicator's. ws->max_tokens, hidden and cfg are set by lib; this fills
+ * ws->rank, nranks and impl. */
+beam_status bm_cuda_ws_create_nccl(void *comm, bm_ws *ws);
+
+/* Collective; NULL impl is a no-op. Returns BEAM_ERR_COMM when a call on the
+ * workspace failed on the device (a peer timed out or rejected its
+ * arguments) and the failure was not reported yet. */
+beam_status bm_cuda_ws_destroy(bm_ws *ws);
+
+/* One collective call; strategy is never AUTO. */
+beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
+                           beam_status local_status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,618 @@
+/*
+ * gather_fused.cu - the ONESHOT and TWOSHOT kernels of the tensor-parallel
+ * gather over peer memory (internal).
+ *
+ * One kernel per call on every rank, same grid G on every rank (it depends
+ * on T, hidden and the caps agreed at workspace creation only). Block b of
+ * rank r takes r's owned local rows i = b, b+G, ... and, for every peer s,
+ * s's rows with the same local indices. So block b depends only on block b
+ * of each peer: no grid-wide barrier, no co-residency requirement.
+ *
+ *   phase 1  own rows: finalize (+ post-norm) and
+ *              ONESHOT: push the finalized BF16 row to every peer, then
+ *                       residual add + next norm locally;
+ *              TWOSHOT: residual add + next norm, write both locally and
+ *                       push both to every peer.
+ *   signal   __syncthreads, then thread 0: fence.sc.sys and a release
+ *            store of epoch E into flags[r][b] of every peer.
+ *   wait     thread s (s != r) spins with ld.acquire.sys on its own
+ *            flags[s][b] >= E, bounded by the workspace timeout
+ *            (%globaltimer); then reads errf[s]: >= E means s rejected its
+ *            arguments and pushed nothing. A failure is written to the
+ *            host-mapped record and the block skips phase 2.
+ *   phase 2  peers' rows: ONESHOT: residual add + next norm of the pushed
+ *            finalized row; TWOSHOT: copy the pushed hidden/normalized rows.
+ *   epoch    the last block to finish stores E as the new epoch.
+ *
+ * Decode sizes spread each row over a cluster of CS blocks (as the row
+ * kernel does): block B = b*CS + q takes chunk slice q of the rows of
+ * group b; flags are per block B, so a block still waits only for the
+ * same block of each peer, which pushed exactly the slice it reads. The
+ * RMSNorm sum crosses the cluster through distributed shared memory, and
+ * the blocks of a cluster agree on a failure before skipping phase 2 (they
+ * share cluster barriers).
+ *
+ * The arithmetic is the row kernel's (gpu/row_kernel.cuh, gpu/numerics.cuh):
+ * same finalize order, same RMSNorm tree, so the bits are those of SPEC.md
+ * whatever the block shape. Rows pushed by peers are read with ld.global.cg
+ * (L2, never a stale L1 line).
+ */
+#include <stdint.h>
+
+#include "gather_impl.h"
+#include "row_kernel.cuh"
+
+#define BM_TP_U 4 /* expert slots loaded ahead */
+
+/* The two row stages of SPEC.md section 2 in the row kernel's thread layout
+ * (thread t owns chunks t, t+NT, ...), written against numerics.cuh and the
+ * row kernel's block tree (bm_block_tree) so that the bits are the same;
+ * kept here so that the row kernel's own tuning cannot change this file's
+ * interface. */
+
+/* v <- f(N(v, w, eps)); padding chunks (c >= C) must hold +0. With CS > 1
+ * the tree runs over the thread's chunks, then across the cluster's blocks
+ * for the same thread index (xred: NT floats of shared memory), then over
+ * the block: the SPEC halving order, high index bits first. */
+template <int NT, int J, int CS, bool VEC>
+__device__ __forceinline__ void bm_tp_norm(float (&v)[J][8], const uint16_t *w, float eps, int hidden,
+                                           int C, int g0, float *red, float *xred)
+{
+    float P[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+        P[j] = bm_chunk_sumsq(v[j]);
+    bm_halving<J / 2>(P);
+    float q = P[0];
+    if (CS > 1) {
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        xred[threadIdx.x] = q;
+        cl.sync();
+        float qb[CS];
+#pragma unroll
+        for (int b = 0; b < CS; ++b)
+            qb[b] = cl.map_shared_rank(xred, b)[threadIdx.x];
+        bm_halving<CS / 2>(qb);
+        q = qb[0];
+    }
+    const float inv = bm_inv_rms(bm_block_tree<NT>(q, red), hidden, eps);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * CS * NT;
+        if (c >= C)
+            continue;
+        float wf[8];
+        if (w)
+            bm_unpack8(bm_load8<VEC>(w + (size_t)c * 8), wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            uint32_t u = bm_bf16(__fmul_rn(v[j][e], inv));
+            if (w)
+                u = bm_bf16(__fmul_rn(bm_f(u), wf[e]));
+            v[j][e] = bm_f(u);
+        }
+    }
+}
+
+/* acc = acc + w[k] * f(x[k]) for U slots k.., every load issued first. */
+template <int NT, int J, int U, int CS, bool VEC>
+__device__ __forceinline__ void bm_tp_slots(float (&acc)[J][8], const uint16_t *xr, const float *wr,
+                                            int k, int hidden, int C, int g0)
+{
+    bm_pack8 ld[U][J];
+    float wk[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        wk[u] = wr[k + u];
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c < C)
+                ld[u][j] = bm_load8_stream<VEC>(xr + (size_t)(k + u) * hidden + (size_t)c * 8);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c >= C)
+                continue;
+            float f[8];
+            bm_unpack8(ld[u][j], f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(wk[u], f[e]));
+        }
+}
+
+__device__ __forceinline__ unsigned long long bm_tp_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void bm_tp_st_release(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long bm_tp_ld_acquire(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* 16-byte load through L2 only (rows written by a peer during this kernel). */
+__device__ __forceinline__ bm_pack8 bm_tp_load8_cg(const uint16_t *p)
+{
+    bm_pack8 r;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                 : "l"(p)
+                 : "memory");
+    return r;
+}
+
+__device__ __forceinline__ unsigned long long *bm_tp_flag(char *region, size_t flags_off, int src,
+                                                          int blk)
+{
+    return reinterpret_cast<unsigned long long *>(region + flags_off) +
+           (size_t)src * BM_TP_MAX_BLOCKS + blk;
+}
+
+/* Row g of array a (0, 1) of parity par in a region. */
+__device__ __forceinline__ uint16_t *bm_tp_slot(char *region, const bm_tp_params &p, int par, int a,
+                                                int64_t g)
+{
+    return reinterpret_cast<uint16_t *>(region + p.data_off + (size_t)(2 * par + a) * p.slot_bytes) +
+           (size_t)g * p.hidden;
+}
+
+/* Store 8 values of chunk c of row g into array a of every peer's region. */
+template <int NT, int J, int CS>
+__device__ __forceinline__ void bm_tp_push(const bm_tp_params &p, int par, int a, int64_t g,
+                                           const float (&v)[J][8], int C, int g0)
+{
+    for (int s = 0; s < p.nranks; ++s) {
+        if (s == p.rank)
+            continue;
+        uint16_t *dst = bm_tp_slot(p.peer[s], p, par, a, g);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c < C)
+                bm_store8<true>(dst + (size_t)c * 8, bm_round8(v[j]));
+        }
+    }
+}
+
+/* Stage B and norm B of SPEC (hidden = bf16(bx + br), normalized = N(hidden))
+ * on v in place; stores hidden and normalized of row g locally and, when
+ * PUSH, into every peer's arrays 0 and 1. res: the residual chunks. */
+template <int NT, int J, int CS, bool VEC, bool PUSH>
+__device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[J][8],
+                                              const bm_pack8 (&res)[J], int64_t g, int par,
+                                              int C, int g0, float (*red)[NT], float (*xred)[CS > 1 ? NT : 1],
+                                              int &rp)
+{
+    const int H = p.hidden;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * CS * NT;
+        if (c >= C)
+            continue;
+        float r[8];
+        bm_unpack8(res[j], r);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            float bx = v[j][e], br = r[e];
+            if (p.has_scales) {
+                bx = bm_f(bm_bf16(__fmul_rn(bx, p.scale_x)));
+                br = bm_f(bm_bf16(__fmul_rn(br, p.scale_r)));
+            }
+            v[j][e] = bm_f(bm_bf16(__fadd_rn(bx, br)));
+        }
+        bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, bm_round8(v[j]));
+    }
+    if (PUSH)
+        bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
+    if (p.normB) {
+        bm_tp_norm<NT, J, CS, VEC>(v, p.wB, p.epsB, H, C, g0, red[rp], xred[rp]);
+        rp ^= 1;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c < C)
+                bm_store8<VEC>(p.normalized + (size_t)g * H + (size_t)c * 8, bm_round8(v[j]));
+        }
+        if (PUSH)
+            bm_tp_push<NT, J, CS>(p, par, 1, g, v, C, g0);
+    }
+}
+
+/* The residual chunks of row g (loaded before the row source, so that both
+ * latencies overlap). */
+template <int NT, int J, int CS, bool VEC>
+__device__ __forceinline__ void bm_tp_load_res_v(const bm_tp_params &p, bm_pack8 (&res)[J], int64_t g,
+                                                 int C, int g0)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * CS * NT;
+        if (c < C)
+            res[j] = bm_load8<VEC>(p.residual + (size_t)g * p.hidden + (size_t)c * 8);
+    }
+}
+
+template <int NT, int J, int CS, bool VEC, bool TWO>
+__global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
+{
+    __shared__ float red[2][NT];
+    __shared__ float xred[2][CS > 1 ? NT : 1];
+    __shared__ int s_bad;
+    __shared__ unsigned long long s_epoch;
+    int rp = 0;
+    const int C = p.hidden >> 3;
+    const int H = p.hidden;
+    const int fb = (int)blockIdx.x;                     /* flag index */
+    const int b = CS > 1 ? fb / CS : fb;                /* row group */
+    const int G = CS > 1 ? (int)gridDim.x / CS : (int)gridDim.x;
+    const int g0 = (CS > 1 ? (fb % CS) * NT : 0) + (int)threadIdx.x;
+
+    /* Programmatic dependent launch: this grid may be scheduled while the
+     * preceding kernel of the stream finishes; wait for it (its writes, the
+     * epoch included, are then visible) before touching memory, and let
+     * the next kernel's blocks be scheduled once all of ours have started
+     * (they wait the same way). No-ops without the launch attribute. */
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+    if (threadIdx.x == 0)
+        s_epoch = *(volatile unsigned long long *)p.epoch + 1ull;
+    __syncthreads();
+    const unsigned long long E = s_epoch;
+    const int par = (int)(E & 1ull);
+
+    /* ---- phase 1: own rows ---- */
+    const int64_t own_lo = (int64_t)p.rank * p.L;
+    int64_t owned = p.T - own_lo;
+    owned = owned < 0 ? 0 : (owned > p.L ? p.L : owned);
+    for (int64_t i = b; i < owned; i += G) {
+        const int64_t g = own_lo + i;
+        float v[J][8];
+        bm_pack8 res[J];
+        bm_tp_load_res_v<NT, J, CS, VEC>(p, res, g, C, g0);
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                v[j][e] = 0.0f; /* a = +0.0 */
+        const int K = p.top_k;
+        const uint16_t *xr = p.experts + (size_t)i * (size_t)K * H;
+        const float *wr = p.weights + (size_t)i * K;
+        int k = 0;
+        for (; k + BM_TP_U <= K; k += BM_TP_U)
+            bm_tp_slots<NT, J, BM_TP_U, CS, VEC>(v, xr, wr, k, H, C, g0);
+        for (; k < K; ++k)
+            bm_tp_slots<NT, J, 1, CS, VEC>(v, xr, wr, k, H, C, g0);
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const uint32_t r = bm_bf16(v[j][e]);
+                v[j][e] = g0 + j * CS * NT < C ? bm_f(bm_bf16(__fmul_rn(bm_f(r), p.routed_scale))) : 0.0f;
+            }
+        if (p.normA) {
+            bm_tp_norm<NT, J, CS, VEC>(v, p.wA, p.epsA, H, C, g0, red[rp], xred[rp]);
+            rp ^= 1;
+        }
+        if (!TWO)
+            bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
+        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, res, g, par, C, g0, red, xred, rp);
+    }
+
+    /* ---- signal: every row of this block is pushed ---- */
+    __syncthreads();
+    if (threadIdx.x == 0 && p.nranks > 1) {
+        __threadfence_system();
+        for (int s = 0; s < p.nranks; ++s)
+            if (s != p.rank)
+                bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, p.rank, fb), E);
+    }
+
+    /* ---- wait for block b of every peer ---- */
+    int bad = 0;
+    if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+        const int s = (int)threadIdx.x;
+        const unsigned long long *f = bm_tp_flag(p.peer[p.rank], p.flags_off, s, fb);
+        unsigned long long t0 = 0;
+        unsigned spins = 0;
+        while (bm_tp_ld_acquire(f) < E) {
+            if ((++spins & 255u) == 0) {
+                const unsigned long long now = bm_tp_now();
+                if (t0 == 0) {
+                    t0 = now;
+                } else if (now - t0 > p.timeout_ns) {
+                    bad = BM_TP_TIMEOUT;
+                    break;
+                }
+            }
+        }
+        if (!bad) {
+            const unsigned long long *ef =
+                reinterpret_cast<const unsigned long long *>(p.peer[p.rank] + p.errf_off) + s;
+            if (bm_tp_ld_acquire(ef) >= E)
+                bad = BM_TP_PEER_REJECTED;
+        }
+        if (bad) {
+            p.err->peer = s;
+            p.err->epoch = E;
+            p.err->code = (uint32_t)bad;
+            __threadfence_system();
+        }
+    }
+    bad = __syncthreads_or(bad);
+    if (CS > 1) {
+        /* the blocks of a cluster share barriers in phase 2: all or none */
+        namespace cg = cooperative_groups;
+        cg::cluster_group cl = cg::this_cluster();
+        if (threadIdx.x == 0)
+            s_bad = bad;
+        cl.sync();
+        for (int q = 0; q < CS; ++q)
+            bad |= *cl.map_shared_rank(&s_bad, q);
+        cl.sync();
+    }
+
+    /* ---- phase 2: the peers' rows ---- */
+    if (!bad) {
+        for (int s = 0; s < p.nranks; ++s) {
+            if (s == p.rank)
+                continue;
+            const int64_t lo = (int64_t)s * p.L;
+            int64_t n = p.T - lo;
+            n = n < 0 ? 0 : (n > p.L ? p.L : n);
+            for (int64_t i = b; i < n; i += G) {
+                const int64_t g = lo + i;
+                if (TWO) {
+                    const uint16_t *hs = bm_tp_slot(p.peer[p.rank], p, par, 0, g);
+                    const uint16_t *ns = bm_tp_slot(p.peer[p.rank], p, par, 1, g);
+                    bm_pack8 hv[J], nv[J];
+#pragma unroll
+                    for (int j = 0; j < J; ++j) {
+                        const int c = g0 + j * CS * NT;
+                        if (c < C) {
+                            hv[j] = bm_tp_load8_cg(hs + (size_t)c * 8);
+                            if (p.normB)
+                                nv[j] = bm_tp_load8_cg(ns + (size_t)c * 8);
+                        }
+                    }
+#pragma unroll
+                    for (int j = 0; j < J; ++j) {
+                        const int c = g0 + j * CS * NT;
+                        if (c < C) {
+                            bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, hv[j]);
+                            if (p.normB)
+                                bm_store8<VEC>(p.normalized + (size_t)g * H + (size_t)c * 8, nv[j]);
+                        }
+                    }
+                } else {
+                    const uint16_t *xs = bm_tp_slot(p.peer[p.rank], p, par, 0, g);
+                    float v[J][8];
+                    bm_pack8 res[J];
+                    bm_tp_load_res_v<NT, J, CS, VEC>(p, res, g, C, g0);
+#pragma unroll
+                    for (int j = 0; j < J; ++j) {
+                        const int c = g0 + j * CS * NT;
+                        bm_pack8 q = {{0u, 0u, 0u, 0u}};
+                        if (c < C)
+                            q = bm_tp_load8_cg(xs + (size_t)c * 8);
+                        bm_unpack8(q, v[j]);
+                    }
+                    bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, res, g, par, C, g0, red, xred, rp);
+                }
+            }
+        }
+    }
+
+    /* no block of a cluster may exit while a sibling can still read its
+     * shared memory */
+    if (CS > 1)
+        cooperative_groups::this_cluster().sync();
+
+    /* ---- the last block advances the epoch ---- */
+    if (threadIdx.x == 0) {
+        __threadfence();
+        unsigned long long done = atomicAdd(p.epoch + 1, 1ull);
+        if (done == (unsigned long long)gridDim.x - 1ull) {
+            p.epoch[1] = 0ull;
+            *(volatile unsigned long long *)p.epoch = E;
+            __threadfence();
+        }
+    }
+}
+
+/* A rank that rejected its arguments: errf[r] = E, then every flag[r][b] = E
+ * at every peer, so that the peers' blocks of this epoch stop waiting and
+ * see the rejection; then the epoch advances as after a normal call. */
+__global__ void bm_tp_reject_kernel(const bm_tp_params p)
+{
+    __shared__ unsigned long long s_epoch;
+    if (threadIdx.x == 0) {
+        s_epoch = *(volatile unsigned long long *)p.epoch + 1ull;
+        for (int s = 0; s < p.nranks; ++s)
+            if (s != p.rank)
+                bm_tp_st_release(reinterpret_cast<unsigned long long *>(p.peer[s] + p.errf_off) + p.rank,
+                                 s_epoch);
+        __threadfence_system();
+    }
+    __syncthreads();
+    const unsigned long long E = s_epoch;
+    for (int idx = (int)threadIdx.x; idx < p.nranks * BM_TP_MAX_BLOCKS; idx += (int)blockDim.x) {
+        const int s = idx / BM_TP_MAX_BLOCKS, b = idx % BM_TP_MAX_BLOCKS;
+        if (s != p.rank)
+            bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, p.rank, b), E);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        *(volatile unsigned long long *)p.epoch = E;
+}
+
+/* ---- host side ----------------------------------------------------------- */
+
+static int bm_tp_next_pow2(int c)
+{
+    int n = 1;
+    while (n < c)
+        n *= 2;
+    return n;
+}
+
+/* Decode sizes (few rows per rank): one chunk per thread, and the row
+ * spread over a cluster of up to 8 blocks while the grid stays within one
+ * wave of an H200 (132 multiprocessors), as the row kernel does, so that a
+ * row's loads are spread over several multiprocessors. Larger: two chunks
+ * per thread, one block per row group. Depends on L and hidden only, so
+ * every rank picks the same shape. */
+int bm_tp_shape_index(int64_t L, int hidden)
+{
+    const int n2 = bm_tp_next_pow2(hidden / 8); /* 32 .. 1024 */
+    if (L > 128 && n2 >= 256)
+        return n2 == 1024 ? 17 : (n2 == 512 ? 16 : 15);
+    int cs = 8;
+    while (cs > 1 && (L * cs > 132 || n2 / cs < 64))
+        cs /= 2;
+    const int nt = n2 / cs;
+#define BM_PICK(I, NT, J, CS) \
+    if (J == 1 && NT == nt && CS == cs) return I;
+    BM_TP_SHAPES(BM_PICK)
+#undef BM_PICK
+    return 5; /* not reached: every (nt, cs) above is listed */
+}
+
+int bm_tp_occupancy_cap(int shape)
+{
+    int dev = 0, sms = 0, per = 0, cs = 1;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess)
+        return 1;
+#define BM_OCC(I, NT, J, CS)                                                                          \
+    if (shape == I) {                                                                                 \
+        cs = CS;                                                                                      \
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false>, \
+                                                          NT, 0);                                     \
+    }
+    BM_TP_SHAPES(BM_OCC)
+#undef BM_OCC
+    cudaGetLastError();
+    if (e != cudaSuccess || per < 1)
+        per = 1;
+    long cap = (long)sms * per / cs;
+    if (cap * cs > BM_TP_MAX_BLOCKS)
+        cap = BM_TP_MAX_BLOCKS / cs;
+    return (int)(cap < 1 ? 1 : cap);
+}
+
+template <int NT, int J, int CS, bool VEC, bool TWO>
+static cudaError_t bm_tp_go(const bm_tp_params &p, unsigned groups, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    cfg.gridDim = dim3(groups * CS, 1, 1);
+    cfg.blockDim = dim3(NT, 1, 1);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = at;
+    if (CS > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = CS;
+        at[n].val.clusterDim.y = 1;
+        at[n].val.clusterDim.z = 1;
+        ++n;
+    }
+    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+    cfg.numAttrs = n;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, bm_tp_kernel<NT, J, CS, VEC, TWO>, p);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+static int bm_tp_aligned16(const void *q)
+{
+    return ((uintptr_t)q & 15u) == 0;
+}
+
+static void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
+{
+    p->nranks = w->nranks;
+    p->rank = w->rank;
+    for (int s = 0; s < BM_TP_MAX_RANKS; ++s)
+        p->peer[s] = s < w->nranks ? w->peer[s] : nullptr;
+    p->flags_off = w->flags_off;
+    p->errf_off = w->errf_off;
+    p->data_off = w->data_off;
+    p->slot_bytes = w->slot_bytes;
+    p->epoch = w->epoch;
+    p->err = w->err_d;
+    p->timeout_ns = (unsigned long long)w->timeout_ms * 1000000ull;
+    p->hidden = w->hidden;
+}
+
+cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, cudaStream_t stream)
+{
+    bm_tp_params p = {};
+    bm_tp_fill(w, &p);
+    p.experts = a->experts;
+    p.weights = a->weights;
+    p.top_k = a->top_k;
+    p.routed_scale = a->routed_scale;
+    p.normA = a->post.on;
+    p.wA = a->post.on ? a->post.weight : nullptr;
+    p.epsA = a->post.eps;
+    p.residual = a->residual;
+    p.has_scales = a->has_scales;
+    p.scale_x = a->scale_x;
+    p.scale_r = a->scale_r;
+    p.normB = a->next.on;
+    p.wB = a->next.on ? a->next.weight : nullptr;
+    p.epsB = a->next.eps;
+    p.hidden_out = a->hidden_out;
+    p.normalized = a->normalized;
+    p.T = a->tokens;
+    p.L = (a->tokens + w->nranks - 1) / w->nranks;
+
+    const int shape = bm_tp_shape_index(p.L, w->hidden);
+    const int64_t want = p.L < 1 ? 1 : p.L;
+    const unsigned grid = (unsigned)(want < w->gcap[shape] ? want : w->gcap[shape]);
+    const void *ptrs[] = {p.experts, p.wA, p.residual, p.wB, p.hidden_out, p.normalized};
+    int vec = 1;
+    for (const void *q : ptrs)
+        if (q && !bm_tp_aligned16(q))
+            vec = 0;
+#define BM_GO(I, NT, J, CS)                                                                  \
+    if (shape == I) {                                                                        \
+        if (twoshot)                                                                         \
+            return vec ? bm_tp_go<NT, J, CS, true, true>(p, grid, stream)                    \
+                       : bm_tp_go<NT, J, CS, false, true>(p, grid, stream);                  \
+        return vec ? bm_tp_go<NT, J, CS, true, false>(p, grid, stream)                       \
+                   : bm_tp_go<NT, J, CS, false, false>(p, grid, stream);                     \
+    }
+    BM_TP_SHAPES(BM_GO)
+#undef BM_GO
+    return cudaErrorInvalidConfiguration;
+}
+
+cudaError_t bm_tp_launch_reject(const bm_tp_ws *w, cudaStream_t stream)
+{
+    bm_tp_params p = {};
+    bm_tp_fill(w, &p);
+    bm_tp_reject_kernel<<<1, 256, 0, stream>>>(p);
+    return cudaGetLastError();
+}

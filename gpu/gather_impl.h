@@ -1,0 +1,123 @@
+/*
+ * gather_impl.h - the state of an NCCL gather workspace and the launches
+ * shared by gpu/gather_*.cu (internal, C++).
+ *
+ * Peer-visible region (one cudaMalloc per rank, exported with a CUDA IPC
+ * handle and mapped by every peer of the same host):
+ *
+ *   flags [BM_TP_MAX_RANKS][BM_TP_MAX_BLOCKS] u64   flags[s][b]: the last
+ *         epoch in which block b of rank s finished pushing its rows here
+ *   errf  [BM_TP_MAX_RANKS] u64                     the last epoch in which
+ *         rank s rejected its arguments (then it pushed nothing)
+ *   data  [2 parities][2 arrays][max_tokens][hidden] BF16: rows pushed by
+ *         the peers, at their global row index. ONESHOT uses array 0 (the
+ *         finalized rows); TWOSHOT arrays 0 and 1 (hidden, normalized).
+ *
+ * Epochs: every fused call is one epoch E = previous + 1, read from a
+ * device counter that the kernel itself advances (its last block), so CUDA
+ * graph replays advance it too and no host code runs per call. Epoch E uses
+ * data parity E & 1. A rank writes parity p again only in epoch E + 2, which
+ * it reaches after its epoch E + 1 kernel saw every peer's E + 1 flag; a
+ * peer raises that flag only after its epoch E kernel, the last reader of
+ * parity p, has completed (calls on one workspace are stream-ordered). So
+ * no flag is ever reset and no row is overwritten while a peer reads it.
+ */
+#ifndef BEAMMOE_GPU_GATHER_IMPL_H
+#define BEAMMOE_GPU_GATHER_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "gather.h"
+
+#define BM_TP_MAX_RANKS 8
+#define BM_TP_MAX_BLOCKS 1024
+
+/* Launch shapes of the fused kernel: (index, threads per block, chunks per
+ * thread, blocks per row (a cluster)). Decode shapes first (J = 1, the row
+ * spread over CS blocks so that NT * CS covers it), then prefill. */
+#define BM_TP_SHAPES(X)                                                        \
+    X(0, 32, 1, 1) X(1, 64, 1, 1) X(2, 128, 1, 1) X(3, 256, 1, 1)              \
+    X(4, 512, 1, 1) X(5, 1024, 1, 1)                                           \
+    X(6, 64, 1, 2) X(7, 64, 1, 4) X(8, 64, 1, 8) X(9, 128, 1, 2)               \
+    X(10, 128, 1, 4) X(11, 128, 1, 8) X(12, 256, 1, 2) X(13, 256, 1, 4)        \
+    X(14, 512, 1, 2)                                                           \
+    X(15, 128, 2, 1) X(16, 256, 2, 1) X(17, 512, 2, 1)
+#define BM_TP_NSHAPES 18
+
+/* Failure record in host-mapped memory, written by a kernel, read by the
+ * host at the start of the next call (a plain load, no synchronization). */
+enum { BM_TP_OK = 0, BM_TP_TIMEOUT = 1, BM_TP_PEER_REJECTED = 2 };
+struct bm_tp_err {
+    volatile uint32_t code;
+    volatile int32_t peer;
+    volatile unsigned long long epoch;
+};
+
+struct bm_tp_ws {
+    ncclComm_t comm;
+    int device;
+    int rank, nranks;
+    int peers; /* 1: every rank's region is mapped (fused strategies work) */
+    int64_t max_tokens;
+    int hidden;
+
+    char *base;                    /* own peer-visible region */
+    char *peer[BM_TP_MAX_RANKS];   /* every rank's region, mapped here */
+    size_t flags_off, errf_off, data_off, slot_bytes, region_bytes;
+
+    unsigned long long *epoch;     /* device: [0] epoch, [1] blocks done */
+    uint16_t *ag;                  /* UNFUSED all-gather rows */
+    size_t ag_rows;
+    bm_tp_err *err_h, *err_d;      /* host-mapped failure record */
+    int gcap[BM_TP_NSHAPES];       /* blocks per launch, agreed by all ranks */
+    cudaStream_t side;             /* create/destroy collectives only */
+    uint32_t timeout_ms;
+};
+
+/* Arguments of one fused launch (by value). */
+struct bm_tp_params {
+    const uint16_t *experts; /* this rank's owned rows [L, K, H] */
+    const float *weights;
+    int32_t top_k;
+    float routed_scale;
+    int normA;
+    const uint16_t *wA;
+    float epsA;
+    const uint16_t *residual; /* [T, H], may equal hidden_out */
+    int has_scales;
+    float scale_x, scale_r;
+    int normB;
+    const uint16_t *wB;
+    float epsB;
+    uint16_t *hidden_out, *normalized;
+
+    int64_t T, L;
+    int32_t hidden;
+    int rank, nranks;
+    char *peer[BM_TP_MAX_RANKS];
+    size_t flags_off, errf_off, data_off, slot_bytes;
+    unsigned long long *epoch;
+    bm_tp_err *err;
+    unsigned long long timeout_ns;
+};
+
+/* gather_fused.cu */
+int bm_tp_shape_index(int64_t L, int hidden);
+int bm_tp_occupancy_cap(int shape); /* row groups of the shape resident on this device */
+cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
+                               cudaStream_t stream);
+/* A rank whose arguments failed: mark its flags for this epoch as "rejected"
+ * at every peer so that they stop waiting and report it. */
+cudaError_t bm_tp_launch_reject(const bm_tp_ws *w, cudaStream_t stream);
+
+/* gather_unfused.cu: finalize, ncclAllGather, norm_residual_norm. */
+beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a);
+
+/* gather_ws.cu: the failure record as a status + message (BEAM_OK if none). */
+beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w);
+
+#endif

@@ -1,0 +1,297 @@
+/*
+ * gather_ws.cu - creating and destroying an NCCL gather workspace
+ * (internal). Both are collective over the caller's communicator and may
+ * synchronize; no later call does.
+ *
+ * Creation: every rank allocates its peer-visible region, zeroes the flags,
+ * and all-gathers over the communicator one record per rank (IPC handle,
+ * host identity, whether its allocations succeeded, the launch caps of its
+ * device). If any rank failed, every rank fails. If all ranks are on one
+ * host, each maps every peer's region (cudaIpcOpenMemHandle); the ranks
+ * agree (an all-reduce) whether every mapping worked, else the workspace
+ * runs UNFUSED only. Destruction: device sync, barrier, unmap, barrier,
+ * free, so no peer still writes into a freed region.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "gather_impl.h"
+
+/* AUTO's thresholds: measured with bench/gather_bench on two H200s over
+ * NVLink (docs/PERF.md). */
+#define BM_TP_DEFAULT_ONESHOT 4096
+#define BM_TP_DEFAULT_TWOSHOT 0
+#define BM_TP_DEFAULT_TIMEOUT_MS 10000
+
+extern "C" beam_workspace_config bm_cuda_ws_default(void)
+{
+    beam_workspace_config c;
+    c.oneshot_max_tokens = BM_TP_DEFAULT_ONESHOT;
+    c.twoshot_max_tokens = BM_TP_DEFAULT_TWOSHOT;
+    c.timeout_ms = BM_TP_DEFAULT_TIMEOUT_MS;
+    return c;
+}
+
+/* What each rank tells the others at creation. */
+struct bm_tp_rec {
+    cudaIpcMemHandle_t handle;
+    unsigned long long host;
+    int32_t ok;
+    int32_t gcap[BM_TP_NSHAPES];
+};
+
+static unsigned long long bm_tp_host_id(void)
+{
+    char name[256];
+    unsigned long long h = 1469598103934665603ull;
+    memset(name, 0, sizeof name);
+    if (gethostname(name, sizeof name - 1) != 0)
+        return 0;
+    for (const char *c = name; *c; ++c)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    return h ^ (unsigned long long)gethostid();
+}
+
+static size_t bm_tp_round(size_t n)
+{
+    return (n + 255u) & ~(size_t)255u;
+}
+
+/* Free everything a workspace holds (any part may be missing). */
+static void bm_tp_release(bm_tp_ws *w)
+{
+    for (int s = 0; s < w->nranks && s < BM_TP_MAX_RANKS; ++s)
+        if (w->peer[s] && w->peer[s] != w->base)
+            cudaIpcCloseMemHandle(w->peer[s]);
+    if (w->base) cudaFree(w->base);
+    if (w->ag) cudaFree(w->ag);
+    if (w->epoch) cudaFree(w->epoch);
+    if (w->err_h) cudaFreeHost(w->err_h);
+    if (w->side) cudaStreamDestroy(w->side);
+    free(w);
+}
+
+/* A barrier: a one-int all-reduce (min), waited for on the side stream.
+ * *v becomes the minimum over the ranks. */
+static ncclResult_t bm_tp_allmin(bm_tp_ws *w, int *v, int *dbuf)
+{
+    cudaMemcpyAsync(dbuf, v, sizeof(int), cudaMemcpyHostToDevice, w->side);
+    ncclResult_t r = ncclAllReduce(dbuf, dbuf, 1, ncclInt, ncclMin, w->comm, w->side);
+    if (r != ncclSuccess)
+        return r;
+    cudaMemcpyAsync(v, dbuf, sizeof(int), cudaMemcpyDeviceToHost, w->side);
+    return cudaStreamSynchronize(w->side) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
+{
+    static const char fn[] = "beam_workspace_create_nccl";
+    ncclComm_t comm = (ncclComm_t)comm_ptr;
+    int R = 0, r = 0, cudev = -1, dev = -1;
+    ncclResult_t nr;
+    beam_status st = BEAM_OK;
+
+    if ((nr = ncclCommCount(comm, &R)) != ncclSuccess || (nr = ncclCommUserRank(comm, &r)) != ncclSuccess ||
+        (nr = ncclCommCuDevice(comm, &cudev)) != ncclSuccess)
+        return bm_fail(BEAM_ERR_COMM, "%s: nccl_comm is not a usable ncclComm_t: %s", fn,
+                       ncclGetErrorString(nr));
+    if (cudaGetDevice(&dev) != cudaSuccess || dev != cudev)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                       "%s: the current device (%d) must be the communicator's device (%d)", fn, dev, cudev);
+    if (R > BM_TP_MAX_RANKS)
+        return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the communicator has %d ranks; at most %d are supported",
+                       fn, R, BM_TP_MAX_RANKS);
+
+    bm_tp_ws *w = (bm_tp_ws *)calloc(1, sizeof *w);
+    if (!w) return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    w->comm = comm;
+    w->device = dev;
+    w->rank = r;
+    w->nranks = R;
+    w->max_tokens = ws->max_tokens;
+    w->hidden = ws->hidden;
+    w->timeout_ms = (uint32_t)ws->cfg.timeout_ms;
+
+    /* Layout of the peer-visible region (gather_impl.h). */
+    const size_t row_bytes = (size_t)ws->hidden * sizeof(uint16_t);
+    w->flags_off = 0;
+    w->errf_off = bm_tp_round((size_t)BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
+    w->data_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
+    w->slot_bytes = R > 1 ? bm_tp_round((size_t)ws->max_tokens * row_bytes) : 0;
+    w->region_bytes = w->data_off + 4u * w->slot_bytes;
+    w->ag_rows = (size_t)R * (size_t)((ws->max_tokens + R - 1) / R);
+
+    /* Allocations; a failure is remembered and told to the peers. */
+    int ok = 1;
+    const char *what = "";
+    cudaError_t ce = cudaStreamCreateWithFlags(&w->side, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) {
+        const char *why = cudaGetErrorString(ce);
+        free(w);
+        return bm_fail(BEAM_ERR_DEVICE, "%s: cudaStreamCreate failed: %s", fn, why);
+    }
+    bm_tp_rec *drec = nullptr; /* R records, then one int for the barriers */
+    if (cudaMalloc(&w->base, w->region_bytes) != cudaSuccess) { ok = 0; what = "the peer-visible buffers"; w->base = nullptr; }
+    else if (cudaMalloc(&w->ag, (w->ag_rows ? w->ag_rows : 1) * row_bytes) != cudaSuccess) { ok = 0; what = "the all-gather buffer"; w->ag = nullptr; }
+    else if (cudaMalloc(&w->epoch, 2 * sizeof(unsigned long long)) != cudaSuccess) { ok = 0; what = "the epoch counter"; w->epoch = nullptr; }
+    else if (cudaHostAlloc(&w->err_h, sizeof(bm_tp_err), cudaHostAllocMapped) != cudaSuccess) { ok = 0; what = "the failure record"; w->err_h = nullptr; }
+    else if (cudaHostGetDevicePointer(&w->err_d, w->err_h, 0) != cudaSuccess) { ok = 0; what = "the failure record"; }
+    else if (cudaMalloc(&drec, (size_t)R * sizeof(bm_tp_rec) + 16) != cudaSuccess) { ok = 0; what = "the exchange buffer"; drec = nullptr; }
+    cudaGetLastError(); /* a failed allocation must not stick to later launches */
+    if (ok) {
+        memset((void *)w->err_h, 0, sizeof(bm_tp_err));
+        if (cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
+            cudaMemset(w->epoch, 0, 2 * sizeof(unsigned long long)) != cudaSuccess ||
+            cudaDeviceSynchronize() != cudaSuccess) {
+            ok = 0;
+            what = "zeroing the flags";
+        }
+    }
+
+    /* Exchange the records (an ncclAllGather of bytes). With no exchange
+     * buffer this rank cannot take part: its peers then fail in NCCL. */
+    bm_tp_rec *recs = (bm_tp_rec *)calloc((size_t)R, sizeof(bm_tp_rec));
+    if (!recs || !drec) {
+        free(recs);
+        if (drec) cudaFree(drec);
+        bm_tp_release(w);
+        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of memory for %s", fn,
+                       recs ? what : "the exchange records");
+    }
+    bm_tp_rec mine;
+    memset(&mine, 0, sizeof mine);
+    mine.host = bm_tp_host_id();
+    mine.ok = ok;
+    if (ok && R > 1 && cudaIpcGetMemHandle(&mine.handle, w->base) != cudaSuccess) {
+        cudaGetLastError();
+        mine.host = 0; /* cannot export: nobody maps us, the fused paths are off */
+    }
+    for (int i = 0; i < BM_TP_NSHAPES; ++i)
+        mine.gcap[i] = ok ? bm_tp_occupancy_cap(i) : 1;
+    nr = ncclSuccess;
+    /* on the side stream: a pageable cudaMemcpy may return before its DMA
+     * lands, and the side stream does not wait for the legacy stream */
+    if (cudaMemcpyAsync(drec + r, &mine, sizeof mine, cudaMemcpyHostToDevice, w->side) != cudaSuccess)
+        nr = ncclUnhandledCudaError;
+    if (nr == ncclSuccess)
+        nr = ncclAllGather(drec + r, drec, sizeof(bm_tp_rec), ncclChar, comm, w->side);
+    if (nr == ncclSuccess && (cudaMemcpyAsync(recs, drec, (size_t)R * sizeof(bm_tp_rec), cudaMemcpyDeviceToHost,
+                                              w->side) != cudaSuccess ||
+                              cudaStreamSynchronize(w->side) != cudaSuccess))
+        nr = ncclUnhandledCudaError;
+    if (nr != ncclSuccess) {
+        st = bm_fail(BEAM_ERR_COMM, "%s: exchanging the workspace records failed: %s", fn,
+                     ncclGetErrorString(nr));
+        goto fail;
+    }
+    for (int s = 0; s < R; ++s) {
+        if (!recs[s].ok) {
+            st = s == r ? bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: allocating %s on device %d failed", fn, what, dev)
+                        : bm_fail(BEAM_ERR_COMM, "%s: rank %d could not allocate its workspace", fn, s);
+            goto fail;
+        }
+        for (int i = 0; i < BM_TP_NSHAPES; ++i)
+            if (s == 0 || recs[s].gcap[i] < w->gcap[i])
+                w->gcap[i] = recs[s].gcap[i] < 1 ? 1 : recs[s].gcap[i];
+    }
+
+    /* Map every peer's region when all ranks share this host. */
+    {
+        int peers = 1;
+        for (int s = 0; s < R; ++s)
+            if (recs[s].host == 0 || recs[s].host != recs[r].host)
+                peers = 0;
+        w->peer[r] = w->base;
+        for (int s = 0; s < R && peers; ++s) {
+            if (s == r)
+                continue;
+            void *p = nullptr;
+            if (cudaIpcOpenMemHandle(&p, recs[s].handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+                cudaGetLastError();
+                peers = 0;
+                break;
+            }
+            w->peer[s] = (char *)p;
+        }
+        if (bm_tp_allmin(w, &peers, (int *)(drec + R)) != ncclSuccess) {
+            st = bm_fail(BEAM_ERR_COMM, "%s: agreeing on peer access failed", fn);
+            goto fail;
+        }
+        w->peers = R > 1 ? peers : 1;
+        if (!peers) {
+            for (int s = 0; s < R; ++s)
+                if (w->peer[s] && s != r) {
+                    cudaIpcCloseMemHandle(w->peer[s]);
+                    w->peer[s] = nullptr;
+                }
+            /* No peer memory (several hosts): AUTO takes UNFUSED always. */
+            ws->cfg.oneshot_max_tokens = 0;
+            ws->cfg.twoshot_max_tokens = 0;
+        }
+    }
+    free(recs);
+    cudaFree(drec);
+    ws->rank = r;
+    ws->nranks = R;
+    ws->impl = w;
+    return BEAM_OK;
+
+fail:
+    free(recs);
+    cudaFree(drec);
+    bm_tp_release(w);
+    return st;
+}
+
+beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w)
+{
+    const uint32_t code = w->err_h->code;
+    if (code == BM_TP_OK)
+        return BEAM_OK;
+    if (code == BM_TP_TIMEOUT)
+        return bm_fail(BEAM_ERR_COMM,
+                       "%s: an earlier call on this workspace (rank %d, call %llu) timed out after %u ms "
+                       "waiting for rank %d; the workspace is unusable, destroy it",
+                       fn, w->rank, (unsigned long long)w->err_h->epoch, (unsigned)w->timeout_ms,
+                       (int)w->err_h->peer);
+    return bm_fail(BEAM_ERR_COMM,
+                   "%s: in an earlier call on this workspace (call %llu) rank %d rejected its arguments, "
+                   "so this rank's outputs of that call are incomplete; the workspace is unusable, destroy it",
+                   fn, (unsigned long long)w->err_h->epoch, (int)w->err_h->peer);
+}
+
+extern "C" beam_status bm_cuda_ws_destroy(bm_ws *ws)
+{
+    static const char fn[] = "beam_workspace_destroy";
+    bm_tp_ws *w = (bm_tp_ws *)ws->impl;
+    int cur = -1;
+    if (!w)
+        return BEAM_OK;
+    cudaGetDevice(&cur);
+    if (cur != w->device)
+        cudaSetDevice(w->device);
+    /* Every kernel of this rank is done (a waiting one ends at its timeout),
+     * then every rank's (barrier), before the mappings go. */
+    cudaDeviceSynchronize();
+    beam_status st = bm_tp_check_failed(fn, w);
+    int *dint = nullptr;
+    if (w->nranks > 1 && cudaMalloc(&dint, sizeof(int)) == cudaSuccess) {
+        int one = 1;
+        bm_tp_allmin(w, &one, dint); /* errors ignored: a dead peer's comm may be aborted */
+        for (int s = 0; s < w->nranks; ++s)
+            if (w->peer[s] && w->peer[s] != w->base) {
+                cudaIpcCloseMemHandle(w->peer[s]);
+                w->peer[s] = nullptr;
+            }
+        bm_tp_allmin(w, &one, dint);
+        cudaFree(dint);
+    }
+    const int dev = w->device;
+    bm_tp_release(w);
+    ws->impl = nullptr;
+    if (cur != dev && cur >= 0)
+        cudaSetDevice(cur);
+    return st;
+}

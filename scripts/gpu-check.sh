@@ -1,0 +1,55 @@
+#!/bin/sh
+# gpu-check.sh - build here (no GPU needed), bundle what a GPU host needs.
+#
+# Part 1 of the GPU run; part 2 is scripts/gpu-run.sh, run on the GPU host
+# from the repository root. Here:
+#   1. configure (if the tree is not configured yet) with --with-cuda, build
+#      the libraries, the test programs and the benchmark;
+#   2. copy into .devbuild/ (git-ignored): lib/ with libbeammoe.so,
+#      libbeammoe_cpu.so, libbeammoe_cuda.so, libcunit.so.1 (GPU hosts often
+#      lack CUnit) and libcudart; bin/ with the real executables of
+#      tests/test_cuda and bench/cuda_bench (libtool's .libs/ binaries, not
+#      its wrapper scripts); the GPU host needs no libtool, CUnit or build.
+# Then on the GPU host (this workplace: the device tool's `run` with
+# carry [".devbuild"]):
+#   sh scripts/gpu-run.sh            logs and a summary land in $OUT
+#                                    (default .devbuild/out)
+#
+# usage: scripts/gpu-check.sh [configure arguments ...]
+set -e
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+jobs=${JOBS:-2}
+
+if test ! -f Makefile; then
+    test -x configure || autoreconf -fi
+    ./configure --with-cuda "$@"
+fi
+if ! grep -q '^libbeammoe_cuda_la' Makefile; then
+    echo "gpu-check.sh: this build has no CUDA backend (configure found no CUDA toolkit?)" >&2
+    exit 1
+fi
+make -j"$jobs"
+make -j"$jobs" tests/test_cuda bench/cuda_bench
+
+rm -rf .devbuild/lib .devbuild/bin
+mkdir -p .devbuild/lib .devbuild/bin
+for l in libbeammoe libbeammoe_cpu libbeammoe_cuda; do
+    cp -L ".libs/$l.so" ".devbuild/lib/$l.so"
+    cp -L ".libs/$l.so" ".devbuild/lib/$l.so.0"
+done
+# shared libraries the binaries need that a bare GPU host may lack
+for so in libcunit.so.1 libcudart.so.13 libgomp.so.1; do
+    p=$(ldd tests/.libs/test_cuda .libs/libbeammoe_cuda.so .libs/libbeammoe_cpu.so 2>/dev/null |
+        awk -v so="$so" '$1 == so { print $3; exit }')
+    if test -n "$p" && test -f "$p"; then cp -L "$p" ".devbuild/lib/$so"; fi
+done
+for b in tests/test_cuda bench/cuda_bench; do
+    d=$(dirname "$b")
+    n=$(basename "$b")
+    if test -f "$d/.libs/$n"; then cp "$d/.libs/$n" .devbuild/bin/; else cp "$b" .devbuild/bin/; fi
+done
+cp scripts/gpu-run.sh .devbuild/
+echo "gpu-check.sh: bundle ready in .devbuild/ ($(du -sh .devbuild | cut -f1)):"
+ls -l .devbuild/lib .devbuild/bin
+echo "next, on the GPU host from the repository root: sh scripts/gpu-run.sh"

@@ -1,0 +1,55 @@
+#!/bin/sh
+# gpu-run.sh - the GPU half of scripts/gpu-check.sh: run on the GPU host, from
+# the repository root, with the .devbuild/ bundle that gpu-check.sh made.
+#
+# Runs, each with a time limit, logging into $OUT (default .devbuild/out):
+#   test_cuda.log   tests/test_cuda: CUDA vs CPU bit for bit (full sweep)
+#   memcheck.log    the same test (BEAM_TEST_QUICK=1) under compute-sanitizer
+#                   --tool memcheck
+#   racecheck.log   ... under --tool racecheck (shared-memory hazards)
+#   bench.txt       bench/cuda_bench: copy bandwidth, each op per shape
+#   summary.txt     one line per step: status and duration
+# Exit status: 0 when every step passed.
+#
+# Environment: OUT, STEP_TIMEOUT (seconds per step, default 240), SKIP (a
+# space-separated list of steps to leave out: test memcheck racecheck bench).
+B=${B:-.devbuild}
+OUT=${OUT:-$B/out}
+T=${STEP_TIMEOUT:-240}
+mkdir -p "$OUT"
+LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+BEAM_BACKEND_DIR="$B/lib"
+export LD_LIBRARY_PATH BEAM_BACKEND_DIR
+# never NVLink multicast (shared hosts), whatever runs here
+NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE
+SAN=compute-sanitizer
+command -v "$SAN" >/dev/null 2>&1 || SAN=/usr/local/cuda/bin/compute-sanitizer
+
+: > "$OUT/summary.txt"
+fail=0
+step() { # name log command...
+    name=$1; log=$2; shift 2
+    case " $SKIP " in *" $name "*) echo "$name: skipped" >> "$OUT/summary.txt"; return 0 ;; esac
+    t0=$(date +%s)
+    timeout "$T" "$@" > "$OUT/$log" 2>&1
+    rc=$?
+    t1=$(date +%s)
+    if test $rc = 0; then s=PASS; else s="FAIL (exit $rc)"; fail=1; fi
+    test $rc = 124 && s="FAIL (timed out after ${T}s)"
+    echo "$name: $s in $((t1 - t0)) s" >> "$OUT/summary.txt"
+    echo "$name: $s in $((t1 - t0)) s"
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; \
+  "$SAN" --version | tail -1; } > "$OUT/device.txt" 2>&1
+step test test_cuda.log "$B/bin/test_cuda"
+step memcheck memcheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool memcheck --error-exitcode 1 \
+    --leak-check full "$B/bin/test_cuda"
+step racecheck racecheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 1 \
+    "$B/bin/test_cuda"
+step bench bench.txt "$B/bin/cuda_bench"
+tail -4 "$OUT/test_cuda.log" 2>/dev/null
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
+cat "$OUT/bench.txt" 2>/dev/null
+exit $fail

@@ -1,0 +1,487 @@
+/*
+ * test_cuda.c - the CUDA backend against the CPU backend, bit for bit.
+ *
+ * Links the dispatcher libbeammoe and switches between beam_set_backend("cpu")
+ * (host buffers) and beam_set_backend("cuda") (device buffers) for the same
+ * inputs (tests/test_case.c builds them). Every output must match bit for
+ * bit, and rows past the live ones (guard rows, poisoned) must stay untouched.
+ *
+ *   sweep     every case of the CPU sweep: top_k 1,2,6,8,32 x hidden 256,
+ *             2048,4096,7168,8192 x tokens 0,1,7,100, the other axes (norms,
+ *             scales, routed_scale, in place, misaligned bases, exotic
+ *             values, NaN padding rows) rotated; each op, each strategy
+ *   random    a randomized sweep of 1500 shapes: top_k 1..32, hidden
+ *             256..8192 step 256, tokens 0..5000 (log-uniform; a case's
+ *             expert input capped at 8M values, so the run stays near two
+ *             minutes on an H200 host); BEAM_TEST_QUICK=1 shrinks it (to 60,
+ *             for compute-sanitizer runs)
+ *   special   all-exotic inputs (subnormals, infinities, NaNs, signed zeros)
+ *   cuda      CUDA-only contract: host pointers are refused with
+ *             BEAM_ERR_INVALID_ARGUMENT and nothing is written; a call
+ *             captured in a CUDA graph and replayed on a stream gives the
+ *             same bits; the backend reports "cuda"
+ *
+ * Exits 77 (skip) when the CUDA backend is not usable here (no device).
+ * BEAM_TEST_SEED reproduces a run (the seed is printed).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+#include <cuda_runtime.h>
+
+#include "test_case.h"
+
+static uint64_t g_seed;
+static long g_runs;
+
+#define CU_OK(call)                                                              \
+    do {                                                                         \
+        cudaError_t e_ = (call);                                                 \
+        if (e_ != cudaSuccess) {                                                 \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
+                    cudaGetErrorString(e_));                                     \
+            exit(1);                                                             \
+        }                                                                        \
+    } while (0)
+
+/* ---- device copies of a case -------------------------------------------- */
+
+/* A device buffer at a 16-byte aligned base plus off (like tu_alloc). */
+typedef struct dbuf {
+    void *base;
+    void *p;
+} dbuf;
+
+static void *dalloc(dbuf *b, size_t n, size_t off)
+{
+    CU_OK(cudaMalloc(&b->base, n + 16));
+    b->p = (char *)b->base + off;
+    return b->p;
+}
+
+static void *dcopy(dbuf *b, const void *src, size_t n, size_t off)
+{
+    void *p = dalloc(b, n, off);
+    if (n) CU_OK(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice));
+    return p;
+}
+
+static void dfree(dbuf *b)
+{
+    if (b->base) CU_OK(cudaFree(b->base));
+    b->base = b->p = NULL;
+}
+
+static int dis_poison(const void *dp, size_t n)
+{
+    unsigned char *h = (unsigned char *)malloc(n ? n : 1);
+    int ok;
+    CU_OK(cudaMemcpy(h, dp, n, cudaMemcpyDeviceToHost));
+    ok = tu_is_poison(h, n);
+    free(h);
+    return ok;
+}
+
+/* The CUDA twin of tc_lib: same arguments, same guard rows, device memory.
+ * capture: run the call inside a CUDA graph capture on a fresh stream, then
+ * replay the graph (proves the call is capturable and stream-ordered). */
+static beam_status cu_lib(const tc_data *d, tc_op op, beam_strategy strategy, int capture,
+                          uint16_t *hidden, uint16_t *normalized, int *guard_ok)
+{
+    const tc_spec *s = &d->s;
+    size_t ob = s->misalign ? 2 : 0, of = s->misalign ? 4 : 0;
+    size_t TH = (size_t)s->T * (size_t)s->H, row = (size_t)s->H;
+    size_t KH = (size_t)s->K * (size_t)s->H;
+    size_t out_bytes = sizeof(uint16_t) * (TH + TC_GUARD * row);
+    dbuf bex = {0}, bwt = {0}, bxx = {0}, bres = {0}, bhid = {0}, bnrm = {0};
+    dbuf bwpost = {0}, bwpre = {0}, bwnext = {0};
+    beam_norm bpost, bpre, bnext;
+    const float *sc = s->scales ? d->scales : NULL;
+    uint16_t *ex = NULL, *xx = NULL, *res = NULL, *hid, *nrm = NULL;
+    float *wt = NULL;
+    nr_norm post = d->post, pre = d->pre, next = d->next;
+    beam_status st = BEAM_OK;
+    int with_nrm = tc_has_normalized(d, op);
+    cudaStream_t stream = NULL;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+
+    if (op != TC_NRN) {
+        ex = (uint16_t *)dcopy(&bex, d->experts, sizeof(uint16_t) * KH * (size_t)d->cap, ob);
+        wt = (float *)dcopy(&bwt, d->weights, sizeof(float) * (size_t)s->K * (size_t)d->cap, of);
+    }
+    if (op == TC_NRN) xx = (uint16_t *)dcopy(&bxx, d->x, sizeof(uint16_t) * TH, ob);
+    if (d->wpost) post.weight = (uint16_t *)dcopy(&bwpost, d->wpost, 2 * row, ob);
+    if (d->wpre) pre.weight = (uint16_t *)dcopy(&bwpre, d->wpre, 2 * row, ob);
+    if (d->wnext) next.weight = (uint16_t *)dcopy(&bwnext, d->wnext, 2 * row, ob);
+
+    hid = (uint16_t *)dalloc(&bhid, out_bytes, ob);
+    CU_OK(cudaMemset(hid, TU_POISON, out_bytes));
+    if (op != TC_FINALIZE) {
+        if (s->inplace) {
+            if (TH) CU_OK(cudaMemcpy(hid, d->residual, sizeof(uint16_t) * TH, cudaMemcpyHostToDevice));
+            res = hid;
+        } else {
+            res = (uint16_t *)dcopy(&bres, d->residual, sizeof(uint16_t) * TH, ob);
+        }
+    }
+    if (with_nrm) {
+        nrm = (uint16_t *)dalloc(&bnrm, out_bytes, ob);
+        CU_OK(cudaMemset(nrm, TU_POISON, out_bytes));
+    }
+
+    if (capture) {
+        CU_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        CU_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    }
+    switch (op) {
+    case TC_FINALIZE:
+        st = beam_moe_finalize(ex, wt, d->cap, s->T, s->K, s->H, d->rs,
+                               tu_beam_norm(&post, &bpost), hid, stream);
+        break;
+    case TC_NRN:
+        st = beam_norm_residual_norm(xx, res, s->T, s->H, tu_beam_norm(&pre, &bpre), sc,
+                                     tu_beam_norm(&next, &bnext), hid, nrm, stream);
+        break;
+    case TC_FUSED:
+        st = beam_moe_finalize_norm_residual_norm(
+            ex, wt, d->cap, s->T, s->K, s->H, d->rs, tu_beam_norm(&post, &bpost), res, sc,
+            tu_beam_norm(&next, &bnext), hid, nrm, strategy, stream);
+        break;
+    }
+    if (capture) {
+        CU_OK(cudaStreamEndCapture(stream, &graph));
+        if (st == BEAM_OK) {
+            CU_OK(cudaGraphInstantiate(&exec, graph, 0));
+            CU_OK(cudaGraphLaunch(exec, stream));
+            CU_OK(cudaStreamSynchronize(stream));
+            CU_OK(cudaGraphExecDestroy(exec));
+        }
+        CU_OK(cudaGraphDestroy(graph));
+        CU_OK(cudaStreamDestroy(stream));
+    }
+    CU_OK(cudaDeviceSynchronize());
+    CU_OK(cudaGetLastError());
+
+    *guard_ok = dis_poison(hid + TH, sizeof(uint16_t) * TC_GUARD * row);
+    if (nrm && !dis_poison(nrm + TH, sizeof(uint16_t) * TC_GUARD * row)) *guard_ok = 0;
+    if (TH) CU_OK(cudaMemcpy(hidden, hid, sizeof(uint16_t) * TH, cudaMemcpyDeviceToHost));
+    if (nrm && TH) CU_OK(cudaMemcpy(normalized, nrm, sizeof(uint16_t) * TH, cudaMemcpyDeviceToHost));
+
+    dfree(&bex); dfree(&bwt); dfree(&bxx); dfree(&bres); dfree(&bhid); dfree(&bnrm);
+    dfree(&bwpost); dfree(&bwpre); dfree(&bwnext);
+    return st;
+}
+
+/* ---- one case: CPU vs CUDA ---------------------------------------------- */
+
+static const char *op_name(tc_op op)
+{
+    return op == TC_FINALIZE ? "finalize" : op == TC_NRN ? "norm_residual_norm" : "fused";
+}
+
+static const char *strat_name(beam_strategy s)
+{
+    return s == BEAM_STRATEGY_FUSED ? "FUSED" : s == BEAM_STRATEGY_UNFUSED ? "UNFUSED" : "AUTO";
+}
+
+/* Returns 1 when the CUDA results equal the CPU's. */
+static int compare_case(const tc_data *d, tc_op op, beam_strategy strat, int capture)
+{
+    size_t TH = (size_t)d->s.T * (size_t)d->s.H;
+    uint16_t *ch = (uint16_t *)malloc(2 * TH + 2), *cn = (uint16_t *)malloc(2 * TH + 2);
+    uint16_t *gh = (uint16_t *)malloc(2 * TH + 2), *gn = (uint16_t *)malloc(2 * TH + 2);
+    int cguard = 0, gguard = 0, ok = 1;
+    beam_status cs, gs;
+    char desc[256];
+
+    if (!ch || !cn || !gh || !gn) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    tc_describe(&d->s, desc, sizeof desc);
+    CU_ASSERT_EQUAL_FATAL(beam_set_backend("cpu"), BEAM_OK);
+    cs = tc_lib(d, op, strat, ch, cn, &cguard);
+    CU_ASSERT_EQUAL_FATAL(beam_set_backend("cuda"), BEAM_OK);
+    gs = cu_lib(d, op, strat, capture, gh, gn, &gguard);
+    ++g_runs;
+    if (cs != BEAM_OK || gs != BEAM_OK) {
+        fprintf(stderr, "  %s %s %s: status cpu=%d cuda=%d (%s)\n", op_name(op), strat_name(strat), desc,
+                (int)cs, (int)gs, beam_last_error());
+        ok = 0;
+    } else {
+        if (!gguard) {
+            fprintf(stderr, "  %s %s %s: cuda wrote past the live rows\n", op_name(op), strat_name(strat), desc);
+            ok = 0;
+        }
+        if (tu_cmp_bf16("hidden", gh, ch, TH)) ok = 0;
+        if (tc_has_normalized(d, op) && tu_cmp_bf16("normalized", gn, cn, TH)) ok = 0;
+        if (!ok)
+            fprintf(stderr, "  ^ %s %s %s (seed %llu)\n", op_name(op), strat_name(strat), desc,
+                    (unsigned long long)g_seed);
+    }
+    free(ch); free(cn); free(gh); free(gn);
+    return ok;
+}
+
+/* every op of a case; the fused op under every local strategy */
+static int compare_all(const tc_data *d, int capture)
+{
+    static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED, BEAM_STRATEGY_UNFUSED};
+    int ok = 1, i;
+    ok &= compare_case(d, TC_FINALIZE, BEAM_STRATEGY_AUTO, capture);
+    ok &= compare_case(d, TC_NRN, BEAM_STRATEGY_AUTO, capture);
+    for (i = 0; i < 3; i++) ok &= compare_case(d, TC_FUSED, strats[i], capture);
+    return ok;
+}
+
+/* ---- sweep: the CPU test's cases ------------------------------------------ */
+
+static const int32_t KS[] = {1, 2, 6, 8, 32};
+static const int32_t HS[] = {256, 2048, 4096, 7168, 8192};
+static const int64_t TS[] = {0, 1, 7, 100};
+
+static tc_spec sweep_spec(int i)
+{
+    tc_spec s;
+    memset(&s, 0, sizeof s);
+    s.K = KS[i % 5];
+    s.H = HS[(i / 5) % 5];
+    s.T = TS[i / 25];
+    s.pad = i % 3;
+    s.post = i % 3;
+    s.next = (i / 3) % 3;
+    s.pre = (i / 2 + 1) % 3;
+    s.scales = (i / 4) % 2;
+    s.rs_one = (i / 5) % 2;
+    s.inplace = (i / 7 + i) % 2;
+    s.misalign = (i % 4) == 3;
+    s.exotic = (i % 6) == 5;
+    return s;
+}
+
+static void test_sweep(void)
+{
+    int i, bad = 0, n = 5 * 5 * 4, rot;
+    /* BEAM_TEST_QUICK (sanitizer runs): every third triple */
+    for (i = 0; i < n; i += tu_quick() ? 3 : 1) {
+        /* each triple twice: its rotation and the complementary one, so
+         * norms, in-place and misalignment each appear on and off */
+        for (rot = 0; rot < 2; rot++) {
+            tc_data d;
+            tc_spec s = sweep_spec(i + rot * 37);
+            s.K = KS[i % 5];
+            s.H = HS[(i / 5) % 5];
+            s.T = TS[i / 25];
+            tc_make(&d, &s, g_seed + (uint64_t)(2 * i + rot));
+            if (!compare_all(&d, 0)) ++bad;
+            tc_free(&d);
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* ---- randomized sweep ------------------------------------------------------ */
+
+static void test_random(void)
+{
+    tu_rng r;
+    int i, bad = 0, n = tu_quick() ? 60 : 1500;
+    /* expert input elements of one case at most (8M: 16 MB): keeps the
+     * generation, the CPU side and the copies short, so that the sweep takes
+     * about a minute on a 16-core GPU host; tokens near 5000 then come with
+     * small top_k * hidden */
+    const double cap_elems = tu_quick() ? 2e6 : 8e6;
+    tu_rng_init(&r, g_seed ^ 0x5EEDCAFEULL);
+    for (i = 0; i < n; i++) {
+        tc_data d;
+        tc_spec s;
+        tc_op op;
+        beam_strategy strat;
+        double lt;
+        memset(&s, 0, sizeof s);
+        s.K = 1 + (int32_t)tu_below(&r, 32);
+        s.H = 256 * (1 + (int32_t)tu_below(&r, 32));
+        /* tokens log-uniform in [0, 5000], 0 one time in 32 */
+        lt = (double)tu_below(&r, 1u << 20) / (double)(1u << 20) * log(5001.0);
+        s.T = tu_below(&r, 32) == 0 ? 0 : (int64_t)floor(exp(lt)) - 1;
+        if (s.T > 5000) s.T = 5000;
+        while (s.T > 1 && (double)s.T * s.K * s.H > cap_elems) s.T /= 2;
+        s.pad = tu_below(&r, 3);
+        s.post = tu_below(&r, 3);
+        s.pre = tu_below(&r, 3);
+        s.next = tu_below(&r, 3);
+        s.scales = tu_below(&r, 2);
+        s.rs_one = tu_below(&r, 2);
+        s.inplace = tu_below(&r, 3) == 0;
+        s.misalign = tu_below(&r, 5) == 0;
+        s.exotic = tu_below(&r, 8) == 0;
+        op = (tc_op)tu_below(&r, 3);
+        strat = op == TC_FUSED ? (beam_strategy)tu_below(&r, 3) : BEAM_STRATEGY_AUTO;
+        tc_make(&d, &s, g_seed + 1000003ULL * (uint64_t)(i + 1));
+        if (!compare_case(&d, op, strat, tu_below(&r, 16) == 0)) ++bad;
+        tc_free(&d);
+        if (bad > 10) break;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* ---- special values -------------------------------------------------------- */
+
+static void test_special(void)
+{
+    static const int32_t hs[] = {256, 768, 7168, 8192};
+    int i, bad = 0;
+    for (i = 0; i < 24; i += tu_quick() ? 3 : 1) {
+        tc_data d;
+        tc_spec s;
+        memset(&s, 0, sizeof s);
+        s.K = i % 3 == 0 ? 1 : i % 3 == 1 ? 8 : 32;
+        s.H = hs[i % 4];
+        s.T = 1 + i * 3;
+        s.pad = 2;
+        s.post = i % 3;
+        s.pre = (i + 1) % 3;
+        s.next = (i + 2) % 3;
+        s.scales = i % 2;
+        s.rs_one = (i / 2) % 2;
+        s.inplace = (i / 3) % 2;
+        s.misalign = (i / 4) % 2;
+        s.exotic = 1;
+        tc_make(&d, &s, g_seed + 77 * (uint64_t)(i + 1));
+        if (!compare_all(&d, i % 4 == 0)) ++bad;
+        tc_free(&d);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* ---- CUDA contract --------------------------------------------------------- */
+
+static void test_cuda_contract(void)
+{
+    const int32_t K = 2, H = 256;
+    const int64_t T = 3;
+    const size_t ex_b = (size_t)T * K * H * 2, row_b = (size_t)T * H * 2;
+    uint16_t *dex, *dres, *dhid, *dnrm, *hex, *hhid, *pinned;
+    float *dwt, *hwt;
+    beam_norm nn = {NULL, 1e-6f};
+    beam_status st;
+
+    CU_ASSERT_EQUAL_FATAL(beam_set_backend("cuda"), BEAM_OK);
+    CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cuda");
+    CU_OK(cudaMalloc((void **)&dex, ex_b));
+    CU_OK(cudaMalloc((void **)&dwt, (size_t)T * K * 4));
+    CU_OK(cudaMalloc((void **)&dres, row_b));
+    CU_OK(cudaMalloc((void **)&dhid, row_b));
+    CU_OK(cudaMalloc((void **)&dnrm, row_b));
+    CU_OK(cudaMemset(dex, 0x3F, ex_b));
+    CU_OK(cudaMemset(dwt, 0, (size_t)T * K * 4));
+    CU_OK(cudaMemset(dres, 0x3F, row_b));
+    CU_OK(cudaMemset(dhid, TU_POISON, row_b));
+    CU_OK(cudaMemset(dnrm, TU_POISON, row_b));
+    hex = (uint16_t *)calloc(1, ex_b);
+    hwt = (float *)calloc(1, (size_t)T * K * 4);
+    hhid = (uint16_t *)malloc(row_b);
+    CU_OK(cudaMallocHost((void **)&pinned, row_b));
+
+    /* host (pageable) input */
+    st = beam_moe_finalize(hex, dwt, T, T, K, H, 1.0f, NULL, dhid, NULL);
+    CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "expert_outputs"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "device memory"));
+    CU_ASSERT(dis_poison(dhid, row_b));
+    /* host weights */
+    st = beam_moe_finalize(dex, hwt, T, T, K, H, 1.0f, NULL, dhid, NULL);
+    CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "expert_weights"));
+    CU_ASSERT(dis_poison(dhid, row_b));
+    /* host output */
+    memset(hhid, TU_POISON, row_b);
+    st = beam_norm_residual_norm(dres, dres + 0, T, H, NULL, NULL, NULL, hhid, NULL, NULL);
+    CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "hidden_out"));
+    CU_ASSERT(tu_is_poison(hhid, row_b));
+    /* pinned host memory is host memory too */
+    st = beam_moe_finalize_norm_residual_norm(dex, dwt, T, T, K, H, 1.0f, NULL, pinned, NULL, &nn, dhid,
+                                              dnrm, BEAM_STRATEGY_FUSED, NULL);
+    CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "residual"));
+    CU_ASSERT(dis_poison(dhid, row_b));
+    CU_ASSERT(dis_poison(dnrm, row_b));
+    /* host norm weight */
+    {
+        beam_norm hn = {hex, 1e-6f};
+        st = beam_moe_finalize(dex, dwt, T, T, K, H, 1.0f, &hn, dhid, NULL);
+        CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "post_norm->weight"));
+        CU_ASSERT(dis_poison(dhid, row_b));
+    }
+    /* live_tokens == 0 writes nothing */
+    st = beam_moe_finalize(dex, dwt, T, 0, K, H, 1.0f, NULL, dhid, NULL);
+    CU_ASSERT_EQUAL(st, BEAM_OK);
+    CU_OK(cudaDeviceSynchronize());
+    CU_ASSERT(dis_poison(dhid, row_b));
+    /* a valid call works and leaves no CUDA error behind */
+    st = beam_moe_finalize(dex, dwt, T, T, K, H, 1.0f, NULL, dhid, NULL);
+    CU_ASSERT_EQUAL(st, BEAM_OK);
+    CU_ASSERT_EQUAL(cudaDeviceSynchronize(), cudaSuccess);
+    CU_ASSERT(!dis_poison(dhid, row_b));
+
+    CU_OK(cudaFreeHost(pinned));
+    free(hex); free(hwt); free(hhid);
+    CU_OK(cudaFree(dex)); CU_OK(cudaFree(dwt)); CU_OK(cudaFree(dres));
+    CU_OK(cudaFree(dhid)); CU_OK(cudaFree(dnrm));
+}
+
+/* a few sweep cases again, each captured in a CUDA graph and replayed */
+static void test_graph(void)
+{
+    int i, bad = 0;
+    for (i = 0; i < 100; i += tu_quick() ? 29 : 7) {
+        tc_data d;
+        tc_spec s = sweep_spec(i);
+        tc_make(&d, &s, g_seed + 999 * (uint64_t)(i + 1));
+        if (!compare_all(&d, 1)) ++bad;
+        tc_free(&d);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+int main(void)
+{
+    CU_pSuite suite;
+    int n = 0, failures;
+    beam_status st;
+
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        printf("test_cuda: no CUDA device visible: skipped\n");
+        return 77;
+    }
+    st = beam_set_backend("cuda");
+    if (st != BEAM_OK) {
+        printf("test_cuda: the cuda backend is not usable here (%s): skipped\n", beam_last_error());
+        return 77;
+    }
+    g_seed = tu_seed("test_cuda");
+
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    suite = CU_add_suite("cuda", NULL, NULL);
+    if (!suite || !CU_add_test(suite, "sweep of the CPU cases", test_sweep) ||
+        !CU_add_test(suite, "special values", test_special) ||
+        !CU_add_test(suite, "CUDA contract", test_cuda_contract) ||
+        !CU_add_test(suite, "CUDA graph capture", test_graph) ||
+        !CU_add_test(suite, "randomized sweep", test_random)) {
+        CU_cleanup_registry();
+        return 1;
+    }
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    failures = (int)CU_get_number_of_failures();
+    CU_cleanup_registry();
+    printf("test_cuda: %ld CPU-vs-CUDA comparisons, seed %llu\n", g_runs, (unsigned long long)g_seed);
+    return failures ? 1 : 0;
+}
