@@ -13,10 +13,10 @@
  *                       residual add + next norm locally;
  *              TWOSHOT: residual add + next norm, write both locally and
  *                       push both to every peer.
- *   signal   __syncthreads, then thread 0: fence.sc.sys and a release
- *            store of epoch E into flags[r][b] of every peer.
- *   wait     thread s (s != r) spins with ld.acquire.sys on its own
- *            flags[s][b] >= E, bounded by the workspace timeout
+ *   signal   __syncthreads, then thread 0: a release store (sys scope) of
+ *            epoch E into flags[r][b] of every peer.
+ *   wait     thread s (s != r) polls its own flags[s][b] >= E (relaxed
+ *            sys-scope loads, then one acquire fence), bounded by the workspace timeout
  *            (%globaltimer); then reads errf[s]: >= E means s rejected its
  *            arguments and pushed nothing. A failure is written to the
  *            host-mapped record and the block skips phase 2.
@@ -146,6 +146,19 @@ __device__ __forceinline__ unsigned long long bm_tp_ld_acquire(const unsigned lo
     return v;
 }
 
+/* Polling: relaxed loads (no fence per poll), then one acquire fence. */
+__device__ __forceinline__ unsigned long long bm_tp_ld_relaxed(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void bm_tp_fence_acquire()
+{
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
 /* 16-byte load through L2 only (rows written by a peer during this kernel). */
 __device__ __forceinline__ bm_pack8 bm_tp_load8_cg(const uint16_t *p)
 {
@@ -157,11 +170,62 @@ __device__ __forceinline__ bm_pack8 bm_tp_load8_cg(const uint16_t *p)
     return r;
 }
 
-__device__ __forceinline__ unsigned long long *bm_tp_flag(char *region, size_t flags_off, int src,
+/* flags[par][src][blk] of a region */
+__device__ __forceinline__ unsigned long long *bm_tp_flag(char *region, size_t flags_off, int par, int src,
                                                           int blk)
 {
     return reinterpret_cast<unsigned long long *>(region + flags_off) +
-           (size_t)src * BM_TP_MAX_BLOCKS + blk;
+           ((size_t)par * BM_TP_MAX_RANKS + (size_t)src) * BM_TP_MAX_BLOCKS + blk;
+}
+
+__device__ __forceinline__ unsigned long long *bm_tp_word(char *region, size_t off, int idx)
+{
+    return reinterpret_cast<unsigned long long *>(region + off) + idx;
+}
+
+/* LL row g of parity par: H/2 words of (epoch tag << 32 | two BF16). */
+__device__ __forceinline__ unsigned long long *bm_tp_ll_row(char *region, const bm_tp_params &p, int par,
+                                                            int64_t g)
+{
+    return reinterpret_cast<unsigned long long *>(region + p.ll_off) +
+           ((size_t)par * (size_t)p.ll_rows + (size_t)g) * (size_t)(p.hidden / 2);
+}
+
+/* Record a failure in the host-mapped record (any one of several racing
+ * writers wins; all describe a real failure of this call). */
+__device__ __forceinline__ void bm_tp_record(const bm_tp_params &p, int code, int peer, unsigned long long E)
+{
+    p.err->peer = peer;
+    p.err->epoch = E;
+    p.err->code = (uint32_t)code;
+    __threadfence_system();
+}
+
+/* Wait until *f >= want (relaxed polls, then an acquire fence), bounded by
+ * the timeout; a peer that rejected its arguments in this epoch (errf[s]
+ * >= E) ends the wait too. 0, BM_TP_TIMEOUT or BM_TP_PEER_REJECTED. */
+__device__ __forceinline__ int bm_tp_wait_ge(const bm_tp_params &p, const unsigned long long *f,
+                                             unsigned long long want, int s, unsigned long long E, int exact)
+{
+    const unsigned long long *ef = bm_tp_word(p.peer[p.rank], p.errf_off, s);
+    unsigned long long t0 = 0;
+    unsigned spins = 0;
+    for (;;) {
+        const unsigned long long v = bm_tp_ld_relaxed(f);
+        if (exact ? v == want : v >= want)
+            break;
+        if ((++spins & 255u) == 0) {
+            if (bm_tp_ld_relaxed(ef) >= E)
+                return BM_TP_PEER_REJECTED;
+            const unsigned long long now = bm_tp_now();
+            if (t0 == 0)
+                t0 = now;
+            else if (now - t0 > p.timeout_ns)
+                return BM_TP_TIMEOUT;
+        }
+    }
+    bm_tp_fence_acquire();
+    return bm_tp_ld_acquire(ef) >= E ? BM_TP_PEER_REJECTED : 0;
 }
 
 /* Row g of array a (0, 1) of parity par in a region. */
@@ -190,6 +254,65 @@ __device__ __forceinline__ void bm_tp_push(const bm_tp_params &p, int par, int a
     }
 }
 
+/* LL push of the finalized row: each 8-byte word holds 32 bits of data and
+ * the epoch tag; an aligned 8-byte store is single-copy atomic, so a
+ * reader that sees the tag sees the data (no fence, no separate flag). */
+template <int NT, int J, int CS>
+__device__ __forceinline__ void bm_tp_push_ll(const bm_tp_params &p, int par, int64_t g,
+                                              const float (&v)[J][8], int C, int g0, uint32_t tag)
+{
+    for (int s = 0; s < p.nranks; ++s) {
+        if (s == p.rank)
+            continue;
+        unsigned long long *dst = bm_tp_ll_row(p.peer[s], p, par, g);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c >= C)
+                continue;
+            const bm_pack8 q = bm_round8(v[j]);
+            const unsigned long long t = (unsigned long long)tag << 32;
+            asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst + (size_t)c * 4),
+                         "l"(t | q.w[0]), "l"(t | q.w[1])
+                         : "memory");
+            asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst + (size_t)c * 4 + 2),
+                         "l"(t | q.w[2]), "l"(t | q.w[3])
+                         : "memory");
+        }
+    }
+}
+
+/* Poll one LL chunk (4 words) until every tag is this epoch's. */
+__device__ __forceinline__ int bm_tp_poll_ll(const bm_tp_params &p, const unsigned long long *src, uint32_t tag,
+                                             int s, unsigned long long E, bm_pack8 &out)
+{
+    const unsigned long long *ef = bm_tp_word(p.peer[p.rank], p.errf_off, s);
+    unsigned long long t0 = 0;
+    unsigned spins = 0;
+    for (;;) {
+        unsigned long long a0, a1, a2, a3;
+        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a0), "=l"(a1) : "l"(src) : "memory");
+        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a2), "=l"(a3) : "l"(src + 2) : "memory");
+        if ((uint32_t)(a0 >> 32) == tag && (uint32_t)(a1 >> 32) == tag && (uint32_t)(a2 >> 32) == tag &&
+            (uint32_t)(a3 >> 32) == tag) {
+            out.w[0] = (uint32_t)a0;
+            out.w[1] = (uint32_t)a1;
+            out.w[2] = (uint32_t)a2;
+            out.w[3] = (uint32_t)a3;
+            return 0;
+        }
+        if ((++spins & 63u) == 0) {
+            if (bm_tp_ld_relaxed(ef) >= E)
+                return BM_TP_PEER_REJECTED;
+            const unsigned long long now = bm_tp_now();
+            if (t0 == 0)
+                t0 = now;
+            else if (now - t0 > p.timeout_ns)
+                return BM_TP_TIMEOUT;
+        }
+    }
+}
+
 /* Stage B and norm B of SPEC (hidden = bf16(bx + br), normalized = N(hidden))
  * on v in place; stores hidden and normalized of row g locally and, when
  * PUSH, into every peer's arrays 0 and 1. res: the residual chunks. */
@@ -197,7 +320,7 @@ template <int NT, int J, int CS, bool VEC, bool PUSH>
 __device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[J][8],
                                               const bm_pack8 (&res)[J], int64_t g, int par,
                                               int C, int g0, float (*red)[NT], float (*xred)[CS > 1 ? NT : 1],
-                                              int &rp)
+                                              int &rp, bool st, bool push)
 {
     const int H = p.hidden;
 #pragma unroll
@@ -216,9 +339,10 @@ __device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[
             }
             v[j][e] = bm_f(bm_bf16(__fadd_rn(bx, br)));
         }
-        bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, bm_round8(v[j]));
+        if (st)
+            bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, bm_round8(v[j]));
     }
-    if (PUSH)
+    if (PUSH && push)
         bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
     if (p.normB) {
         bm_tp_norm<NT, J, CS, VEC>(v, p.wB, p.epsB, H, C, g0, red[rp], xred[rp]);
@@ -226,10 +350,10 @@ __device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int c = g0 + j * CS * NT;
-            if (c < C)
+            if (c < C && st)
                 bm_store8<VEC>(p.normalized + (size_t)g * H + (size_t)c * 8, bm_round8(v[j]));
         }
-        if (PUSH)
+        if (PUSH && push)
             bm_tp_push<NT, J, CS>(p, par, 1, g, v, C, g0);
     }
 }
@@ -253,7 +377,6 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
 {
     __shared__ float red[2][NT];
     __shared__ float xred[2][CS > 1 ? NT : 1];
-    __shared__ int s_bad;
     __shared__ unsigned long long s_epoch;
     int rp = 0;
     const int C = p.hidden >> 3;
@@ -262,6 +385,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
     const int b = CS > 1 ? fb / CS : fb;                /* row group */
     const int G = CS > 1 ? (int)gridDim.x / CS : (int)gridDim.x;
     const int g0 = (CS > 1 ? (fb % CS) * NT : 0) + (int)threadIdx.x;
+    const bool ll = !TWO && p.ll;
 
     /* Programmatic dependent launch: this grid may be scheduled while the
      * preceding kernel of the stream finishes; wait for it (its writes, the
@@ -275,6 +399,23 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
     __syncthreads();
     const unsigned long long E = s_epoch;
     const int par = (int)(E & 1ull);
+    const uint32_t tag = (uint32_t)E;
+
+    /* ---- arrival: this rank finished epoch E-1 (kernel order) ---- */
+    if (fb == 0 && threadIdx.x == 0)
+        for (int s = 0; s < p.nranks; ++s)
+            if (s != p.rank)
+                *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.arr_off, p.rank) = E;
+    /* Parity par was last read by the peers in epoch E-2: before pushing,
+     * every peer must have arrived at E-1. Normally true at once. */
+    int bad = 0;
+    if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+        const int s = (int)threadIdx.x;
+        bad = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E - 1, s, E, 0);
+        if (bad)
+            bm_tp_record(p, bad, s, E);
+    }
+    bad = __syncthreads_or(bad);
 
     /* ---- phase 1: own rows ---- */
     const int64_t own_lo = (int64_t)p.rank * p.L;
@@ -309,111 +450,93 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
             bm_tp_norm<NT, J, CS, VEC>(v, p.wA, p.epsA, H, C, g0, red[rp], xred[rp]);
             rp ^= 1;
         }
-        if (!TWO)
-            bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
-        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, res, g, par, C, g0, red, xred, rp);
+        if (!TWO && !bad) {
+            if (ll)
+                bm_tp_push_ll<NT, J, CS>(p, par, g, v, C, g0, tag);
+            else
+                bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
+        }
+        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, res, g, par, C, g0, red, xred, rp, true, !bad);
     }
 
-    /* ---- signal: every row of this block is pushed ---- */
-    __syncthreads();
-    if (threadIdx.x == 0 && p.nranks > 1) {
-        __threadfence_system();
-        for (int s = 0; s < p.nranks; ++s)
-            if (s != p.rank)
-                bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, p.rank, fb), E);
+    if (!ll) {
+        /* ---- signal: every row of this block is pushed ---- */
+        __syncthreads();
+        if (threadIdx.x == 0 && p.nranks > 1 && !bad) {
+            /* st.release.sys is cumulative: the block's pushes, ordered
+             * before it by the barrier, are visible to a peer that
+             * acquires the flag */
+            for (int s = 0; s < p.nranks; ++s)
+                if (s != p.rank)
+                    bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, fb), E);
+        }
+        /* ---- wait for block fb of every peer (exactly epoch E: a peer
+         * out of step never matches, it times out) ---- */
+        if (!bad && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+            const int s = (int)threadIdx.x;
+            bad = bm_tp_wait_ge(p, bm_tp_flag(p.peer[p.rank], p.flags_off, par, s, fb), E, s, E, 1);
+            if (bad)
+                bm_tp_record(p, bad, s, E);
+        }
+        bad = __syncthreads_or(bad);
     }
 
-    /* ---- wait for block b of every peer ---- */
-    int bad = 0;
-    if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
-        const int s = (int)threadIdx.x;
-        const unsigned long long *f = bm_tp_flag(p.peer[p.rank], p.flags_off, s, fb);
-        unsigned long long t0 = 0;
-        unsigned spins = 0;
-        while (bm_tp_ld_acquire(f) < E) {
-            if ((++spins & 255u) == 0) {
-                const unsigned long long now = bm_tp_now();
-                if (t0 == 0) {
-                    t0 = now;
-                } else if (now - t0 > p.timeout_ns) {
-                    bad = BM_TP_TIMEOUT;
-                    break;
-                }
-            }
-        }
-        if (!bad) {
-            const unsigned long long *ef =
-                reinterpret_cast<const unsigned long long *>(p.peer[p.rank] + p.errf_off) + s;
-            if (bm_tp_ld_acquire(ef) >= E)
-                bad = BM_TP_PEER_REJECTED;
-        }
-        if (bad) {
-            p.err->peer = s;
-            p.err->epoch = E;
-            p.err->code = (uint32_t)bad;
-            __threadfence_system();
-        }
-    }
-    bad = __syncthreads_or(bad);
-    if (CS > 1) {
-        /* the blocks of a cluster share barriers in phase 2: all or none */
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        if (threadIdx.x == 0)
-            s_bad = bad;
-        cl.sync();
-        for (int q = 0; q < CS; ++q)
-            bad |= *cl.map_shared_rank(&s_bad, q);
-        cl.sync();
-    }
-
-    /* ---- phase 2: the peers' rows ---- */
-    if (!bad) {
-        for (int s = 0; s < p.nranks; ++s) {
-            if (s == p.rank)
-                continue;
-            const int64_t lo = (int64_t)s * p.L;
-            int64_t n = p.T - lo;
-            n = n < 0 ? 0 : (n > p.L ? p.L : n);
-            for (int64_t i = b; i < n; i += G) {
-                const int64_t g = lo + i;
-                if (TWO) {
-                    const uint16_t *hs = bm_tp_slot(p.peer[p.rank], p, par, 0, g);
-                    const uint16_t *ns = bm_tp_slot(p.peer[p.rank], p, par, 1, g);
-                    bm_pack8 hv[J], nv[J];
+    /* ---- phase 2: the peers' rows. Every block of a cluster runs the same
+     * rows and barriers; a failed block computes but stores nothing. ---- */
+    for (int s = 0; s < p.nranks; ++s) {
+        if (s == p.rank)
+            continue;
+        const int64_t lo = (int64_t)s * p.L;
+        int64_t n = p.T - lo;
+        n = n < 0 ? 0 : (n > p.L ? p.L : n);
+        for (int64_t i = b; i < n; i += G) {
+            const int64_t g = lo + i;
+            if (TWO) {
+                const uint16_t *hs = bm_tp_slot(p.peer[p.rank], p, par, 0, g);
+                const uint16_t *ns = bm_tp_slot(p.peer[p.rank], p, par, 1, g);
+                bm_pack8 hv[J], nv[J];
 #pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        const int c = g0 + j * CS * NT;
-                        if (c < C) {
-                            hv[j] = bm_tp_load8_cg(hs + (size_t)c * 8);
-                            if (p.normB)
-                                nv[j] = bm_tp_load8_cg(ns + (size_t)c * 8);
+                for (int j = 0; j < J; ++j) {
+                    const int c = g0 + j * CS * NT;
+                    if (c < C && !bad) {
+                        hv[j] = bm_tp_load8_cg(hs + (size_t)c * 8);
+                        if (p.normB)
+                            nv[j] = bm_tp_load8_cg(ns + (size_t)c * 8);
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const int c = g0 + j * CS * NT;
+                    if (c < C && !bad) {
+                        bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, hv[j]);
+                        if (p.normB)
+                            bm_store8<VEC>(p.normalized + (size_t)g * H + (size_t)c * 8, nv[j]);
+                    }
+                }
+            } else {
+                float v[J][8];
+                bm_pack8 res[J];
+                bm_tp_load_res_v<NT, J, CS, VEC>(p, res, g, C, g0);
+                int tbad = 0;
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const int c = g0 + j * CS * NT;
+                    bm_pack8 q = {{0u, 0u, 0u, 0u}};
+                    if (c < C && !bad) {
+                        if (ll) {
+                            tbad = bm_tp_poll_ll(p, bm_tp_ll_row(p.peer[p.rank], p, par, g) + (size_t)c * 4, tag, s,
+                                                 E, q);
+                            if (tbad)
+                                bm_tp_record(p, tbad, s, E);
+                        } else {
+                            q = bm_tp_load8_cg(bm_tp_slot(p.peer[p.rank], p, par, 0, g) + (size_t)c * 8);
                         }
                     }
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        const int c = g0 + j * CS * NT;
-                        if (c < C) {
-                            bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, hv[j]);
-                            if (p.normB)
-                                bm_store8<VEC>(p.normalized + (size_t)g * H + (size_t)c * 8, nv[j]);
-                        }
-                    }
-                } else {
-                    const uint16_t *xs = bm_tp_slot(p.peer[p.rank], p, par, 0, g);
-                    float v[J][8];
-                    bm_pack8 res[J];
-                    bm_tp_load_res_v<NT, J, CS, VEC>(p, res, g, C, g0);
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        const int c = g0 + j * CS * NT;
-                        bm_pack8 q = {{0u, 0u, 0u, 0u}};
-                        if (c < C)
-                            q = bm_tp_load8_cg(xs + (size_t)c * 8);
-                        bm_unpack8(q, v[j]);
-                    }
-                    bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, res, g, par, C, g0, red, xred, rp);
+                    bm_unpack8(q, v[j]);
                 }
+                if (ll)
+                    bad = __syncthreads_or(bad | tbad);
+                bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, res, g, par, C, g0, red, xred, rp, !bad, false);
             }
         }
     }
@@ -435,26 +558,31 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
     }
 }
 
-/* A rank that rejected its arguments: errf[r] = E, then every flag[r][b] = E
- * at every peer, so that the peers' blocks of this epoch stop waiting and
- * see the rejection; then the epoch advances as after a normal call. */
+/* A rank that rejected its arguments: errf[r] = E at every peer, then its
+ * arrival and every flags[E & 1][r][b] = E, so that the peers' blocks of
+ * this epoch stop waiting and see the rejection (LL pollers check errf);
+ * then the epoch advances as after a normal call. */
 __global__ void bm_tp_reject_kernel(const bm_tp_params p)
 {
     __shared__ unsigned long long s_epoch;
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
     if (threadIdx.x == 0) {
         s_epoch = *(volatile unsigned long long *)p.epoch + 1ull;
         for (int s = 0; s < p.nranks; ++s)
             if (s != p.rank)
-                bm_tp_st_release(reinterpret_cast<unsigned long long *>(p.peer[s] + p.errf_off) + p.rank,
-                                 s_epoch);
+                bm_tp_st_release(bm_tp_word(p.peer[s], p.errf_off, p.rank), s_epoch);
         __threadfence_system();
+        for (int s = 0; s < p.nranks; ++s)
+            if (s != p.rank)
+                bm_tp_st_release(bm_tp_word(p.peer[s], p.arr_off, p.rank), s_epoch);
     }
     __syncthreads();
     const unsigned long long E = s_epoch;
+    const int par = (int)(E & 1ull);
     for (int idx = (int)threadIdx.x; idx < p.nranks * BM_TP_MAX_BLOCKS; idx += (int)blockDim.x) {
         const int s = idx / BM_TP_MAX_BLOCKS, b = idx % BM_TP_MAX_BLOCKS;
         if (s != p.rank)
-            bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, p.rank, b), E);
+            bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, b), E);
     }
     __syncthreads();
     if (threadIdx.x == 0)
@@ -557,6 +685,9 @@ static void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
         p->peer[s] = s < w->nranks ? w->peer[s] : nullptr;
     p->flags_off = w->flags_off;
     p->errf_off = w->errf_off;
+    p->arr_off = w->arr_off;
+    p->ll_off = w->ll_off;
+    p->ll_rows = w->ll_rows;
     p->data_off = w->data_off;
     p->slot_bytes = w->slot_bytes;
     p->epoch = w->epoch;
@@ -588,6 +719,8 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     p.T = a->tokens;
     p.L = (a->tokens + w->nranks - 1) / w->nranks;
 
+    /* LL for decode sizes of ONESHOT (rows fit the LL buffers) */
+    p.ll = !twoshot && p.L <= BM_TP_LL_MAX_L && p.T <= w->ll_rows;
     const int shape = bm_tp_shape_index(p.L, w->hidden);
     const int64_t want = p.L < 1 ? 1 : p.L;
     const unsigned grid = (unsigned)(want < w->gcap[shape] ? want : w->gcap[shape]);

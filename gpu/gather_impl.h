@@ -5,10 +5,15 @@
  * Peer-visible region (one cudaMalloc per rank, exported with a CUDA IPC
  * handle and mapped by every peer of the same host):
  *
- *   flags [BM_TP_MAX_RANKS][BM_TP_MAX_BLOCKS] u64   flags[s][b]: the last
- *         epoch in which block b of rank s finished pushing its rows here
- *   errf  [BM_TP_MAX_RANKS] u64                     the last epoch in which
- *         rank s rejected its arguments (then it pushed nothing)
+ *   flags [2][BM_TP_MAX_RANKS][BM_TP_MAX_BLOCKS] u64  flags[p][s][b]: the
+ *         last epoch of parity p in which block b of rank s finished
+ *         pushing its rows here (a waiter wants exactly its epoch)
+ *   errf  [BM_TP_MAX_RANKS] u64    the last epoch in which rank s rejected
+ *         its arguments (then it pushed nothing)
+ *   arr   [BM_TP_MAX_RANKS] u64    the epoch rank s last started (so it
+ *         finished the one before: its reads of the parity before are done)
+ *   ll    [2][ll_rows][hidden/2] u64  ONESHOT decode rows as LL words
+ *         (epoch tag << 32 | two BF16), no flags needed
  *   data  [2 parities][2 arrays][max_tokens][hidden] BF16: rows pushed by
  *         the peers, at their global row index. ONESHOT uses array 0 (the
  *         finalized rows); TWOSHOT arrays 0 and 1 (hidden, normalized).
@@ -16,11 +21,16 @@
  * Epochs: every fused call is one epoch E = previous + 1, read from a
  * device counter that the kernel itself advances (its last block), so CUDA
  * graph replays advance it too and no host code runs per call. Epoch E uses
- * data parity E & 1. A rank writes parity p again only in epoch E + 2, which
- * it reaches after its epoch E + 1 kernel saw every peer's E + 1 flag; a
- * peer raises that flag only after its epoch E kernel, the last reader of
- * parity p, has completed (calls on one workspace are stream-ordered). So
- * no flag is ever reset and no row is overwritten while a peer reads it.
+ * parity E & 1 of the data, LL and flag arrays. Each kernel first stores E
+ * into arr[r] of every peer (it started E, so its epoch E-1 kernel, the
+ * last reader of parity (E+1) & 1, has completed: calls on one workspace are
+ * stream-ordered), then waits until every peer's arr >= E-1 before pushing
+ * into parity E & 1, which that peer last read in epoch E-2. Normally that
+ * holds at once: it only keeps a rank that receives nothing (T < R) from
+ * running two calls ahead. So no flag is ever reset and no row is
+ * overwritten while a peer reads it. Waiters want exactly their epoch in a
+ * flag or LL tag: a rank out of step ends in a timeout, never in a wrong
+ * row.
  */
 #ifndef BEAMMOE_GPU_GATHER_IMPL_H
 #define BEAMMOE_GPU_GATHER_IMPL_H
@@ -35,6 +45,9 @@
 
 #define BM_TP_MAX_RANKS 8
 #define BM_TP_MAX_BLOCKS 1024
+/* ONESHOT uses LL words (data and epoch tag in one 8-byte store) while
+ * L = ceil(T / R) <= this; the LL buffers hold R * this rows. */
+#define BM_TP_LL_MAX_L 128
 
 /* Launch shapes of the fused kernel: (index, threads per block, chunks per
  * thread, blocks per row (a cluster)). Decode shapes first (J = 1, the row
@@ -67,7 +80,8 @@ struct bm_tp_ws {
 
     char *base;                    /* own peer-visible region */
     char *peer[BM_TP_MAX_RANKS];   /* every rank's region, mapped here */
-    size_t flags_off, errf_off, data_off, slot_bytes, region_bytes;
+    size_t flags_off, errf_off, arr_off, ll_off, data_off, slot_bytes, region_bytes;
+    int64_t ll_rows;
 
     unsigned long long *epoch;     /* device: [0] epoch, [1] blocks done */
     uint16_t *ag;                  /* UNFUSED all-gather rows */
@@ -99,7 +113,9 @@ struct bm_tp_params {
     int32_t hidden;
     int rank, nranks;
     char *peer[BM_TP_MAX_RANKS];
-    size_t flags_off, errf_off, data_off, slot_bytes;
+    size_t flags_off, errf_off, arr_off, ll_off, data_off, slot_bytes;
+    int64_t ll_rows;
+    int ll; /* ONESHOT through LL words */
     unsigned long long *epoch;
     bm_tp_err *err;
     unsigned long long timeout_ns;

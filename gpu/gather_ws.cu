@@ -117,8 +117,15 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     /* Layout of the peer-visible region (gather_impl.h). */
     const size_t row_bytes = (size_t)ws->hidden * sizeof(uint16_t);
     w->flags_off = 0;
-    w->errf_off = bm_tp_round((size_t)BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
-    w->data_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
+    w->errf_off = bm_tp_round((size_t)2 * BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
+    w->arr_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
+    w->ll_off = bm_tp_round(w->arr_off + BM_TP_MAX_RANKS * 8u);
+    w->ll_rows = (int64_t)R * BM_TP_LL_MAX_L;
+    if (w->ll_rows > ws->max_tokens) w->ll_rows = ws->max_tokens;
+    if (R < 2) w->ll_rows = 0;
+    /* LL rows take twice a row's bytes (a tag beside every 32 data bits);
+     * they are zeroed with the flags: tag 0 is no epoch */
+    w->data_off = bm_tp_round(w->ll_off + 2u * (size_t)w->ll_rows * 2u * row_bytes);
     w->slot_bytes = R > 1 ? bm_tp_round((size_t)ws->max_tokens * row_bytes) : 0;
     w->region_bytes = w->data_off + 4u * w->slot_bytes;
     w->ag_rows = (size_t)R * (size_t)((ws->max_tokens + R - 1) / R);

@@ -6,24 +6,20 @@
 
 #include "launch.h"
 
-/* Every (NT, J, U, CS) instantiated, each in a vector and a scalar version.
- * bm_pick_shape must only return listed shapes (bm_shape_ok says). */
-#define BM_SHAPES(X)                                                         \
-    X(32, 1, 8, 1) X(64, 1, 8, 1) X(128, 1, 8, 1) X(256, 1, 8, 1)             \
-    X(512, 1, 8, 1) X(1024, 1, 8, 1) X(256, 1, 4, 1) X(512, 1, 4, 1)          \
-    X(64, 2, 4, 1) X(128, 2, 4, 1) X(256, 2, 4, 1) X(128, 2, 8, 1)            \
-    X(256, 2, 8, 1) X(512, 2, 2, 1) X(512, 2, 4, 1)                           \
-    X(128, 4, 2, 1) X(256, 4, 2, 1) X(256, 4, 1, 1) X(128, 8, 1, 1)           \
-    X(64, 1, 8, 2) X(64, 1, 8, 4) X(64, 1, 8, 8) X(128, 1, 8, 2)              \
-    X(128, 1, 8, 4) X(128, 1, 8, 8) X(256, 1, 8, 2) X(256, 1, 8, 4)           \
-    X(512, 1, 8, 2)
+/* Every (NT, J, U, CS) instantiated, each in a vector and a scalar version:
+ * the shapes bm_pick_shape returns (decode: one chunk per thread, clusters of
+ * 1 to 8; prefill: the row kernel for hidden <= 4096) and the row-kernel
+ * twins of the pipelined shapes (bases not 16-byte aligned). To try another
+ * shape, add it here and sweep it with scripts/dev/harness.cu. */
+#define BM_SHAPES(X)                                                          \
+    X(32, 1, 8, 1) X(64, 1, 8, 1) X(128, 1, 8, 1)                              \
+    X(64, 1, 8, 2) X(64, 1, 8, 4) X(64, 1, 8, 8) X(128, 1, 8, 2)               \
+    X(128, 1, 8, 4) X(128, 1, 8, 8) X(256, 1, 8, 2) X(256, 1, 8, 4)            \
+    X(512, 1, 8, 2)                                                            \
+    X(128, 2, 4, 1) X(256, 2, 4, 1) X(256, 4, 2, 1) X(512, 2, 2, 1)
 
-/* Pipelined shapes (NT, J, D): prefill, vector path. */
-#define BM_PIPES(X) \
-    X(256, 4, 3) X(256, 4, 4) X(256, 4, 6) X(512, 2, 3) X(512, 2, 4)  \
-    X(512, 2, 6) X(128, 4, 4) X(128, 4, 8) X(256, 2, 4) X(256, 2, 8)  \
-    X(128, 2, 4) X(128, 2, 8) X(256, 1, 4) X(128, 1, 4) X(64, 1, 4)   \
-    X(32, 1, 4)
+/* Pipelined shapes (NT, J, D): prefill with hidden > 4096, vector path. */
+#define BM_PIPES(X) X(256, 4, 3) X(256, 4, 4) X(512, 2, 3) X(512, 2, 4)
 
 static int next_pow2(int c)
 {
@@ -52,13 +48,30 @@ bm_shape bm_pick_shape(int64_t rows, int hidden)
         s.j = 1;
         s.u = 8;
         s.pdl = 1;
-    } else {
-        /* prefill: the pipelined kernel, 4 stages, at most 256 threads and
-         * 4 chunks per thread */
-        s.d = 4;
-        s.u = 0;
-        s.j = n2 >= 1024 ? 4 : n2 >= 512 ? 2 : n2 >= 256 ? 2 : 1;
+    } else if (n2 >= 1024) {
+        /* prefill, hidden > 4096: the pipelined kernel (pipe_kernel.cuh);
+         * wider blocks while there are few rows per block */
+        s.d = rows < 2048 ? 3 : 4;
+        s.j = rows < 2048 ? 2 : 4;
         s.nt = n2 / s.j;
+        s.u = 0;
+    } else if (n2 == 512) {
+        /* hidden 2304 .. 4096: the row kernel measured faster than the
+         * pipeline (119 vs 125 us, T = 4096, H = 4096, fused) */
+        s.nt = 256; s.j = 2; s.u = 4;
+    } else if (n2 == 256) {
+        s.nt = 128; s.j = 2; s.u = 4;
+    } else {
+        s.nt = n2; s.j = 1; s.u = 8;
+    }
+    return s;
+}
+
+bm_shape bm_row_twin(bm_shape s)
+{
+    if (s.d > 0) {
+        s.d = 0;
+        s.u = s.j >= 4 ? 2 : s.j == 2 ? (s.nt >= 512 ? 2 : 4) : 8;
     }
     return s;
 }
@@ -181,11 +194,8 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
 #undef BM_PGO
         return cudaErrorInvalidConfiguration;
     }
-    if (s.d > 0) {
-        /* a base not 16-byte aligned: the row kernel of the same width */
-        s.d = 0;
-        s.u = s.j >= 4 ? 2 : s.j == 2 ? (s.nt >= 512 ? 2 : 4) : 8;
-    }
+    if (s.d > 0)
+        s = bm_row_twin(s); /* a base not 16-byte aligned */
     /* Rows beyond the grid are taken by a grid-stride loop. */
     const int64_t cap = (int64_t)(INT_MAX / 8);
     const unsigned rows_grid = (unsigned)(p.rows < cap ? p.rows : cap);

@@ -2,13 +2,19 @@
  * launch.h - choosing and launching the row kernel (internal, C++).
  *
  * A launch shape is (NT threads per block, J chunks per thread, U expert
- * slots loaded ahead, CS blocks of a cluster per row, PDL or not). bm_pick_shape chooses one per call from the row count
- * and the hidden size only (no device query): decode sizes get one chunk per
- * thread and wide blocks (latency: every load of a row in flight at once),
- * prefill sizes get narrower blocks with several chunks per thread
- * (bandwidth: more rows resident per multiprocessor). Decode launches use
- * programmatic dependent launch, so that their start overlaps the tail of
- * the preceding kernel (the kernel waits for it before reading memory).
+ * slots loaded ahead, CS blocks of a cluster per row, PDL or not, D stages
+ * of the pipelined kernel or 0). bm_pick_shape chooses one per call from the
+ * row count and the hidden size only (no device query per call):
+ *  - decode (rows <= 64): the row kernel, one chunk per thread, the row
+ *    spread over a cluster of up to 8 blocks (latency: every load of the row
+ *    in flight at once, on up to 8 multiprocessors), launched with
+ *    programmatic dependent launch so that its start overlaps the tail of
+ *    the preceding kernel (the kernel waits for it before reading memory);
+ *  - prefill, hidden > 4096: the pipelined kernel (pipe_kernel.cuh);
+ *  - prefill, hidden <= 4096: the row kernel, 2 chunks per thread (measured
+ *    faster there than the pipeline).
+ * Launch shapes were chosen with scripts/dev/harness.cu on an H200
+ * (docs/PERF-cuda.md).
  */
 #ifndef BEAMMOE_GPU_LAUNCH_H
 #define BEAMMOE_GPU_LAUNCH_H
@@ -30,6 +36,10 @@ struct bm_shape {
 
 /* The shape the library uses for rows x hidden. */
 bm_shape bm_pick_shape(int64_t rows, int hidden);
+
+/* The row-kernel shape that stands in for a pipelined one when a base is not
+ * 16-byte aligned (cp.async needs 16-byte alignment); other shapes as is. */
+bm_shape bm_row_twin(bm_shape s);
 
 /* 1 when the shape is one of the compiled instantiations and covers hidden. */
 int bm_shape_ok(bm_shape s, int hidden);

@@ -14,6 +14,12 @@ BEAM_NVCC = $(NVCC) $(NVCC_FLAGS) -I$(top_srcdir)/include -I$(top_srcdir)/lib \
 
 lib_LTLIBRARIES += libbeammoe_cuda.la
 libbeammoe_cuda_la_SOURCES = $(BEAM_LIB_CORE)
+# Listed for `make dist` only (the rules below build them): EXTRA_DIST in this
+# fragment would be conditional (BEAM_WITH_CUDA) and a tarball made by a
+# CPU-only configure would lack them; EXTRA_*_SOURCES are distributed in
+# every configuration.
+EXTRA_libbeammoe_cuda_la_SOURCES = gpu/launch.cu gpu/backend_cuda.cu $(BEAM_GPU_INCS) \
+	build-aux/nvcc-lt.sh scripts/gpu-check.sh scripts/gpu-run.sh
 # Own per-target flags: lib/*.c get object names of their own
 # (lib/libbeammoe_cuda_la-api.lo), distinct from the CPU library's.
 libbeammoe_cuda_la_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
@@ -34,7 +40,6 @@ gpu/backend_cuda.lo: gpu/backend_cuda.cu $(BEAM_GPU_DEPS)
 	$(AM_V_GEN)$(SHELL) $(top_srcdir)/build-aux/nvcc-lt.sh $@ $(BEAM_NVCC) \
 	  -c `test -f gpu/backend_cuda.cu || echo '$(srcdir)/'`gpu/backend_cuda.cu
 
-EXTRA_DIST += gpu/launch.cu gpu/backend_cuda.cu $(BEAM_GPU_INCS) build-aux/nvcc-lt.sh
 CLEANFILES += $(BEAM_GPU_OBJS) gpu/launch.o gpu/backend_cuda.o \
 	gpu/.libs/launch.o gpu/.libs/backend_cuda.o
 
@@ -46,4 +51,3 @@ bench_cuda_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_cuda_bench_LDFLAGS = $(CUDA_LDFLAGS)
 bench_cuda_bench_LDADD = libbeammoe.la $(CUDA_LIBS)
 EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
-EXTRA_DIST += scripts/gpu-check.sh scripts/gpu-run.sh

@@ -6,7 +6,9 @@
  * chunks t, t+NT, ..., t+(J-1)*NT, so every access of a warp is coalesced
  * and NT*J >= C (chunks >= C are padding: value +0, never loaded or stored).
  *
- * One pass per row, everything kept in registers between the stages:
+ * One pass per row, the row kept in registers between the stages (vector
+ * path: the residual row is fetched into shared memory by cp.async at the
+ * row's start, so that its latency overlaps the row source's):
  *   stage A  the row source: finalize of the expert results (experts != NULL)
  *            or the input x;
  *   norm A   optional RMSNorm (post-norm of finalize, or pre-norm of
@@ -120,17 +122,6 @@ __device__ __forceinline__ void bm_norm_row(float (&v)[J][8], const uint16_t *w,
                                             float eps, int hidden,
                                             int C, int g0, float *red, float *xred)
 {
-    /* The weights first: their load (an L1 or L2 hit) then overlaps the
-     * reduction's barriers instead of following them. */
-    bm_pack8 wp[J];
-    if (w) {
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
-            if (c < C)
-                wp[j] = bm_load8<VEC>(w + (size_t)c * 8);
-        }
-    }
     float P[J];
 #pragma unroll
     for (int j = 0; j < J; ++j)
@@ -158,7 +149,7 @@ __device__ __forceinline__ void bm_norm_row(float (&v)[J][8], const uint16_t *w,
             continue;
         float wf[8];
         if (w)
-            bm_unpack8(wp[j], wf);
+            bm_unpack8(bm_load8<VEC>(w + (size_t)c * 8), wf);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             uint32_t u = bm_bf16(__fmul_rn(v[j][e], inv));

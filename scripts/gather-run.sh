@@ -2,7 +2,8 @@
 # gather-run.sh - build and run the NCCL gather test and benchmark without
 # Autotools (the GPU host has no libtool and no CUnit).
 #
-#   scripts/gather-run.sh build [DIR]  compile into DIR (default .devbuild/gather):
+#   scripts/gather-run.sh build [DIR]  compile into DIR (default .devbuild-gather,
+#                                      git-ignored through .git/info/exclude):
 #                                      test_gather_nccl and gather_bench, each
 #                                      linked statically with lib/*.c, gpu/launch.cu
 #                                      and gpu/gather*.cu (+ tests/naive_ref.c)
@@ -18,7 +19,7 @@
 set -e
 cmd=${1:-all}
 top=$(cd "$(dirname "$0")/.." && pwd)
-dir=${2:-$top/.devbuild/gather}
+dir=${2:-$top/.devbuild-gather}
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 NVCC=${NVCC:-$CUDA/bin/nvcc}
 CC=${CC:-gcc}

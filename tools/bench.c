@@ -12,7 +12,7 @@
 #endif
 
 #include <getopt.h>
-#include <omp.h>
+#include "omp_shim.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,13 +55,14 @@ static uint16_t hashed_bf16(uint64_t i, float lo, float hi)
 static void par_fill_bf16(uint16_t *p, size_t n, float lo, float hi)
 {
     long long i;
-#pragma omp parallel for schedule(static)
+    TOOL_OMP(omp parallel for schedule(static))
     for (i = 0; i < (long long)n; i++) p[i] = hashed_bf16((uint64_t)i, lo, hi);
 }
 
 /* memcpy bandwidth: each thread copies its contiguous share; best of reps. */
 static double copy_gbs(int threads)
 {
+    (void)threads; /* used by the pragmas only */
     char *src = xmalloc(COPY_BYTES), *dst = xmalloc(COPY_BYTES);
     double best = 0.0;
     int rep;
@@ -70,7 +71,7 @@ static double copy_gbs(int threads)
         free(dst);
         return 0.0;
     }
-#pragma omp parallel num_threads(threads)
+    TOOL_OMP(omp parallel num_threads(threads))
     {
         int t = omp_get_thread_num(), n = omp_get_num_threads();
         size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
@@ -80,7 +81,7 @@ static double copy_gbs(int threads)
     }
     for (rep = 0; rep < COPY_REPS; rep++) {
         double t0 = now_seconds(), dt, gbs;
-#pragma omp parallel num_threads(threads)
+        TOOL_OMP(omp parallel num_threads(threads))
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
             size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
@@ -102,11 +103,12 @@ static double copy_gbs(int threads)
  * glibc's own vectorized load loop, so no compiler flag decides the figure. */
 static double read_gbs(int threads)
 {
+    (void)threads;
     char *src = xmalloc(COPY_BYTES);
     double best = 0.0;
     int rep, found = 0;
     if (!src) return 0.0;
-#pragma omp parallel num_threads(threads)
+    TOOL_OMP(omp parallel num_threads(threads))
     {
         int t = omp_get_thread_num(), n = omp_get_num_threads();
         size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
@@ -115,7 +117,7 @@ static double read_gbs(int threads)
     }
     for (rep = 0; rep < COPY_REPS; rep++) {
         double t0 = now_seconds(), dt, gbs;
-#pragma omp parallel num_threads(threads) reduction(+ : found)
+        TOOL_OMP(omp parallel num_threads(threads) reduction(+ : found))
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
             size_t lo = COPY_BYTES / (size_t)n * (size_t)t;

@@ -5,7 +5,8 @@ bin_PROGRAMS += tools/beammoe
 tools_beammoe_SOURCES = \
 	tools/beammoe.c tools/audit.c tools/gather.c tools/run.c tools/bench.c \
 	tools/problem.c tools/reference.c tools/util.c tools/devmem.c \
-	tools/common.h tools/audit.h tools/problem.h tools/reference.h tools/devmem.h
+	tools/common.h tools/audit.h tools/problem.h tools/reference.h tools/devmem.h \
+	tools/omp_shim.h
 # OpenMP: `bench` times memcpy with the same threads as the library, and
 # `audit` sets the thread count of the library's (shared) OpenMP runtime.
 tools_beammoe_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)

@@ -1,11 +1,24 @@
 /*
- * harness.cu - development harness of the CUDA row kernel (not shipped).
+ * harness.cu - development harness of the CUDA kernels (not built by make,
+ * not shipped): drives gpu/launch.cu directly, without lib/.
  *
- * Drives gpu/launch.cu directly (no lib/), compares every launch shape with
- * tests/naive_ref.c bit for bit, then times the shapes of TARGETS.md for
- * several launch shapes with CUDA graph replays over rotating buffers.
- *   harness check    correctness sweep
- *   harness perf     timing sweep
+ *   harness check    every compiled launch shape (gpu/launch.cu BM_SHAPES,
+ *                    BM_PIPES) against tests/naive_ref.c, bit for bit, on
+ *                    random cases (special values, NaN padding rows,
+ *                    misaligned bases, in place, every op)
+ *   harness perf     copy bandwidth, an empty kernel per graph node, then for
+ *                    each TARGETS.md shape every compiled launch shape's time
+ *                    (graph replays over rotating buffers); SUMMARY lines
+ *                    compare bm_pick_shape's choice with the best
+ *
+ * Build (here, no GPU needed), then run it on the GPU host:
+ *   gcc -std=c99 -O2 -ffp-contract=off -c tests/naive_ref.c -o /tmp/naive_ref.o
+ *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 --fmad=false \
+ *        -Ilib -Iinclude -Igpu -c gpu/launch.cu -o /tmp/launch.o
+ *   nvcc -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 --fmad=false \
+ *        -c scripts/dev/harness.cu -o /tmp/harness.o
+ *   mkdir -p .devbuild/bin && nvcc -o .devbuild/bin/harness /tmp/harness.o \
+ *        /tmp/launch.o /tmp/naive_ref.o
  */
 #include <algorithm>
 #include <chrono>
