@@ -248,7 +248,11 @@ int main(void)
     fflush(stdout);
     for (r = 0; r < R; ++r) {
         pids[r] = fork();
-        if (pids[r] == 0) _exit(child(r, R));
+        if (pids[r] == 0) {
+            int rc = child(r, R);
+            fflush(stdout);
+            _exit(rc);
+        }
     }
     for (left = R; left > 0; --left) {
         int status;

@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "error.h"
 #include "launch.h"
+#include "gather.h"
 
 /* ---- availability and pointers ------------------------------------------ */
 
@@ -197,18 +198,8 @@ static beam_status bm_cuda_unfused(const bm_args *a)
     return bm_cuda_run(fn, r, a->stream);
 }
 
-/* Gather thresholds of this backend (the gather itself comes with the NCCL
- * workspace): ONESHOT up to 64 tokens, TWOSHOT up to 16384, a 10 s timeout.
- * Provisional until the gather is measured on two GPUs. */
-static beam_workspace_config bm_cuda_ws_default(void)
-{
-    beam_workspace_config c;
-    c.oneshot_max_tokens = 64;
-    c.twoshot_max_tokens = 16384;
-    c.timeout_ms = 10000;
-    return c;
-}
-
+/* The gather (gpu/gather*.cu) brings its own defaults, measured on two
+ * H200s: bm_cuda_ws_default. */
 extern "C" const bm_backend bm_backend_table = {
     "cuda",
     bm_cuda_available,
@@ -221,7 +212,7 @@ extern "C" const bm_backend bm_backend_table = {
     NULL, /* group_create: CPU groups are the CPU backend's */
     NULL, /* group_destroy */
     NULL, /* ws_create_cpu */
-    NULL, /* ws_create_nccl: next issue */
-    NULL, /* ws_destroy */
-    NULL, /* gather: next issue */
+    bm_cuda_ws_create_nccl,
+    bm_cuda_ws_destroy,
+    bm_cuda_gather,
 };

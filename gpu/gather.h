@@ -28,12 +28,16 @@ beam_workspace_config bm_cuda_ws_default(void);
  * ws->rank, nranks and impl. */
 beam_status bm_cuda_ws_create_nccl(void *comm, bm_ws *ws);
 
-/* Collective; NULL impl is a no-op. Returns BEAM_ERR_COMM when a call on the
- * workspace failed on the device (a peer timed out or rejected its
- * arguments) and the failure was not reported yet. */
+/* Collective (device sync, barrier over the communicator, which must still
+ * be alive); NULL impl is a no-op. Returns BEAM_ERR_COMM when a call on the
+ * workspace failed on the device (a wait for a peer timed out, or a peer
+ * rejected its arguments): such a failure is sticky, every later call on
+ * the workspace returns it too. */
 beam_status bm_cuda_ws_destroy(bm_ws *ws);
 
-/* One collective call; strategy is never AUTO. */
+/* One collective call; strategy is never AUTO. Calls on one workspace
+ * must be stream-ordered (one stream, or events between streams), like
+ * NCCL calls on one communicator. */
 beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
                            beam_status local_status);
 

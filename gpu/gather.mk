@@ -23,8 +23,10 @@ gpu/gather_unfused.lo: gpu/gather_unfused.cu $(BEAM_GATHER_DEPS)
 	$(AM_V_GEN)$(SHELL) $(top_srcdir)/build-aux/nvcc-lt.sh $@ $(BEAM_NVCC) \
 	  -c `test -f gpu/gather_unfused.cu || echo '$(srcdir)/'`gpu/gather_unfused.cu
 
-EXTRA_DIST += gpu/gather.cu gpu/gather_ws.cu gpu/gather_fused.cu gpu/gather_unfused.cu \
-	$(BEAM_GATHER_INCS)
+# Distributed in every configuration: listed in the top Makefile.am.
+
+# The backend's table names the gather's entry points.
+gpu/backend_cuda.lo: gpu/gather.h
 CLEANFILES += $(BEAM_GATHER_OBJS) gpu/gather.o gpu/gather_ws.o gpu/gather_fused.o \
 	gpu/gather_unfused.o gpu/.libs/gather.o gpu/.libs/gather_ws.o gpu/.libs/gather_fused.o \
 	gpu/.libs/gather_unfused.o

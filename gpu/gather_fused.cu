@@ -8,32 +8,41 @@
  * s's rows with the same local indices. So block b depends only on block b
  * of each peer: no grid-wide barrier, no co-residency requirement.
  *
+ *   arrival  block 0 stores E into arr[r] of every peer; before its first
+ *            write into a peer, a block waits until every peer's arr >= E-1
+ *            (the parity rule of gather_impl.h; normally true at once).
  *   phase 1  own rows: finalize (+ post-norm) and
  *              ONESHOT: push the finalized BF16 row to every peer, then
  *                       residual add + next norm locally;
  *              TWOSHOT: residual add + next norm, write both locally and
  *                       push both to every peer.
+ *   ONESHOT, decode sizes (L <= BM_TP_LL_MAX_L): the pushed rows are LL
+ *            words (epoch tag beside every 32 data bits); phase 2 polls the
+ *            words themselves: no fence, no flag, no wait for a peer that
+ *            has no rows for this rank.
+ *   otherwise:
  *   signal   __syncthreads, then thread 0: a release store (sys scope) of
- *            epoch E into flags[r][b] of every peer.
- *   wait     thread s (s != r) polls its own flags[s][b] >= E (relaxed
- *            sys-scope loads, then one acquire fence), bounded by the workspace timeout
- *            (%globaltimer); then reads errf[s]: >= E means s rejected its
- *            arguments and pushed nothing. A failure is written to the
- *            host-mapped record and the block skips phase 2.
+ *            epoch E into flags[E & 1][r][b] of every peer.
+ *   wait     thread s (s != r) polls its own flags[E & 1][s][b] == E
+ *            (relaxed sys-scope loads, then one acquire fence).
+ *   Every wait is bounded by the workspace timeout (%globaltimer) and ends
+ *   early when errf[s] >= E (s rejected its arguments and pushed nothing).
+ *   A failure goes to the host-mapped record; the block still runs phase 2
+ *   (its cluster barriers) but stores nothing.
  *   phase 2  peers' rows: ONESHOT: residual add + next norm of the pushed
  *            finalized row; TWOSHOT: copy the pushed hidden/normalized rows.
- *   epoch    the last block to finish stores E as the new epoch.
+ *   epoch    every block advances its copies of the epoch (gather_impl.h).
  *
  * Decode sizes spread each row over a cluster of CS blocks (as the row
  * kernel does): block B = b*CS + q takes chunk slice q of the rows of
  * group b; flags are per block B, so a block still waits only for the
  * same block of each peer, which pushed exactly the slice it reads. The
- * RMSNorm sum crosses the cluster through distributed shared memory, and
- * the blocks of a cluster agree on a failure before skipping phase 2 (they
- * share cluster barriers).
+ * RMSNorm sum crosses the cluster through distributed shared memory.
  *
- * The arithmetic is the row kernel's (gpu/row_kernel.cuh, gpu/numerics.cuh):
- * same finalize order, same RMSNorm tree, so the bits are those of SPEC.md
+ * The arithmetic is the row kernel's (gpu/numerics.cuh and the block tree
+ * of gpu/row_kernel.cuh; the two row stages are restated here so that the
+ * row kernel's tuning cannot break this file): same finalize order, same
+ * RMSNorm tree, so the bits are those of SPEC.md
  * whatever the block shape. Rows pushed by peers are read with ld.global.cg
  * (L2, never a stale L1 line).
  */
@@ -50,13 +59,15 @@
  * kept here so that the row kernel's own tuning cannot change this file's
  * interface. */
 
-/* v <- f(N(v, w, eps)); padding chunks (c >= C) must hold +0. With CS > 1
+/* v <- f(N(v, w, eps)); padding chunks (c >= C) must hold +0; wk: the
+ * thread's chunks of the weight, loaded at kernel start (w: there is one).
+ * With CS > 1
  * the tree runs over the thread's chunks, then across the cluster's blocks
  * for the same thread index (xred: NT floats of shared memory), then over
  * the block: the SPEC halving order, high index bits first. */
 template <int NT, int J, int CS, bool VEC>
-__device__ __forceinline__ void bm_tp_norm(float (&v)[J][8], const uint16_t *w, float eps, int hidden,
-                                           int C, int g0, float *red, float *xred)
+__device__ __forceinline__ void bm_tp_norm(float (&v)[J][8], const bm_pack8 (&wk)[J], bool w, float eps,
+                                           int hidden, int C, int g0, float *red, float *xred)
 {
     float P[J];
 #pragma unroll
@@ -84,7 +95,7 @@ __device__ __forceinline__ void bm_tp_norm(float (&v)[J][8], const uint16_t *w, 
             continue;
         float wf[8];
         if (w)
-            bm_unpack8(bm_load8<VEC>(w + (size_t)c * 8), wf);
+            bm_unpack8(wk[j], wf);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             uint32_t u = bm_bf16(__fmul_rn(v[j][e], inv));
@@ -205,7 +216,8 @@ __device__ __forceinline__ void bm_tp_record(const bm_tp_params &p, int code, in
  * the timeout; a peer that rejected its arguments in this epoch (errf[s]
  * >= E) ends the wait too. 0, BM_TP_TIMEOUT or BM_TP_PEER_REJECTED. */
 __device__ __forceinline__ int bm_tp_wait_ge(const bm_tp_params &p, const unsigned long long *f,
-                                             unsigned long long want, int s, unsigned long long E, int exact)
+                                             unsigned long long want, int s, unsigned long long E, int exact,
+                                             int acquire)
 {
     const unsigned long long *ef = bm_tp_word(p.peer[p.rank], p.errf_off, s);
     unsigned long long t0 = 0;
@@ -224,6 +236,8 @@ __device__ __forceinline__ int bm_tp_wait_ge(const bm_tp_params &p, const unsign
                 return BM_TP_TIMEOUT;
         }
     }
+    if (!acquire)
+        return bm_tp_ld_relaxed(ef) >= E ? BM_TP_PEER_REJECTED : 0;
     bm_tp_fence_acquire();
     return bm_tp_ld_acquire(ef) >= E ? BM_TP_PEER_REJECTED : 0;
 }
@@ -320,7 +334,7 @@ template <int NT, int J, int CS, bool VEC, bool PUSH>
 __device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[J][8],
                                               const bm_pack8 (&res)[J], int64_t g, int par,
                                               int C, int g0, float (*red)[NT], float (*xred)[CS > 1 ? NT : 1],
-                                              int &rp, bool st, bool push)
+                                              int &rp, bool st, bool push, const bm_pack8 (&wb)[J])
 {
     const int H = p.hidden;
 #pragma unroll
@@ -345,7 +359,7 @@ __device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[
     if (PUSH && push)
         bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
     if (p.normB) {
-        bm_tp_norm<NT, J, CS, VEC>(v, p.wB, p.epsB, H, C, g0, red[rp], xred[rp]);
+        bm_tp_norm<NT, J, CS, VEC>(v, wb, p.wB != nullptr, p.epsB, H, C, g0, red[rp], xred[rp]);
         rp ^= 1;
 #pragma unroll
         for (int j = 0; j < J; ++j) {
@@ -355,6 +369,20 @@ __device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[
         }
         if (PUSH && push)
             bm_tp_push<NT, J, CS>(p, par, 1, g, v, C, g0);
+    }
+}
+
+/* The thread's chunks of a norm weight, loaded once per kernel (before the
+ * first row) so that no norm waits for memory after its reduction. */
+template <int NT, int J, int CS, bool VEC>
+__device__ __forceinline__ void bm_tp_load_w(const uint16_t *w, bm_pack8 (&wk)[J], int C, int g0)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * CS * NT;
+        wk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+        if (w && c < C)
+            wk[j] = bm_load8<VEC>(w + (size_t)c * 8);
     }
 }
 
@@ -377,7 +405,6 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
 {
     __shared__ float red[2][NT];
     __shared__ float xred[2][CS > 1 ? NT : 1];
-    __shared__ unsigned long long s_epoch;
     int rp = 0;
     const int C = p.hidden >> 3;
     const int H = p.hidden;
@@ -394,28 +421,40 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
      * (they wait the same way). No-ops without the launch attribute. */
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if (threadIdx.x == 0)
-        s_epoch = *(volatile unsigned long long *)p.epoch + 1ull;
-    __syncthreads();
-    const unsigned long long E = s_epoch;
+    /* Every thread reads the epoch itself (no barrier on the critical
+     * path); it changes only at the end of this kernel, after every thread
+     * has used it (the barrier before the block's count below). */
+    const unsigned long long E = *(volatile unsigned long long *)(p.epoch + fb) + 1ull;
     const int par = (int)(E & 1ull);
     const uint32_t tag = (uint32_t)E;
+    bm_pack8 wa[J], wb[J];
+    bm_tp_load_w<NT, J, CS, VEC>(p.normA ? p.wA : nullptr, wa, C, g0);
+    bm_tp_load_w<NT, J, CS, VEC>(p.normB ? p.wB : nullptr, wb, C, g0);
 
     /* ---- arrival: this rank finished epoch E-1 (kernel order) ---- */
     if (fb == 0 && threadIdx.x == 0)
         for (int s = 0; s < p.nranks; ++s)
             if (s != p.rank)
                 *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.arr_off, p.rank) = E;
-    /* Parity par was last read by the peers in epoch E-2: before pushing,
-     * every peer must have arrived at E-1. Normally true at once. */
-    int bad = 0;
-    if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
-        const int s = (int)threadIdx.x;
-        bad = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E - 1, s, E, 0);
-        if (bad)
-            bm_tp_record(p, bad, s, E);
-    }
-    bad = __syncthreads_or(bad);
+    /* Parity par was last read by the peers in epoch E-2: before its first
+     * write into a peer, a block waits until every peer arrived at E-1
+     * (normally true at once; called at block-uniform points). */
+    int bad = 0, arrived = p.nranks < 2;
+    auto arrive = [&]() {
+        if (arrived)
+            return;
+        arrived = 1;
+        int tb = 0;
+        if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+            const int s = (int)threadIdx.x;
+            /* no acquire: nothing is read on the strength of it; the writes
+             * that follow depend on it through the barrier */
+            tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E - 1, s, E, 0, 0);
+            if (tb)
+                bm_tp_record(p, tb, s, E);
+        }
+        bad = __syncthreads_or(bad | tb);
+    };
 
     /* ---- phase 1: own rows ---- */
     const int64_t own_lo = (int64_t)p.rank * p.L;
@@ -434,9 +473,16 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
         const int K = p.top_k;
         const uint16_t *xr = p.experts + (size_t)i * (size_t)K * H;
         const float *wr = p.weights + (size_t)i * K;
+        /* decode shapes (one chunk per thread): all 8 slots' loads in
+         * flight at once; two chunks per thread: 4 slots */
+        constexpr int U = J == 1 ? 8 : BM_TP_U;
         int k = 0;
-        for (; k + BM_TP_U <= K; k += BM_TP_U)
+        for (; k + U <= K; k += U)
+            bm_tp_slots<NT, J, U, CS, VEC>(v, xr, wr, k, H, C, g0);
+        if (U > BM_TP_U && k + BM_TP_U <= K) {
             bm_tp_slots<NT, J, BM_TP_U, CS, VEC>(v, xr, wr, k, H, C, g0);
+            k += BM_TP_U;
+        }
         for (; k < K; ++k)
             bm_tp_slots<NT, J, 1, CS, VEC>(v, xr, wr, k, H, C, g0);
 #pragma unroll
@@ -447,20 +493,22 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
                 v[j][e] = g0 + j * CS * NT < C ? bm_f(bm_bf16(__fmul_rn(bm_f(r), p.routed_scale))) : 0.0f;
             }
         if (p.normA) {
-            bm_tp_norm<NT, J, CS, VEC>(v, p.wA, p.epsA, H, C, g0, red[rp], xred[rp]);
+            bm_tp_norm<NT, J, CS, VEC>(v, wa, p.wA != nullptr, p.epsA, H, C, g0, red[rp], xred[rp]);
             rp ^= 1;
         }
+        arrive();
         if (!TWO && !bad) {
             if (ll)
                 bm_tp_push_ll<NT, J, CS>(p, par, g, v, C, g0, tag);
             else
                 bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
         }
-        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, res, g, par, C, g0, red, xred, rp, true, !bad);
+        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, res, g, par, C, g0, red, xred, rp, true, !bad, wb);
     }
 
     if (!ll) {
         /* ---- signal: every row of this block is pushed ---- */
+        arrive();
         __syncthreads();
         if (threadIdx.x == 0 && p.nranks > 1 && !bad) {
             /* st.release.sys is cumulative: the block's pushes, ordered
@@ -474,7 +522,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
          * out of step never matches, it times out) ---- */
         if (!bad && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
             const int s = (int)threadIdx.x;
-            bad = bm_tp_wait_ge(p, bm_tp_flag(p.peer[p.rank], p.flags_off, par, s, fb), E, s, E, 1);
+            bad = bm_tp_wait_ge(p, bm_tp_flag(p.peer[p.rank], p.flags_off, par, s, fb), E, s, E, 1, 1);
             if (bad)
                 bm_tp_record(p, bad, s, E);
         }
@@ -536,7 +584,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
                 }
                 if (ll)
                     bad = __syncthreads_or(bad | tbad);
-                bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, res, g, par, C, g0, red, xred, rp, !bad, false);
+                bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, res, g, par, C, g0, red, xred, rp, !bad, false, wb);
             }
         }
     }
@@ -546,16 +594,11 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
     if (CS > 1)
         cooperative_groups::this_cluster().sync();
 
-    /* ---- the last block advances the epoch ---- */
-    if (threadIdx.x == 0) {
-        __threadfence();
-        unsigned long long done = atomicAdd(p.epoch + 1, 1ull);
-        if (done == (unsigned long long)gridDim.x - 1ull) {
-            p.epoch[1] = 0ull;
-            *(volatile unsigned long long *)p.epoch = E;
-            __threadfence();
-        }
-    }
+    /* ---- advance the epoch copies b, b + G, ...: every thread's read of
+     * copy b has returned (E is an operand of this barrier) first ---- */
+    __syncthreads_or(E == 0ull);
+    for (int k = (int)threadIdx.x; fb + k * (int)gridDim.x < BM_TP_MAX_BLOCKS; k += NT)
+        p.epoch[fb + k * (int)gridDim.x] = E;
 }
 
 /* A rank that rejected its arguments: errf[r] = E at every peer, then its
@@ -585,8 +628,8 @@ __global__ void bm_tp_reject_kernel(const bm_tp_params p)
             bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, b), E);
     }
     __syncthreads();
-    if (threadIdx.x == 0)
-        *(volatile unsigned long long *)p.epoch = E;
+    for (int k = (int)threadIdx.x; k < BM_TP_MAX_BLOCKS; k += (int)blockDim.x)
+        p.epoch[k] = E;
 }
 
 /* ---- host side ----------------------------------------------------------- */

@@ -18,9 +18,13 @@
  *         the peers, at their global row index. ONESHOT uses array 0 (the
  *         finalized rows); TWOSHOT arrays 0 and 1 (hidden, normalized).
  *
- * Epochs: every fused call is one epoch E = previous + 1, read from a
- * device counter that the kernel itself advances (its last block), so CUDA
- * graph replays advance it too and no host code runs per call. Epoch E uses
+ * Epochs: every fused call is one epoch E = previous + 1, read from device
+ * memory that the kernel itself advances, so CUDA graph replays advance it
+ * too and no host code runs per call. The epoch is kept in
+ * BM_TP_MAX_BLOCKS equal copies: block b reads copy b at its start and at
+ * its end writes E into copies b, b + G, b + 2G, ... (G blocks), so every
+ * copy is advanced by every call whatever its grid, no block writes a copy
+ * another block of the same call reads, and no atomic is needed. Epoch E uses
  * parity E & 1 of the data, LL and flag arrays. Each kernel first stores E
  * into arr[r] of every peer (it started E, so its epoch E-1 kernel, the
  * last reader of parity (E+1) & 1, has completed: calls on one workspace are
@@ -47,7 +51,7 @@
 #define BM_TP_MAX_BLOCKS 1024
 /* ONESHOT uses LL words (data and epoch tag in one 8-byte store) while
  * L = ceil(T / R) <= this; the LL buffers hold R * this rows. */
-#define BM_TP_LL_MAX_L 128
+#define BM_TP_LL_MAX_L 64
 
 /* Launch shapes of the fused kernel: (index, threads per block, chunks per
  * thread, blocks per row (a cluster)). Decode shapes first (J = 1, the row
@@ -83,7 +87,7 @@ struct bm_tp_ws {
     size_t flags_off, errf_off, arr_off, ll_off, data_off, slot_bytes, region_bytes;
     int64_t ll_rows;
 
-    unsigned long long *epoch;     /* device: [0] epoch, [1] blocks done */
+    unsigned long long *epoch;     /* device: [BM_TP_MAX_BLOCKS] copies of the epoch */
     uint16_t *ag;                  /* UNFUSED all-gather rows */
     size_t ag_rows;
     bm_tp_err *err_h, *err_d;      /* host-mapped failure record */

@@ -12,6 +12,7 @@
  * runs UNFUSED only. Destruction: device sync, barrier, unmap, barrier,
  * free, so no peer still writes into a freed region.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,10 +20,14 @@
 #include "error.h"
 #include "gather_impl.h"
 
-/* AUTO's thresholds: measured with bench/gather_bench on two H200s over
- * NVLink (docs/PERF.md). */
-#define BM_TP_DEFAULT_ONESHOT 4096
-#define BM_TP_DEFAULT_TWOSHOT 0
+/* AUTO's thresholds, from bench/gather_bench on two H200s over NVLink
+ * (H = 7168, K = 8, graph replays; scripts/gather-run.sh): ONESHOT is best
+ * up to T = 64 (T = 1: 6.5 us against UNFUSED's 11.8), TWOSHOT from
+ * T = 128 on (1.4-1.6x UNFUSED; ONESHOT is 12% slower at 128, 15% at
+ * 4096), and UNFUSED was never best on one host: AUTO takes it only
+ * without peer memory (thresholds set to 0 at creation). */
+#define BM_TP_DEFAULT_ONESHOT 64
+#define BM_TP_DEFAULT_TWOSHOT INT64_MAX
 #define BM_TP_DEFAULT_TIMEOUT_MS 10000
 
 extern "C" beam_workspace_config bm_cuda_ws_default(void)
@@ -142,7 +147,7 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     bm_tp_rec *drec = nullptr; /* R records, then one int for the barriers */
     if (cudaMalloc(&w->base, w->region_bytes) != cudaSuccess) { ok = 0; what = "the peer-visible buffers"; w->base = nullptr; }
     else if (cudaMalloc(&w->ag, (w->ag_rows ? w->ag_rows : 1) * row_bytes) != cudaSuccess) { ok = 0; what = "the all-gather buffer"; w->ag = nullptr; }
-    else if (cudaMalloc(&w->epoch, 2 * sizeof(unsigned long long)) != cudaSuccess) { ok = 0; what = "the epoch counter"; w->epoch = nullptr; }
+    else if (cudaMalloc(&w->epoch, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess) { ok = 0; what = "the epoch counters"; w->epoch = nullptr; }
     else if (cudaHostAlloc(&w->err_h, sizeof(bm_tp_err), cudaHostAllocMapped) != cudaSuccess) { ok = 0; what = "the failure record"; w->err_h = nullptr; }
     else if (cudaHostGetDevicePointer(&w->err_d, w->err_h, 0) != cudaSuccess) { ok = 0; what = "the failure record"; }
     else if (cudaMalloc(&drec, (size_t)R * sizeof(bm_tp_rec) + 16) != cudaSuccess) { ok = 0; what = "the exchange buffer"; drec = nullptr; }
@@ -150,7 +155,7 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     if (ok) {
         memset((void *)w->err_h, 0, sizeof(bm_tp_err));
         if (cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
-            cudaMemset(w->epoch, 0, 2 * sizeof(unsigned long long)) != cudaSuccess ||
+            cudaMemset(w->epoch, 0, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess ||
             cudaDeviceSynchronize() != cudaSuccess) {
             ok = 0;
             what = "zeroing the flags";

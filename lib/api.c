@@ -425,6 +425,11 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
     if (!BE->gather)
         return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend has no gather yet", fn, BE->name);
     memset(&a, 0, sizeof a);
+    /* The shape travels even when the checks fail, so that a backend can
+     * tell its peers about this rank's failure in a call of the same size. */
+    a.tokens = tokens;
+    a.top_k = top_k;
+    a.hidden = hidden;
     local = bm_check_gather(fn, &workspace->ws, expert_outputs, expert_weights, capacity, tokens, top_k,
                             hidden, routed_scale, post_norm, residual, scales, next_norm, hidden_out,
                             normalized, strategy, &a);

@@ -71,7 +71,8 @@ static void host_barrier(void)
         fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
         fprintf(stderr, __VA_ARGS__);                                    \
         fprintf(stderr, "\n");                                           \
-        exit(1);                                                         \
+        fflush(stdout);                                                  \
+        _exit(1);                                                        \
     } while (0)
 
 #define CK(x)                                                                           \
@@ -593,7 +594,14 @@ int main(void)
     fflush(stdout);
     for (r = 0; r < R; ++r) {
         pids[r] = fork();
-        if (pids[r] == 0) _exit(child(r, R, ndev));
+        if (pids[r] == 0) {
+            /* line-buffered, flushed before _exit (which skips stdio) */
+            int rc;
+            setvbuf(stdout, NULL, _IOLBF, 0);
+            rc = child(r, R, ndev);
+            fflush(stdout);
+            _exit(rc);
+        }
         if (pids[r] < 0) {
             perror("fork");
             return 1;
