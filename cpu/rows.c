@@ -6,7 +6,11 @@
  * stages as FP32 arrays that hold exact BF16 values ("widened rows"), so a
  * BF16 result is rounded once and its bits are then a plain shift. All inner
  * loops run over h (or over chunks), so the compiler vectorizes them without
- * changing any element's order of operations.
+ * changing any element's order of operations. On x86-64 GCC the finalize and
+ * fused rows without post-norm run hand-vectorized kernels instead
+ * (cpu/rows_simd.h, about 2x faster), with the same operations per element;
+ * the code here stays the portable path and the reference they are tested
+ * against (build with -DBEAM_SCALAR_ROWS to run the suite on it alone).
  */
 #include <math.h>
 
@@ -162,10 +166,6 @@ static BM_CPU_CLONES void bm_fused_row(const bm_args *a, int64_t row, const uint
     bm_residual(a, s, residual, hidden, normalized);
 }
 
-void bm_cpu_finalize_row(const bm_args *a, int64_t row, uint16_t *out)
-{
-    bm_finalize_row(a, row, out);
-}
 
 void bm_cpu_residual_row(const bm_args *a, const uint16_t *x, const uint16_t *residual, uint16_t *hidden,
                          uint16_t *normalized)
@@ -173,8 +173,66 @@ void bm_cpu_residual_row(const bm_args *a, const uint16_t *x, const uint16_t *re
     bm_residual_row(a, x, residual, hidden, normalized);
 }
 
+/* The vector kernels of the fused row (cpu/rows_simd.h), x86-64 GCC only;
+ * -DBEAM_NO_CLONES or -DBEAM_SCALAR_ROWS builds the portable code alone
+ * (how the fallback is tested). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BEAM_NO_CLONES) && \
+    !defined(BEAM_SCALAR_ROWS)
+#define BM_SIMD 1
+#include <immintrin.h>
+/* Outputs of at least this many elements per array are stored with
+ * streaming stores (4M BF16 = 8 MiB, past any per-core cache). */
+#ifndef BM_NT_MIN_ELEMS
+#define BM_NT_MIN_ELEMS ((uint64_t)1 << 22)
+#endif
+/* Software prefetch distance of the expert rows, in elements (512 bytes):
+ * 128..512 measured alike, 0 and >= 768 slower. */
+#define BM_PF 256
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#define BM_W 8
+#include "rows_simd.h"
+#undef BM_W
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+#define BM_W 16
+#include "rows_simd.h"
+#undef BM_W
+#pragma GCC pop_options
+#endif
+
+void bm_cpu_finalize_row(const bm_args *a, int64_t row, uint16_t *out)
+{
+#ifdef BM_SIMD
+    if (!a->post.on) {
+        if (__builtin_cpu_supports("avx512f")) {
+            bm_simd_finalize_16(a, row, out);
+            return;
+        }
+        if (__builtin_cpu_supports("avx2")) {
+            bm_simd_finalize_8(a, row, out);
+            return;
+        }
+    }
+#endif
+    bm_finalize_row(a, row, out);
+}
+
 void bm_cpu_fused_row(const bm_args *a, int64_t row, const uint16_t *residual, uint16_t *hidden,
                       uint16_t *normalized)
 {
+#ifdef BM_SIMD
+    if (!a->post.on) {
+        if (__builtin_cpu_supports("avx512f")) {
+            bm_simd_fused_16(a, row, residual, hidden, normalized);
+            return;
+        }
+        if (__builtin_cpu_supports("avx2")) {
+            bm_simd_fused_8(a, row, residual, hidden, normalized);
+            return;
+        }
+    }
+#endif
     bm_fused_row(a, row, residual, hidden, normalized);
 }
