@@ -104,7 +104,7 @@ beam_status bm_check_pointers(const char *fn, const bm_ptr *p, int n)
         size_t align = strcmp(p[i].name, "expert_weights") == 0 ? 4 : 2;
         if (p[i].bytes == 0) continue; /* empty: may be NULL, never touched */
         if (!p[i].ptr)
-            return bm_fail(BAD, "%s: %s must not be NULL", fn, p[i].name);
+            return bm_fail(BAD, "%s: %s must not be NULL (it has %zu bytes to %s)", fn, p[i].name, p[i].bytes, p[i].is_output ? "write" : "read");
         if ((uintptr_t)p[i].ptr % align != 0)
             return bm_fail(BAD, "%s: %s=%p must be %zu-byte aligned", fn, p[i].name, p[i].ptr, align);
         if ((uintptr_t)p[i].ptr > UINTPTR_MAX - p[i].bytes)

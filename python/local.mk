@@ -1,1 +1,19 @@
-# placeholder: owned by a helper
+# python/local.mk - the Python package (python/beammoe, ctypes over
+# libbeammoe) and its pytest suite. Included by the top Makefile.am; paths
+# are relative to the top directory.
+#
+# `make check` runs python/run-pytest.sh: pytest over python/tests against
+# this tree's .libs/libbeammoe.so; it skips (77) when the python it picks
+# cannot import torch and pytest. Install the package with
+# `pip install ./python` (see docs/python.md).
+
+TESTS += python/run-pytest.sh
+EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/README.md \
+	python/beammoe/__init__.py python/beammoe/_errors.py python/beammoe/_lib.py \
+	python/beammoe/_nccl.py python/beammoe/_tensors.py python/beammoe/ops.py \
+	python/beammoe/workspace.py \
+	python/tests/conftest.py python/tests/reference.py python/tests/_gather_worker.py \
+	python/tests/test_finalize.py python/tests/test_fused.py python/tests/test_errors.py \
+	python/tests/test_gather_cpu.py python/tests/test_workspace_plumbing.py \
+	python/tests/test_cuda.py python/tests/test_cuda_gather.py
+

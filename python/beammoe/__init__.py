@@ -1,0 +1,49 @@
+"""beammoe: the exact MoE finalize, residual and RMSNorm step, over torch tensors.
+
+A pure-Python front end (ctypes) to libbeammoe, the run-time dispatcher that
+runs each call on the CPU or CUDA backend according to the tensors' device.
+Every result follows SPEC.md's one rounding order, so CPU, CUDA, every
+strategy and every world size give the same bits.
+
+    beam_moe_finalize(expert_outputs, expert_weights, output, routed_scale=1.0,
+                      post_weight=None, post_eps=None) -> output
+    beam_moe_finalize_norm_residual_norm(x, residual, post_weight, post_eps,
+                      next_weight, next_eps, scales, routed_scale=1.0, *,
+                      strategy=None) -> (hidden, normalized | None)
+    beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_eps,
+                      next_weight, next_eps, scales, workspace, routed_scale=1.0,
+                      *, strategy=None) -> (hidden, normalized | None)
+
+x is an MoEOutput(gemm2_permuted, expert_weights, live_tokens=None); hidden is
+written in place into residual. Errors: ValueError/TypeError for broken rules
+(the library's message where the library checks the rule), BeamError
+(a RuntimeError with .status) for the rest.
+"""
+from ._errors import (BeamArgumentError, BeamCommError, BeamDeviceError, BeamError, BeamOutOfMemoryError,
+                      BeamUnsupportedError)
+from ._lib import backend_name, library_path, version
+from .ops import (MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
+                  beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
+from .workspace import CpuGroup, Workspace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MoEOutput",
+    "beam_moe_finalize",
+    "beam_moe_finalize_norm_residual_norm",
+    "beam_moe_finalize_gather_norm_residual_norm",
+    "norm_residual_norm",
+    "beam_norm_residual_norm",
+    "Workspace",
+    "CpuGroup",
+    "BeamError",
+    "BeamArgumentError",
+    "BeamUnsupportedError",
+    "BeamDeviceError",
+    "BeamCommError",
+    "BeamOutOfMemoryError",
+    "backend_name",
+    "library_path",
+    "version",
+]

@@ -1,0 +1,99 @@
+"""Workspace(group, ...) without a GPU: the NCCL and CUDA pieces are stubbed
+so the Python plumbing runs on any host: the unique id broadcast over a
+torch.distributed group (gloo, one rank), ncclCommInitRank's arguments, the
+config handed to beam_workspace_create_nccl, and close()'s order (workspace,
+then communicator). The real NCCL path runs in test_cuda_gather.py."""
+import contextlib
+import os
+import tempfile
+
+import pytest
+import torch
+
+import beammoe
+from beammoe import _lib, _nccl
+
+dist = pytest.importorskip("torch.distributed")
+
+
+class _Lib:
+    """The real library, with create_nccl/destroy of a CPU workspace (a real
+    handle, so beam_workspace_info works) standing in for the NCCL ones."""
+
+    def __init__(self, real, group, calls):
+        self._real, self._group, self._calls = real, group, calls
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def beam_workspace_create_nccl(self, comm, max_tokens, hidden, cfg, out):
+        self._calls.append(("create", comm, max_tokens, hidden,
+                            None if not cfg else (cfg.contents.oneshot_max_tokens,
+                                                  cfg.contents.twoshot_max_tokens, cfg.contents.timeout_ms)))
+        return self._real.beam_workspace_create_cpu(self._group.handle, 0, max_tokens, hidden, cfg, out)
+
+    def beam_workspace_destroy(self, h):
+        self._calls.append(("destroy",))
+        return self._real.beam_workspace_destroy(h)
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    calls = []
+    grp = beammoe.CpuGroup(1)
+    lib = _Lib(_lib.library(), grp, calls)
+    monkeypatch.setattr(_lib, "library", lambda: lib)
+    monkeypatch.setattr(_lib, "set_backend", lambda name: calls.append(("backend", name)))
+    monkeypatch.setattr(_lib, "backend", lambda name: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    uid = bytes(range(128))
+    monkeypatch.setattr(_nccl, "unique_id", lambda: uid)
+
+    def init(nranks, u, rank):
+        calls.append(("comm_init", nranks, u == uid, rank))
+        return 0xC0FFEE
+
+    monkeypatch.setattr(_nccl, "comm_init_rank", init)
+    monkeypatch.setattr(_nccl, "comm_destroy", lambda c: calls.append(("comm_destroy", c)))
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        try:
+            yield calls
+        finally:
+            dist.destroy_process_group()
+            monkeypatch.undo()
+            grp.close()
+
+
+def test_workspace_collective_plumbing(stubbed):
+    calls = stubbed
+    with beammoe.Workspace(None, 64, 512, oneshot_max_tokens=3, timeout_ms=1234) as ws:
+        assert (ws.rank, ws.nranks, ws.max_tokens, ws.hidden) == (0, 1, 64, 512)
+        assert ws.device == torch.device("cuda", 0)
+    assert ws.closed
+    defaults = _lib._lib.beam_workspace_config_default()  # the real library (stub undone later)
+    names = [c[0] for c in calls]
+    assert names == ["backend", "comm_init", "create", "destroy", "comm_destroy"], calls
+    assert calls[1] == ("comm_init", 1, True, 0)
+    assert calls[2][1:4] == (0xC0FFEE, 64, 512)
+    assert calls[2][4][0] == 3 and calls[2][4][2] == 1234
+    assert calls[2][4][1] == defaults.twoshot_max_tokens
+    assert calls[4] == ("comm_destroy", 0xC0FFEE)
+    ws.close()  # idempotent
+
+
+def test_workspace_on_a_subgroup(stubbed):
+    sub = dist.new_group(ranks=[0], backend="gloo")
+    with beammoe.Workspace(sub, 16, 256) as ws:
+        assert ws.nranks == 1
+    assert stubbed[2][4] is None  # no override: the backend's defaults (NULL config)
+
+
+def test_workspace_argument_types(stubbed):
+    with pytest.raises(TypeError, match=r"beammoe.Workspace: timeout_ms must be an int, got float"):
+        beammoe.Workspace(None, 16, 256, timeout_ms=1.5)
+    assert stubbed == []  # rejected before anything collective
