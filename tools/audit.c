@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "audit.h"
+#include "audit_input.h"
 #include "devmem.h"
 #include "problem.h"
 #include "reference.h"
@@ -168,7 +169,7 @@ static void case_label(const acase *c, char *buf, size_t n)
 
 /* ---- the table ---- */
 
-static void print_header(void)
+void audit_print_header(void)
 {
     printf("%-56s %-7s %-18s %11s %10s %7s\n", "case", "backend", "strategy", "compared",
            "mismatch", "maxulp");
@@ -264,6 +265,52 @@ static void run_variants(tally *t, const char *label, const char *backend, const
     outputs_free(&o);
 }
 
+/* Every row of one problem after its ground truth (the CPU backend's
+ * fused/plain call) is known: the scalar reference, the other CPU
+ * variants, the CPU gather groups (fused op) and CUDA when available.
+ * Shared with audit_input.c (audit --input), which builds p from a file. */
+void audit_problem(tally *t, const char *label, const problem *p, const outputs *truth,
+                   int quick, int have_cuda)
+{
+    outputs ref;
+    cmp_result cmp;
+
+    if (outputs_make(&ref, p)) {
+        audit_print_error(t, label, "cpu", "reference", "out of memory for the outputs");
+    } else {
+        problem_reference(p, &ref);
+        cmp_init(&cmp);
+        outputs_compare(truth, &ref, p, &cmp);
+        audit_print_row(t, label, "cpu", "reference", &cmp);
+        outputs_free(&ref);
+    }
+
+    if (p->op == OP_FUSED) {
+        run_variants(t, label, "cpu", p, truth, fused_variants, NELEM(fused_variants), 0);
+        if (!quick)
+            run_variants(t, label, "cpu", p, truth, thread_variants, NELEM(thread_variants), 0);
+        audit_gather(t, label, p, truth);
+    } else {
+        run_variants(t, label, "cpu", p, truth, plain_variants, NELEM(plain_variants), 0);
+        if (!quick) {
+            variant tv[2] = {{"threads=1", BEAM_STRATEGY_AUTO, 0, 1},
+                             {"threads=3", BEAM_STRATEGY_AUTO, 0, 3}};
+            run_variants(t, label, "cpu", p, truth, tv, 2, 0);
+        }
+    }
+
+    if (have_cuda) {
+        if (beam_set_backend("cuda") != BEAM_OK) {
+            audit_print_error(t, label, "cuda", "-", beam_last_error());
+        } else if (p->op == OP_FUSED) {
+            run_variants(t, label, "cuda", p, truth, fused_variants, NELEM(fused_variants), 1);
+        } else {
+            run_variants(t, label, "cuda", p, truth, plain_variants, NELEM(plain_variants), 1);
+        }
+        beam_set_backend("cpu");
+    }
+}
+
 /* ---- one case ---- */
 
 typedef struct audit_ctx {
@@ -277,14 +324,12 @@ typedef struct audit_ctx {
 static void audit_case(audit_ctx *ax, const acase *c, int index)
 {
     problem p;
-    outputs truth, ref;
-    cmp_result cmp;
+    outputs truth;
     char label[128], msg[600];
     float sc[2];
     variant truth_v = {"fused", BEAM_STRATEGY_FUSED, 0, 0};
 
     memset(&truth, 0, sizeof truth);
-    memset(&ref, 0, sizeof ref);
     case_label(c, label, sizeof label);
     sc[0] = c->scales[0];
     sc[1] = c->scales[1];
@@ -293,7 +338,7 @@ static void audit_case(audit_ctx *ax, const acase *c, int index)
         audit_print_error(&ax->t, label, "cpu", "-", "out of memory for the inputs");
         return;
     }
-    if (outputs_make(&truth, &p) || outputs_make(&ref, &p)) {
+    if (outputs_make(&truth, &p)) {
         audit_print_error(&ax->t, label, "cpu", "-", "out of memory for the outputs");
         goto done;
     }
@@ -307,42 +352,10 @@ static void audit_case(audit_ctx *ax, const acase *c, int index)
         audit_print_error(&ax->t, label, "cpu", "truth", msg);
         goto done;
     }
-    problem_reference(&p, &ref);
-    cmp_init(&cmp);
-    outputs_compare(&truth, &ref, &p, &cmp);
-    audit_print_row(&ax->t, label, "cpu", "reference", &cmp);
-
-    if (c->op == OP_FUSED) {
-        run_variants(&ax->t, label, "cpu", &p, &truth, fused_variants, NELEM(fused_variants), 0);
-        if (!ax->quick)
-            run_variants(&ax->t, label, "cpu", &p, &truth, thread_variants,
-                         NELEM(thread_variants), 0);
-        audit_gather(&ax->t, label, &p, &truth);
-        ax->gather_cases++;
-    } else {
-        run_variants(&ax->t, label, "cpu", &p, &truth, plain_variants, NELEM(plain_variants), 0);
-        if (!ax->quick) {
-            variant tv[2] = {{"threads=1", BEAM_STRATEGY_AUTO, 0, 1},
-                             {"threads=3", BEAM_STRATEGY_AUTO, 0, 3}};
-            run_variants(&ax->t, label, "cpu", &p, &truth, tv, 2, 0);
-        }
-    }
-
-    if (ax->have_cuda) {
-        if (beam_set_backend("cuda") != BEAM_OK) {
-            audit_print_error(&ax->t, label, "cuda", "-", beam_last_error());
-        } else if (c->op == OP_FUSED) {
-            run_variants(&ax->t, label, "cuda", &p, &truth, fused_variants,
-                         NELEM(fused_variants), 1);
-        } else {
-            run_variants(&ax->t, label, "cuda", &p, &truth, plain_variants,
-                         NELEM(plain_variants), 1);
-        }
-        beam_set_backend("cpu");
-    }
+    audit_problem(&ax->t, label, &p, &truth, ax->quick, ax->have_cuda);
+    if (c->op == OP_FUSED) ax->gather_cases++;
 done:
     outputs_free(&truth);
-    outputs_free(&ref);
     problem_free(&p);
 }
 
@@ -352,6 +365,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "Usage: beammoe audit [--quick] [--seed N]\n"
+            "       beammoe audit --input FILE.safetensors [--quick]\n"
             "\n"
             "Checks every available backend (cpu; cuda when it loads) and every strategy\n"
             "against the CPU ground truth on a built-in sweep of shapes and special\n"
@@ -366,21 +380,61 @@ static void usage(FILE *f)
             "\n"
             "  --quick     a smaller sweep (seconds)\n"
             "  --seed N    seed of the generated inputs (default 1)\n"
+            "  --input F   audit the tensors of safetensors file F instead of the sweep\n"
             "  -h, --help  this text\n"
             "\n"
-            "Exit status: 0 all match, 1 a mismatch or library error, 2 usage error.\n");
+            "--input F: the same backends and strategies on real tensors (a dump from a\n"
+            "model, or 'beammoe run --output'). Tensors (row-major, little-endian):\n"
+            "  expert_outputs    BF16 [capacity, top_k, hidden] or [capacity*top_k, hidden]\n"
+            "  expert_weights    F32  [capacity, top_k]                       (required)\n"
+            "  residual          BF16 [rows >= live_tokens, hidden]: the fused op\n"
+            "                    (finalize_norm_residual_norm); without it, finalize\n"
+            "  post_norm_weight  BF16 [hidden]   post-FFN RMSNorm weight\n"
+            "  next_norm_weight  BF16 [hidden]   next-layer RMSNorm weight (needs residual)\n"
+            "  output | hidden, normalized  BF16 [live_tokens, hidden]: expected results,\n"
+            "                    compared bit for bit with the ground truth when present\n"
+            "Metadata (__metadata__, strings): routed_scale (default 1), post_eps,\n"
+            "next_eps (default 1e-6; a given eps turns its norm on even without a\n"
+            "weight), live_tokens (default: residual rows, else capacity), scales \"a,b\"\n"
+            "(needs residual). A file that cannot be used (missing, truncated, bad JSON,\n"
+            "missing names, wrong dtypes or shapes, arguments the library rejects) is\n"
+            "exit status 2 with a message. Needs a build with json-c.\n"
+            "\n"
+            "Exit status: 0 all match, 1 a mismatch or library error, 2 usage error or\n"
+            "unusable --input file.\n");
+}
+
+/* Which backends the audit reaches: prints the "backends:" line, returns 1
+ * when CUDA can be audited. Leaves the CPU backend selected. */
+int audit_detect_backends(void)
+{
+    char msg[300];
+    int have_cuda = 0;
+    if (beam_set_backend("cuda") == BEAM_OK) {
+        if (dev_open(msg, sizeof msg) == 0) {
+            have_cuda = 1;
+            printf("backends: cpu, cuda\n");
+        } else {
+            printf("backends: cpu (cuda backend loads, but the tool cannot: %s)\n", msg);
+        }
+    } else {
+        printf("backends: cpu (cuda: %s)\n", beam_last_error());
+    }
+    beam_set_backend("cpu");
+    return have_cuda;
 }
 
 int cmd_audit(int argc, char **argv)
 {
     static const struct option longopts[] = {{"quick", no_argument, NULL, 'q'},
                                              {"seed", required_argument, NULL, 's'},
+                                             {"input", required_argument, NULL, 'i'},
                                              {"help", no_argument, NULL, 'h'},
                                              {NULL, 0, NULL, 0}};
     audit_ctx ax;
     case_list l = {NULL, 0, 0};
     int opt, i;
-    char msg[300];
+    const char *input = NULL;
     double t0;
 
     memset(&ax, 0, sizeof ax);
@@ -393,6 +447,9 @@ int cmd_audit(int argc, char **argv)
             break;
         case 's':
             if (parse_u64("audit", "--seed", optarg, &ax.seed)) return TOOL_EXIT_USAGE;
+            break;
+        case 'i':
+            input = optarg;
             break;
         case 'h':
             usage(stdout);
@@ -408,26 +465,17 @@ int cmd_audit(int argc, char **argv)
         return TOOL_EXIT_USAGE;
     }
 
+    if (input) return audit_input(input, ax.quick);
     if (beam_set_backend("cpu") != BEAM_OK)
         return report_lib_error("audit", "beam_set_backend(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     printf("beammoe audit: library %s, seed %llu, %s sweep, OpenMP threads %d\n", beam_version(),
            (unsigned long long)ax.seed, ax.quick ? "quick" : "full", omp_get_max_threads());
-    if (beam_set_backend("cuda") == BEAM_OK) {
-        if (dev_open(msg, sizeof msg) == 0) {
-            ax.have_cuda = 1;
-            printf("backends: cpu, cuda\n");
-        } else {
-            printf("backends: cpu (cuda backend loads, but the tool cannot: %s)\n", msg);
-        }
-    } else {
-        printf("backends: cpu (cuda: %s)\n", beam_last_error());
-    }
-    beam_set_backend("cpu");
+    ax.have_cuda = audit_detect_backends();
 
     build_cases(&l, ax.quick);
     t0 = now_seconds();
     printf("\n");
-    print_header();
+    audit_print_header();
     ref_ties_seen = 0;
     for (i = 0; i < l.n; i++) {
         audit_case(&ax, &l.v[i], i);

@@ -6,15 +6,25 @@ tools_beammoe_SOURCES = \
 	tools/beammoe.c tools/audit.c tools/gather.c tools/run.c tools/bench.c \
 	tools/problem.c tools/reference.c tools/util.c tools/devmem.c \
 	tools/common.h tools/audit.h tools/problem.h tools/reference.h tools/devmem.h \
-	tools/omp_shim.h
+	tools/omp_shim.h \
+	tools/safetensors.c tools/safetensors.h tools/audit_input.c tools/audit_input.h
 # OpenMP: `bench` times memcpy with the same threads as the library, and
 # `audit` sets the thread count of the library's (shared) OpenMP runtime.
-tools_beammoe_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
+tools_beammoe_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS) $(JSON_C_CFLAGS)
 tools_beammoe_LDFLAGS = $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
 # The dispatcher: the tool reaches every backend this host can load.
-tools_beammoe_LDADD = libbeammoe.la
+tools_beammoe_LDADD = libbeammoe.la $(JSON_C_LIBS)
+# safetensors (audit --input, run --output): json-c parses the header; empty
+# JSON_C_* (configure without json-c, m4/beam_json.m4) builds a tool whose
+# two options say how to get it.
 
 # `make check` runs the quick audit (every backend and strategy against the
 # CPU ground truth, the CPU backend against tools/reference.c).
 TESTS += tools/audit-quick.sh
 EXTRA_DIST += tools/audit-quick.sh
+
+# safetensors input/output: good files (written by python3's struct/json and
+# by `run --output`) audit clean; malformed ones are exit 2 with a message.
+# Exit 77 (skip) when the tool was built without json-c.
+TESTS += tools/safetensors-test.sh
+EXTRA_DIST += tools/safetensors-test.sh

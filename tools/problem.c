@@ -218,6 +218,8 @@ int problem_make(problem *p, tool_op op, int64_t tokens, int64_t capacity, int32
     p->scales[0] = scales ? scales[0] : 1.0f;
     p->scales[1] = scales ? scales[1] : 1.0f;
     p->eps = eps;
+    p->post_eps = eps;
+    p->next_eps = eps;
     rng_seed(&r, seed);
     /* sizes that do not even fit the address space: fail like malloc would */
     if ((double)C * (double)(K ? K : 1) * (double)(H ? H : 1) * 4.0 > 1e15) return -1;
@@ -277,7 +279,7 @@ const beam_norm *problem_norm(const problem *p, unsigned on_bit, beam_norm *stor
 {
     if (!(p->opts & on_bit)) return NULL;
     storage->weight = (p->opts & w_bit) ? weight_ptr : NULL;
-    storage->eps = p->eps;
+    storage->eps = on_bit == OPT_POST ? p->post_eps : on_bit == OPT_NEXT ? p->next_eps : p->eps;
     return storage;
 }
 

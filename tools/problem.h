@@ -58,6 +58,9 @@ typedef struct problem {
     float routed_scale;
     float scales[2];
     float eps;
+    /* eps of the post and next norms: problem_make sets both to eps; a
+     * safetensors file (audit --input) gives them separately */
+    float post_eps, next_eps;
     /* host inputs, capacity rows each (NULL where the op has none) */
     uint16_t *experts; /* [capacity, top_k, hidden] */
     float *weights;    /* [capacity, top_k]         */

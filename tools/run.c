@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "audit_input.h"
 #include "devmem.h"
 #include "problem.h"
 
@@ -41,9 +42,12 @@ static void usage(FILE *f)
             "  --eps E              eps of every norm (default 1e-6)\n"
             "  --iters N            timed calls (default 10)\n"
             "  --seed N             seed of the inputs (default 1)\n"
+            "  --output F           write the inputs and outputs to safetensors file F\n"
+            "                       (--op finalize or fused; 'beammoe audit --input F'\n"
+            "                       checks it again; docs/safetensors.md)\n"
             "  -h, --help           this text\n"
             "\n"
-            "Exit status: 0 done, 1 library error, 2 usage error.\n");
+            "Exit status: 0 done, 1 library error, 2 usage error or --output not written.\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)
@@ -57,7 +61,7 @@ static int usage_error(const char *fmt, const char *arg)
 int cmd_run(int argc, char **argv)
 {
     enum { O_TOKENS = 256, O_TOPK, O_HIDDEN, O_BACKEND, O_STRATEGY, O_OP, O_POST, O_NEXT, O_PRE,
-           O_SCALES, O_RS, O_EPS, O_ITERS, O_SEED };
+           O_SCALES, O_RS, O_EPS, O_ITERS, O_SEED, O_OUTPUT };
     static const struct option longopts[] = {
         {"tokens", required_argument, NULL, O_TOKENS},
         {"top-k", required_argument, NULL, O_TOPK},
@@ -73,12 +77,13 @@ int cmd_run(int argc, char **argv)
         {"eps", required_argument, NULL, O_EPS},
         {"iters", required_argument, NULL, O_ITERS},
         {"seed", required_argument, NULL, O_SEED},
+        {"output", required_argument, NULL, O_OUTPUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int64_t tokens = 0, iters64 = 10;
     int32_t top_k = 1, hidden = 0;
     int have_t = 0, have_k = 0, have_h = 0, have_strategy = 0;
-    const char *backend = NULL;
+    const char *backend = NULL, *output = NULL, *why = NULL;
     beam_strategy strategy = BEAM_STRATEGY_AUTO;
     tool_op op = OP_FUSED;
     unsigned opts = 0;
@@ -160,6 +165,9 @@ int cmd_run(int argc, char **argv)
         case O_SEED:
             if (parse_u64("run", "--seed", optarg, &seed)) return TOOL_EXIT_USAGE;
             break;
+        case O_OUTPUT:
+            output = optarg;
+            break;
         case 'h':
             usage(stdout);
             return TOOL_EXIT_OK;
@@ -180,6 +188,8 @@ int cmd_run(int argc, char **argv)
     if ((opts & (OPT_NEXT | OPT_SCALES)) && op == OP_FINALIZE)
         return usage_error("%s apply to --op nrn and fused only", "--next-norm and --scales");
     if (have_strategy && op != OP_FUSED) return usage_error("%s applies to --op fused only", "--strategy");
+    if (output && op == OP_NRN) return usage_error("%s supports --op finalize and fused only", "--output");
+    if (output && !tool_safetensors_available(&why)) return usage_error("--output: %s", why);
     iters = (int)iters64;
 
     if (backend) {
@@ -254,6 +264,14 @@ int cmd_run(int argc, char **argv)
     printf("bandwidth: %.2f GB/s (%.0f bytes per call)\n", med > 0 ? bytes / med * 1e-9 : 0.0,
            bytes);
     printf("checksum:  0x%016llx\n", (unsigned long long)outputs_checksum(&o, &p));
+    if (output) {
+        if (run_write_safetensors(output, &p, &o, msg, sizeof msg)) {
+            fprintf(stderr, "beammoe run: %s: %s\n", output, msg);
+            rc = TOOL_EXIT_USAGE;
+            goto out_b;
+        }
+        printf("output:    %s\n", output);
+    }
     rc = TOOL_EXIT_OK;
 out_b:
     bound_free(&b);
