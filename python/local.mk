@@ -11,9 +11,9 @@ TESTS += python/run-pytest.sh
 EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/README.md \
 	python/beammoe/__init__.py python/beammoe/_errors.py python/beammoe/_lib.py \
 	python/beammoe/_nccl.py python/beammoe/_tensors.py python/beammoe/ops.py \
-	python/beammoe/workspace.py \
+	python/beammoe/workspace.py python/beammoe/audit.py python/beammoe/__main__.py \
 	python/tests/conftest.py python/tests/reference.py python/tests/_gather_worker.py \
 	python/tests/test_finalize.py python/tests/test_fused.py python/tests/test_errors.py \
 	python/tests/test_gather_cpu.py python/tests/test_workspace_plumbing.py \
-	python/tests/test_cuda.py python/tests/test_cuda_gather.py
+	python/tests/test_cuda.py python/tests/test_cuda_gather.py python/tests/test_audit_file.py
 

@@ -25,6 +25,7 @@ from ._lib import backend_name, library_path, version
 from .ops import (MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
+from .audit import AuditReport, AuditRow, audit_file
 
 __version__ = "0.1.0"
 
@@ -46,4 +47,7 @@ __all__ = [
     "backend_name",
     "library_path",
     "version",
+    "audit_file",
+    "AuditReport",
+    "AuditRow",
 ]
