@@ -33,8 +33,11 @@ AC_DEFUN([BEAM_CUDA], [
     AS_IF([test -z "$NVCC"], [beam_cuda=no])
     AS_IF([test $beam_cuda = yes], [AC_CHECK_HEADER([cuda_runtime.h], [], [beam_cuda=no])])
     AS_IF([test $beam_cuda = yes], [AC_CHECK_LIB([cudart], [cudaGetDeviceCount], [CUDA_LIBS=-lcudart], [beam_cuda=no])])
+    beam_have_cudart=$beam_cuda
     AS_IF([test $beam_cuda = yes], [AC_CHECK_HEADER([nccl.h], [], [beam_cuda=no])])
     AS_IF([test $beam_cuda = yes], [AC_CHECK_LIB([nccl], [ncclGetVersion], [NCCL_LIBS=-lnccl], [beam_cuda=no])])
+    AS_IF([test $beam_have_cudart = yes && test $beam_cuda = no],
+      [AC_MSG_WARN([the CUDA toolkit is there but NCCL is not (nccl.h, libnccl): the CUDA backend needs NCCL (Debian/Ubuntu: libnccl-dev), so it is not built])])
     CPPFLAGS=$beam_save_CPPFLAGS
     LDFLAGS=$beam_save_LDFLAGS
     LIBS=$beam_save_LIBS
@@ -43,6 +46,14 @@ AC_DEFUN([BEAM_CUDA], [
   ])
   AS_IF([test -z "$NVCC_FLAGS"],
     [NVCC_FLAGS="-O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 --fmad=false --prec-div=true --prec-sqrt=true --ftz=false -Xcompiler -fvisibility=hidden"])
+  # The exact numerics (SPEC.md section 2) hold only without fast math: a
+  # user's NVCC_FLAGS may tune code generation, never the arithmetic.
+  AS_CASE([" $NVCC_FLAGS "],
+    [*use_fast_math*|*fmad=true*|*ftz=true*|*prec-div=false*|*prec-sqrt=false*],
+    [AC_MSG_ERROR([NVCC_FLAGS="$NVCC_FLAGS" would break beammoe's exact numerics: drop --use_fast_math, --fmad=true, --ftz=true, --prec-div=false, --prec-sqrt=false])])
+  for beam_f in --fmad=false --ftz=false --prec-div=true --prec-sqrt=true; do
+    AS_CASE([" $NVCC_FLAGS "], [*" $beam_f "*], [], [NVCC_FLAGS="$NVCC_FLAGS $beam_f"])
+  done
   AC_MSG_CHECKING([whether to build the CUDA backend])
   AC_MSG_RESULT([$beam_cuda])
   AM_CONDITIONAL([BEAM_WITH_CUDA], [test $beam_cuda = yes])

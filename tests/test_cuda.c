@@ -284,6 +284,48 @@ static void test_sweep(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* ---- prefill shapes ---------------------------------------------------------- */
+
+/* The launch shapes that only large T picks: the pipelined prefill kernel
+ * (hidden > 4096, T >= 2048) with its vector and misaligned variants, and
+ * the row kernel at prefill sizes. The randomized sweep's size cap never
+ * reaches them. BEAM_TEST_QUICK (the sanitizer runs) keeps one small case of
+ * the pipelined shape. */
+static void test_prefill(void)
+{
+    static const struct {
+        int64_t T;
+        int32_t K, H;
+        int misalign, post, inplace, exotic;
+    } full[] = {
+        {4096, 8, 7168, 0, TC_NORM_OFF, 0, 0},    {4096, 8, 7168, 1, TC_NORM_WEIGHT, 0, 0},
+        {2048, 8, 8192, 0, TC_NORM_WEIGHT, 1, 1}, {3001, 8, 4352, 1, TC_NORM_PLAIN, 0, 0},
+        {4096, 8, 4096, 0, TC_NORM_OFF, 0, 1},    {4096, 8, 2048, 1, TC_NORM_WEIGHT, 1, 0},
+    }, quick[] = {{2048, 2, 4608, 1, TC_NORM_WEIGHT, 0, 1}};
+    const int n = tu_quick() ? 1 : (int)(sizeof full / sizeof full[0]);
+    int i, bad = 0;
+    for (i = 0; i < n; i++) {
+        tc_data d;
+        tc_spec s;
+        memset(&s, 0, sizeof s);
+        s.T = tu_quick() ? quick[i].T : full[i].T;
+        s.K = tu_quick() ? quick[i].K : full[i].K;
+        s.H = tu_quick() ? quick[i].H : full[i].H;
+        s.misalign = tu_quick() ? quick[i].misalign : full[i].misalign;
+        s.post = tu_quick() ? quick[i].post : full[i].post;
+        s.inplace = tu_quick() ? quick[i].inplace : full[i].inplace;
+        s.exotic = tu_quick() ? quick[i].exotic : full[i].exotic;
+        s.pad = 2;
+        s.next = TC_NORM_WEIGHT;
+        s.scales = i % 2;
+        s.rs_one = i % 3 == 0;
+        tc_make(&d, &s, g_seed + 7919ULL * (uint64_t)(i + 1));
+        if (!compare_all(&d, 0)) ++bad;
+        tc_free(&d);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* ---- randomized sweep ------------------------------------------------------ */
 
 static void test_random(void)
@@ -474,6 +516,7 @@ int main(void)
         !CU_add_test(suite, "special values", test_special) ||
         !CU_add_test(suite, "CUDA contract", test_cuda_contract) ||
         !CU_add_test(suite, "CUDA graph capture", test_graph) ||
+        !CU_add_test(suite, "prefill shapes", test_prefill) ||
         !CU_add_test(suite, "randomized sweep", test_random)) {
         CU_cleanup_registry();
         return 1;
