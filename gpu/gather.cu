@@ -12,12 +12,14 @@
  *   3. this rank's arguments failed lib's checks: for ONESHOT/TWOSHOT it
  *      still marks this epoch as "rejected" at every peer (a small kernel
  *      that touches no user memory and advances the epoch like a call), so
- *      their kernels stop waiting and their next call reports it. If the
- *      peers' call had tokens == 0 (they launched nothing), this rank is
- *      one epoch ahead afterwards, and every later fused call times out on
- *      every rank (BEAM_ERR_COMM): out of step is never silent. For UNFUSED
- *      it cannot take part in the NCCL all-gather, whose peers then wait
- *      inside NCCL (abort the communicator);
+ *      their kernels stop waiting and their next call reports it. Not when
+ *      tokens == 0 (lib passes the caller's tokens even when a check
+ *      failed): the peers' call has tokens == 0 too and launches nothing,
+ *      so a reject kernel here would put this rank one epoch ahead of them
+ *      and kill the workspace; a call with no rows has nothing to
+ *      withhold, so the rejection stays local. For UNFUSED it cannot take
+ *      part in the NCCL all-gather, whose peers then wait inside NCCL
+ *      (abort the communicator);
  *   4. tokens == 0: nothing to do, on every rank alike.
  */
 #include "error.h"
@@ -38,9 +40,9 @@ extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy
     BM_CHECK(bm_tp_check_failed(fn, w));
     const int fused = strategy == BEAM_STRATEGY_ONESHOT || strategy == BEAM_STRATEGY_TWOSHOT;
     if (local_status != BEAM_OK) {
-        /* (a->tokens is not known here: lib stops filling a at the first
-         * failed check) */
-        if (fused && w->peers && w->nranks > 1) {
+        /* lib sets a->tokens (the caller's value) before its checks; with
+         * tokens == 0 the peers launch nothing, so neither may we (3.) */
+        if (fused && w->peers && w->nranks > 1 && a->tokens != 0) {
             bm_tp_launch_reject(w, (cudaStream_t)a->stream);
             cudaGetLastError(); /* best effort; the argument error is what we report */
         }

@@ -601,10 +601,19 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
         p.epoch[fb + k * (int)gridDim.x] = E;
 }
 
-/* A rank that rejected its arguments: errf[r] = E at every peer, then its
- * arrival and every flags[E & 1][r][b] = E, so that the peers' blocks of
- * this epoch stop waiting and see the rejection (LL pollers check errf);
- * then the epoch advances as after a normal call. */
+/* A rank that rejected its arguments: its arrival at every peer, then a
+ * bounded wait (as arrive() in bm_tp_kernel) until every peer has started
+ * this epoch E, then errf[r] = E and every flags[E & 1][r][b] = E at every
+ * peer, so that the peers' blocks of this epoch stop waiting and see the
+ * rejection (LL pollers check errf); then the epoch advances as after a
+ * normal call. The wait is for E, not E-1 as arrive() has it: flags of
+ * parity E & 1 are safe once a peer started E-1, but errf[r] = E reads as
+ * "rejected" to every wait of an epoch <= E, so a peer still in E-1 would
+ * take r's valid call E-1 for a rejected one. A peer that started E has
+ * finished E-1 (stream order); it stores its arrival before any wait of
+ * its own, so two rejecting ranks never wait for each other. A timeout is
+ * recorded and then nothing is written into the peers (as a timed-out
+ * block pushes nothing): the workspace is dead either way. */
 __global__ void bm_tp_reject_kernel(const bm_tp_params p)
 {
     __shared__ unsigned long long s_epoch;
@@ -613,19 +622,33 @@ __global__ void bm_tp_reject_kernel(const bm_tp_params p)
         s_epoch = *(volatile unsigned long long *)p.epoch + 1ull;
         for (int s = 0; s < p.nranks; ++s)
             if (s != p.rank)
-                bm_tp_st_release(bm_tp_word(p.peer[s], p.errf_off, p.rank), s_epoch);
-        __threadfence_system();
-        for (int s = 0; s < p.nranks; ++s)
-            if (s != p.rank)
                 bm_tp_st_release(bm_tp_word(p.peer[s], p.arr_off, p.rank), s_epoch);
     }
     __syncthreads();
     const unsigned long long E = s_epoch;
     const int par = (int)(E & 1ull);
-    for (int idx = (int)threadIdx.x; idx < p.nranks * BM_TP_MAX_BLOCKS; idx += (int)blockDim.x) {
-        const int s = idx / BM_TP_MAX_BLOCKS, b = idx % BM_TP_MAX_BLOCKS;
-        if (s != p.rank)
-            bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, b), E);
+    int tb = 0;
+    if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+        const int s = (int)threadIdx.x;
+        /* PEER_REJECTED: s rejected E too, so it started E (no harm) */
+        tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E, s, E, 0, 0);
+        if (tb)
+            bm_tp_record(p, tb, s, E);
+    }
+    const int late = __syncthreads_or(tb == BM_TP_TIMEOUT);
+    if (!late) {
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < p.nranks; ++s)
+                if (s != p.rank)
+                    bm_tp_st_release(bm_tp_word(p.peer[s], p.errf_off, p.rank), E);
+            __threadfence_system(); /* errf before any flag: a peer that sees the flag sees errf */
+        }
+        __syncthreads();
+        for (int idx = (int)threadIdx.x; idx < p.nranks * BM_TP_MAX_BLOCKS; idx += (int)blockDim.x) {
+            const int s = idx / BM_TP_MAX_BLOCKS, b = idx % BM_TP_MAX_BLOCKS;
+            if (s != p.rank)
+                bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, b), E);
+        }
     }
     __syncthreads();
     for (int k = (int)threadIdx.x; k < BM_TP_MAX_BLOCKS; k += (int)blockDim.x)

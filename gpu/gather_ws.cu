@@ -5,8 +5,10 @@
  *
  * Creation: every rank allocates its peer-visible region, zeroes the flags,
  * and all-gathers over the communicator one record per rank (IPC handle,
- * host identity, whether its allocations succeeded, the launch caps of its
- * device). If any rank failed, every rank fails. If all ranks are on one
+ * host identity, whether its device check, stream and allocations
+ * succeeded, the launch caps of its device). A rank that failed still takes
+ * part (the small exchange buffer is allocated first), so if any rank
+ * failed, every rank fails, and none waits for it forever. If all ranks are on one
  * host, each maps every peer's region (cudaIpcOpenMemHandle); the ranks
  * agree (an all-reduce) whether every mapping worked, else the workspace
  * runs UNFUSED only. Destruction: device sync, barrier, unmap, barrier,
@@ -90,6 +92,11 @@ static ncclResult_t bm_tp_allmin(bm_tp_ws *w, int *v, int *dbuf)
     return cudaStreamSynchronize(w->side) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
 }
 
+/* Why this rank cannot make its workspace (told to the peers as ok = 0;
+ * the message is written after the exchange, so that bm_fail's is the
+ * last). */
+enum { BM_TP_WHY_NONE, BM_TP_WHY_DEVICE, BM_TP_WHY_STREAM, BM_TP_WHY_HOST, BM_TP_WHY_ALLOC };
+
 extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
 {
     static const char fn[] = "beam_workspace_create_nccl";
@@ -97,82 +104,106 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     int R = 0, r = 0, cudev = -1, dev = -1;
     ncclResult_t nr;
     beam_status st = BEAM_OK;
+    /* the exchange's records: host ones on the stack (R <= BM_TP_MAX_RANKS),
+     * R device ones then one int for the barriers */
+    bm_tp_rec recs[BM_TP_MAX_RANKS];
+    bm_tp_rec mine;
+    bm_tp_rec *drec = nullptr;
+    cudaStream_t side = nullptr;
+    bm_tp_ws *w = nullptr;
+    int ok = 1, why = BM_TP_WHY_NONE;
+    const char *what = "";
+    cudaError_t ce = cudaSuccess;
 
     if ((nr = ncclCommCount(comm, &R)) != ncclSuccess || (nr = ncclCommUserRank(comm, &r)) != ncclSuccess ||
         (nr = ncclCommCuDevice(comm, &cudev)) != ncclSuccess)
         return bm_fail(BEAM_ERR_COMM, "%s: nccl_comm is not a usable ncclComm_t: %s", fn,
                        ncclGetErrorString(nr));
-    if (cudaGetDevice(&dev) != cudaSuccess || dev != cudev)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
-                       "%s: the current device (%d) must be the communicator's device (%d)", fn, dev, cudev);
-    if (R > BM_TP_MAX_RANKS)
+    if (R > BM_TP_MAX_RANKS) /* R is the same on every rank: all fail alike */
         return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the communicator has %d ranks; at most %d are supported",
                        fn, R, BM_TP_MAX_RANKS);
 
-    bm_tp_ws *w = (bm_tp_ws *)calloc(1, sizeof *w);
-    if (!w) return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-    w->comm = comm;
-    w->device = dev;
-    w->rank = r;
-    w->nranks = R;
-    w->max_tokens = ws->max_tokens;
-    w->hidden = ws->hidden;
-    w->timeout_ms = (uint32_t)ws->cfg.timeout_ms;
-
-    /* Layout of the peer-visible region (gather_impl.h). */
-    const size_t row_bytes = (size_t)ws->hidden * sizeof(uint16_t);
-    w->flags_off = 0;
-    w->errf_off = bm_tp_round((size_t)2 * BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
-    w->arr_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
-    w->ll_off = bm_tp_round(w->arr_off + BM_TP_MAX_RANKS * 8u);
-    w->ll_rows = (int64_t)R * BM_TP_LL_MAX_L;
-    if (w->ll_rows > ws->max_tokens) w->ll_rows = ws->max_tokens;
-    if (R < 2) w->ll_rows = 0;
-    /* LL rows take twice a row's bytes (a tag beside every 32 data bits);
-     * they are zeroed with the flags: tag 0 is no epoch */
-    w->data_off = bm_tp_round(w->ll_off + 2u * (size_t)w->ll_rows * 2u * row_bytes);
-    w->slot_bytes = R > 1 ? bm_tp_round((size_t)ws->max_tokens * row_bytes) : 0;
-    w->region_bytes = w->data_off + 4u * w->slot_bytes;
-    w->ag_rows = (size_t)R * (size_t)((ws->max_tokens + R - 1) / R);
-
-    /* Allocations; a failure is remembered and told to the peers. */
-    int ok = 1;
-    const char *what = "";
-    cudaError_t ce = cudaStreamCreateWithFlags(&w->side, cudaStreamNonBlocking);
-    if (ce != cudaSuccess) {
-        const char *why = cudaGetErrorString(ce);
-        free(w);
-        return bm_fail(BEAM_ERR_DEVICE, "%s: cudaStreamCreate failed: %s", fn, why);
+    /* From here on every local failure is remembered (ok = 0) and this rank
+     * still joins the exchange below, so that its peers fail with it
+     * instead of waiting for it in NCCL forever. A wrong current device:
+     * the exchange runs on the communicator's device, then it is restored. */
+    if (cudaGetDevice(&dev) != cudaSuccess || dev != cudev) {
+        cudaGetLastError();
+        ok = 0;
+        why = BM_TP_WHY_DEVICE;
+        if (cudaSetDevice(cudev) != cudaSuccess) /* cannot even reach it: no exchange possible */
+            return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                           "%s: the current device (%d) must be the communicator's device (%d)", fn, dev,
+                           cudev);
     }
-    bm_tp_rec *drec = nullptr; /* R records, then one int for the barriers */
-    if (cudaMalloc(&w->base, w->region_bytes) != cudaSuccess) { ok = 0; what = "the peer-visible buffers"; w->base = nullptr; }
-    else if (cudaMalloc(&w->ag, (w->ag_rows ? w->ag_rows : 1) * row_bytes) != cudaSuccess) { ok = 0; what = "the all-gather buffer"; w->ag = nullptr; }
-    else if (cudaMalloc(&w->epoch, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess) { ok = 0; what = "the epoch counters"; w->epoch = nullptr; }
-    else if (cudaHostAlloc(&w->err_h, sizeof(bm_tp_err), cudaHostAllocMapped) != cudaSuccess) { ok = 0; what = "the failure record"; w->err_h = nullptr; }
-    else if (cudaHostGetDevicePointer(&w->err_d, w->err_h, 0) != cudaSuccess) { ok = 0; what = "the failure record"; }
-    else if (cudaMalloc(&drec, (size_t)R * sizeof(bm_tp_rec) + 16) != cudaSuccess) { ok = 0; what = "the exchange buffer"; drec = nullptr; }
-    cudaGetLastError(); /* a failed allocation must not stick to later launches */
+    /* The small exchange buffer first, whatever else fails; without it this
+     * rank cannot take part (its peers then wait inside NCCL). */
+    if (cudaMalloc(&drec, (size_t)R * sizeof(bm_tp_rec) + 16) != cudaSuccess) {
+        cudaGetLastError();
+        if (dev != cudev && dev >= 0) cudaSetDevice(dev);
+        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of device memory for the exchange records", fn);
+    }
+    /* Without a side stream the exchange runs on the legacy default stream. */
+    if (ok && (ce = cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking)) != cudaSuccess) {
+        cudaGetLastError();
+        side = nullptr;
+        ok = 0;
+        why = BM_TP_WHY_STREAM;
+    }
+    if (ok && !(w = (bm_tp_ws *)calloc(1, sizeof *w))) {
+        ok = 0;
+        why = BM_TP_WHY_HOST;
+    }
     if (ok) {
-        memset((void *)w->err_h, 0, sizeof(bm_tp_err));
-        if (cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
-            cudaMemset(w->epoch, 0, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess ||
-            cudaDeviceSynchronize() != cudaSuccess) {
-            ok = 0;
-            what = "zeroing the flags";
+        w->comm = comm;
+        w->device = dev;
+        w->rank = r;
+        w->nranks = R;
+        w->max_tokens = ws->max_tokens;
+        w->hidden = ws->hidden;
+        w->timeout_ms = (uint32_t)ws->cfg.timeout_ms;
+        w->side = side;
+
+        /* Layout of the peer-visible region (gather_impl.h). */
+        const size_t row_bytes = (size_t)ws->hidden * sizeof(uint16_t);
+        w->flags_off = 0;
+        w->errf_off = bm_tp_round((size_t)2 * BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
+        w->arr_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
+        w->ll_off = bm_tp_round(w->arr_off + BM_TP_MAX_RANKS * 8u);
+        w->ll_rows = (int64_t)R * BM_TP_LL_MAX_L;
+        if (w->ll_rows > ws->max_tokens) w->ll_rows = ws->max_tokens;
+        if (R < 2) w->ll_rows = 0;
+        /* LL rows take twice a row's bytes (a tag beside every 32 data bits);
+         * they are zeroed with the flags: tag 0 is no epoch */
+        w->data_off = bm_tp_round(w->ll_off + 2u * (size_t)w->ll_rows * 2u * row_bytes);
+        w->slot_bytes = R > 1 ? bm_tp_round((size_t)ws->max_tokens * row_bytes) : 0;
+        w->region_bytes = w->data_off + 4u * w->slot_bytes;
+        w->ag_rows = (size_t)R * (size_t)((ws->max_tokens + R - 1) / R);
+
+        /* Allocations; a failure is remembered and told to the peers. */
+        why = BM_TP_WHY_ALLOC;
+        if (cudaMalloc(&w->base, w->region_bytes) != cudaSuccess) { ok = 0; what = "the peer-visible buffers"; w->base = nullptr; }
+        else if (cudaMalloc(&w->ag, (w->ag_rows ? w->ag_rows : 1) * row_bytes) != cudaSuccess) { ok = 0; what = "the all-gather buffer"; w->ag = nullptr; }
+        else if (cudaMalloc(&w->epoch, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess) { ok = 0; what = "the epoch counters"; w->epoch = nullptr; }
+        else if (cudaHostAlloc(&w->err_h, sizeof(bm_tp_err), cudaHostAllocMapped) != cudaSuccess) { ok = 0; what = "the failure record"; w->err_h = nullptr; }
+        else if (cudaHostGetDevicePointer(&w->err_d, w->err_h, 0) != cudaSuccess) { ok = 0; what = "the failure record"; }
+        cudaGetLastError(); /* a failed allocation must not stick to later launches */
+        if (ok) {
+            memset((void *)w->err_h, 0, sizeof(bm_tp_err));
+            if (cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
+                cudaMemset(w->epoch, 0, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess ||
+                cudaDeviceSynchronize() != cudaSuccess) {
+                ok = 0;
+                what = "zeroing the flags";
+            }
         }
+        if (ok)
+            why = BM_TP_WHY_NONE;
     }
 
-    /* Exchange the records (an ncclAllGather of bytes). With no exchange
-     * buffer this rank cannot take part: its peers then fail in NCCL. */
-    bm_tp_rec *recs = (bm_tp_rec *)calloc((size_t)R, sizeof(bm_tp_rec));
-    if (!recs || !drec) {
-        free(recs);
-        if (drec) cudaFree(drec);
-        bm_tp_release(w);
-        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of memory for %s", fn,
-                       recs ? what : "the exchange records");
-    }
-    bm_tp_rec mine;
+    /* Exchange the records (an ncclAllGather of bytes); every rank gets
+     * here, failed or not. */
+    memset(recs, 0, sizeof recs);
     memset(&mine, 0, sizeof mine);
     mine.host = bm_tp_host_id();
     mine.ok = ok;
@@ -185,23 +216,39 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     nr = ncclSuccess;
     /* on the side stream: a pageable cudaMemcpy may return before its DMA
      * lands, and the side stream does not wait for the legacy stream */
-    if (cudaMemcpyAsync(drec + r, &mine, sizeof mine, cudaMemcpyHostToDevice, w->side) != cudaSuccess)
+    if (cudaMemcpyAsync(drec + r, &mine, sizeof mine, cudaMemcpyHostToDevice, side) != cudaSuccess)
         nr = ncclUnhandledCudaError;
     if (nr == ncclSuccess)
-        nr = ncclAllGather(drec + r, drec, sizeof(bm_tp_rec), ncclChar, comm, w->side);
+        nr = ncclAllGather(drec + r, drec, sizeof(bm_tp_rec), ncclChar, comm, side);
     if (nr == ncclSuccess && (cudaMemcpyAsync(recs, drec, (size_t)R * sizeof(bm_tp_rec), cudaMemcpyDeviceToHost,
-                                              w->side) != cudaSuccess ||
-                              cudaStreamSynchronize(w->side) != cudaSuccess))
+                                              side) != cudaSuccess ||
+                              cudaStreamSynchronize(side) != cudaSuccess))
         nr = ncclUnhandledCudaError;
     if (nr != ncclSuccess) {
         st = bm_fail(BEAM_ERR_COMM, "%s: exchanging the workspace records failed: %s", fn,
                      ncclGetErrorString(nr));
         goto fail;
     }
+    if (!ok) {
+        switch (why) {
+        case BM_TP_WHY_DEVICE:
+            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                         "%s: the current device (%d) must be the communicator's device (%d)", fn, dev, cudev);
+            break;
+        case BM_TP_WHY_STREAM:
+            st = bm_fail(BEAM_ERR_DEVICE, "%s: cudaStreamCreate failed: %s", fn, cudaGetErrorString(ce));
+            break;
+        case BM_TP_WHY_HOST:
+            st = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+            break;
+        default:
+            st = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: allocating %s on device %d failed", fn, what, dev);
+        }
+        goto fail;
+    }
     for (int s = 0; s < R; ++s) {
         if (!recs[s].ok) {
-            st = s == r ? bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: allocating %s on device %d failed", fn, what, dev)
-                        : bm_fail(BEAM_ERR_COMM, "%s: rank %d could not allocate its workspace", fn, s);
+            st = bm_fail(BEAM_ERR_COMM, "%s: rank %d could not make its workspace", fn, s);
             goto fail;
         }
         for (int i = 0; i < BM_TP_NSHAPES; ++i)
@@ -243,7 +290,6 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
             ws->cfg.twoshot_max_tokens = 0;
         }
     }
-    free(recs);
     cudaFree(drec);
     ws->rank = r;
     ws->nranks = R;
@@ -251,9 +297,13 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     return BEAM_OK;
 
 fail:
-    free(recs);
     cudaFree(drec);
-    bm_tp_release(w);
+    if (w)
+        bm_tp_release(w); /* destroys the side stream too */
+    else if (side)
+        cudaStreamDestroy(side);
+    if (dev != cudev && dev >= 0)
+        cudaSetDevice(dev);
     return st;
 }
 

@@ -12,12 +12,16 @@
  * The reference does not depend on T: rank r's owned rows are the
  * contiguous slice [r*L, r*L + L) of one global expert array, so the result
  * of a call with T tokens is the first T rows of the fused op over all rows.
- * One reference per problem therefore checks every T, strategy and replay.
+ * One reference per problem and weight set therefore checks every T,
+ * strategy and replay.
  *
  * Parts: sweep (every strategy x T x problem, outputs past T untouched,
  * NaN rows past T), stress (10,000 calls with random T and strategy, eager
- * and as CUDA graph replays), bad input (mismatched hidden, T > max_tokens,
- * wrong device, one rank rejecting its arguments), timeout (a peer that never
+ * and as CUDA graph replays, cycling 3 weight sets so that consecutive
+ * calls differ, outputs reset to a NaN sentinel the library never writes
+ * before every checked call), bad input (mismatched hidden, T > max_tokens,
+ * wrong device, one rank rejecting a call with T = 0 then a normal call,
+ * one rank rejecting its arguments), timeout (a peer that never
  * comes). Exit 0 pass, 1 fail, 77 skip (fewer than 2 GPUs).
  *
  * Environment: BEAM_TEST_RANKS (default 2, at most the GPUs), BEAM_TEST_SEED,
@@ -134,11 +138,18 @@ typedef struct problem {
     float rs;
 } problem;
 
+/* Weight sets of a problem: calls of the stress part cycle through them,
+ * so that a stale row (from an earlier call) differs from the right one. */
+enum { NV = 3 };
+
 typedef struct data {
     problem pb;
     int64_t maxt, rows; /* rows = maxt + R (NaN padding rows past maxt) */
-    uint16_t *x, *res, *pw, *nw, *ref_h, *ref_n;
+    int nv;             /* weight sets made (1 or NV) */
+    uint16_t *x, *res, *pw, *nw, *ref_h, *ref_n; /* ref_*: of the set in use */
     float *w;
+    float *wv[NV], *dwv[NV];
+    uint16_t *rh[NV], *rn[NV];
     float sc[2];
     beam_norm post, next;
     /* device */
@@ -146,26 +157,43 @@ typedef struct data {
     float *dw;
 } data;
 
-static const uint16_t SENT = 0x5A5A;
+/* Output sentinel: a NaN pattern the library never writes (its NaN is
+ * 0x7FFF), so that a skipped store cannot pass for a result. */
+static const uint16_t SENT = 0xFFFF;
 
-static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed)
+/* Use weight set v (< d->nv) in the next calls and checks. */
+static void use_set(data *d, int v)
+{
+    d->w = d->wv[v];
+    d->dw = d->dwv[v];
+    d->ref_h = d->rh[v];
+    d->ref_n = d->rn[v];
+}
+
+static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, int nv)
 {
     int64_t i;
+    int v;
     const int H = pb->H, K = pb->K, off = pb->unaligned ? 1 : 0;
     nr_norm npost, nnext;
     memset(d, 0, sizeof *d);
     d->pb = *pb;
     d->maxt = maxt;
     d->rows = maxt + g_R;
+    d->nv = nv;
     rng_s = seed;
     d->x = malloc((size_t)d->rows * K * H * 2);
-    d->w = malloc((size_t)d->rows * K * 4);
     d->res = malloc((size_t)maxt * H * 2);
     d->pw = malloc((size_t)H * 2);
     d->nw = malloc((size_t)H * 2);
-    d->ref_h = malloc((size_t)maxt * H * 2);
-    d->ref_n = malloc((size_t)maxt * H * 2);
-    if (!d->x || !d->w || !d->res || !d->pw || !d->nw || !d->ref_h || !d->ref_n) FAIL("out of host memory");
+    if (!d->x || !d->res || !d->pw || !d->nw) FAIL("out of host memory");
+    for (v = 0; v < nv; ++v) {
+        d->wv[v] = malloc((size_t)d->rows * K * 4);
+        d->rh[v] = malloc((size_t)maxt * H * 2);
+        d->rn[v] = malloc((size_t)maxt * H * 2);
+        if (!d->wv[v] || !d->rh[v] || !d->rn[v]) FAIL("out of host memory");
+    }
+    d->w = d->wv[0];
     for (i = 0; i < maxt * K * H; ++i) d->x[i] = rbf16(pb->special);
     for (i = 0; i < maxt * K; ++i) d->w[i] = rweight(pb->special);
     for (i = maxt * K * H; i < d->rows * K * H; ++i) d->x[i] = 0xFFFF; /* NaN padding rows */
@@ -187,14 +215,21 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed)
     nnext.on = pb->next != 0;
     nnext.weight = d->next.weight;
     nnext.eps = d->next.eps;
-    memset(d->ref_n, 0, (size_t)maxt * H * 2);
-    nr_finalize_norm_residual_norm(d->x, d->w, maxt, K, H, pb->rs, &npost, d->res, pb->scales ? d->sc : NULL,
-                                   &nnext, d->ref_h, d->ref_n);
+    /* sets 1.. drawn after everything else: set 0 is what it always was */
+    for (v = 1; v < nv; ++v) {
+        for (i = 0; i < maxt * K; ++i) d->wv[v][i] = rweight(pb->special);
+        for (i = maxt * K; i < d->rows * K; ++i) d->wv[v][i] = __builtin_nanf("");
+    }
+    for (v = 0; v < nv; ++v) {
+        memset(d->rn[v], 0, (size_t)maxt * H * 2);
+        nr_finalize_norm_residual_norm(d->x, d->wv[v], maxt, K, H, pb->rs, &npost, d->res,
+                                       pb->scales ? d->sc : NULL, &nnext, d->rh[v], d->rn[v]);
+    }
 
     /* device copies; the unaligned problem offsets every row base by one
      * element (2-byte aligned only) */
     CK(cudaMalloc((void **)&d->dx0, ((size_t)d->rows * K * H + 8) * 2));
-    CK(cudaMalloc((void **)&d->dw, (size_t)d->rows * K * 4));
+    for (v = 0; v < nv; ++v) CK(cudaMalloc((void **)&d->dwv[v], (size_t)d->rows * K * 4));
     CK(cudaMalloc((void **)&d->dres0, ((size_t)maxt * H + 8) * 2));
     CK(cudaMalloc((void **)&d->dh0, ((size_t)maxt * H + 8) * 2));
     CK(cudaMalloc((void **)&d->dn0, ((size_t)maxt * H + 8) * 2));
@@ -205,7 +240,9 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed)
     d->dh = d->dh0 + off;
     d->dn = d->dn0 + off;
     CK(cudaMemcpy(d->dx, d->x, (size_t)d->rows * K * H * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d->dw, d->w, (size_t)d->rows * K * 4, cudaMemcpyHostToDevice));
+    for (v = 0; v < nv; ++v)
+        CK(cudaMemcpy(d->dwv[v], d->wv[v], (size_t)d->rows * K * 4, cudaMemcpyHostToDevice));
+    use_set(d, 0);
     CK(cudaMemcpy(d->dres, d->res, (size_t)maxt * H * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d->dpw, d->pw, (size_t)H * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d->dnw, d->nw, (size_t)H * 2, cudaMemcpyHostToDevice));
@@ -215,20 +252,23 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed)
 
 static void free_data(data *d)
 {
+    int v;
     cudaFree(d->dx0);
-    cudaFree(d->dw);
     cudaFree(d->dres0);
     cudaFree(d->dh0);
     cudaFree(d->dn0);
     cudaFree(d->dpw);
     cudaFree(d->dnw);
     free(d->x);
-    free(d->w);
     free(d->res);
     free(d->pw);
     free(d->nw);
-    free(d->ref_h);
-    free(d->ref_n);
+    for (v = 0; v < d->nv; ++v) {
+        cudaFree(d->dwv[v]);
+        free(d->wv[v]);
+        free(d->rh[v]);
+        free(d->rn[v]);
+    }
 }
 
 /* One call of this rank with T tokens (hidden_arg: the hidden passed). */
@@ -249,8 +289,8 @@ static beam_status call(beam_workspace *ws, data *d, int64_t T, int32_t hidden_a
 static void reset_outputs(data *d, cudaStream_t s)
 {
     const size_t n = (size_t)d->maxt * d->pb.H * 2;
-    CK(cudaMemsetAsync(d->dh, 0x5A, n, s));
-    CK(cudaMemsetAsync(d->dn, 0x5A, n, s));
+    CK(cudaMemsetAsync(d->dh, 0xFF, n, s));
+    CK(cudaMemsetAsync(d->dn, 0xFF, n, s));
     if (d->pb.inplace) CK(cudaMemcpyAsync(d->dres, d->res, n, cudaMemcpyHostToDevice, s));
 }
 
@@ -326,7 +366,7 @@ static void part_sweep(ncclComm_t comm, uint64_t seed)
     for (p = 0; p < (int)(sizeof pbs / sizeof pbs[0]); ++p) {
         data d;
         beam_workspace *ws;
-        make_data(&d, &pbs[p], maxt, seed + (uint64_t)p);
+        make_data(&d, &pbs[p], maxt, seed + (uint64_t)p, 1);
         /* AUTO: ONESHOT up to 64, TWOSHOT up to 200, then UNFUSED */
         ws = make_ws(comm, &d, 64, 200, 0);
         for (t = 0; t < nT; ++t)
@@ -364,6 +404,63 @@ static int64_t pick_T(int64_t maxt)
     return (int64_t)(rnd() % (uint64_t)(maxt + 1));
 }
 
+/* Rows written by a sequence of calls (call c: tokens Tc[c], weight set
+ * vc[c]): row i holds the set of the last call with i < Tc[c]; rows past
+ * every call still hold the sentinel (the outputs were reset before). */
+static void verify_seq(data *d, int n, const int64_t *Tc, const int *vc, const char *what)
+{
+    const int H = d->pb.H;
+    int64_t i, lo = 0, tmax = 0;
+    int c;
+    for (c = 0; c < n; ++c)
+        if (Tc[c] > tmax) tmax = Tc[c];
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpy(g_hbuf, d->dh, (size_t)d->maxt * H * 2, cudaMemcpyDeviceToHost));
+    if (d->pb.next) CK(cudaMemcpy(g_nbuf, d->dn, (size_t)d->maxt * H * 2, cudaMemcpyDeviceToHost));
+    /* rows [lo, Tc[c]) are last written by call c when no later call
+     * reaches past lo: walk the calls from the last one */
+    for (c = n - 1; c >= 0; --c) {
+        const uint16_t *rh = d->rh[vc[c]], *rn = d->rn[vc[c]];
+        for (i = lo * H; i < Tc[c] * H; ++i) {
+            if (g_hbuf[i] != rh[i])
+                FAIL("%s [%s] call %d of %d (T=%lld, set %d): hidden[%lld][%lld] = 0x%04x, reference 0x%04x",
+                     what, d->pb.name, c + 1, n, (long long)Tc[c], vc[c], (long long)(i / H), (long long)(i % H),
+                     g_hbuf[i], rh[i]);
+            if (d->pb.next && g_nbuf[i] != rn[i])
+                FAIL("%s [%s] call %d of %d (T=%lld, set %d): normalized[%lld][%lld] = 0x%04x, reference 0x%04x",
+                     what, d->pb.name, c + 1, n, (long long)Tc[c], vc[c], (long long)(i / H), (long long)(i % H),
+                     g_nbuf[i], rn[i]);
+        }
+        if (Tc[c] > lo) lo = Tc[c];
+    }
+    for (i = tmax * H; i < d->maxt * H; ++i)
+        if (g_hbuf[i] != SENT || (d->pb.next && g_nbuf[i] != SENT))
+            FAIL("%s [%s]: row %lld past every call's T (%lld) was written", what, d->pb.name, (long long)(i / H),
+                 (long long)tmax);
+}
+
+/* Whether a call launches a fused kernel (the stress workspace's AUTO
+ * thresholds: ONESHOT up to 48, TWOSHOT up to 160). */
+static int launches_fused(int s, int64_t T)
+{
+    if (T == 0) return 0;
+    if (STRATS[s] == BEAM_STRATEGY_AUTO) return T <= 160;
+    return STRATS[s] != BEAM_STRATEGY_UNFUSED;
+}
+
+/* The weight set of the next call: neither of the last two fused calls'
+ * (last[0] the latest), so that rows left over from epoch E-1 or E-2 (the
+ * other parity, the same parity) cannot pass for this call's. */
+static int next_set(int last[2], int s, int64_t T)
+{
+    const int v = last[0] != last[1] ? 3 - last[0] - last[1] : (last[0] + 1) % NV;
+    if (launches_fused(s, T)) {
+        last[1] = last[0];
+        last[0] = v;
+    }
+    return v;
+}
+
 static void part_stress(ncclComm_t comm, uint64_t seed, int n)
 {
     static const problem pb = {"stress H2048 K8 post+w next+w scales", 2048, 8, 2, 2, 1, 1, 0, 0, 1.0f};
@@ -371,41 +468,49 @@ static void part_stress(ncclComm_t comm, uint64_t seed, int n)
     data d;
     beam_workspace *ws;
     cudaStream_t st;
-    int i, g;
-    make_data(&d, &pb, 333, seed);
+    int i, g, last[2] = {0, 1};
+    make_data(&d, &pb, 333, seed, NV);
     ws = make_ws(comm, &d, 48, 160, 0);
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
-    /* eager: the same random sequence on every rank */
+    /* eager: the same random sequence on every rank; the weight set changes
+     * from call to call, and a checked call starts from the sentinel, so
+     * that a stale row or a skipped store fails */
     rng_s = seed * 31 + 7;
-    reset_outputs(&d, st);
     for (i = 1; i <= n; ++i) {
         const int64_t T = pick_T(d.maxt);
         const int s = (int)(rnd() % 4);
+        const int v = next_set(last, s, T);
+        use_set(&d, v);
+        if (i % check_every == 0) reset_outputs(&d, st);
         BK(call(ws, &d, T, d.pb.H, STRATS[s], st));
         if (i % check_every == 0) {
             CK(cudaStreamSynchronize(st));
-            verify(&d, T, -1, "stress eager");
+            verify(&d, T, T, "stress eager");
         }
     }
     CK(cudaStreamSynchronize(st));
-    if (g_rank == 0) printf("stress: %d eager calls, checked every %d\n", n, check_every);
+    if (g_rank == 0) printf("stress: %d eager calls (%d weight sets), checked every %d\n", n, NV, check_every);
 
-    /* graphs of 3 calls each, replayed in a random order */
+    /* graphs of 3 calls each (different weight sets), replayed in a random
+     * order; the outputs reset to the sentinel (outside the graph) before a
+     * checked replay */
     {
         enum { NG = 8 };
         cudaGraphExec_t ex[NG];
-        int64_t gmax[NG];
+        int64_t gT[NG][3];
+        int gv[NG][3];
         for (g = 0; g < NG; ++g) {
             cudaGraph_t graph;
             int c;
-            gmax[g] = 0;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             for (c = 0; c < 3; ++c) {
                 int64_t T = pick_T(d.maxt);
                 const int s = (int)(rnd() % 4);
                 if (c == 2 && T == 0) T = 1;
-                if (T > gmax[g]) gmax[g] = T;
+                gT[g][c] = T;
+                gv[g][c] = next_set(last, s, T);
+                use_set(&d, gv[g][c]);
                 BK(call(ws, &d, T, d.pb.H, STRATS[s], st));
             }
             CK(cudaStreamEndCapture(st, &graph));
@@ -414,10 +519,11 @@ static void part_stress(ncclComm_t comm, uint64_t seed, int n)
         }
         for (i = 1; i <= n; ++i) {
             g = (int)(rnd() % NG);
+            if (i % check_every == 0) reset_outputs(&d, st);
             CK(cudaGraphLaunch(ex[g], st));
             if (i % check_every == 0) {
                 CK(cudaStreamSynchronize(st));
-                verify(&d, gmax[g], -1, "stress graph");
+                verify_seq(&d, 3, gT[g], gv[g], "stress graph");
             }
         }
         CK(cudaStreamSynchronize(st));
@@ -425,6 +531,7 @@ static void part_stress(ncclComm_t comm, uint64_t seed, int n)
     }
     /* the workspace is still in step: one more eager call of each kind */
     for (i = 0; i < 4; ++i) {
+        use_set(&d, i % NV);
         reset_outputs(&d, st);
         BK(call(ws, &d, d.maxt, d.pb.H, STRATS[i], st));
         verify(&d, d.maxt, d.maxt, "after stress");
@@ -452,7 +559,7 @@ static void part_bad(ncclComm_t comm, uint64_t seed, int ndev)
     data d;
     beam_workspace *ws;
     int s;
-    make_data(&d, &pb, 100, seed);
+    make_data(&d, &pb, 100, seed, 1);
     ws = make_ws(comm, &d, -1, -1, 0);
 
     /* every rank makes the same mistake: all fail, the workspace stays in step */
@@ -473,6 +580,20 @@ static void part_bad(ncclComm_t comm, uint64_t seed, int ndev)
         verify(&d, 77, 77, "after collective bad input");
     }
 
+    /* one rank rejects a call with T == 0 while its peers' (valid) call has
+     * no rows and launches nothing: the rejecting rank must launch nothing
+     * either, so the workspace stays in step and the next call succeeds */
+    for (s = 0; s < 4; ++s) {
+        if (g_rank == g_R - 1)
+            expect(call(ws, &d, 0, 768, STRATS[s], 0), BEAM_ERR_INVALID_ARGUMENT, "hidden",
+                   "one rank rejecting a call with T = 0");
+        else
+            BK(call(ws, &d, 0, 512, STRATS[s], 0));
+        reset_outputs(&d, 0);
+        BK(call(ws, &d, 77, 512, STRATS[s], 0));
+        verify(&d, 77, 77, "after one rank rejected a call with T = 0");
+    }
+
     /* one rank rejects its arguments: the others learn it at their next call */
     host_barrier();
     if (g_rank == g_R - 1) {
@@ -491,7 +612,8 @@ static void part_bad(ncclComm_t comm, uint64_t seed, int ndev)
     }
     free_data(&d);
     host_barrier();
-    if (g_rank == 0) printf("bad input: clear errors, workspace in step after collective errors\n");
+    if (g_rank == 0)
+        printf("bad input: clear errors, workspace in step after collective errors and a lone T = 0 reject\n");
 }
 
 static void part_timeout(ncclComm_t comm, uint64_t seed)
@@ -500,7 +622,7 @@ static void part_timeout(ncclComm_t comm, uint64_t seed)
     data d;
     beam_workspace *ws;
     struct timespec t0, t1;
-    make_data(&d, &pb, 64, seed);
+    make_data(&d, &pb, 64, seed, 1);
     ws = make_ws(comm, &d, -1, -1, 300);
     host_barrier();
     if (g_rank == 0) {
