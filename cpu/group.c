@@ -203,7 +203,7 @@ static bm_shared *bm_shared_alloc(int32_t nranks, int64_t max_tokens, int32_t hi
 beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_status local)
 {
     static const char fn[] = "beam_workspace_create_cpu";
-    bm_slot *mine, *all;
+    bm_slot *mine, *all, s_bad, s_0;
     bm_cpu_ws *impl = NULL;
     beam_status st;
     int32_t r, bad = -1;
@@ -234,6 +234,12 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
         if (all[r].status != BEAM_OK || all[r].tokens != all[0].tokens || all[r].hidden != all[0].hidden ||
             all[r].strategy != all[0].strategy)
             bad = r;
+    /* The slots are read only before the second barrier: after it, a fast
+     * rank may already post its slot for the next creation. */
+    if (bad >= 0) {
+        s_bad = all[bad];
+        s_0 = all[0];
+    }
     if (bad < 0 && rank == 0) {
         g->shared = bm_shared_alloc(g->nranks, ws->max_tokens, ws->hidden);
         g->create_status = g->shared ? BEAM_OK : BEAM_ERR_OUT_OF_MEMORY;
@@ -244,13 +250,13 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     if (st != BEAM_OK) goto fail;
     if (bad >= 0) {
         st = local != BEAM_OK ? local
-             : all[bad].status != BEAM_OK
-                 ? bm_fail(all[bad].status, "%s: rank %d failed its own checks; no workspace was created",
+             : s_bad.status != BEAM_OK
+                 ? bm_fail(s_bad.status, "%s: rank %d failed its own checks; no workspace was created",
                            fn, (int)bad)
                  : bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d passed max_tokens=%lld, hidden=%d, "
                            "timeout_ms=%d but rank 0 passed %lld, %d, %d: every rank must pass the same", fn,
-                           (int)bad, (long long)all[bad].tokens, (int)all[bad].hidden, (int)all[bad].strategy,
-                           (long long)all[0].tokens, (int)all[0].hidden, (int)all[0].strategy);
+                           (int)bad, (long long)s_bad.tokens, (int)s_bad.hidden, (int)s_bad.strategy,
+                           (long long)s_0.tokens, (int)s_0.hidden, (int)s_0.strategy);
         goto fail;
     }
     if (g->create_status != BEAM_OK) {

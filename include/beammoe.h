@@ -19,8 +19,10 @@
  * Only live rows are read; rows past them may hold anything (NaN included).
  *
  * BF16 values travel as uint16_t bit patterns. Every call returns a
- * beam_status; on failure nothing has been written and beam_last_error()
- * names the function, the argument and the rule that was broken.
+ * beam_status; when an argument breaks a rule (BEAM_ERR_INVALID_ARGUMENT,
+ * BEAM_ERR_UNSUPPORTED) nothing has been written, and beam_last_error()
+ * names the function, the argument and the rule. A device or communication
+ * error (a peer timing out mid-call) may leave outputs partly written.
  *
  * Three libraries export exactly these symbols: libbeammoe_cpu (C99 +
  * OpenMP), libbeammoe_cuda (CUDA) and libbeammoe (picks one at run time).
@@ -85,7 +87,8 @@ BEAM_API const char *beam_last_error(void);
 /* "MAJOR.MINOR.PATCH" */
 BEAM_API const char *beam_version(void);
 
-/* Name of the backend that runs the calls: "cpu" or "cuda". */
+/* Name of the backend that runs the calls: "cpu" or "cuda" ("none" from
+ * libbeammoe when no backend library could be loaded). */
 BEAM_API const char *beam_backend_name(void);
 
 /* Select a backend: "cpu", "cuda" or "auto" (CUDA when it loads and a device

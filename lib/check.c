@@ -71,6 +71,10 @@ beam_status bm_check_scales(const char *fn, const float *scales, int *has, float
     *sx = 1.0f;
     *sr = 1.0f;
     if (!scales) return BEAM_OK;
+    /* An FP32 pointer like expert_weights (SPEC section 3); checked before
+     * the two values are read, since a misaligned float load is UB. */
+    if ((uintptr_t)scales % 4 != 0)
+        return bm_fail(BAD, "%s: scales=%p must be 4-byte aligned", fn, (const void *)scales);
     if (!isfinite(scales[0]))
         return bm_fail(BAD, "%s: scales[0]=%g must be finite", fn, (double)scales[0]);
     if (!isfinite(scales[1]))

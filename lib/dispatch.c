@@ -165,6 +165,9 @@ static beam_status bm_select(const char *name, const char *fn)
                          l->api.beam_last_error());
         } else {
             __atomic_store_n(&bm_current, &l->api, __ATOMIC_RELEASE);
+            /* "auto" that fell back to the CPU succeeded: no stale message
+             * about the CUDA attempt may be left for beam_last_error() */
+            bm_clear_error();
             break;
         }
         if (strcmp(name, "auto") != 0) break; /* an explicit choice does not fall back */

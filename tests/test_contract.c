@@ -365,6 +365,16 @@ static void residual_rules(fnid fn)
         c.scales = bad; /* scales[0] NaN, [1] NaN, [0] inf, [1] -inf */
         expect_bad(c, "scales");
     }
+    {
+        /* FP32 pointer: 4-byte aligned (the values themselves are fine) */
+        static float sc_bytes[4];
+        float one = 1.0f;
+        memcpy((char *)sc_bytes + 2, &one, sizeof one);
+        memcpy((char *)sc_bytes + 6, &one, sizeof one);
+        c = base(fn);
+        c.scales = (const float *)(const void *)((const char *)sc_bytes + 2);
+        expect_bad(c, "scales");
+    }
     c = base(fn);
     c.scales = NULL;
     expect_ok(c);

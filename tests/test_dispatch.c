@@ -95,6 +95,8 @@ static void test_cuda(void)
 static void test_auto(void)
 {
     CU_ASSERT_EQUAL(beam_set_backend("auto"), BEAM_OK);
+    /* a successful call leaves no message, also when auto fell back */
+    CU_ASSERT_STRING_EQUAL(beam_last_error(), "");
     if (!g_gpu_host)
         CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
     CU_ASSERT_EQUAL(beam_set_backend("cpu"), BEAM_OK);

@@ -371,8 +371,10 @@ static void usage(FILE *f)
             "against the CPU ground truth on a built-in sweep of shapes and special\n"
             "values (NaN, +-inf, signed zeros, subnormals, rounding ties, overflow), and\n"
             "the CPU backend against the tool's own scalar model of SPEC.md section 2.\n"
-            "The gather runs on CPU groups of 1, 2, 3, 4 and 8 ranks (on CUDA it is not\n"
-            "audited yet). Inputs past the live rows are NaN; outputs get a guard row\n"
+            "The gather runs on CPU groups of 1, 2, 3, 4 and 8 ranks (the CUDA gather\n"
+            "needs one process per GPU: tests/test_gather_nccl checks it bit for bit\n"
+            "against the same rules). Inputs past the live rows are NaN; outputs get a\n"
+            "guard row "
             "that must keep the tool's sentinel.\n"
             "\n"
             "Table: case, backend, strategy, elements compared, mismatching elements,\n"
@@ -482,7 +484,7 @@ int cmd_audit(int argc, char **argv)
         fflush(stdout);
     }
     if (ax.have_cuda)
-        printf("%-56s %-7s %-18s %11s %10s %7s  skipped: CUDA gather is a later issue\n",
+        printf("%-56s %-7s %-18s %11s %10s %7s  skipped: one process per GPU: tests/test_gather_nccl\n",
                "(every fused case)", "cuda", "gather/*", "-", "-", "-");
     printf("\nsummary: %d cases, %d rows, %lld elements compared, %lld mismatching in %d rows, "
            "%d errors, reference met %lld rounding ties, %.1f s: %s\n",

@@ -28,3 +28,8 @@ EXTRA_DIST += tools/audit-quick.sh
 # Exit 77 (skip) when the tool was built without json-c.
 TESTS += tools/safetensors-test.sh
 EXTRA_DIST += tools/safetensors-test.sh
+
+# `run` with bad sizes and options: the library's message and exit 1 (or
+# usage exit 2), never a crash.
+TESTS += tools/run-errors.sh
+EXTRA_DIST += tools/run-errors.sh

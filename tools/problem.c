@@ -68,7 +68,9 @@ static void sprinkle(tool_rng *r, uint16_t *a, size_t n, int count, const uint16
 /* Fill one live row t of every input with the pattern of mode g. */
 static void gen_row(problem *p, int64_t t, tool_gen g, tool_rng *r)
 {
-    size_t K = (size_t)p->top_k, H = (size_t)p->hidden, i;
+    /* negative sizes (bad options of `run`) are the library's to reject:
+     * clamp them like problem_make so that nothing here runs past a buffer */
+    size_t K = (size_t)(p->top_k > 0 ? p->top_k : 0), H = (size_t)(p->hidden > 0 ? p->hidden : 0), i;
     uint16_t *e = p->experts ? p->experts + (size_t)t * K * H : NULL;
     float *w = p->weights ? p->weights + (size_t)t * K : NULL;
     uint16_t *x = p->x ? p->x + (size_t)t * H : NULL;
