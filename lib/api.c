@@ -35,20 +35,39 @@ static size_t bm_rows_bytes(int64_t rows, int32_t hidden)
     return (size_t)rows * (size_t)hidden * BF16;
 }
 
+/* A BF16 input array of the call. */
 static bm_ptr bm_in(const char *name, const void *ptr, size_t bytes)
 {
     bm_ptr p;
     p.name = name;
     p.ptr = ptr;
     p.bytes = bytes;
+    p.align = BF16;
     p.is_output = 0;
+    p.in_place = 0;
     return p;
 }
 
+/* An FP32 input array (expert_weights). */
+static bm_ptr bm_in32(const char *name, const void *ptr, size_t bytes)
+{
+    bm_ptr p = bm_in(name, ptr, bytes);
+    p.align = FP32;
+    return p;
+}
+
+/* A BF16 output array. */
 static bm_ptr bm_out(const char *name, const void *ptr, size_t bytes)
 {
     bm_ptr p = bm_in(name, ptr, bytes);
     p.is_output = 1;
+    return p;
+}
+
+/* residual and hidden_out: the one pair that may be the same buffer. */
+static bm_ptr bm_in_place(bm_ptr p)
+{
+    p.in_place = 1;
     return p;
 }
 
@@ -131,7 +150,7 @@ static beam_status bm_finalize(const uint16_t *experts, const float *weights, in
     memset(&a, 0, sizeof a);
     BM_CHECK(bm_check_finalize_stage(fn, capacity, live, top_k, hidden, routed_scale, post_norm, &a));
     p[0] = bm_in("expert_outputs", experts, (size_t)capacity * (size_t)top_k * bm_rows_bytes(1, hidden));
-    p[1] = bm_in("expert_weights", weights, (size_t)capacity * (size_t)top_k * FP32);
+    p[1] = bm_in32("expert_weights", weights, (size_t)capacity * (size_t)top_k * FP32);
     p[2] = bm_in("post_norm->weight", a.post.weight, a.post.weight ? bm_rows_bytes(1, hidden) : 0);
     p[3] = bm_out("output", output, bm_rows_bytes(live, hidden));
     BM_CHECK(bm_backend_pointers(fn, p, 4));
@@ -172,10 +191,10 @@ BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *
     BM_CHECK(bm_check_next(fn, next_norm, normalized, &a));
     rows = bm_rows_bytes(tokens, hidden);
     p[0] = bm_in("x", x, rows);
-    p[1] = bm_in("residual", residual, rows);
+    p[1] = bm_in_place(bm_in("residual", residual, rows));
     p[2] = bm_in("pre_norm->weight", a.pre.weight, a.pre.weight ? bm_rows_bytes(1, hidden) : 0);
     p[3] = bm_in("next_norm->weight", a.next.weight, a.next.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[4] = bm_out("hidden_out", hidden_out, rows);
+    p[4] = bm_in_place(bm_out("hidden_out", hidden_out, rows));
     p[5] = bm_out("normalized", normalized, a.next.on ? rows : 0);
     BM_CHECK(bm_backend_pointers(fn, p, 6));
     if (tokens == 0) return BEAM_OK;
@@ -206,11 +225,11 @@ static beam_status bm_check_fused(const char *fn, const uint16_t *experts, const
     BM_CHECK(bm_check_next(fn, next_norm, normalized, a));
     row_bytes = bm_rows_bytes(rows, hidden);
     p[0] = bm_in("expert_outputs", experts, (size_t)capacity * (size_t)top_k * bm_rows_bytes(1, hidden));
-    p[1] = bm_in("expert_weights", weights, (size_t)capacity * (size_t)top_k * FP32);
+    p[1] = bm_in32("expert_weights", weights, (size_t)capacity * (size_t)top_k * FP32);
     p[2] = bm_in("post_norm->weight", a->post.weight, a->post.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[3] = bm_in("residual", residual, row_bytes);
+    p[3] = bm_in_place(bm_in("residual", residual, row_bytes));
     p[4] = bm_in("next_norm->weight", a->next.weight, a->next.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[5] = bm_out("hidden_out", hidden_out, row_bytes);
+    p[5] = bm_in_place(bm_out("hidden_out", hidden_out, row_bytes));
     p[6] = bm_out("normalized", normalized, a->next.on ? row_bytes : 0);
     BM_CHECK(bm_backend_pointers(fn, p, 7));
     a->experts = experts;

@@ -66,7 +66,10 @@ typedef struct bm_ptr {
     const char *name;
     const void *ptr;
     size_t bytes;  /* extent the call may touch */
+    size_t align;  /* 2 for BF16 arrays, 4 for FP32 */
     int is_output;
+    int in_place;  /* set on one output and one input: they may be exactly
+                      the same buffer (hidden_out == residual) */
 } bm_ptr;
 
 /* The state every workspace shares; the backend owns impl. */

@@ -3,7 +3,6 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "check.h"
 #include "error.h"
@@ -92,20 +91,18 @@ static int bm_overlap(const bm_ptr *a, const bm_ptr *b)
     return a0 < b0 + b->bytes && b0 < a0 + a->bytes;
 }
 
-/* hidden_out == residual (same base, same extent) is the one allowed alias. */
+/* An output and an input both marked in_place may be exactly one buffer
+ * (same base, same extent): the in-place residual update. */
 static int bm_in_place(const bm_ptr *out, const bm_ptr *in)
 {
-    return strcmp(out->name, "hidden_out") == 0 && strcmp(in->name, "residual") == 0 &&
-           out->ptr == in->ptr && out->bytes == in->bytes;
+    return out->in_place && in->in_place && out->ptr == in->ptr && out->bytes == in->bytes;
 }
 
 beam_status bm_check_pointers(const char *fn, const bm_ptr *p, int n)
 {
     int i, j;
     for (i = 0; i < n; i++) {
-        /* BF16 arrays need 2-byte, FP32 arrays 4-byte alignment; the name
-         * "expert_weights" is the only FP32 array among them. */
-        size_t align = strcmp(p[i].name, "expert_weights") == 0 ? 4 : 2;
+        const size_t align = p[i].align;
         if (p[i].bytes == 0) continue; /* empty: may be NULL, never touched */
         if (!p[i].ptr)
             return bm_fail(BAD, "%s: %s must not be NULL (it has %zu bytes to %s)", fn, p[i].name, p[i].bytes, p[i].is_output ? "write" : "read");
@@ -121,10 +118,10 @@ beam_status bm_check_pointers(const char *fn, const bm_ptr *p, int n)
             if (j == i || (p[j].is_output && j < i)) continue;
             if (!bm_overlap(&p[i], &p[j])) continue;
             if (!p[j].is_output && bm_in_place(&p[i], &p[j])) continue;
-            if (!p[j].is_output && strcmp(p[i].name, "hidden_out") == 0 &&
-                strcmp(p[j].name, "residual") == 0)
-                return bm_fail(BAD, "%s: hidden_out overlaps residual without being the same buffer "
-                               "(in-place needs hidden_out == residual exactly)", fn);
+            if (!p[j].is_output && p[i].in_place && p[j].in_place)
+                return bm_fail(BAD, "%s: %s overlaps %s without being the same buffer "
+                               "(in-place needs %s == %s exactly)", fn, p[i].name, p[j].name, p[i].name,
+                               p[j].name);
             return bm_fail(BAD, "%s: %s overlaps %s %s (outputs must not overlap inputs or each other)",
                            fn, p[i].name, p[j].is_output ? "output" : "input", p[j].name);
         }

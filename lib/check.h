@@ -24,8 +24,8 @@ beam_status bm_check_norm(const char *fn, const char *name, const beam_norm *n, 
 /* NULL -> *has = 0; else both finite. */
 beam_status bm_check_scales(const char *fn, const float *scales, int *has, float *sx, float *sr);
 /* Non-NULL when the extent is not empty, aligned to `align`, no wrap-around,
- * no output overlapping an input or another output (exception: outputs named
- * "hidden_out" and inputs named "residual" may be exactly the same buffer). */
+ * no output overlapping an input or another output (exception: an output and
+ * an input both marked in_place may be exactly the same buffer). */
 beam_status bm_check_pointers(const char *fn, const bm_ptr *p, int n);
 /* Local ops: AUTO, FUSED, UNFUSED. Gather: AUTO, ONESHOT, TWOSHOT, UNFUSED. */
 beam_status bm_check_strategy(const char *fn, beam_strategy s, int gather);

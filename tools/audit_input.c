@@ -64,18 +64,12 @@ static int meta_f32(const st_file *f, const char *key, float *out, int *given, i
 static int meta_pair(const st_file *f, const char *key, float out[2], int *given, in_err *e)
 {
     const char *s = st_meta(f, key);
-    char *end;
     *given = 0;
     if (!s) return 0;
-    out[0] = strtof(s, &end);
-    if (end == s || *end != ',') goto bad;
-    s = end + 1;
-    out[1] = strtof(s, &end);
-    if (end == s || *end) goto bad;
+    if (split_f32_pair(s, out) != 0)
+        return fail(e, "metadata %s=\"%.40s\" is not two numbers \"a,b\"", key, s);
     *given = 1;
     return 0;
-bad:
-    return fail(e, "metadata %s=\"%.40s\" is not two numbers \"a,b\"", key, st_meta(f, key));
 }
 
 /* ---- tensors ---- */

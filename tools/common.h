@@ -67,6 +67,8 @@ void fill_u16(uint16_t *p, uint16_t v, size_t n);
 int parse_i64(const char *cmd, const char *opt, const char *s, int64_t *out);
 int parse_i32(const char *cmd, const char *opt, const char *s, int32_t *out);
 int parse_f32(const char *cmd, const char *opt, const char *s, float *out);
+/* "A,B" -> two floats; 0, or -1 when s is not exactly that (nothing printed). */
+int split_f32_pair(const char *s, float out[2]);
 int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2]);
 int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out);
 

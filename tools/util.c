@@ -211,17 +211,20 @@ int parse_f32(const char *cmd, const char *opt, const char *s, float *out)
     return 0;
 }
 
-int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2])
+int split_f32_pair(const char *s, float out[2])
 {
     char *end;
-    errno = 0;
     out[0] = strtof(s, &end);
-    if (end == s || *end != ',') goto bad;
+    if (end == s || *end != ',') return -1;
     s = end + 1;
     out[1] = strtof(s, &end);
-    if (end == s || *end) goto bad;
+    if (end == s || *end) return -1;
     return 0;
-bad:
+}
+
+int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2])
+{
+    if (split_f32_pair(s, out) == 0) return 0;
     fprintf(stderr, "beammoe %s: %s: expected two numbers 'A,B'\n", cmd, opt);
     return -1;
 }
