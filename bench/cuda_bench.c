@@ -2,26 +2,29 @@
  * cuda_bench.c - speed of the CUDA backend on one GPU (public API + cudart).
  *
  * First the device's copy bandwidth (cudaMemcpy device to device of 2 GiB,
- * bytes read plus written), then for each shape of TARGETS.md (K = 8;
- * H = 7168 with T in {1, 8, 64, 512, 4096, 16384}; H = 4096 and 2048 at
- * T = 4096) each op's median time per call over CUDA graph replays. One
- * graph holds N calls on N different buffer sets, N chosen so that the sets
- * together exceed 3x the L2 cache: every call reads cold memory, as in a
- * model. Time per call = graph time / N; median over 20 replays.
+ * bytes read plus written), then for each shape (K = 8; H = 7168 with T in
+ * {1, 8, 64, 512, 4096, 16384}; H = 4096 and 2048 at T = 4096) and each
+ * configuration a user can call (cfgs below: every op, with and without the
+ * post or pre norm and its weight, scales, routed scale) the median time
+ * per call over CUDA graph replays. One graph holds N calls on N different
+ * buffer sets, N chosen so that the sets together exceed 3x the L2 cache:
+ * every call reads cold memory, as in a model. Time per call = graph time /
+ * N; median over 20 replays.
  *
- * Bytes per call: finalize and the fused op as TARGETS.md counts them;
- * norm_residual_norm reads x and residual and writes hidden and normalized
- * (4 T*H*2, + H*2 for the norm weight).
+ * Bytes per call (docs/PERF.md): finalize reads T*K*H*2 + T*K*4, writes
+ * T*H*2; norm_residual_norm reads x and residual, writes hidden and
+ * normalized (4 T*H*2); the fused op is finalize plus the residual read and
+ * the two writes; each norm weight adds H*2.
  *
- * Printed per op: microseconds, GB/s, the fraction of the copy floor (bytes
- * of TARGETS.md over the copy bandwidth) and TARGETS.md's "compiled"
- * (torch.compile) figure. For T <= 64 also "hot us": 50 calls on one buffer
- * set, which stays in L2 (in a model the expert GEMM has just written these
- * inputs, so decode reads them from L2). Last, the host overhead of one call: a call with
- * live_tokens = 0 runs every check (pointer attributes too) and launches
- * nothing.
+ * Printed per configuration: microseconds, GB/s and the fraction of the
+ * copy floor (bytes over the copy bandwidth). For T <= 64 also "hot us": 50
+ * calls on one buffer set, which stays in L2 (in a model the expert GEMM
+ * has just written these inputs, so decode reads them from L2). Last, the
+ * host overhead of one call: a call with live_tokens = 0 runs every check
+ * (pointer attributes too) and launches nothing. bench/torch_compare.py
+ * times torch.compile of the same pipeline beside beammoe.
  *
- * usage: cuda_bench [--quick]     (--quick: fewer shapes and replays)
+ * usage: cuda_bench [--quick]     (--quick: three shapes, fewer replays)
  * Inputs are random BF16 values (never zeros), weights in (0, 1).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -55,8 +58,32 @@
         }                                                                        \
     } while (0)
 
-enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED, NOPS };
-static const char *op_names[NOPS] = {"finalize", "norm_res_norm", "fused", "unfused"};
+enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
+
+/* Every configuration a user can call, by operation: which norms (the
+ * post-norm of finalize or the pre-norm of norm_residual_norm, with or
+ * without its weight), scales and routed scale. Every op with a residual has
+ * the next norm with weight; "+post" is the reference module's call. */
+typedef struct bench_cfg {
+    const char *name;
+    int op, normA, normA_w, scales;
+    float routed;
+} bench_cfg;
+
+static const bench_cfg cfgs[] = {
+    {"finalize", OP_FIN, 0, 0, 0, 1.0f},
+    {"finalize+post", OP_FIN, 1, 1, 0, 1.0f},
+    {"finalize+post0", OP_FIN, 1, 0, 0, 2.5f},
+    {"nrn", OP_NRN, 0, 0, 0, 1.0f},
+    {"nrn+pre", OP_NRN, 1, 1, 0, 1.0f},
+    {"nrn+pre+scales", OP_NRN, 1, 1, 1, 1.0f},
+    {"fused", OP_FUSED, 0, 0, 0, 1.0f},
+    {"fused+post", OP_FUSED, 1, 1, 0, 1.0f},
+    {"fused+post0", OP_FUSED, 1, 0, 0, 1.0f},
+    {"fused+post+scales", OP_FUSED, 1, 1, 1, 2.5f},
+    {"unfused+post", OP_UNFUSED, 1, 1, 0, 1.0f},
+};
+enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -93,20 +120,18 @@ static double now_s(void)
 typedef struct shape {
     int64_t T;
     int32_t H;
-    double compiled_fin, compiled_fused; /* TARGETS.md, us */
 } shape;
 
 static const shape shapes[] = {
-    {1, 7168, 3.57, 5.37},       {8, 7168, 4.38, 5.88},       {64, 7168, 7.25, 8.12},
-    {512, 7168, 41.0, 47.1},     {4096, 7168, 320.5, 352.6},  {16384, 7168, 1265.0, 1385.9},
-    {4096, 4096, 186.6, 204.7},  {4096, 2048, 97.0, 106.4},
+    {1, 7168}, {8, 7168}, {64, 7168}, {512, 7168}, {4096, 7168}, {16384, 7168},
+    {4096, 4096}, {4096, 2048},
 };
 
 /* Median time per call (us) of a graph of n calls of op; rotate: call i
  * uses buffer set i (else every call uses set 0). */
 static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *pool, size_t set_bytes,
-                         size_t n, int rotate, int op, int64_t T, int32_t H, int32_t K, size_t o_w,
-                         size_t o_res, size_t o_out, size_t o_nrm, const beam_norm *post,
+                         size_t n, int rotate, const bench_cfg *cf, int64_t T, int32_t H, int32_t K,
+                         size_t o_w, size_t o_res, size_t o_out, size_t o_nrm, const beam_norm *normA,
                          const beam_norm *next, int reps, double *times)
 {
     cudaGraph_t g;
@@ -120,17 +145,20 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         const float *w = (const float *)(b + o_w);
         uint16_t *res = (uint16_t *)(b + o_res), *out = (uint16_t *)(b + o_out);
         uint16_t *nrm = (uint16_t *)(b + o_nrm);
-        switch (op) {
+        const beam_norm *nA = cf->normA ? normA : NULL;
+        static const float scales[2] = {0.75f, 1.25f};
+        const float *sc = cf->scales ? scales : NULL;
+        switch (cf->op) {
         case OP_FIN:
-            BK(beam_moe_finalize(x, w, T, T, K, H, 1.0f, post, out, st));
+            BK(beam_moe_finalize(x, w, T, T, K, H, cf->routed, nA, out, st));
             break;
         case OP_NRN:
-            BK(beam_norm_residual_norm(x, res, T, H, NULL, NULL, next, out, nrm, st));
+            BK(beam_norm_residual_norm(x, res, T, H, nA, sc, next, out, nrm, st));
             break;
         default:
             BK(beam_moe_finalize_norm_residual_norm(
-                x, w, T, T, K, H, 1.0f, post, res, NULL, next, out, nrm,
-                op == OP_FUSED ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED, st));
+                x, w, T, T, K, H, cf->routed, nA, res, sc, next, out, nrm,
+                cf->op == OP_FUSED ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED, st));
         }
     }
     CK(cudaStreamEndCapture(st, &g));
@@ -198,8 +226,11 @@ int main(int argc, char **argv)
         CK(cudaFree(b));
     }
 
-    printf("%-6s %-5s %-14s %10s %9s %8s %8s %10s %9s\n", "T", "H", "op", "us", "GB/s", "floor%",
-           "hot us", "compiled", "x compiled");
+    printf("configurations: nrn = norm_residual_norm with the next norm; +post / +pre: the post-norm of\n"
+           "finalize / the pre-norm, with weight (post0: without); +scales: scales (0.75, 1.25); every op\n"
+           "with a residual has the next norm with weight; fused+post is the reference module's call\n\n");
+    printf("%-6s %-5s %-18s %10s %9s %8s %8s\n", "T", "H", "configuration", "us", "GB/s", "floor%",
+           "hot us");
     for (si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t T = shapes[si].T;
         const int32_t H = shapes[si].H;
@@ -209,7 +240,7 @@ int main(int argc, char **argv)
         char *pool;
         uint16_t *nw, *hbuf;
         float *hw;
-        int op;
+        size_t ci;
         beam_norm post, next;
 
         if (quick && si != 0 && si != 2 && si != 4) continue;
@@ -239,29 +270,29 @@ int main(int argc, char **argv)
         next.weight = nw + H;
         next.eps = 1e-6f;
 
-        for (op = 0; op < NOPS; op++) {
-            const double fin_b = (double)bx + bw + brow + H * 2.0;
-            const double bytes = op == OP_FIN ? fin_b : op == OP_NRN ? 4.0 * brow + H * 2.0 : fin_b + 2.0 * brow;
-            const double comp = op == OP_FIN ? shapes[si].compiled_fin
-                                : op == OP_NRN ? 0.0 : shapes[si].compiled_fused;
+        for (ci = 0; ci < NCFG; ci++) {
+            const bench_cfg *cf = &cfgs[ci];
+            const int op = cf->op;
+            const double wA = cf->normA && cf->normA_w ? H * 2.0 : 0.0;
+            const double fin_b = (double)bx + bw + brow + (op == OP_FIN ? wA : 0.0);
+            const double bytes = op == OP_FIN   ? fin_b
+                                 : op == OP_NRN ? 4.0 * brow + wA + H * 2.0
+                                                : fin_b + wA + 2.0 * brow + H * 2.0;
             double us, hot = 0.0;
-            us = time_calls(st, e0, e1, pool, set_bytes, nsets, 1, op, T, H, K, o_w, o_res, o_out, o_nrm,
+            if (quick && cf->normA != (op != OP_NRN)) continue;
+            us = time_calls(st, e0, e1, pool, set_bytes, nsets, 1, cf, T, H, K, o_w, o_res, o_out, o_nrm,
                             &post, &next, reps, times);
             /* decode sizes also hot: 50 calls on one buffer set, which then
              * stays in L2 (as when the previous kernel just wrote it) */
             if (T <= 64)
-                hot = time_calls(st, e0, e1, pool, set_bytes, 50, 0, op, T, H, K, o_w, o_res, o_out,
+                hot = time_calls(st, e0, e1, pool, set_bytes, 50, 0, cf, T, H, K, o_w, o_res, o_out,
                                  o_nrm, &post, &next, reps, times);
-            printf("%-6lld %-5d %-14s %10.2f %9.0f %7.1f%%", (long long)T, (int)H, op_names[op], us,
+            printf("%-6lld %-5d %-18s %10.2f %9.0f %7.1f%%", (long long)T, (int)H, cf->name, us,
                    bytes / us / 1e3, 100.0 * bytes / copy_gbs / 1e3 / us);
             if (hot > 0)
-                printf(" %8.2f", hot);
+                printf(" %8.2f\n", hot);
             else
-                printf(" %8s", "-");
-            if (comp > 0)
-                printf(" %10.2f %8.2fx\n", comp, comp / us);
-            else
-                printf(" %10s %9s\n", "-", "-");
+                printf(" %8s\n", "-");
         }
         CK(cudaFree(pool));
         CK(cudaFree(nw));

@@ -42,7 +42,7 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a)
     f.rows = owned;
     f.hidden = H;
     BM_CHECK(bm_tp_launched(fn, "the finalize kernel",
-                            bm_launch_rows(f, bm_pick_shape(owned, H), bm_params_vec_ok(f), stream)));
+                            bm_launch_rows(f, bm_pick_shape(f), bm_params_vec_ok(f), stream)));
 
     if (w->nranks > 1) {
         ncclResult_t r = ncclAllGather(mine, w->ag, (size_t)L * H * sizeof(uint16_t), ncclChar, w->comm,
@@ -66,5 +66,5 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a)
     n.rows = T;
     n.hidden = H;
     return bm_tp_launched(fn, "the norm_residual_norm kernel",
-                          bm_launch_rows(n, bm_pick_shape(T, H), bm_params_vec_ok(n), stream));
+                          bm_launch_rows(n, bm_pick_shape(n), bm_params_vec_ok(n), stream));
 }

@@ -1,25 +1,34 @@
 /*
- * launch.cu - the compiled launch shapes of the row kernel and the choice
- * among them (internal).
+ * launch.cu - the compiled launch shapes of the row kernels, the choice
+ * among them, and the one helper that launches any of them (internal).
  */
 #include <limits.h>
 
+#include <atomic>
+
 #include "launch.h"
 
-/* Every (NT, J, U, CS) instantiated, each in a vector and a scalar version:
- * the shapes bm_pick_shape returns (decode: one chunk per thread, clusters of
- * 1 to 8; prefill: the row kernel for hidden <= 4096) and the row-kernel
- * twins of the pipelined shapes (bases not 16-byte aligned). To try another
- * shape, add it here and sweep it with scripts/dev/harness.cu. */
+/* Every row-kernel shape (NT, J, U, CS) instantiated, each in a vector and a
+ * scalar version: the shapes bm_pick_shape returns (decode: one chunk per
+ * thread, clusters of 1 to 8; prefill with hidden <= 4096), the row-kernel
+ * twins of the pipelined shapes (bases not 16-byte aligned) and the
+ * candidates bench/shape_sweep times against them. */
 #define BM_SHAPES(X)                                                          \
-    X(32, 1, 8, 1) X(64, 1, 8, 1) X(128, 1, 8, 1)                              \
+    X(32, 1, 8, 1) X(64, 1, 8, 1) X(128, 1, 8, 1) X(256, 1, 8, 1)              \
     X(64, 1, 8, 2) X(64, 1, 8, 4) X(64, 1, 8, 8) X(128, 1, 8, 2)               \
     X(128, 1, 8, 4) X(128, 1, 8, 8) X(256, 1, 8, 2) X(256, 1, 8, 4)            \
     X(512, 1, 8, 2)                                                            \
-    X(128, 2, 4, 1) X(256, 2, 4, 1) X(256, 4, 2, 1) X(512, 2, 2, 1)
+    X(128, 2, 4, 1) X(256, 2, 4, 1) X(256, 4, 2, 1) X(512, 2, 2, 1)            \
+    X(512, 1, 4, 1) X(1024, 1, 2, 1) X(128, 4, 2, 1)
 
-/* Pipelined shapes (NT, J, D): prefill with hidden > 4096, vector path. */
-#define BM_PIPES(X) X(256, 4, 3) X(256, 4, 4) X(512, 2, 3) X(512, 2, 4)
+/* Pipelined shapes (NT, J, D, MB): prefill, vector path; MB resident blocks
+ * per multiprocessor asked of the compiler (__launch_bounds__), 1: none. */
+#define BM_PIPES(X)                                                           \
+    X(256, 4, 2, 1) X(256, 4, 3, 1) X(256, 4, 4, 1) X(512, 2, 3, 1)            \
+    X(512, 2, 4, 1) X(512, 2, 3, 3) X(512, 2, 4, 3) X(1024, 1, 4, 1)           \
+    X(1024, 1, 3, 2) X(128, 4, 4, 1) X(256, 2, 4, 1) X(256, 2, 4, 6)           \
+    X(512, 1, 4, 1) X(128, 2, 4, 1) X(128, 2, 4, 8) X(256, 1, 4, 1)            \
+    X(256, 1, 4, 8)
 
 static int next_pow2(int c)
 {
@@ -29,38 +38,77 @@ static int next_pow2(int c)
     return n;
 }
 
-bm_shape bm_pick_shape(int64_t rows, int hidden)
+/* Multiprocessors of the current device, asked once per device (a host-side
+ * attribute query, legal during graph capture). */
+static int bm_device_sms(void)
 {
-    const int n2 = next_pow2(hidden / 8); /* 32 .. 1024 */
+    enum { MAX_DEV = 64 };
+    static std::atomic<int> sms[MAX_DEV];
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_DEV)
+        return 132;
+    n = sms[dev].load(std::memory_order_relaxed);
+    if (n == 0) {
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+            (void)cudaGetLastError();
+            return 132;
+        }
+        sms[dev].store(n, std::memory_order_relaxed);
+    }
+    return n;
+}
+
+bm_shape bm_pick_shape(const bm_row_params &p)
+{
+    const int64_t rows = p.rows;
+    const int n2 = next_pow2(p.hidden / 8); /* 32 .. 1024 */
+    const bool fin = p.experts != NULL;
     bm_shape s;
     s.pdl = 0;
     s.cs = 1;
     s.d = 0;
+    s.u = 0;
+    s.mb = 1;
     if (rows <= 64) {
         /* decode: one chunk per thread, the whole row loaded at once, the
          * row spread over a cluster of up to 8 multiprocessors as long as
-         * the grid stays within one wave (132 on an H200) */
+         * the grid stays within one wave */
+        const int sms = bm_device_sms();
         int cs = 8;
-        while (cs > 1 && (rows * cs > 132 || n2 / cs < 64))
+        while (cs > 1 && (rows * cs > sms || n2 / cs < 64))
             cs /= 2;
         s.cs = cs;
         s.nt = n2 / cs;
         s.j = 1;
         s.u = 8;
         s.pdl = 1;
-    } else if (n2 >= 1024) {
-        /* prefill, hidden > 4096: the pipelined kernel (pipe_kernel.cuh);
-         * wider blocks while there are few rows per block */
-        s.d = rows < 2048 ? 3 : 4;
-        s.j = rows < 2048 ? 2 : 4;
-        s.nt = n2 / s.j;
-        s.u = 0;
+        return s;
+    }
+    /* prefill: the fastest shape of bench/shape_sweep on an H200 for each
+     * kind of row (docs/PERF.md): the pipelined kernel where a row has many
+     * items (finalize: K slots and the residual); the register-resident row
+     * kernel, or the pipeline with more blocks per multiprocessor when a
+     * pre-norm adds a second reduction, where it has two (x, residual) */
+    if (n2 >= 1024) {
+        if (fin) {
+            s.nt = 512; s.j = 2; s.d = 3;
+        } else if (!p.normA) {
+            s.nt = 512; s.j = 2; s.u = 2;
+        } else {
+            s.nt = 512; s.j = 2; s.d = 4; s.mb = 3;
+        }
     } else if (n2 == 512) {
-        /* hidden 2304 .. 4096: the row kernel measured faster than the
-         * pipeline (119 vs 125 us, T = 4096, H = 4096, fused) */
-        s.nt = 256; s.j = 2; s.u = 4;
+        if (fin) {
+            s.nt = 256; s.j = 2; s.d = 4;
+        } else {
+            s.nt = 256; s.j = 2; s.u = 4;
+        }
     } else if (n2 == 256) {
-        s.nt = 128; s.j = 2; s.u = 4;
+        if (fin) {
+            s.nt = 256; s.j = 1; s.d = 4;
+        } else {
+            s.nt = 128; s.j = 2; s.d = 4; s.mb = 8;
+        }
     } else {
         s.nt = n2; s.j = 1; s.u = 8;
     }
@@ -71,7 +119,8 @@ bm_shape bm_row_twin(bm_shape s)
 {
     if (s.d > 0) {
         s.d = 0;
-        s.u = s.j >= 4 ? 2 : s.j == 2 ? (s.nt >= 512 ? 2 : 4) : 8;
+        s.mb = 1;
+        s.u = s.j >= 4 ? 2 : s.j == 2 ? (s.nt >= 512 ? 2 : 4) : (s.nt >= 1024 ? 2 : s.nt >= 512 ? 4 : 8);
     }
     return s;
 }
@@ -83,8 +132,8 @@ int bm_shape_ok(bm_shape s, int hidden)
     if (s.d > 0) {
         if (s.cs != 1)
             return 0;
-#define BM_POK(NT, J, D) \
-    if (s.nt == NT && s.j == J && s.d == D) return 1;
+#define BM_POK(NT, J, D, MB) \
+    if (s.nt == NT && s.j == J && s.d == D && s.mb == MB) return 1;
         BM_PIPES(BM_POK)
 #undef BM_POK
         return 0;
@@ -94,6 +143,20 @@ int bm_shape_ok(bm_shape s, int hidden)
     BM_SHAPES(BM_OK)
 #undef BM_OK
     return 0;
+}
+
+int bm_shape_list(bm_shape *out, int max)
+{
+    int n = 0;
+#define BM_LROW(NT, J, U, CS) \
+    if (n < max) out[n] = bm_shape{NT, J, U, CS, CS > 1, 0, 1}; ++n;
+#define BM_LPIPE(NT, J, D, MB) \
+    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, D, MB}; ++n;
+    BM_SHAPES(BM_LROW)
+    BM_PIPES(BM_LPIPE)
+#undef BM_LROW
+#undef BM_LPIPE
+    return n;
 }
 
 static int aligned16(const void *p)
@@ -110,20 +173,23 @@ int bm_params_vec_ok(const bm_row_params &p)
     return 1;
 }
 
-template <int NT, int J, int U, int CS, bool VEC>
-static cudaError_t bm_go(const bm_row_params &p, unsigned rows_grid, int pdl,
-                         cudaStream_t stream)
+/* The one launch helper: grid of `blocks` blocks of nt threads, clusters
+ * of cs blocks, smem bytes of dynamic shared memory, programmatic
+ * dependent launch when pdl. */
+template <typename K>
+static cudaError_t bm_launch(K kernel, const bm_row_params &p, unsigned blocks, int nt, int cs,
+                             size_t smem, int pdl, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[2];
     int n = 0;
-    cfg.gridDim = dim3(rows_grid * CS, 1, 1);
-    cfg.blockDim = dim3(NT, 1, 1);
-    cfg.dynamicSmemBytes = 0;
+    cfg.gridDim = dim3(blocks, 1, 1);
+    cfg.blockDim = dim3((unsigned)nt, 1, 1);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    if (CS > 1) {
+    if (cs > 1) {
         at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n].val.clusterDim.x = CS;
+        at[n].val.clusterDim.x = (unsigned)cs;
         at[n].val.clusterDim.y = 1;
         at[n].val.clusterDim.z = 1;
         ++n;
@@ -135,48 +201,53 @@ static cudaError_t bm_go(const bm_row_params &p, unsigned rows_grid, int pdl,
     }
     cfg.attrs = at;
     cfg.numAttrs = n;
-    return cudaLaunchKernelEx(&cfg, bm_row_kernel<NT, J, U, CS, VEC>, p);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-/* The pipelined kernel: dynamic shared memory raised once per kernel, and a
- * persistent grid of one wave (multiprocessors x resident blocks), both
- * computed at the kernel's first launch on a device and cached (host-side
+/* The pipelined kernel: its dynamic shared memory limit raised once per
+ * device, and a persistent grid of one wave (multiprocessors x resident
+ * blocks from the occupancy API), both cached per device (host-side
  * attribute calls, not stream work: legal during graph capture). */
-template <int NT, int J, int D>
+template <int NT, int J, int D, int MB, bool FIN>
 static cudaError_t bm_go_pipe(const bm_row_params &p, int pdl, cudaStream_t stream)
 {
-    static int cached_dev = -1, cached_wave = 0;
+    enum { MAX_DEV = 64 };
+    static std::atomic<int> wave[MAX_DEV];
     const size_t smem = (size_t)D * J * NT * 16;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess)
         return e;
-    if (dev != cached_dev) {
-        int sms = 0, per_sm = 0;
-        e = cudaFuncSetAttribute(bm_pipe_kernel<NT, J, D>,
+    if (dev < 0 || dev >= MAX_DEV)
+        return cudaErrorInvalidDevice;
+    int w = wave[dev].load(std::memory_order_relaxed);
+    if (w == 0) {
+        int per_sm = 0;
+        e = cudaFuncSetAttribute(bm_pipe_kernel<NT, J, D, MB, FIN>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e == cudaSuccess)
-            e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bm_pipe_kernel<NT, J, D>,
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bm_pipe_kernel<NT, J, D, MB, FIN>,
                                                               NT, smem);
         if (e != cudaSuccess)
             return e;
-        cached_wave = sms * (per_sm > 0 ? per_sm : 1);
-        cached_dev = dev;
+        w = bm_device_sms() * (per_sm > 0 ? per_sm : 1);
+        wave[dev].store(w, std::memory_order_relaxed);
     }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    const int64_t grid = p.rows < (int64_t)cached_wave ? p.rows : (int64_t)cached_wave;
-    cfg.gridDim = dim3((unsigned)grid, 1, 1);
-    cfg.blockDim = dim3(NT, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, bm_pipe_kernel<NT, J, D>, p);
+    const int64_t grid = p.rows < (int64_t)w ? p.rows : (int64_t)w;
+    return bm_launch(bm_pipe_kernel<NT, J, D, MB, FIN>, p, (unsigned)grid, NT, 1, smem, pdl, stream);
+}
+
+/* The row kernel of one shape: vector or scalar path, finalize or not. */
+template <int NT, int J, int U, int CS>
+static cudaError_t bm_go_row(const bm_row_params &p, unsigned blocks, int pdl, int vec,
+                             cudaStream_t stream)
+{
+    if (p.experts)
+        return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, true>, p, blocks, NT, CS, 0, pdl, stream)
+                   : bm_launch(bm_row_kernel<NT, J, U, CS, false, true>, p, blocks, NT, CS, 0, pdl, stream);
+    return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, false>, p, blocks, NT, CS, 0, pdl, stream)
+               : bm_launch(bm_row_kernel<NT, J, U, CS, false, false>, p, blocks, NT, CS, 0, pdl, stream);
 }
 
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
@@ -185,26 +256,23 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
     if (p.rows <= 0)
         return cudaSuccess;
     if (s.d > 0 && vec && s.cs == 1) {
-#define BM_PGO(NT, J, D)                                                          \
-        if (s.nt == NT && s.j == J && s.d == D) {                                 \
-            cudaError_t e_ = bm_go_pipe<NT, J, D>(p, s.pdl, stream);              \
-            return e_ != cudaSuccess ? e_ : cudaGetLastError();                   \
-        }
+#define BM_PGO(NT, J, D, MB)                                                      \
+        if (s.nt == NT && s.j == J && s.d == D && s.mb == MB)                     \
+            return p.experts ? bm_go_pipe<NT, J, D, MB, true>(p, s.pdl, stream)   \
+                             : bm_go_pipe<NT, J, D, MB, false>(p, s.pdl, stream);
         BM_PIPES(BM_PGO)
 #undef BM_PGO
         return cudaErrorInvalidConfiguration;
     }
     if (s.d > 0)
         s = bm_row_twin(s); /* a base not 16-byte aligned */
-    /* Rows beyond the grid are taken by a grid-stride loop. */
+    /* One row (or one cluster per row) per block; rows beyond the grid are
+     * taken by a grid-stride loop. */
     const int64_t cap = (int64_t)(INT_MAX / 8);
-    const unsigned rows_grid = (unsigned)(p.rows < cap ? p.rows : cap);
+    const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap) * (unsigned)s.cs;
 #define BM_GO(NT, J, U, CS)                                                       \
-    if (s.nt == NT && s.j == J && s.u == U && s.cs == CS) {                       \
-        cudaError_t e_ = vec ? bm_go<NT, J, U, CS, true>(p, rows_grid, s.pdl, stream)  \
-                             : bm_go<NT, J, U, CS, false>(p, rows_grid, s.pdl, stream); \
-        return e_ != cudaSuccess ? e_ : cudaGetLastError();                       \
-    }
+    if (s.nt == NT && s.j == J && s.u == U && s.cs == CS)                         \
+        return bm_go_row<NT, J, U, CS>(p, blocks, s.pdl, vec, stream);
     BM_SHAPES(BM_GO)
 #undef BM_GO
     return cudaErrorInvalidConfiguration;

@@ -1,20 +1,21 @@
 /*
- * launch.h - choosing and launching the row kernel (internal, C++).
+ * launch.h - choosing and launching the row kernels (internal, C++).
  *
  * A launch shape is (NT threads per block, J chunks per thread, U expert
  * slots loaded ahead, CS blocks of a cluster per row, PDL or not, D stages
- * of the pipelined kernel or 0). bm_pick_shape chooses one per call from the
- * row count and the hidden size only (no device query per call):
+ * of the pipelined kernel or 0, MB blocks per multiprocessor for the
+ * compiler's register budget). bm_pick_shape chooses one per call from the
+ * row count, the hidden size and what a row holds (no device query per call
+ * beyond the multiprocessor count, asked once per device):
  *  - decode (rows <= 64): the row kernel, one chunk per thread, the row
  *    spread over a cluster of up to 8 blocks (latency: every load of the row
  *    in flight at once, on up to 8 multiprocessors), launched with
  *    programmatic dependent launch so that its start overlaps the tail of
  *    the preceding kernel (the kernel waits for it before reading memory);
- *  - prefill, hidden > 4096: the pipelined kernel (pipe_kernel.cuh);
- *  - prefill, hidden <= 4096: the row kernel, 2 chunks per thread (measured
- *    faster there than the pipeline).
- * Launch shapes were chosen with scripts/dev/harness.cu on an H200
- * (docs/PERF-cuda.md).
+ *  - prefill: the pipelined kernel (pipe_kernel.cuh) for finalize and the
+ *    fused op, the row kernel or the pipeline for norm_residual_norm,
+ *    as measured per hidden size.
+ * Launch shapes were chosen with bench/shape_sweep on an H200 (docs/PERF.md).
  */
 #ifndef BEAMMOE_GPU_LAUNCH_H
 #define BEAMMOE_GPU_LAUNCH_H
@@ -32,10 +33,13 @@ struct bm_shape {
     int pdl; /* launch with programmatic stream serialization */
     int d;   /* > 0: the pipelined kernel (pipe_kernel.cuh) with d stages
               * (vector path, cs == 1, u unused); 0: the row kernel */
+    int mb;  /* pipelined kernel: resident blocks per multiprocessor asked of
+              * the compiler (its register budget); 1 otherwise */
 };
 
-/* The shape the library uses for rows x hidden. */
-bm_shape bm_pick_shape(int64_t rows, int hidden);
+/* The shape the library uses for the launch p (rows, hidden, and what the
+ * row holds: finalize or not, a pre-norm or not). */
+bm_shape bm_pick_shape(const bm_row_params &p);
 
 /* The row-kernel shape that stands in for a pipelined one when a base is not
  * 16-byte aligned (cp.async needs 16-byte alignment); other shapes as is. */
@@ -43,6 +47,10 @@ bm_shape bm_row_twin(bm_shape s);
 
 /* 1 when the shape is one of the compiled instantiations and covers hidden. */
 int bm_shape_ok(bm_shape s, int hidden);
+
+/* The compiled shapes (row kernel, then pipelined), at most max of them
+ * into out; returns how many there are. For bench/shape_sweep. */
+int bm_shape_list(bm_shape *out, int max);
 
 /* 1 when every BF16 base of p is 16-byte aligned (the vector path). */
 int bm_params_vec_ok(const bm_row_params &p);

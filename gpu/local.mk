@@ -7,7 +7,8 @@
 # the objects join the library through LIBADD. Works in VPATH builds
 # (make distcheck): sources come from $(srcdir), objects go to the build dir.
 
-BEAM_GPU_INCS = gpu/launch.h gpu/numerics.cuh gpu/row_kernel.cuh gpu/pipe_kernel.cuh
+BEAM_GPU_INCS = gpu/launch.h gpu/numerics.cuh gpu/row_ops.cuh gpu/row_kernel.cuh \
+	gpu/pipe_kernel.cuh
 BEAM_GPU_OBJS = gpu/launch.lo gpu/backend_cuda.lo
 BEAM_NVCC = $(NVCC) $(NVCC_FLAGS) -I$(top_srcdir)/include -I$(top_srcdir)/lib \
 	-I$(top_srcdir)/gpu -I$(top_builddir) $(CUDA_CPPFLAGS)
@@ -51,3 +52,13 @@ bench_cuda_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_cuda_bench_LDFLAGS = $(CUDA_LDFLAGS)
 bench_cuda_bench_LDADD = libbeammoe.la $(CUDA_LIBS)
 EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
+
+# ---- bench/shape_sweep: every compiled launch shape checked and timed (a
+# contributor's tool, docs/PERF.md): drives gpu/launch.cu without lib/, so
+# it links gpu/launch.o and the naive reference itself. Built on request
+# (`make bench/shape_sweep`) and by scripts/gpu-check.sh.
+bench/shape_sweep$(EXEEXT): bench/shape_sweep.cu gpu/launch.lo tests/naive_ref.c $(BEAM_GPU_DEPS)
+	$(AM_V_GEN)$(BEAM_NVCC) -I$(top_srcdir)/tests -Xcompiler -ffp-contract=off -o $@ \
+	  `test -f bench/shape_sweep.cu || echo '$(srcdir)/'`bench/shape_sweep.cu \
+	  `test -f tests/naive_ref.c || echo '$(srcdir)/'`tests/naive_ref.c gpu/launch.o
+CLEANFILES += bench/shape_sweep$(EXEEXT)

@@ -46,17 +46,17 @@ struct bm_pipe_cursor {
     int item; /* 0 .. n_items-1 within the row */
 };
 
-template <int NT, int J, int D>
-__global__ void __launch_bounds__(NT) bm_pipe_kernel(const bm_row_params p)
+template <int NT, int J, int D, int MB, bool FIN>
+__global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_row_params p)
 {
     __shared__ float red[2][NT];
+    bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0};
     /* D stages of J x NT 16-byte slots, dynamic (above the 48 KB static limit) */
     extern __shared__ uint4 bm_pipe_ring[];
     uint4 (*ring)[J][NT] = reinterpret_cast<uint4 (*)[J][NT]>(bm_pipe_ring);
-    int par = 0;
     const int C = p.hidden >> 3;
     const int H = p.hidden;
-    const int K = p.experts ? p.top_k : 1;        /* stage-A items per row */
+    const int K = FIN ? p.top_k : 1;              /* stage-A items per row */
     const int n_items = K + (p.residual ? 1 : 0); /* residual comes last */
     const int lane = threadIdx.x & 31;
     const int t = threadIdx.x;
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(NT) bm_pipe_kernel(const bm_row_params p)
         if (pc.row < p.rows) {
             const uint16_t *src;
             if (pc.item < K)
-                src = p.experts ? p.experts + ((size_t)pc.row * K + pc.item) * (size_t)H
+                src = FIN ? p.experts + ((size_t)pc.row * K + pc.item) * (size_t)H
                                 : p.x + (size_t)pc.row * H;
             else
                 src = p.residual + (size_t)pc.row * H;
@@ -100,17 +100,18 @@ __global__ void __launch_bounds__(NT) bm_pipe_kernel(const bm_row_params p)
         slot_in = slot_in + 1 == D ? 0 : slot_in + 1;
     };
     int slot_out = 0;
-    /* take the next item: keep D-1 in flight, wait for the oldest */
-    auto take = [&](float (&f)[J][8]) {
+    /* take the next item: keep D-1 in flight, wait for the oldest; returns
+     * its ring slot (chunk j of this thread: at(slot, j)) */
+    auto take = [&]() {
         issue();
         bm_cp_async_wait_group<D - 1>();
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const uint4 q = ring[slot_out][j][t];
-            const bm_pack8 pk = {{q.x, q.y, q.z, q.w}};
-            bm_unpack8(pk, f[j]);
-        }
+        const int s = slot_out;
         slot_out = slot_out + 1 == D ? 0 : slot_out + 1;
+        return s;
+    };
+    auto at = [&](int s, int j) {
+        const uint4 q = ring[s][j][t];
+        return bm_pack8{{q.x, q.y, q.z, q.w}};
     };
 
 #pragma unroll
@@ -118,15 +119,15 @@ __global__ void __launch_bounds__(NT) bm_pipe_kernel(const bm_row_params p)
         issue();
 
     float wl_next = 0.0f;
-    if (p.experts && lane < K && (int64_t)blockIdx.x < p.rows)
+    if (FIN && lane < K && (int64_t)blockIdx.x < p.rows)
         wl_next = __ldg(p.weights + (size_t)blockIdx.x * K + lane);
 
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
         float v[J][8];
-        float f[J][8];
+        bm_pack8 pk[J];
 
         /* ---- stage A ---- */
-        if (p.experts) {
+        if (FIN) {
             const float wl = wl_next;
             const int64_t nxt = row + gridDim.x;
             if (lane < K && nxt < p.rows)
@@ -138,22 +139,24 @@ __global__ void __launch_bounds__(NT) bm_pipe_kernel(const bm_row_params p)
                     v[j][e] = 0.0f; /* a = +0.0 */
             for (int k = 0; k < K; ++k) {
                 const float wk = __shfl_sync(0xFFFFFFFFu, wl, k);
-                take(f);
+                const int s = take();
 #pragma unroll
                 for (int j = 0; j < J; ++j)
+                    pk[j] = at(s, j);
 #pragma unroll
-                    for (int e = 0; e < 8; ++e)
-                        v[j][e] = __fadd_rn(v[j][e], __fmul_rn(wk, f[j][e]));
+                for (int j = 0; j < J; ++j)
+                    bm_slot8(v[j], pk[j], wk);
             }
 #pragma unroll
             for (int j = 0; j < J; ++j)
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const uint32_t r = bm_bf16(v[j][e]);
-                    v[j][e] = bm_f(bm_bf16(__fmul_rn(bm_f(r), p.routed_scale)));
-                }
+                pk[j] = bm_finalize8(v[j], p.routed_scale);
         } else {
-            take(v);
+            const int s = take();
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                pk[j] = at(s, j);
+                bm_unpack8(pk[j], v[j]);
+            }
         }
 #pragma unroll
         for (int j = 0; j < J; ++j)
@@ -163,50 +166,42 @@ __global__ void __launch_bounds__(NT) bm_pipe_kernel(const bm_row_params p)
                     v[j][e] = 0.0f;
 
         /* ---- norm A ---- */
-        if (p.normA) {
-            bm_norm_row<NT, J, 1, true>(v, p.wA, p.epsA, H, C, t, red[par], nullptr);
-            par ^= 1;
-        }
+        if (p.normA)
+            bm_norm_stage<NT, J, 1, true, NT>(v, pk, p.wA, p.epsA, H, C, t, tc, false);
 
         if (!p.residual) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int c = t + j * NT;
                 if (c < C)
-                    bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, bm_round8(v[j]));
+                    bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, pk[j]);
             }
             continue;
         }
 
         /* ---- stage B ---- */
-        take(f);
+        bm_pack8 r[J];
+        const int rs = take();
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+            r[j] = at(rs, j);
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int c = t + j * NT;
             if (c >= C)
                 continue;
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                float bx = v[j][e], br = f[j][e];
-                if (p.has_scales) {
-                    bx = bm_f(bm_bf16(__fmul_rn(bx, p.scale_x)));
-                    br = bm_f(bm_bf16(__fmul_rn(br, p.scale_r)));
-                }
-                v[j][e] = bm_f(bm_bf16(__fadd_rn(bx, br)));
-            }
-            bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, bm_round8(v[j]));
+            pk[j] = bm_residual8(v[j], r[j], p.has_scales, p.scale_x, p.scale_r);
+            bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, pk[j]);
         }
 
         /* ---- norm B ---- */
         if (p.normB) {
-            bm_norm_row<NT, J, 1, true>(v, p.wB, p.epsB, H, C, t, red[par], nullptr);
-            par ^= 1;
+            bm_norm_stage<NT, J, 1, true, NT>(v, pk, p.wB, p.epsB, H, C, t, tc, false);
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int c = t + j * NT;
                 if (c < C)
-                    bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8,
-                                    bm_round8(v[j]));
+                    bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk[j]);
             }
         }
     }

@@ -43,7 +43,7 @@
 
 #include <cooperative_groups.h>
 
-#include "numerics.cuh"
+#include "row_ops.cuh"
 
 /* Arguments of one launch (passed by value). */
 struct bm_row_params {
@@ -73,93 +73,6 @@ struct bm_row_params {
     int32_t hidden;
 };
 
-/* The SPEC halving tree over N values held in a register array:
- * v[i] += v[i + s] for s = N/2 .. 1. A template recursion so that every
- * index is a compile-time constant (no local-memory array). */
-template <int S>
-__device__ __forceinline__ void bm_halving(float *v)
-{
-    if (S >= 1) {
-#pragma unroll
-        for (int i = 0; i < S; ++i)
-            v[i] = __fadd_rn(v[i], v[i + S]);
-        bm_halving<(S > 1 ? S / 2 : 0)>(v);
-    }
-}
-template <>
-__device__ __forceinline__ void bm_halving<0>(float *) {}
-
-/* Sum of one value per thread, in SPEC tree order over the thread index;
- * every thread gets the result. red holds NT floats of shared memory; the
- * caller alternates two such buffers between consecutive calls, which is
- * safe because a call's barrier separates a buffer's reads from its next
- * writes two calls later. */
-template <int NT>
-__device__ __forceinline__ float bm_block_tree(float q, float *red)
-{
-    constexpr int NW = NT / 32;
-    const int lane = threadIdx.x & 31;
-    if (NW > 1) {
-        red[threadIdx.x] = q;
-        __syncthreads();
-        float v[NW];
-#pragma unroll
-        for (int i = 0; i < NW; ++i)
-            v[i] = red[lane + 32 * i];
-        bm_halving<NW / 2>(v);
-        q = v[0];
-    }
-#pragma unroll
-    for (int s = 16; s >= 1; s /= 2)
-        q = __fadd_rn(q, __shfl_down_sync(0xFFFFFFFFu, q, s));
-    return __shfl_sync(0xFFFFFFFFu, q, 0);
-}
-
-/* v <- f(N(v, w, eps)) for the thread's J chunks (padding chunks stay 0).
- * w: the norm weight row [hidden], or NULL. */
-template <int NT, int J, int CS, bool VEC>
-__device__ __forceinline__ void bm_norm_row(float (&v)[J][8], const uint16_t *w,
-                                            float eps, int hidden,
-                                            int C, int g0, float *red, float *xred)
-{
-    float P[J];
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-        P[j] = bm_chunk_sumsq(v[j]);
-    bm_halving<J / 2>(P);
-    float q = P[0];
-    if (CS > 1) {
-        /* across the cluster: Q[b] += Q[b + s] for the same t */
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        xred[threadIdx.x] = q;
-        cl.sync();
-        float qb[CS];
-#pragma unroll
-        for (int b = 0; b < CS; ++b)
-            qb[b] = cl.map_shared_rank(xred, b)[threadIdx.x];
-        bm_halving<CS / 2>(qb);
-        q = qb[0];
-    }
-    const float inv = bm_inv_rms(bm_block_tree<NT>(q, red), hidden, eps);
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * CS * NT;
-        if (c >= C)
-            continue;
-        float wf[8];
-        if (w)
-            bm_unpack8(bm_load8<VEC>(w + (size_t)c * 8), wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            uint32_t u = bm_bf16(__fmul_rn(v[j][e], inv));
-            if (w)
-                u = bm_bf16(__fmul_rn(bm_f(u), wf[e]));
-            v[j][e] = bm_f(u);
-        }
-    }
-}
-
 /* a = +0; a = a + w[k] * f(x[k]) for k in order, for U slots at a time
  * (all U*J loads are issued before the first use). */
 template <int NT, int J, int U, int CS, bool VEC>
@@ -188,53 +101,39 @@ __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
             const int c = g0 + j * CS * NT;
             if (c >= C)
                 continue;
-            float f[8];
-            bm_unpack8(ld[u][j], f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-                acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(wk[u], f[e]));
+            bm_slot8(acc[j], ld[u][j], wk[u]);
         }
 }
 
-/* Programmatic dependent launch: wait until the preceding kernel of the
- * stream has completed (and its writes are visible) before touching global
- * memory, and let the next kernel's blocks be scheduled early. Both are
- * no-ops when the launch did not ask for it. */
-__device__ __forceinline__ void bm_pdl_wait()
-{
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void bm_pdl_trigger()
-{
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-template <int NT, int J, int U, int CS, bool VEC>
+template <int NT, int J, int U, int CS, bool VEC, bool FIN>
 __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
 {
     __shared__ float red[2][NT];
-    __shared__ float xred[2][CS > 1 ? NT : 1];
-    /* The norm weights of this thread's slots, copied once per block
-     * (vector path): each thread copies and later reads only its own slots,
-     * so no barrier is needed, only the wait for its own copies. */
-    /* The residual row of this thread's slots, fetched with asynchronous
+    __shared__ bm_xchg<NT, CS> xc[1];
+    /* The residual row of this thread's chunks, fetched with asynchronous
      * copies at the start of the row (vector path): its latency overlaps the
      * row source's and it costs no registers. Each thread copies and later
      * reads only its own slots: no barrier, only the wait for its copies. */
     __shared__ __align__(16) uint16_t rsm[VEC ? NT * J * 8 : 8];
-    int par = 0;
+    constexpr int STRIDE = CS * NT;
     const int C = p.hidden >> 3;
     const int H = p.hidden;
     const int b = CS > 1 ? (int)(blockIdx.x % CS) : 0;
     const int g0 = b * NT + (int)threadIdx.x;
+    /* the number of norms of a row is the same in every block of a cluster */
+    const bool xchg = CS > 1 && (p.normA || (p.residual && p.normB));
+    bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0};
 
+    if constexpr (CS > 1)
+        if (xchg)
+            bm_xchg_start<NT, CS>(xc[0]);
     bm_pdl_wait();
     bm_pdl_trigger();
     /* The norm weights are the same for every row: pull them into L1 now,
      * while the first row's loads are in flight (no registers held). */
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * CS * NT;
+        const int c = g0 + j * STRIDE;
         if (c >= C)
             continue;
         if (p.normA && p.wA)
@@ -247,19 +146,20 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
     const int64_t rstep = CS > 1 ? (int64_t)(gridDim.x / CS) : (int64_t)gridDim.x;
     for (int64_t row = row0; row < p.rows; row += rstep) {
         float v[J][8];
+        bm_pack8 pk[J];
 
         if (VEC && p.residual) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                const int c = g0 + j * CS * NT;
+                const int c = g0 + j * STRIDE;
                 if (c < C)
                     bm_cp_async16(&rsm[(j * NT + threadIdx.x) * 8],
                                   p.residual + (size_t)row * H + (size_t)c * 8);
             }
         }
 
-        /* ---- stage A ---- */
-        if (p.experts) {
+        /* ---- stage A: the finalized row, or the row of x ---- */
+        if (FIN) {
 #pragma unroll
             for (int j = 0; j < J; ++j)
 #pragma unroll
@@ -275,43 +175,38 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
                 bm_finalize_slots<NT, J, 1, CS, VEC>(v, xr, wr, k, H, C, g0);
 #pragma unroll
             for (int j = 0; j < J; ++j)
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const uint32_t r = bm_bf16(v[j][e]);
-                    v[j][e] = bm_f(bm_bf16(__fmul_rn(bm_f(r), p.routed_scale)));
-                }
+                pk[j] = bm_finalize8(v[j], p.routed_scale);
         } else {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                const int c = g0 + j * CS * NT;
-                bm_pack8 q = {{0u, 0u, 0u, 0u}};
+                const int c = g0 + j * STRIDE;
+                pk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
                 if (c < C)
-                    q = bm_load8<VEC>(p.x + (size_t)row * H + (size_t)c * 8);
-                bm_unpack8(q, v[j]);
+                    pk[j] = bm_load8<VEC>(p.x + (size_t)row * H + (size_t)c * 8);
+                bm_unpack8(pk[j], v[j]);
             }
         }
         /* padding chunks must hold +0 for the norm tree */
 #pragma unroll
         for (int j = 0; j < J; ++j)
-            if (g0 + j * CS * NT >= C)
+            if (g0 + j * STRIDE >= C)
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
                     v[j][e] = 0.0f;
 
         /* ---- norm A ---- */
-        if (p.normA) {
-            bm_norm_row<NT, J, CS, VEC>(v, p.wA, p.epsA, H, C, g0, red[par], xred[par]);
-            par ^= 1;
-        }
+        const bool last_row = row + rstep >= p.rows;
+        if (p.normA)
+            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc,
+                                                  last_row && !(p.residual && p.normB));
 
         /* ---- finalize only: store ---- */
         if (!p.residual) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                const int c = g0 + j * CS * NT;
+                const int c = g0 + j * STRIDE;
                 if (c < C)
-                    bm_store8<VEC>(p.out + (size_t)row * H + (size_t)c * 8,
-                                   bm_round8(v[j]));
+                    bm_store8<VEC>(p.out + (size_t)row * H + (size_t)c * 8, pk[j]);
             }
             continue;
         }
@@ -319,45 +214,33 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         /* ---- stage B: hidden = bf16(bx + br) ---- */
 #pragma unroll
         for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
+            const int c = g0 + j * STRIDE;
             if (c >= C)
                 continue;
-            float r[8];
+            bm_pack8 r;
             if (VEC) {
                 bm_cp_async_wait();
-                bm_unpack8(*reinterpret_cast<const bm_pack8 *>(&rsm[(j * NT + threadIdx.x) * 8]), r);
+                r = *reinterpret_cast<const bm_pack8 *>(&rsm[(j * NT + threadIdx.x) * 8]);
             } else {
-                bm_unpack8(bm_load8<false>(p.residual + (size_t)row * H + (size_t)c * 8), r);
+                r = bm_load8<false>(p.residual + (size_t)row * H + (size_t)c * 8);
             }
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                float bx = v[j][e], br = r[e];
-                if (p.has_scales) {
-                    bx = bm_f(bm_bf16(__fmul_rn(bx, p.scale_x)));
-                    br = bm_f(bm_bf16(__fmul_rn(br, p.scale_r)));
-                }
-                v[j][e] = bm_f(bm_bf16(__fadd_rn(bx, br)));
-            }
-            bm_store8<VEC>(p.out + (size_t)row * H + (size_t)c * 8, bm_round8(v[j]));
+            pk[j] = bm_residual8(v[j], r, p.has_scales, p.scale_x, p.scale_r);
+            bm_store8<VEC>(p.out + (size_t)row * H + (size_t)c * 8, pk[j]);
         }
 
         /* ---- norm B ---- */
         if (p.normB) {
-            bm_norm_row<NT, J, CS, VEC>(v, p.wB, p.epsB, H, C, g0, red[par], xred[par]);
-            par ^= 1;
+            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, last_row);
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                const int c = g0 + j * CS * NT;
+                const int c = g0 + j * STRIDE;
                 if (c < C)
-                    bm_store8<VEC>(p.normalized + (size_t)row * H + (size_t)c * 8,
-                                   bm_round8(v[j]));
+                    bm_store8<VEC>(p.normalized + (size_t)row * H + (size_t)c * 8, pk[j]);
             }
         }
     }
-    /* No block of a cluster may exit while a peer can still read its
-     * shared memory. */
-    if (CS > 1)
-        cooperative_groups::this_cluster().sync();
+    if (xchg)
+        tc.finish();
 }
 
 #endif

@@ -30,7 +30,7 @@ if ! grep -q '^libbeammoe_cuda_la' Makefile; then
     exit 1
 fi
 make -j"$jobs"
-make -j"$jobs" tests/test_cuda bench/cuda_bench
+make -j"$jobs" tests/test_cuda bench/cuda_bench bench/shape_sweep
 
 rm -rf .devbuild/lib .devbuild/bin
 mkdir -p .devbuild/lib .devbuild/bin
@@ -44,7 +44,7 @@ for so in libcunit.so.1 libcudart.so.13 libgomp.so.1; do
         awk -v so="$so" '$1 == so { print $3; exit }')
     if test -n "$p" && test -f "$p"; then cp -L "$p" ".devbuild/lib/$so"; fi
 done
-for b in tests/test_cuda bench/cuda_bench; do
+for b in tests/test_cuda bench/cuda_bench bench/shape_sweep; do
     d=$(dirname "$b")
     n=$(basename "$b")
     if test -f "$d/.libs/$n"; then cp "$d/.libs/$n" .devbuild/bin/; else cp "$b" .devbuild/bin/; fi

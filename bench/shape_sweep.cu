@@ -1,24 +1,21 @@
 /*
- * harness.cu - development harness of the CUDA kernels (not built by make,
- * not shipped): drives gpu/launch.cu directly, without lib/.
+ * shape_sweep.cu - the CUDA kernels' launch shapes, checked and timed one by
+ * one (a contributor's tool: drives gpu/launch.cu directly, without lib/).
  *
- *   harness check    every compiled launch shape (gpu/launch.cu BM_SHAPES,
- *                    BM_PIPES) against tests/naive_ref.c, bit for bit, on
- *                    random cases (special values, NaN padding rows,
- *                    misaligned bases, in place, every op)
- *   harness perf     copy bandwidth, an empty kernel per graph node, then for
- *                    each TARGETS.md shape every compiled launch shape's time
- *                    (graph replays over rotating buffers); SUMMARY lines
- *                    compare bm_pick_shape's choice with the best
+ *   shape_sweep check   the hardware BF16 conversion against the integer
+ *                       formula for every FP32 value, then every compiled
+ *                       launch shape (gpu/launch.cu BM_SHAPES, BM_PIPES)
+ *                       against tests/naive_ref.c, bit for bit, on random
+ *                       cases (special values, NaN padding rows, misaligned
+ *                       bases, in place, every op)
+ *   shape_sweep perf [--op N] [--T N] [--summary]
+ *                       copy bandwidth, an empty kernel per graph node, then
+ *                       for each shape of docs/PERF.md and each configuration
+ *                       a user can call, every compiled launch shape's time
+ *                       (graph replays over rotating cold buffers); SUMMARY
+ *                       lines compare bm_pick_shape's choice with the best
  *
- * Build (here, no GPU needed), then run it on the GPU host:
- *   gcc -std=c99 -O2 -ffp-contract=off -c tests/naive_ref.c -o /tmp/naive_ref.o
- *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 --fmad=false \
- *        -Ilib -Iinclude -Igpu -c gpu/launch.cu -o /tmp/launch.o
- *   nvcc -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 --fmad=false \
- *        -c scripts/dev/harness.cu -o /tmp/harness.o
- *   mkdir -p .devbuild/bin && nvcc -o .devbuild/bin/harness /tmp/harness.o \
- *        /tmp/launch.o /tmp/naive_ref.o
+ * Built by `make bench/shape_sweep` in a CUDA build; run it on a GPU host.
  */
 #include <algorithm>
 #include <chrono>
@@ -29,9 +26,9 @@
 
 #include <cuda_runtime.h>
 
-#include "../../gpu/launch.h"
+#include "launch.h"
 extern "C" {
-#include "../../tests/naive_ref.h"
+#include "naive_ref.h"
 }
 
 #define CK(x)                                                                    \
@@ -204,21 +201,68 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
     return bad;
 }
 
-static const bm_shape all_shapes[] = {
-    {32, 1, 8, 1, 0}, {64, 1, 8, 1, 0}, {128, 1, 8, 1, 0}, {256, 1, 8, 1, 0}, {512, 1, 8, 1, 0},
-    {1024, 1, 8, 1, 0}, {256, 1, 4, 1, 0}, {512, 1, 4, 1, 0}, {64, 2, 4, 1, 0}, {128, 2, 4, 1, 0},
-    {256, 2, 4, 1, 0}, {128, 2, 8, 1, 0}, {256, 2, 8, 1, 0}, {512, 2, 2, 1, 0}, {512, 2, 4, 1, 0},
-    {128, 4, 2, 1, 0}, {256, 4, 2, 1, 0}, {256, 4, 1, 1, 0}, {128, 8, 1, 1, 0},
-    {64, 1, 8, 2, 0}, {64, 1, 8, 4, 0}, {64, 1, 8, 8, 0}, {128, 1, 8, 2, 0}, {128, 1, 8, 4, 0},
-    {128, 1, 8, 8, 0}, {256, 1, 8, 2, 0}, {256, 1, 8, 4, 0}, {512, 1, 8, 2, 0},
-    {256, 4, 0, 1, 0, 3}, {256, 4, 0, 1, 0, 4}, {512, 2, 0, 1, 0, 3}, {512, 2, 0, 1, 0, 4},
-    {128, 4, 0, 1, 0, 4}, {256, 2, 0, 1, 0, 4}, {128, 2, 0, 1, 0, 4}, {256, 1, 0, 1, 0, 4},
-    {128, 1, 0, 1, 0, 4}, {64, 1, 0, 1, 0, 4}, {32, 1, 0, 1, 0, 4},
-    {256, 4, 0, 1, 0, 6}, {512, 2, 0, 1, 0, 6}, {128, 4, 0, 1, 0, 8}, {256, 2, 0, 1, 0, 8},
-    {128, 2, 0, 1, 0, 8}};
+static std::vector<bm_shape> all_shapes_list()
+{
+    bm_shape buf[256];
+    const int n = bm_shape_list(buf, 256);
+    return std::vector<bm_shape>(buf, buf + (n < 256 ? n : 256));
+}
+static const std::vector<bm_shape> all_shapes = all_shapes_list();
+
+/* bm_bf16x2 (hardware) against bm_bf16 (the formula) for all 2^32 inputs:
+ * value u in the low half, u's bit complement in the high half. */
+__global__ void cvt_check_kernel(unsigned long long *bad, unsigned *first)
+{
+    const uint64_t n = 1ull << 32;
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        const uint32_t u = (uint32_t)i, v = ~u;
+        const uint32_t got = bm_bf16x2(__uint_as_float(u), __uint_as_float(v));
+        const uint32_t want = bm_bf16(__uint_as_float(u)) | (bm_bf16(__uint_as_float(v)) << 16);
+        if (got != want) {
+            atomicAdd(bad, 1ull);
+            atomicMin(first, u);
+        }
+    }
+}
+
+static int check_cvt()
+{
+    unsigned long long *bad, hbad = 0;
+    unsigned *first, hfirst = 0;
+    CK(cudaMalloc(&bad, sizeof *bad));
+    CK(cudaMalloc(&first, sizeof *first));
+    CK(cudaMemset(bad, 0, sizeof *bad));
+    CK(cudaMemset(first, 0xFF, sizeof *first));
+    cvt_check_kernel<<<4096, 256>>>(bad, first);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(&hbad, bad, sizeof hbad, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&hfirst, first, sizeof hfirst, cudaMemcpyDeviceToHost));
+    CK(cudaFree(bad));
+    CK(cudaFree(first));
+    printf("bf16 conversion, every FP32 value: %llu mismatches%s", hbad, hbad ? "" : "\n");
+    if (hbad) printf(" (first at 0x%08x)\n", hfirst);
+    return hbad ? 1 : 0;
+}
+
+/* The library's pick for an op (0 finalize, 1 norm_residual_norm, 2/3 the
+ * fused op) at T rows of H, with or without the post/pre norm. */
+static bm_shape pick_for(int op, int64_t T, int H, int normA)
+{
+    static const uint16_t dummy = 0;
+    bm_row_params q;
+    memset(&q, 0, sizeof q);
+    q.rows = T;
+    q.hidden = H;
+    q.experts = op == 1 ? NULL : &dummy;
+    q.x = op == 1 ? &dummy : NULL;
+    q.normA = normA;
+    return bm_pick_shape(q);
+}
 
 static int check()
 {
+    if (check_cvt()) return 1;
     long total_bad = 0, ncases = 0;
     const int Hs[] = {256, 512, 768, 2048, 4096, 7168, 8192, 1280, 6912};
     const int Ks[] = {1, 2, 6, 8, 32, 3, 7};
@@ -236,8 +280,8 @@ static int check()
         if (c.op == OP_FIN) c.inplace = 0;
         /* every compiled shape that covers H (always the picked one) */
         std::vector<bm_shape> shs;
-        shs.push_back(bm_pick_shape(c.T, c.H));
-        shs.push_back(bm_pick_shape(1000, c.H));
+        shs.push_back(pick_for(c.op, c.T, c.H, c.normA));
+        shs.push_back(pick_for(c.op, 1000, c.H, c.normA));
         for (auto s : all_shapes)
             if (bm_shape_ok(s, c.H) && rnd() % 4 == 0) { s.pdl = rnd() % 2; shs.push_back(s); }
         for (auto s : shs) {
@@ -257,7 +301,7 @@ static int check()
         case_t c = {iter % 4, 8, (iter % 3 == 0) ? 7168 : 2048, 300 + (int64_t)(rnd() % 700), 0, 1, 1, 1, 1, 1, iter % 2, iter % 3 == 1, 1, 1.0f};
         c.cap = c.T + 1;
         if (c.op == OP_FIN) c.inplace = 0;
-        long b = run_case(c, bm_pick_shape(c.T, c.H), 0);
+        long b = run_case(c, pick_for(c.op, c.T, c.H, c.normA), 0);
         ++ncases;
         if (b) { fprintf(stderr, "FAIL big iter %d: %ld\n", iter, b); total_bad += b; }
     }
@@ -293,9 +337,39 @@ static double median(std::vector<double> v)
     return v[v.size() / 2];
 }
 
+/* The configurations a user can call: op 0 finalize, 1 norm_residual_norm,
+ * 2 fused, 3 unfused; then post/pre norm (and its weight), scales, routed
+ * scale. Every one has a next norm with weight where there is a residual. */
+struct perf_cfg {
+    const char *name;
+    int op, normA, normA_w, scales;
+    float routed;
+};
+static const perf_cfg cfgs[] = {
+    {"fin", 0, 0, 0, 0, 1.0f},          {"fin+post", 0, 1, 1, 0, 1.0f},
+    {"nrn", 1, 0, 0, 0, 1.0f},          {"nrn+pre", 1, 1, 1, 0, 1.0f},
+    {"nrn+pre+sc", 1, 1, 1, 1, 1.0f},   {"fused", 2, 0, 0, 0, 1.0f},
+    {"fused+post", 2, 1, 1, 0, 1.0f},   {"fused+post0", 2, 1, 0, 0, 1.0f},
+    {"fused+post+sc", 2, 1, 1, 1, 2.5f}, {"unfused+post", 3, 1, 1, 0, 1.0f},
+};
+enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
+
 int perf(int argc, char **argv)
 {
-    (void)argc; (void)argv;
+    int only_op = -1, only_T = -1, only_H = -1, verbose = 1, picked_only = 0, eager = 0;
+    const char *only_cfg = NULL;
+    for (int i = 2; i < argc; ++i) {
+        if (!strcmp(argv[i], "--op") && i + 1 < argc) only_op = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--T") && i + 1 < argc) only_T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--H") && i + 1 < argc) only_H = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cfg") && i + 1 < argc) only_cfg = argv[++i];
+        else if (!strcmp(argv[i], "--summary")) verbose = 0;
+        else if (!strcmp(argv[i], "--picked")) picked_only = 1;
+        /* --eager N: N plain launches of the picked shape, no graph, no
+         * timing (for a profiler) */
+        else if (!strcmp(argv[i], "--eager") && i + 1 < argc) { eager = atoi(argv[++i]); picked_only = 1; }
+        else { fprintf(stderr, "shape_sweep perf: unknown option %s\n", argv[i]); return 2; }
+    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -379,6 +453,7 @@ int perf(int argc, char **argv)
     const size_t L2 = prop.l2CacheSize;
     for (auto S : shapes) {
         const int T = S.T, H = S.H;
+        if ((only_T >= 0 && T != only_T) || (only_H >= 0 && H != only_H)) continue;
         size_t bx = (size_t)T * K * H * 2, bw = (size_t)T * K * 4, brow = (size_t)T * H * 2;
         auto al = [](size_t n) { return (n + 255) & ~(size_t)255; };
         perf_bufs pb;
@@ -398,28 +473,35 @@ int perf(int argc, char **argv)
         }
         uint16_t *nw; CK(cudaMalloc(&nw, H * 2 * 2));
         fill_kernel<<<8, 256>>>(nw, H * 2, 5);
-        const double fin_bytes = (double)bx + bw + brow + H * 2;
-        const double fused_bytes = fin_bytes + 2.0 * brow + H * 2;
-        const double nrn_bytes = 4.0 * brow + H * 2;
 
-        std::vector<bm_shape> cands;
-        cands.push_back(bm_pick_shape(T, H));
+        std::vector<bm_shape> others;
         for (auto s : all_shapes)
-            for (int pdl = 0; pdl < 2; ++pdl) {
+            for (int pdl = 0; pdl < 2 && !picked_only; ++pdl) {
                 s.pdl = pdl;
                 if (pdl && T > 64) continue;
                 if (!bm_shape_ok(s, H)) continue;
-                const bm_shape &c0 = cands[0];
-                if (s.nt == c0.nt && s.j == c0.j && s.u == c0.u && s.cs == c0.cs && s.pdl == c0.pdl && s.d == c0.d) continue;
                 long cover = (long)s.cs * s.nt * s.j;
                 if (cover > std::max(32, H / 8) * 2 - 1) continue; /* more than N2 */
                 if (T > 64 && s.cs > 1) continue;
                 if (s.cs > 1 && (long)T * s.cs > 264) continue;
+                others.push_back(s);
+            }
+        for (int cfgi = 0; cfgi < NCFG; ++cfgi) {
+            const perf_cfg &cf = cfgs[cfgi];
+            const int op = cf.op;
+            if (only_op >= 0 && op != only_op) continue;
+            if (only_cfg && strcmp(only_cfg, cf.name)) continue;
+            const double wA = cf.normA && cf.normA_w ? H * 2.0 : 0.0;
+            const double base = (double)bx + bw + brow;
+            const double bytes = op == 0 ? base + wA : op == 1 ? 4.0 * brow + wA + H * 2.0
+                                                             : base + 2.0 * brow + wA + H * 2.0;
+            std::vector<bm_shape> cands;
+            cands.push_back(pick_for(op, T, H, cf.normA));
+            for (auto s : others) {
+                const bm_shape &c0 = cands[0];
+                if (s.nt == c0.nt && s.j == c0.j && s.u == c0.u && s.cs == c0.cs && s.pdl == c0.pdl && s.d == c0.d && s.mb == c0.mb) continue;
                 cands.push_back(s);
             }
-        for (int op = 0; op < 4; ++op) {
-            const char *opn[] = {"finalize", "nrn", "fused", "unfused"};
-            double bytes = op == 0 ? fin_bytes : op == 1 ? nrn_bytes : fused_bytes;
             double best = 1e30; bm_shape bs = cands[0]; double picked = 0;
             for (size_t ci = 0; ci < cands.size(); ++ci) {
                 const bm_shape sh = cands[ci];
@@ -429,17 +511,27 @@ int perf(int argc, char **argv)
                     p.rows = T; p.hidden = H;
                     if (op != 1) {
                         p.experts = (uint16_t *)(b + pb.o_x); p.weights = (float *)(b + pb.o_w);
-                        p.top_k = K; p.routed_scale = 1.0f; p.normA = 1; p.wA = nw; p.epsA = 1e-6f;
+                        p.top_k = K; p.routed_scale = cf.routed;
                     } else {
                         p.x = (uint16_t *)(b + pb.o_x);
                     }
+                    p.normA = cf.normA; p.wA = cf.normA_w ? nw : NULL; p.epsA = 1e-6f;
                     if (op == 0) { p.out = (uint16_t *)(b + pb.o_out); }
                     else {
                         p.residual = (uint16_t *)(b + pb.o_res); p.out = (uint16_t *)(b + pb.o_out);
+                        p.has_scales = cf.scales; p.scale_x = 0.75f; p.scale_r = 1.25f;
                         p.normB = 1; p.wB = nw + H; p.epsB = 1e-6f; p.normalized = (uint16_t *)(b + pb.o_norm);
                     }
                     return p;
                 };
+                if (eager) {
+                    for (int i = 0; i < eager; ++i)
+                        CK(bm_launch_rows(mk(i % pb.nsets), sh, 1, st));
+                    CK(cudaStreamSynchronize(st));
+                    printf("eager T=%d H=%d %s shape %d,%d,%d,cs%d,d%d: %d launches\n", T, H, cf.name, sh.nt,
+                           sh.j, sh.u, sh.cs, sh.d, eager);
+                    continue;
+                }
                 cudaGraph_t g; cudaGraphExec_t ge;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
                 for (int s = 0; s < pb.nsets; ++s) {
@@ -468,13 +560,14 @@ int perf(int argc, char **argv)
                 double us = median(ts);
                 if (ci == 0) picked = us;
                 if (us < best) { best = us; bs = sh; }
-                printf("  T=%5d H=%d %-9s shape %4d,%d,%d,cs%d,pdl%d,d%d: %9.2f us  %7.1f GB/s  %5.1f%% floor\n", T, H, opn[op],
-                       sh.nt, sh.j, sh.u, sh.cs, sh.pdl, sh.d, us, bytes / us / 1e3, 100.0 * (bytes / copy_gbs / 1e3) / us);
+                if (verbose) printf("  T=%5d H=%d %-9s shape %4d,%d,%d,cs%d,pdl%d,d%d,mb%d: %9.2f us  %7.1f GB/s  %5.1f%% floor\n", T, H, cf.name,
+                       sh.nt, sh.j, sh.u, sh.cs, sh.pdl, sh.d, sh.mb, us, bytes / us / 1e3, 100.0 * (bytes / copy_gbs / 1e3) / us);
                 CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
             }
-            printf("SUMMARY T=%5d H=%d %-9s picked %4d,%d,%d,%d,%d,d%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d %9.2f us (%5.1f%%) floor %.2f us\n",
-                   T, H, opn[op], cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, picked,
-                   100.0 * (bytes / copy_gbs / 1e3) / picked, bs.nt, bs.j, bs.u, bs.cs, bs.pdl, bs.d, best,
+            if (eager) continue;
+            printf("SUMMARY T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d %9.2f us (%5.1f%%) floor %.2f us\n",
+                   T, H, cf.name, cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, cands[0].mb, picked,
+                   100.0 * (bytes / copy_gbs / 1e3) / picked, bs.nt, bs.j, bs.u, bs.cs, bs.pdl, bs.d, bs.mb, best,
                    100.0 * (bytes / copy_gbs / 1e3) / best, bytes / copy_gbs / 1e3);
         }
         CK(cudaFree(pb.pool)); CK(cudaFree(nw));

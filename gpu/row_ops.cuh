@@ -1,0 +1,348 @@
+/*
+ * row_ops.cuh - the stages of a row, written once (internal).
+ *
+ * Every kernel of the CUDA backend is a schedule (where a row's bytes come
+ * from, which threads hold which chunks, when they are loaded) around the
+ * same stages of docs/numerics.md:
+ *   slot      a = a + w[k] * f(x[k])               (finalize, k in order)
+ *   finalize  s = bf16(f(bf16(a)) * routed_scale)
+ *   norm      the RMSNorm of a row: chunk sums, the halving tree, 1/rms,
+ *             u = bf16(v * inv), y = bf16(f(u) * f(w))
+ *   residual  hidden = bf16(f(bx) + f(br)), with the optional scales
+ * A thread holds its chunks of a row as float v[J][8] (eight consecutive
+ * BF16 values widened exactly); a stage that rounds leaves the rounded
+ * values widened in v and returns their BF16 bits packed (bm_pack8), ready
+ * to store, so no value is rounded twice.
+ *
+ * Rounding uses the hardware conversion of two values at once
+ * (bm_bf16x2): the per-element instruction count is what bounds the fused
+ * op when the memory system is busy, and the conversion is one instruction
+ * per pair instead of about six per value.
+ */
+#ifndef BEAMMOE_GPU_ROW_OPS_CUH
+#define BEAMMOE_GPU_ROW_OPS_CUH
+
+#include <stdint.h>
+
+#include <cooperative_groups.h>
+
+#include "numerics.cuh"
+
+/* ---- rounding ----------------------------------------------------------- */
+
+/* v <- f(bf16(v)) element by element; returns the BF16 bits. */
+__device__ __forceinline__ bm_pack8 bm_rnd8(float (&v)[8])
+{
+    bm_pack8 p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        p.w[i] = bm_bf16x2(v[2 * i], v[2 * i + 1]);
+        v[2 * i] = __uint_as_float(p.w[i] << 16);
+        v[2 * i + 1] = __uint_as_float(p.w[i] & 0xFFFF0000u);
+    }
+    return p;
+}
+
+/* ---- finalize ------------------------------------------------------------- */
+
+/* a = a + w * f(x) for the eight values of one chunk of one slot. */
+__device__ __forceinline__ void bm_slot8(float (&a)[8], const bm_pack8 &x, float w)
+{
+    float f[8];
+    bm_unpack8(x, f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        a[e] = __fadd_rn(a[e], __fmul_rn(w, f[e]));
+}
+
+/* r = bf16(a); s = bf16(f(r) * scale). A scale of 1 is skipped: f(r) * 1
+ * is f(r) exactly, NaN and signed zeros included. */
+__device__ __forceinline__ bm_pack8 bm_finalize8(float (&a)[8], float scale)
+{
+    bm_pack8 p = bm_rnd8(a);
+    if (scale != 1.0f) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            a[e] = __fmul_rn(a[e], scale);
+        p = bm_rnd8(a);
+    }
+    return p;
+}
+
+/* ---- residual --------------------------------------------------------------- */
+
+/* bx = scales ? bf16(f(x) * sx) : x; br = scales ? bf16(f(r) * sr) : r;
+ * hidden = bf16(f(bx) + f(br)). v holds f(x) in, f(hidden) out. */
+__device__ __forceinline__ bm_pack8 bm_residual8(float (&v)[8], const bm_pack8 &res,
+                                                 int has_scales, float sx, float sr)
+{
+    float r[8];
+    bm_unpack8(res, r);
+    if (has_scales) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            v[e] = __fmul_rn(v[e], sx);
+            r[e] = __fmul_rn(r[e], sr);
+        }
+        bm_rnd8(v);
+        bm_rnd8(r);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        v[e] = __fadd_rn(v[e], r[e]);
+    return bm_rnd8(v);
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------- */
+
+/* The halving tree over N values held in a register array:
+ * v[i] += v[i + s] for s = N/2 .. 1. A template recursion so that every
+ * index is a compile-time constant (no local-memory array). */
+template <int S>
+__device__ __forceinline__ void bm_halving(float *v)
+{
+    if (S >= 1) {
+#pragma unroll
+        for (int i = 0; i < S; ++i)
+            v[i] = __fadd_rn(v[i], v[i + S]);
+        bm_halving<(S > 1 ? S / 2 : 0)>(v);
+    }
+}
+template <>
+__device__ __forceinline__ void bm_halving<0>(float *) {}
+
+/* Sum of one value per thread, in tree order over the thread index; every
+ * thread gets the result. red holds NT floats of shared memory; the caller
+ * alternates two such buffers between consecutive calls, which is safe
+ * because a call's barrier separates a buffer's reads from its next writes
+ * two calls later. P[t] += P[t+s] for s = NT/2 .. 32 through shared memory
+ * (every warp redoes that part, reading 32-strided values, so that no
+ * second barrier is needed), then s = 16 .. 1 with __shfl_down_sync. */
+template <int NT>
+__device__ __forceinline__ float bm_block_tree(float q, float *red)
+{
+    constexpr int NW = NT / 32;
+    const int lane = threadIdx.x & 31;
+    if (NW > 1) {
+        red[threadIdx.x] = q;
+        __syncthreads();
+        float v[NW];
+#pragma unroll
+        for (int i = 0; i < NW; ++i)
+            v[i] = red[lane + 32 * i];
+        bm_halving<NW / 2>(v);
+        q = v[0];
+    }
+#pragma unroll
+    for (int s = 16; s >= 1; s /= 2)
+        q = __fadd_rn(q, __shfl_down_sync(0xFFFFFFFFu, q, s));
+    return __shfl_sync(0xFFFFFFFFu, q, 0);
+}
+
+/* The thread's part of the tree: the chunk sums of its J chunks (padding
+ * chunks hold +0), then the halving tree over them. Thread t's chunks all
+ * share the low index bits, so this is the top of the tree. */
+template <int J>
+__device__ __forceinline__ float bm_sumsq_local(const float (&v)[J][8])
+{
+    float P[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+        P[j] = bm_chunk_sumsq(v[j]);
+    bm_halving<J / 2>(P);
+    return P[0];
+}
+
+/* ---- the cluster exchange of decode shapes ----------------------------------
+ *
+ * A row spread over a cluster of CS blocks (virtual thread g = b*NT + t of
+ * block b owns chunks g, g + CS*NT, ...) needs, before the block tree, the
+ * cluster level of the tree: Q[b] += Q[b + s] across the blocks for the
+ * same t. Each thread pushes its value into slot [b][t] of every block of
+ * the cluster (st.async: a store into the peer's shared memory that counts
+ * its bytes on the peer's mbarrier), then waits on its own block's
+ * mbarrier until all CS*NT values have landed: one one-way trip per norm,
+ * no cluster-wide barrier. Two buffers and two mbarriers alternate between
+ * consecutive norms: a block pushes into buffer i again only after it
+ * passed the wait of the norm in between, which needs every peer's push
+ * of that norm, which each peer makes after it read buffer i. */
+template <int NT, int CS>
+struct bm_xchg {
+    uint64_t bar[2];
+    float buf[2][CS][NT];
+};
+template <int NT>
+struct bm_xchg<NT, 1> { /* a block alone: nothing to exchange */
+    char unused;
+};
+
+__device__ __forceinline__ uint32_t bm_smem_u32(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* Before the first push: every block's mbarriers initialised. Start (at
+ * kernel entry) arrives on the cluster barrier, ready waits on it. */
+template <int NT, int CS>
+__device__ __forceinline__ void bm_xchg_start(bm_xchg<NT, CS> &x)
+{
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bm_smem_u32(&x.bar[0])) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bm_smem_u32(&x.bar[1])) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void bm_cluster_wait()
+{
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void bm_cluster_arrive()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+
+/* The cluster level of the tree for buffer i (phase: its parity bit). */
+template <int NT, int CS>
+__device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t phase, float q)
+{
+    const uint32_t me = (uint32_t)(blockIdx.x % CS);
+    const uint32_t slot = bm_smem_u32(&x.buf[i][me][threadIdx.x]);
+    const uint32_t bar = bm_smem_u32(&x.bar[i]);
+    if (threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                     "r"((uint32_t)(CS * NT * 4))
+                     : "memory");
+#pragma unroll
+    for (int r = 0; r < CS; ++r) {
+        uint32_t rs, rb;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rs) : "r"(slot), "r"(r));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(bar), "r"(r));
+        asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rs),
+                     "r"(__float_as_uint(q)), "r"(rb)
+                     : "memory");
+    }
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "wait:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait;\n"
+                 "}\n" ::"r"(bar),
+                 "r"(phase)
+                 : "memory");
+    float qb[CS];
+#pragma unroll
+    for (int b = 0; b < CS; ++b)
+        qb[b] = x.buf[i][b][threadIdx.x];
+    bm_halving<CS / 2>(qb);
+    return qb[0];
+}
+
+/* Where a norm stage takes the levels of the tree above a thread: the
+ * block (CS == 1) or the cluster exchange, then the block. Keeps the
+ * alternation of the block-tree buffers and of the exchange buffers. */
+template <int NT, int CS>
+struct bm_tree_ctx {
+    float (*red)[NT];     /* [2][NT] shared */
+    bm_xchg<NT, CS> *xc;  /* CS > 1 */
+    int par;
+    uint32_t phase;       /* parity bit per exchange buffer */
+    int ready;            /* the cluster barrier of bm_xchg_start passed */
+
+    int left;             /* arrived on the exit barrier (see finish) */
+
+    /* last: no exchange follows in this kernel. Then the block arrives on
+     * the cluster barrier that finish waits for: a block may exit only
+     * when its pushes into its peers have landed, which every peer has
+     * seen once it arrives there after its own last exchange. */
+    __device__ __forceinline__ float sum(float q, bool last)
+    {
+        if constexpr (CS > 1) {
+            if (!ready) {
+                bm_cluster_wait();
+                ready = 1;
+            }
+            q = bm_xchg_sum<NT, CS>(*xc, par, (phase >> par) & 1u, q);
+            phase ^= 1u << par;
+            if (last) {
+                bm_cluster_arrive();
+                left = 1;
+            }
+        }
+        q = bm_block_tree<NT>(q, red[par]);
+        par ^= 1;
+        return q;
+    }
+
+    /* At kernel exit (every thread): pair the barrier phases opened. */
+    __device__ __forceinline__ void finish()
+    {
+        if constexpr (CS > 1) {
+            if (!ready)
+                bm_cluster_wait();
+            if (!left)
+                bm_cluster_arrive();
+            bm_cluster_wait();
+        }
+    }
+};
+
+/* u = bf16(v * inv); y = w ? bf16(f(u) * f(w)) : u, for one chunk. */
+__device__ __forceinline__ bm_pack8 bm_norm_apply8(float (&v)[8], float inv, int has_w,
+                                                   const bm_pack8 &w)
+{
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        v[e] = __fmul_rn(v[e], inv);
+    bm_pack8 p = bm_rnd8(v);
+    if (has_w) {
+        float wf[8];
+        bm_unpack8(w, wf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            v[e] = __fmul_rn(v[e], wf[e]);
+        p = bm_rnd8(v);
+    }
+    return p;
+}
+
+/* The whole norm of a row held by a block (or a cluster of CS blocks):
+ * v <- f(N(v, w, eps)) for the thread's J chunks, the BF16 bits in out.
+ * Chunk j of the thread is c = g0 + j * STRIDE; chunks c >= C are padding
+ * (+0 in v, never loaded or stored). w: the norm weight row, or NULL. */
+template <int NT, int J, int CS, bool VEC, int STRIDE>
+__device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[J],
+                                              const uint16_t *w, float eps, int hidden,
+                                              int C, int g0, bm_tree_ctx<NT, CS> &tc,
+                                              bool last)
+{
+    const float sum = tc.sum(bm_sumsq_local<J>(v), last);
+    const float inv = bm_inv_rms(sum, hidden, eps);
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * STRIDE;
+        if (c >= C)
+            continue;
+        bm_pack8 wp = {{0u, 0u, 0u, 0u}};
+        if (w)
+            wp = bm_load8<VEC>(w + (size_t)c * 8);
+        out[j] = bm_norm_apply8(v[j], inv, w != NULL, wp);
+    }
+}
+
+/* ---- launch order ------------------------------------------------------------- */
+
+/* Programmatic dependent launch: wait until the preceding kernel of the
+ * stream has completed (and its writes are visible) before touching global
+ * memory, and let the next kernel's blocks be scheduled early. Both are
+ * no-ops when the launch did not ask for it. */
+__device__ __forceinline__ void bm_pdl_wait()
+{
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void bm_pdl_trigger()
+{
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+#endif
