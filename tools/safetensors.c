@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -828,6 +829,49 @@ fail:
     return -1;
 }
 
+/* ---- signals while the temporary file exists ----
+ * An interrupt or a termination removes it before the tool dies; a file
+ * size limit makes write() fail (EFBIG, an ordinary write error) instead of
+ * killing the tool with SIGXFSZ and leaving it behind. */
+static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define NCLEANUP ((int)(sizeof cleanup_signals / sizeof cleanup_signals[0]))
+static char *volatile cleanup_path;
+
+static void cleanup_and_die(int sig)
+{
+    char *p = cleanup_path;
+    if (p) unlink(p); /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+typedef struct saved_signals {
+    struct sigaction old[NCLEANUP], xfsz;
+} saved_signals;
+
+static void signals_guard(saved_signals *sv)
+{
+    struct sigaction sa;
+    int i;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGXFSZ, &sa, &sv->xfsz);
+    sa.sa_handler = cleanup_and_die;
+    for (i = 0; i < NCLEANUP; i++) {
+        sigaction(cleanup_signals[i], NULL, &sv->old[i]);
+        if (sv->old[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL);
+    }
+}
+
+static void signals_restore(saved_signals *sv)
+{
+    int i;
+    for (i = 0; i < NCLEANUP; i++) sigaction(cleanup_signals[i], &sv->old[i], NULL);
+    sigaction(SIGXFSZ, &sv->xfsz, NULL);
+    cleanup_path = NULL;
+}
+
 static void put_le(unsigned char *d, const void *src, int is_f32, int64_t n)
 {
     int64_t i;
@@ -864,6 +908,8 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     char *tmp = NULL;
     out_target o;
     mode_t mode;
+    saved_signals sv;
+    int guarded = 0;
 
     memset(&o, 0, sizeof o);
     if (!root) goto oom;
@@ -904,7 +950,10 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     if (!tmp) goto oom;
     /* a name of at most 255 bytes however long the target's is */
     sprintf(tmp, "%s/.%.200s.XXXXXX", o.dir, o.base);
+    signals_guard(&sv);
+    guarded = 1;
     fd = mkstemp(tmp); /* O_CREAT | O_EXCL, mode 0600 */
+    if (fd >= 0) cleanup_path = tmp;
     if (fd < 0) {
         set_err(err, errn, "cannot create a temporary file in the folder '%s': %s", o.dir,
                 strerror(errno));
@@ -946,13 +995,17 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
         put_le(buf, t[k].data, t[k].is_f32, numel);
         if (bytes && fwrite(buf, 1, bytes, fp) != bytes) goto wfail;
     }
-    if (fflush(fp) != 0 || fsync(fileno(fp)) != 0) goto wfail;
+    if (fflush(fp) != 0) goto wfail;
+    /* on disk before it takes the name (a file system that cannot sync
+     * says EINVAL: nothing to wait for there) */
+    if (fsync(fileno(fp)) != 0 && errno != EINVAL && errno != ENOTSUP) goto wfail;
     if (fclose(fp) != 0) {
         fp = NULL;
         goto wfail;
     }
     fp = NULL;
     if (rename(tmp, o.path) != 0) goto wfail;
+    cleanup_path = NULL; /* the name is the user's now */
     free(tmp);
     tmp = NULL;
     rc = 0;
@@ -967,6 +1020,7 @@ out:
     if (fd >= 0) close(fd);
     /* only ever the file made here, never path */
     if (tmp) unlink(tmp);
+    if (guarded) signals_restore(&sv);
     free(tmp);
     free(buf);
     target_free(&o);
