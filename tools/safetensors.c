@@ -510,7 +510,7 @@ static int cmp_str(const void *a, const void *b)
 static int check_duplicates(const char *h, size_t n, struct json_object *root, char *err,
                             size_t errn)
 {
-    long nkeys = json_object_object_length(root) + 1, got, i;
+    long nkeys = json_object_object_length(root) + 1, got = 0, i;
     key_tok *keys = calloc((size_t)nkeys, sizeof *keys);
     char **names = NULL;
     int rc = -1;
@@ -528,7 +528,7 @@ static int check_duplicates(const char *h, size_t n, struct json_object *root, c
             struct json_object *s = tok ? json_tokener_parse_ex(tok, h + keys[i].at,
                                                                  (int)keys[i].len)
                                         : NULL;
-            names[i] = s ? dup_str(json_object_get_string(s)) : NULL;
+            names[i] = dup_str(s ? json_object_get_string(s) : "");
             if (s) json_object_put(s);
             if (tok) json_tokener_free(tok);
             if (!names[i]) goto oom;

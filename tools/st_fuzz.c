@@ -120,7 +120,7 @@ static int write_file(const unsigned char *d, size_t n)
 static int read_file(buf *b)
 {
     FILE *fp = fopen(path, "rb");
-    unsigned char tmp[65536];
+    unsigned char tmp[4096];
     size_t r;
     b->n = 0;
     if (!fp) return -1;
