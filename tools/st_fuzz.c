@@ -247,6 +247,22 @@ out:
 
 /* ---- part 2: mutations ---- */
 
+/* Which checks refused the mutated files: the fuzz should reach them all. */
+static const char *const kinds[] = {"truncated",      "header length",   "UTF-8",
+                                    "NUL",            "surrogate",       "appears twice",
+                                    "bad header JSON", "unknown dtype",  "shape",
+                                    "data_offsets",   "__metadata__",    "header: "};
+#define NKINDS ((int)(sizeof kinds / sizeof kinds[0]))
+static long kind_count[NKINDS + 1];
+
+static void count_kind(const char *msg)
+{
+    int k;
+    for (k = 0; k < NKINDS && !strstr(msg, kinds[k]); k++) {
+    }
+    kind_count[k]++;
+}
+
 static const char *const tokens[] = {
     "\\u0000", "\\ud800", "\\udc00", "\\ud83d\\ude00", "\\u00e9", "\\\"", "\\\\", "\\",
     "\"", "\"a\":1,", "null", "true", "[]", "{}", "[0,0]", "1e308", "-1", "-0", "0.5",
@@ -373,7 +389,7 @@ int main(void)
     long iters = env_iters ? atol(env_iters) : 200000, it;
     double secs = env_secs ? atof(env_secs) : 3.0, t0 = now();
     buf seeds[24], cur = {NULL, 0, 0};
-    int nseeds = 0, i, fd;
+    int nseeds = 0, i, m, fd;
     long accepted = 0, refused = 0, empty_msg = 0;
     unsigned char data[64];
     char err[512];
@@ -446,6 +462,7 @@ int main(void)
         } else {
             refused++;
             if (!err[0]) empty_msg++;
+            count_kind(err);
         }
         if (failures) {
             fprintf(stderr, "st_fuzz: at mutation %ld (BEAM_TEST_SEED=%llu); the input is kept "
@@ -458,6 +475,12 @@ int main(void)
     printf("st_fuzz: %ld mutated files in %.1f s: %ld accepted (all checked), %ld refused with a "
            "message\n",
            it, now() - t0, accepted, refused);
+    printf("st_fuzz: refused by");
+    for (i = 0, m = 0; i <= NKINDS; i++)
+        if (kind_count[i])
+            printf("%s '%s' %ld", m++ ? "," : ":", i < NKINDS ? kinds[i] : "other",
+                   kind_count[i]);
+    printf("\n");
     (void)accepted_checksum;
 
 done:
