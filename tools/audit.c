@@ -402,8 +402,12 @@ static void usage(FILE *f)
             "missing names, wrong dtypes or shapes, arguments the library rejects) is\n"
             "exit status 2 with a message. Needs a build with json-c.\n"
             "\n"
-            "Exit status: 0 all match, 1 a mismatch or library error, 2 usage error or\n"
-            "unusable --input file.\n");
+            "Exit status: 0 all match; 1 a mismatch or an error row, or the run failed\n"
+            "(out of memory, device error); 2 a bad option or value (a number is the\n"
+            "whole value: no spaces, no trailing text), or an --input file that cannot\n"
+            "be used: missing, not a regular file (a FIFO or device is refused at once),\n"
+            "malformed, or values the library rejects. 'beammoe --help' has the rule of\n"
+            "every command.\n");
 }
 
 /* Which backends the audit reaches: prints the "backends:" line, returns 1

@@ -35,7 +35,20 @@ static void usage(FILE *f)
             "\n"
             "'beammoe <command> --help' describes a command's options.\n"
             "Environment: BEAM_BACKEND=cpu|cuda|auto picks the backend of 'run' when\n"
-            "--backend is not given.\n");
+            "--backend is not given.\n"
+            "\n"
+            "Exit status, the same rule for every command:\n"
+            "  0  done; audit: every row matches\n"
+            "  1  a check failed or the run itself did: an audit mismatch or error row,\n"
+            "     a device or communication error, out of memory, another library\n"
+            "     error on valid input\n"
+            "  2  what was given is wrong: an unknown command, option or argument; a\n"
+            "     value that is not a number (a number is the whole value: no spaces,\n"
+            "     no trailing text); sizes or values the library rejects (top_k,\n"
+            "     hidden, tokens < 0, NaN or infinite scales, eps < 0, ...); sizes\n"
+            "     larger than this host's memory; a backend that is not available\n"
+            "     here (--backend, BEAM_BACKEND); an --input file that cannot be used;\n"
+            "     an --output path that cannot be written (nothing is written then)\n");
 }
 
 int main(int argc, char **argv)

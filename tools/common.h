@@ -13,10 +13,15 @@
 
 #include "beammoe.h"
 
-/* ---- exit statuses shared by every subcommand ---- */
+/* ---- exit statuses shared by every subcommand ----
+ * One rule (beammoe --help, README): 2 for what the user gave wrong, 1 for
+ * a check that failed or an error of the run itself. */
 #define TOOL_EXIT_OK 0
-#define TOOL_EXIT_FAIL 1  /* mismatch, library error */
-#define TOOL_EXIT_USAGE 2 /* bad or missing option   */
+#define TOOL_EXIT_FAIL 1  /* audit mismatch or error row; device, communication,
+                             out-of-memory or other library error of the run */
+#define TOOL_EXIT_USAGE 2 /* bad or missing option or value, sizes or values
+                             the library rejects, a backend not available, an
+                             unusable --input file or --output path */
 
 /* ---- subcommands (one file each) ---- */
 int cmd_audit(int argc, char **argv);
@@ -63,7 +68,9 @@ double median_of(double *v, int n);               /* sorts v */
 void *xmalloc(size_t bytes);                      /* NULL only on failure; 64-byte aligned */
 void fill_u16(uint16_t *p, uint16_t v, size_t n);
 
-/* Option values: 0 on success, else prints "<cmd>: <opt>: ..." and returns -1. */
+/* Option values: 0 on success, else prints "<cmd>: <opt>: ..." and returns -1.
+ * The whole value must be the number: no space before or after it, no
+ * trailing text. */
 int parse_i64(const char *cmd, const char *opt, const char *s, int64_t *out);
 int parse_i32(const char *cmd, const char *opt, const char *s, int32_t *out);
 int parse_f32(const char *cmd, const char *opt, const char *s, float *out);
@@ -72,8 +79,13 @@ int split_f32_pair(const char *s, float out[2]);
 int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2]);
 int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out);
 
-/* Library error: print "beammoe <cmd>: <what>: <status>: <beam_last_error()>". */
+/* Library error: print "beammoe <cmd>: <what>: <status>: <beam_last_error()>";
+ * returns TOOL_EXIT_FAIL. */
 int report_lib_error(const char *cmd, const char *what, beam_status st);
+/* The exit status for a library status under the tool's rule:
+ * invalid argument or unsupported (the caller's input, or a backend that is
+ * not available) 2, any other error 1. */
+int tool_exit_status(beam_status st);
 
 /* ---- byte counts of TARGETS.md ---- */
 double bytes_finalize(int64_t T, int32_t K, int32_t H, int post_weight);

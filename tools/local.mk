@@ -29,7 +29,24 @@ EXTRA_DIST += tools/audit-quick.sh
 TESTS += tools/safetensors-test.sh
 EXTRA_DIST += tools/safetensors-test.sh
 
-# `run` with bad sizes and options: the library's message and exit 1 (or
-# usage exit 2), never a crash.
-TESTS += tools/run-errors.sh
-EXTRA_DIST += tools/run-errors.sh
+# The exit-status rule of every command (beammoe --help): bad options,
+# values that are not exactly numbers, sizes and values the library rejects,
+# a backend that is not available: exit 2 with a message, never a crash.
+TESTS += tools/exit-status.sh
+EXTRA_DIST += tools/exit-status.sh
+
+# `run --output` never destroys what the path names (a directory, a device,
+# a FIFO, a read-only file, a file whose write fails half way), `audit
+# --input` refuses a FIFO or a device at once. Both under `timeout`.
+TESTS += tools/output-safety.sh tools/input-special.sh
+EXTRA_DIST += tools/output-safety.sh tools/input-special.sh
+
+# A bounded, seeded mutation fuzz of the safetensors reader (a few seconds;
+# BEAM_TEST_SEED=<printed seed> replays it, BEAM_FUZZ_SECONDS and
+# BEAM_FUZZ_ITERS bound it), and round trips through the writer. It matters
+# most in the --enable-sanitizers tree. Exit 77 without json-c.
+check_PROGRAMS += tools/st_fuzz
+TESTS += tools/st_fuzz
+tools_st_fuzz_SOURCES = tools/st_fuzz.c tools/safetensors.c tools/safetensors.h
+tools_st_fuzz_CFLAGS = $(AM_CFLAGS) $(JSON_C_CFLAGS)
+tools_st_fuzz_LDADD = $(JSON_C_LIBS)

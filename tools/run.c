@@ -12,10 +12,12 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "audit_input.h"
 #include "devmem.h"
 #include "problem.h"
+#include "safetensors.h"
 
 static void usage(FILE *f)
 {
@@ -44,10 +46,19 @@ static void usage(FILE *f)
             "  --seed N             seed of the inputs (default 1)\n"
             "  --output F           write the inputs and outputs to safetensors file F\n"
             "                       (--op finalize or fused; 'beammoe audit --input F'\n"
-            "                       checks it again; docs/safetensors.md)\n"
+            "                       checks it again; docs/safetensors.md). F is written\n"
+            "                       whole or not at all: a new file in F's folder, renamed\n"
+            "                       onto F when complete; a directory, device or FIFO, or\n"
+            "                       a file or folder this user may not write, is refused\n"
+            "                       before the run\n"
             "  -h, --help           this text\n"
             "\n"
-            "Exit status: 0 done, 1 library error, 2 usage error or --output not written.\n");
+            "Numbers are the whole value: no spaces, no trailing text.\n"
+            "Exit status: 0 done; 1 a device, communication or out-of-memory error of the\n"
+            "run; 2 a bad option or value, sizes or values the library rejects (NaN,\n"
+            "infinite, top_k, hidden, ...), inputs larger than this host's memory, a\n"
+            "backend that is not available here, or an --output that cannot be written\n"
+            "(then nothing is written). 'beammoe --help' has the rule of every command.\n");
 }
 
 static int usage_error(const char *fmt, const char *arg)
@@ -56,6 +67,22 @@ static int usage_error(const char *fmt, const char *arg)
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nTry 'beammoe run --help'.\n");
     return TOOL_EXIT_USAGE;
+}
+
+/* Host bytes of a case's inputs and outputs (problem_make, outputs_make),
+ * twice that with device copies; a double, so no size overflows it. */
+static double case_bytes(tool_op op, int64_t T, int32_t K, int32_t H, int on_device)
+{
+    double t = T > 0 ? (double)T : 0.0, k = K > 0 ? (double)K : 0.0, h = H > 0 ? (double)H : 0.0;
+    double in = op == OP_NRN ? t * h * 2 : t * k * h * 2 + t * k * 4;
+    if (op != OP_FINALIZE) in += t * h * 2;
+    return (in + 3 * h * 2 + (t + OUT_GUARD_ROWS) * h * 2 * 3) * (on_device ? 2 : 1);
+}
+
+static double host_memory_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : 0.0;
 }
 
 int cmd_run(int argc, char **argv)
@@ -94,7 +121,8 @@ int cmd_run(int argc, char **argv)
     outputs o;
     bound b;
     beam_status st;
-    double *times, med, bytes;
+    double *times = NULL, med, bytes, need, have;
+    const char *env;
     char msg[400];
 
     optind = 1;
@@ -190,16 +218,40 @@ int cmd_run(int argc, char **argv)
     if (have_strategy && op != OP_FUSED) return usage_error("%s applies to --op fused only", "--strategy");
     if (output && op == OP_NRN) return usage_error("%s supports --op finalize and fused only", "--output");
     if (output && !tool_safetensors_available(&why)) return usage_error("--output: %s", why);
+    /* a path that cannot be written is found now, not after the run */
+    if (output && st_output_check(output, msg, sizeof msg)) {
+        fprintf(stderr, "beammoe run: --output %s: %s; nothing was written\n", output, msg);
+        return TOOL_EXIT_USAGE;
+    }
     iters = (int)iters64;
 
-    if (backend) {
-        st = beam_set_backend(backend);
-        if (st != BEAM_OK) return report_lib_error("run", "beam_set_backend", st);
+    /* the backend: --backend, else BEAM_BACKEND (the library's choice, made
+     * again here so a backend that is not available is said before any
+     * memory is taken), else auto */
+    env = getenv("BEAM_BACKEND");
+    if (backend || (env && *env)) {
+        st = beam_set_backend(backend ? backend : env);
+        if (st != BEAM_OK) {
+            fprintf(stderr, "beammoe run: %s%s: %s: %s\n", backend ? "--backend " : "BEAM_BACKEND=",
+                    backend ? backend : env, beam_status_string(st), beam_last_error());
+            return tool_exit_status(st);
+        }
     }
     on_device = !strcmp(beam_backend_name(), "cuda");
     if (on_device && dev_open(msg, sizeof msg)) {
-        fprintf(stderr, "beammoe run: %s\n", msg);
-        return TOOL_EXIT_FAIL;
+        fprintf(stderr, "beammoe run: the cuda backend cannot be used by this tool: %s\n", msg);
+        return TOOL_EXIT_USAGE;
+    }
+
+    /* sizes no host could hold are the caller's error, not "out of memory" */
+    need = case_bytes(op, tokens, top_k, hidden, on_device);
+    have = host_memory_bytes();
+    if (have > 0 && need > have) {
+        fprintf(stderr,
+                "beammoe run: --tokens %lld --top-k %d --hidden %d: the inputs and outputs need "
+                "%.3g GB, more than this host's memory (%.3g GB)\n",
+                (long long)tokens, (int)top_k, (int)hidden, need * 1e-9, have * 1e-9);
+        return TOOL_EXIT_USAGE;
     }
 
     if (problem_make(&p, op, tokens, tokens, top_k, hidden, opts, rs, scales, eps, GEN_NORMAL,
@@ -221,10 +273,12 @@ int cmd_run(int argc, char **argv)
     /* one untimed call: first-touch of pages, lazy loading, errors */
     st = bound_call(&b, strategy);
     if (st != BEAM_OK) {
-        rc = report_lib_error("run", op == OP_FINALIZE ? "beam_moe_finalize"
-                                     : op == OP_NRN    ? "beam_norm_residual_norm"
-                                                       : "beam_moe_finalize_norm_residual_norm",
-                              st);
+        /* invalid argument (sizes, NaN, eps, ...) is exit status 2 */
+        report_lib_error("run", op == OP_FINALIZE ? "beam_moe_finalize"
+                                : op == OP_NRN    ? "beam_norm_residual_norm"
+                                                  : "beam_moe_finalize_norm_residual_norm",
+                         st);
+        rc = tool_exit_status(st);
         goto out_b;
     }
     for (i = 0; i < iters; i++) {
@@ -236,7 +290,8 @@ int cmd_run(int argc, char **argv)
         }
         times[i] = now_seconds() - t0;
         if (st != BEAM_OK) {
-            rc = report_lib_error("run", "timed call", st);
+            report_lib_error("run", "timed call", st);
+            rc = tool_exit_status(st);
             goto out_b;
         }
     }

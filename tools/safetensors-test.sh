@@ -4,8 +4,11 @@
 # Good files (written here with python3's struct/json only, and by `run
 # --output`) must audit clean (exit 0); a stored result with one flipped bit
 # must be a mismatch (exit 1); every malformed file must be exit 2 with the
-# expected words in the message, never a crash. Exit 77 (skip) when the tool
-# was built without json-c. Without python3 only the `run --output` part runs.
+# expected words in the message, never a crash. The reader is strict where
+# two readers could disagree (duplicate keys, data_offsets that overlap or
+# leave gaps, names that are not valid UTF-8 or hold a NUL, a `null` header)
+# and reads the header before the data. Exit 77 (skip) when the tool was
+# built without json-c. Without python3 only the `run --output` part runs.
 set -u
 tool="${builddir:-.}/tools/beammoe"
 tmp="${TMPDIR:-/tmp}/beammoe-st-test.$$"
@@ -170,6 +173,46 @@ write('bad-res-rows.safetensors', base + [('residual', 'BF16', [T - 1, H], res[:
 write('bad-res-hidden.safetensors', base + [('residual', 'BF16', [T, H // 2], res[:T * H])], meta)
 write('bad-normw.safetensors', fused + [('post_norm_weight', 'BF16', [H + 1], nw + b'\0\0')], meta)
 write('bad-stored.safetensors', fused + [('hidden', 'BF16', [T + 1, H], res + nw)], meta)
+
+# strictness: what two readers could read two ways is refused
+def raw_header(name, js, data):
+    js = js if isinstance(js, bytes) else js.encode()
+    js += b' ' * (-len(js) % 8)
+    open(os.path.join(d, name), 'wb').write(struct.pack('<Q', len(js)) + js + data)
+def entries(tensors, shift=None):
+    """header entries (text) and data of tensors, offsets as written"""
+    parts, data = [], b''
+    for n, dt, shape, b in tensors:
+        parts.append((n, '{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'
+                      % (dt, json.dumps(list(shape)), len(data), len(data) + len(b))))
+        data += b
+    return parts, data
+parts, blob = entries(base)
+def obj(ps):
+    return '{' + ','.join('"%s":%s' % (n, e) for n, e in ps) + '}'
+write('bad-null.safetensors', None, raw=struct.pack('<Q', 8) + b'null    ')
+raw_header('bad-dup-name.safetensors', obj(parts + [parts[1]]), blob)
+raw_header('bad-dup-escaped.safetensors',
+           obj(parts + [('expert\\u005fweights', parts[1][1])]), blob)
+raw_header('bad-dup-field.safetensors',
+           obj([parts[0], (parts[1][0], parts[1][1].replace('{', '{"dtype":"F32",', 1))]), blob)
+raw_header('bad-dup-meta.safetensors',
+           obj([('__metadata__', '{"live_tokens":"1","live_tokens":"2"}')] + parts), blob)
+raw_header('good-order.safetensors', obj(parts[::-1]), blob)  # JSON order is free
+ex_end = len(base[0][3])
+def offsets(h, name, b, e): h[name]['data_offsets'] = [b, e]
+write('bad-overlap.safetensors', base,  # expert_weights inside expert_outputs
+      header=lambda h: offsets(h, 'expert_weights', 16, 16 + len(base[1][3])))
+write('bad-gap.safetensors', [base[0], ('pad', 'U8', [8], b'\0' * 8), base[1]],
+      header=lambda h: h.pop('pad'))
+write('bad-tail.safetensors', base + [('pad', 'U8', [8], b'\0' * 8)],
+      header=lambda h: h.pop('pad'))
+raw_header('bad-utf8.safetensors', obj(parts).encode().replace(b'expert_w', b'expert\xffw'), blob)
+raw_header('bad-overlong.safetensors', obj(parts).encode().replace(b'_w', b'\xc0\xafw'), blob)
+# json-c would cut this name at the NUL and find 'expert_weights'
+raw_header('bad-nul-name.safetensors',
+           obj(parts).replace('"expert_weights"', '"expert_weights\\u0000.x"'), blob)
+raw_header('bad-surrogate.safetensors', obj(parts).replace('expert_w', 'expert\\ud800w'), blob)
 EOF
     for f in good-fused good-flat good-finalize good-finalize-live good-extra; do
         expect 0 "$tmp/$f.safetensors"
@@ -210,6 +253,20 @@ EOF
     expect 2 "$tmp/bad-res-hidden.safetensors" "tensor 'residual' has shape"
     expect 2 "$tmp/bad-normw.safetensors" "expected \[hidden\]"
     expect 2 "$tmp/bad-stored.safetensors" "expected \[live_tokens, hidden\]"
+    # strictness (the format's reference reader refuses these too)
+    expect 2 "$tmp/bad-null.safetensors" "top level must be an object, not null"
+    expect 2 "$tmp/bad-dup-name.safetensors" "the name 'expert_weights' appears twice"
+    expect 2 "$tmp/bad-dup-escaped.safetensors" "the name 'expert_weights' appears twice"
+    expect 2 "$tmp/bad-dup-field.safetensors" "appears twice inside the entry 'expert_weights'"
+    expect 2 "$tmp/bad-dup-meta.safetensors" "appears twice inside the entry '__metadata__'"
+    expect 0 "$tmp/good-order.safetensors"
+    expect 2 "$tmp/bad-overlap.safetensors" "overlaps tensor 'expert_outputs'"
+    expect 2 "$tmp/bad-gap.safetensors" "belong to no tensor"
+    expect 2 "$tmp/bad-tail.safetensors" "the tensors cover"
+    expect 2 "$tmp/bad-utf8.safetensors" "not valid UTF-8"
+    expect 2 "$tmp/bad-overlong.safetensors" "not valid UTF-8"
+    expect 2 "$tmp/bad-nul-name.safetensors" "(NUL) inside a string"
+    expect 2 "$tmp/bad-surrogate.safetensors" "unpaired UTF-16 surrogate"
 
     # one flipped bit in a stored result: a mismatch, exit 1
     python3 - "$tmp/rt-fused.safetensors" "$tmp/flipped.safetensors" <<'EOF'
@@ -228,6 +285,38 @@ EOF
 else
     echo "note: no python3; only the run --output round trip was checked"
 fi
+
+# The header is read and checked before the data: a bad header in front of
+# 4 GiB (a sparse file) is refused under a 1 GiB address-space limit. The
+# reader once read the whole file into memory first ("out of memory reading
+# 4294967304 bytes" here). Not under AddressSanitizer, whose shadow memory
+# needs more address space than that limit, nor where the file system
+# cannot make a sparse file.
+asan=no
+for bin in "${builddir:-.}/tools/.libs/beammoe" "$tool"; do
+    if [ -f "$bin" ] && ldd "$bin" 2>/dev/null | grep -q libasan; then asan=yes; fi
+done
+big="$tmp/bad-header-4GiB.safetensors"
+printf '\010\000\000\000\000\000\000\000{"a":[1 ' >"$big"
+if [ "$asan" = yes ]; then
+    echo "note: AddressSanitizer build: the 4 GiB file under a 1 GiB limit was not tried"
+elif ! (ulimit -v 1048576) 2>/dev/null; then
+    echo "note: this shell has no ulimit -v: the 4 GiB file was not tried"
+elif ! truncate -s 4G "$big" 2>/dev/null || [ "$(du -k "$big" | cut -f1)" -gt 1024 ]; then
+    echo "note: no sparse files here: the 4 GiB file was not tried"
+else
+    checks=$((checks + 1))
+    (ulimit -v 1048576 && exec "$tool" audit --input "$big") >/dev/null 2>"$tmp/err"
+    rc=$?
+    if [ "$rc" = 2 ] && grep -q "bad header JSON" "$tmp/err"; then
+        echo "ok:   $(basename "$big"): exit 2 $(head -1 "$tmp/err")"
+    else
+        echo "FAIL: $(basename "$big"): exit $rc, expected 2 with 'bad header JSON' (header first)"
+        sed 's/^/    /' "$tmp/err" | head -3
+        fails=$((fails + 1))
+    fi
+fi
+rm -f "$big"
 
 echo "$checks checks, $fails failed"
 [ "$fails" = 0 ]

@@ -1,26 +1,36 @@
 /*
  * safetensors.c - the safetensors reader and writer of the beammoe tool.
  *
- * The reader loads the whole file, parses the header with json-c and checks
- * every number it takes from it against the file before any byte is used:
- * header length within the file, shapes non-negative with a product that
- * does not overflow, data_offsets ordered, inside the data section, and
- * exactly numel * dtype-size bytes long. Element decoding is explicit
+ * The reader opens a regular file only (without blocking: a FIFO or a
+ * device is refused at once), reads the 8-byte header length and checks it
+ * against the file's size, reads the header alone, parses it with json-c and
+ * checks every number it takes from it before the data section is read:
+ * header within the file, strict JSON in UTF-8, no duplicate key and no NUL
+ * in any string, shapes non-negative with a product that does not overflow,
+ * data_offsets ordered, exactly numel * dtype-size bytes long, and tiling
+ * the data section (no overlap, no gap, nothing after the last tensor), as
+ * the format's reference reader requires. Element decoding is explicit
  * little-endian, so the tool reads the same bytes on any host.
+ *
+ * The writer never opens the user's file: it writes a new temporary file in
+ * the same folder and renames it into place when complete (st_write).
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* fileno, fstat under -std=c99 */
+#define _GNU_SOURCE /* fstat, fchmod, mkstemp, realpath under -std=c99 */
 #endif
 #ifdef HAVE_CONFIG_H
 #include "config.h"
 #endif
 
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "safetensors.h"
 
@@ -91,6 +101,110 @@ void st_get_f32(const st_tensor *t, float *dst)
     }
 }
 
+/* ---- where run --output writes ---- */
+
+typedef struct out_target {
+    char *path;      /* the file to replace or create (links followed) */
+    char *dir;       /* its folder, where the temporary file goes */
+    const char *base;
+    int exists;
+    struct stat sb;  /* of the existing file */
+} out_target;
+
+static void target_free(out_target *o)
+{
+    free(o->path);
+    free(o->dir);
+    memset(o, 0, sizeof *o);
+}
+
+static const char *kind_name(mode_t m)
+{
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "not a regular file";
+}
+
+/* Decide where path leads and whether it may be written, creating and
+ * changing nothing: a symbolic link (last component) is followed to the file
+ * it names, which must exist; an existing file must be a regular file this
+ * user may write; the folder must let this user create a file. */
+static int resolve_output(const char *path, out_target *o, char *err, size_t errn)
+{
+    struct stat lsb;
+    char *slash;
+    size_t n = strlen(path);
+    memset(o, 0, sizeof *o);
+    if (n == 0) {
+        set_err(err, errn, "the path is empty");
+        return -1;
+    }
+    if (path[n - 1] == '/') {
+        set_err(err, errn, "the path names a directory, not a file");
+        return -1;
+    }
+    if (lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode)) {
+        o->path = realpath(path, NULL);
+        if (!o->path) {
+            set_err(err, errn, "a symbolic link that does not lead to a file (%s)",
+                    strerror(errno));
+            return -1;
+        }
+    } else {
+        o->path = malloc(n + 1);
+        if (!o->path) goto oom;
+        memcpy(o->path, path, n + 1);
+    }
+    if (stat(o->path, &o->sb) == 0) {
+        if (!S_ISREG(o->sb.st_mode)) {
+            set_err(err, errn, "%s, not a regular file", kind_name(o->sb.st_mode));
+            goto fail;
+        }
+        if (access(o->path, W_OK) != 0) {
+            set_err(err, errn, "cannot write: %s", strerror(errno));
+            goto fail;
+        }
+        o->exists = 1;
+    } else if (errno != ENOENT) {
+        set_err(err, errn, "cannot write: %s", strerror(errno));
+        goto fail;
+    }
+    slash = strrchr(o->path, '/');
+    o->dir = malloc(strlen(o->path) + 2);
+    if (!o->dir) goto oom;
+    if (!slash) {
+        strcpy(o->dir, ".");
+        o->base = o->path;
+    } else {
+        size_t d = slash == o->path ? 1 : (size_t)(slash - o->path);
+        memcpy(o->dir, o->path, d);
+        o->dir[d] = '\0';
+        o->base = slash + 1;
+    }
+    if (access(o->dir, W_OK | X_OK) != 0) {
+        set_err(err, errn, "cannot create a file in the folder '%s': %s", o->dir,
+                strerror(errno));
+        goto fail;
+    }
+    return 0;
+oom:
+    set_err(err, errn, "out of memory");
+fail:
+    target_free(o);
+    return -1;
+}
+
+int st_output_check(const char *path, char *err, size_t errn)
+{
+    out_target o;
+    if (resolve_output(path, &o, err, errn)) return -1;
+    target_free(&o);
+    return 0;
+}
+
 #ifdef HAVE_JSON_C
 
 /* Bytes per element of the dtypes the format defines; 0 for unknown. */
@@ -114,47 +228,6 @@ static char *dup_str(const char *s)
     char *d = malloc(n);
     if (d) memcpy(d, s, n);
     return d;
-}
-
-/* Whole file into memory: a regular file only (a directory or a FIFO gives
- * a message, not a read error later). */
-static int read_all(const char *path, unsigned char **out, size_t *size, char *err, size_t errn)
-{
-    FILE *fp = fopen(path, "rb");
-    struct stat sb;
-    unsigned char *buf;
-    size_t n;
-    if (!fp) {
-        set_err(err, errn, "cannot open: %s", strerror(errno));
-        return -1;
-    }
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        set_err(err, errn, "not a regular file");
-        fclose(fp);
-        return -1;
-    }
-    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX - 1) {
-        set_err(err, errn, "file too large for this host");
-        fclose(fp);
-        return -1;
-    }
-    n = (size_t)sb.st_size;
-    buf = malloc(n ? n : 1);
-    if (!buf) {
-        set_err(err, errn, "out of memory reading %zu bytes", n);
-        fclose(fp);
-        return -1;
-    }
-    if (n && fread(buf, 1, n, fp) != n) {
-        set_err(err, errn, "read error: %s", ferror(fp) ? strerror(errno) : "file shrank");
-        free(buf);
-        fclose(fp);
-        return -1;
-    }
-    fclose(fp);
-    *out = buf;
-    *size = n;
-    return 0;
 }
 
 /* Largest integer a shape or offset may hold: far beyond any real file,
@@ -202,10 +275,10 @@ oom:
     return -1;
 }
 
-/* One tensor entry: dtype, shape, data_offsets, all checked against the
- * data section [data, data + dlen). */
-static int parse_tensor(st_tensor *t, const char *name, struct json_object *e,
-                        const unsigned char *data, uint64_t dlen, char *err, size_t errn)
+/* One tensor entry: dtype, shape, data_offsets, all checked against a
+ * data section of dlen bytes (t->data is set once that section is read). */
+static int parse_tensor(st_tensor *t, const char *name, struct json_object *e, uint64_t dlen,
+                        char *err, size_t errn)
 {
     struct json_object *dt, *sh, *off;
     int64_t numel = 1, b, en;
@@ -279,31 +352,367 @@ static int parse_tensor(st_tensor *t, const char *name, struct json_object *e,
                 (unsigned long long)((uint64_t)numel * t->elem_size));
         return -1;
     }
-    t->data = data + b;
+    t->offset = (size_t)b; /* b <= dlen, which fits in size_t (st_open) */
+    return 0;
+}
+
+/* ---- the header's text: checks json-c does not make ---- */
+
+/* 0 when s[0..n) is valid UTF-8 (no overlong form, no surrogate, nothing
+ * past U+10FFFF), else -1 with *at the offset of the first bad byte. */
+static int utf8_valid(const unsigned char *s, size_t n, size_t *at)
+{
+    size_t i = 0, k, len;
+    uint32_t cp, min;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            len = 2, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4, cp = c & 0x07, min = 0x10000;
+        } else {
+            break;
+        }
+        if (n - i < len) break;
+        for (k = 1; k < len && (s[i + k] & 0xC0) == 0x80; k++) cp = (cp << 6) | (s[i + k] & 0x3F);
+        if (k < len || cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) break;
+        i += len;
+    }
+    *at = i;
+    return i < n ? -1 : 0;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* A top-level key of the header: where its string token is in the text,
+ * and how many members the objects inside its value have in the text. */
+typedef struct key_tok {
+    size_t at, len;
+    long inner;
+} key_tok;
+
+/* Walk the header's text (json-c has accepted its syntax): every string
+ * must be free of \u0000 (a C string, a name, would end there) and of
+ * unpaired UTF-16 surrogate escapes (json-c turns one into U+FFFD, another
+ * name). Counts the members of the objects as written: one ':' outside
+ * strings each. keys (room for nkeys) gets the top-level keys' tokens.
+ * Returns the number of top-level keys, or -1 with err. */
+static long scan_header(const char *h, size_t n, key_tok *keys, long nkeys, char *err,
+                        size_t errn)
+{
+    size_t i = 0, str_at = 0;
+    int depth = 0, in_str = 0, hi = 0, want_key = 0;
+    long top = -1;
+    while (i < n) {
+        char c = h[i];
+        if (!in_str) {
+            if (c == '"') {
+                in_str = 1;
+                str_at = i;
+            } else if (c == '{' || c == '[') {
+                depth++;
+                want_key = c == '{' && depth == 1;
+            } else if (c == '}' || c == ']') {
+                depth--;
+            } else if (c == ',') {
+                want_key = depth == 1;
+            } else if (c == ':' && depth > 1 && top >= 0 && top < nkeys) {
+                keys[top].inner++;
+            }
+            i++;
+            continue;
+        }
+        if (c == '"') {
+            if (hi) goto surrogate;
+            in_str = 0;
+            if (want_key) {
+                want_key = 0;
+                if (++top < nkeys) {
+                    keys[top].at = str_at;
+                    keys[top].len = i + 1 - str_at;
+                    keys[top].inner = 0;
+                }
+            }
+            i++;
+            continue;
+        }
+        if (c == '\\' && i + 1 < n && h[i + 1] == 'u') {
+            int d0, d1, d2, d3;
+            unsigned v;
+            if (n - i < 6 || (d0 = hexval(h[i + 2])) < 0 || (d1 = hexval(h[i + 3])) < 0 ||
+                (d2 = hexval(h[i + 4])) < 0 || (d3 = hexval(h[i + 5])) < 0) {
+                set_err(err, errn, "bad header JSON: a \\u escape without four hex digits");
+                return -1;
+            }
+            v = (unsigned)((d0 << 12) | (d1 << 8) | (d2 << 4) | d3);
+            if (v == 0) {
+                set_err(err, errn, "bad header: \\u0000 (NUL) inside a string of the JSON");
+                return -1;
+            }
+            if (v >= 0xD800 && v <= 0xDBFF) {
+                if (hi) goto surrogate;
+                hi = 1;
+            } else if (v >= 0xDC00 && v <= 0xDFFF) {
+                if (!hi) goto surrogate;
+                hi = 0;
+            } else if (hi) {
+                goto surrogate;
+            }
+            i += 6;
+            continue;
+        }
+        if (hi) goto surrogate;
+        i += c == '\\' ? 2 : 1;
+    }
+    return top + 1;
+surrogate:
+    set_err(err, errn, "bad header: a string of the JSON has an unpaired UTF-16 surrogate "
+                       "escape (not valid Unicode)");
+    return -1;
+}
+
+/* Members of every object inside o, o itself included. */
+static long count_members(struct json_object *o)
+{
+    long n = 0;
+    size_t i;
+    if (json_object_is_type(o, json_type_object)) {
+        struct json_object_iterator it = json_object_iter_begin(o), end = json_object_iter_end(o);
+        for (; !json_object_iter_equal(&it, &end); json_object_iter_next(&it))
+            n += 1 + count_members(json_object_iter_peek_value(&it));
+    } else if (json_object_is_type(o, json_type_array)) {
+        for (i = 0; i < json_object_array_length(o); i++)
+            n += count_members(json_object_array_get_idx(o, i));
+    }
+    return n;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* json-c keeps one value of a key given twice in an object; the format
+ * (and any two readers) must not disagree on which. Compares what the text
+ * has with what json-c kept, and names the key when it is a top-level one
+ * (a tensor name or __metadata__), else the entry it is in. */
+static int check_duplicates(const char *h, size_t n, struct json_object *root, char *err,
+                            size_t errn)
+{
+    long nkeys = json_object_object_length(root) + 1, got = 0, i;
+    key_tok *keys = calloc((size_t)nkeys, sizeof *keys);
+    char **names = NULL;
+    int rc = -1;
+    if (!keys) goto oom;
+    got = scan_header(h, n, keys, nkeys, err, errn);
+    if (got < 0) goto out;
+    if (got != json_object_object_length(root)) {
+        /* decode every top-level key with json-c and find two equal ones */
+        long m = got < nkeys ? got : nkeys;
+        names = calloc((size_t)m, sizeof *names);
+        if (!names) goto oom;
+        set_err(err, errn, "bad header JSON: a tensor name appears twice");
+        for (i = 0; i < m; i++) {
+            struct json_tokener *tok = json_tokener_new();
+            struct json_object *s = tok ? json_tokener_parse_ex(tok, h + keys[i].at,
+                                                                 (int)keys[i].len)
+                                        : NULL;
+            names[i] = dup_str(s ? json_object_get_string(s) : "");
+            if (s) json_object_put(s);
+            if (tok) json_tokener_free(tok);
+            if (!names[i]) goto oom;
+        }
+        qsort(names, (size_t)m, sizeof *names, cmp_str);
+        for (i = 1; i < m; i++)
+            if (!strcmp(names[i - 1], names[i])) {
+                set_err(err, errn, "bad header JSON: the name '%s' appears twice", names[i]);
+                break;
+            }
+        goto out;
+    }
+    /* same top-level keys: compare each entry's own members */
+    {
+        struct json_object_iterator it = json_object_iter_begin(root),
+                                    end = json_object_iter_end(root);
+        for (i = 0; !json_object_iter_equal(&it, &end); json_object_iter_next(&it), i++)
+            if (count_members(json_object_iter_peek_value(&it)) != keys[i].inner) {
+                set_err(err, errn, "bad header JSON: a key appears twice inside the entry '%s'",
+                        json_object_iter_peek_name(&it));
+                goto out;
+            }
+    }
+    rc = 0;
+    goto out;
+oom:
+    set_err(err, errn, "out of memory");
+out:
+    if (names)
+        for (i = 0; i < got && i < nkeys; i++) free(names[i]);
+    free(names);
+    free(keys);
+    return rc;
+}
+/* ---- reading ---- */
+
+/* path opened for reading when it is a regular file: the descriptor, its
+ * size in *size; else -1 with err. Opened with O_NONBLOCK, so a FIFO with
+ * no writer (or a device) never blocks the open; fstat of the open file
+ * (not a stat before it, which a rename could outrun) decides, and only a
+ * regular file gets blocking reads. */
+static int open_regular(const char *path, uint64_t *size, char *err, size_t errn)
+{
+    struct stat sb;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC), fl;
+    if (fd < 0) {
+        set_err(err, errn, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    if (fstat(fd, &sb) != 0) {
+        set_err(err, errn, "cannot open: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        set_err(err, errn, "not a regular file (%s)", kind_name(sb.st_mode));
+        close(fd);
+        return -1;
+    }
+    fl = fcntl(fd, F_GETFL);
+    if (fl == -1 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == -1) {
+        set_err(err, errn, "cannot open: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    *size = (uint64_t)sb.st_size;
+    return fd;
+}
+
+/* Exactly n bytes from fd into buf; 0, or -1 with err. */
+static int read_exact(int fd, void *buf, size_t n, char *err, size_t errn)
+{
+    unsigned char *p = buf;
+    while (n) {
+        ssize_t r = read(fd, p, n < ((size_t)1 << 30) ? n : ((size_t)1 << 30));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            set_err(err, errn, "read error: %s", strerror(errno));
+            return -1;
+        }
+        if (r == 0) {
+            set_err(err, errn, "read error: the file shrank while it was read");
+            return -1;
+        }
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* A tensor's byte span, for the tiling check. */
+typedef struct span {
+    uint64_t begin, end;
+    int index;
+} span;
+
+static int cmp_span(const void *a, const void *b)
+{
+    const span *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return x->index - y->index;
+}
+
+/* The tensors' spans, in offset order, must cover [0, dlen) once each:
+ * what the reference reader accepts. Anything else means two readers could
+ * see different bytes for one tensor, or bytes that belong to none. */
+static int check_tiling(const st_file *f, uint64_t dlen, char *err, size_t errn)
+{
+    span *v = calloc((size_t)f->ntensors + 1, sizeof *v);
+    uint64_t at = 0;
+    int i, prev = -1;
+    if (!v) {
+        set_err(err, errn, "out of memory");
+        return -1;
+    }
+    for (i = 0; i < f->ntensors; i++) {
+        v[i].begin = f->tensors[i].offset;
+        v[i].end = f->tensors[i].offset + (uint64_t)f->tensors[i].numel * f->tensors[i].elem_size;
+        v[i].index = i;
+    }
+    qsort(v, (size_t)f->ntensors, sizeof *v, cmp_span);
+    for (i = 0; i < f->ntensors; i++) {
+        const st_tensor *t = &f->tensors[v[i].index];
+        if (v[i].begin < at) {
+            set_err(err, errn,
+                    "bad data_offsets: tensor '%s' [%llu, %llu] overlaps tensor '%s', which "
+                    "ends at %llu",
+                    t->name, (unsigned long long)v[i].begin, (unsigned long long)v[i].end,
+                    f->tensors[prev].name, (unsigned long long)at);
+            free(v);
+            return -1;
+        }
+        if (v[i].begin > at) {
+            set_err(err, errn,
+                    "bad data_offsets: bytes [%llu, %llu) of the data belong to no tensor "
+                    "(tensor '%s' begins at %llu)",
+                    (unsigned long long)at, (unsigned long long)v[i].begin, t->name,
+                    (unsigned long long)v[i].begin);
+            free(v);
+            return -1;
+        }
+        at = v[i].end;
+        prev = v[i].index;
+    }
+    free(v);
+    if (at != dlen) {
+        set_err(err, errn,
+                "bad data_offsets: the tensors cover %llu bytes, but the data section after the "
+                "header has %llu",
+                (unsigned long long)at, (unsigned long long)dlen);
+        return -1;
+    }
     return 0;
 }
 
 int st_open(st_file *f, const char *path, char *err, size_t errn)
 {
-    uint64_t hlen = 0;
-    int i;
+    uint64_t hlen = 0, fsize = 0, dlen;
+    unsigned char len8[8];
+    int i, fd;
     char *hdr = NULL;
     struct json_tokener *tok = NULL;
     struct json_object *root = NULL;
     struct json_object_iterator it, end;
     enum json_tokener_error jerr;
-    size_t parsed;
+    size_t parsed, bad;
 
     memset(f, 0, sizeof *f);
-    if (read_all(path, &f->bytes, &f->size, err, errn)) return -1;
-    if (f->size < 8) {
-        set_err(err, errn, "truncated: %zu bytes, shorter than the 8-byte header length", f->size);
+    fd = open_regular(path, &fsize, err, errn);
+    if (fd < 0) return -1;
+    if (fsize < 8) {
+        set_err(err, errn, "truncated: %llu bytes, shorter than the 8-byte header length",
+                (unsigned long long)fsize);
         goto fail;
     }
-    for (i = 7; i >= 0; i--) hlen = (hlen << 8) | f->bytes[i];
-    if (hlen > f->size - 8) {
-        set_err(err, errn, "truncated: header length %llu is past the end of the file (%zu bytes)",
-                (unsigned long long)hlen, f->size);
+    /* the length first, checked against the file's size: a header that
+     * cannot fit is found without reading anything else */
+    if (read_exact(fd, len8, 8, err, errn)) goto fail;
+    for (i = 7; i >= 0; i--) hlen = (hlen << 8) | len8[i];
+    if (hlen > fsize - 8) {
+        set_err(err, errn,
+                "truncated: header length %llu is past the end of the file (%llu bytes)",
+                (unsigned long long)hlen, (unsigned long long)fsize);
         goto fail;
     }
     if (hlen > ST_MAX_HEADER || hlen < 2) {
@@ -311,17 +720,26 @@ int st_open(st_file *f, const char *path, char *err, size_t errn)
                 (unsigned long long)ST_MAX_HEADER);
         goto fail;
     }
-    /* a NUL-terminated copy: json-c reads at most hlen bytes, and the
-     * trailing-bytes check below must not run past them */
+    dlen = fsize - 8 - hlen;
+    if (dlen > (uint64_t)SIZE_MAX - 1) {
+        set_err(err, errn, "file too large for this host");
+        goto fail;
+    }
+    /* then the header alone, NUL-terminated: json-c reads at most hlen
+     * bytes, and the trailing-bytes check below must not run past them */
     hdr = malloc((size_t)hlen + 1);
     if (!hdr) {
         set_err(err, errn, "out of memory");
         goto fail;
     }
-    memcpy(hdr, f->bytes + 8, (size_t)hlen);
+    if (read_exact(fd, hdr, (size_t)hlen, err, errn)) goto fail;
     hdr[hlen] = '\0';
     if (strlen(hdr) != (size_t)hlen) {
         set_err(err, errn, "bad header: NUL byte inside the JSON");
+        goto fail;
+    }
+    if (utf8_valid((const unsigned char *)hdr, (size_t)hlen, &bad)) {
+        set_err(err, errn, "bad header: not valid UTF-8 (byte %zu of the JSON)", bad);
         goto fail;
     }
     tok = json_tokener_new_ex(32);
@@ -332,7 +750,7 @@ int st_open(st_file *f, const char *path, char *err, size_t errn)
     json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
     root = json_tokener_parse_ex(tok, hdr, (int)hlen);
     jerr = json_tokener_get_error(tok);
-    if (!root || jerr != json_tokener_success) {
+    if (jerr != json_tokener_success) {
         set_err(err, errn, "bad header JSON: %s",
                 jerr == json_tokener_continue ? "unexpected end of header"
                                               : json_tokener_error_desc(jerr));
@@ -350,10 +768,13 @@ int st_open(st_file *f, const char *path, char *err, size_t errn)
             set_err(err, errn, "bad header JSON: bytes after the top-level object");
             goto fail;
         }
-    if (!json_object_is_type(root, json_type_object)) {
-        set_err(err, errn, "bad header JSON: the top level must be an object");
+    /* `null` parses to no object at all, with success */
+    if (!root || !json_object_is_type(root, json_type_object)) {
+        set_err(err, errn, "bad header JSON: the top level must be an object, not %s",
+                root ? json_type_to_name(json_object_get_type(root)) : "null");
         goto fail;
     }
+    if (check_duplicates(hdr, (size_t)hlen, root, err, errn)) goto fail;
     f->tensors = calloc((size_t)json_object_object_length(root) + 1, sizeof *f->tensors);
     if (!f->tensors) {
         set_err(err, errn, "out of memory");
@@ -377,19 +798,78 @@ int st_open(st_file *f, const char *path, char *err, size_t errn)
             goto fail;
         }
         f->ntensors++;
-        if (parse_tensor(t, name, v, f->bytes + 8 + hlen, f->size - 8 - hlen, err, errn))
-            goto fail;
+        if (parse_tensor(t, name, v, dlen, err, errn)) goto fail;
     }
+    if (check_tiling(f, dlen, err, errn)) goto fail;
     json_object_put(root);
+    root = NULL;
     json_tokener_free(tok);
+    tok = NULL;
     free(hdr);
+    hdr = NULL;
+
+    /* the header holds: now the data section, exactly as long as it said */
+    f->bytes = malloc(dlen ? (size_t)dlen : 1);
+    if (!f->bytes) {
+        set_err(err, errn, "out of memory reading %llu bytes of tensor data",
+                (unsigned long long)dlen);
+        goto fail;
+    }
+    f->size = (size_t)dlen;
+    if (read_exact(fd, f->bytes, f->size, err, errn)) goto fail;
+    for (i = 0; i < f->ntensors; i++) f->tensors[i].data = f->bytes + f->tensors[i].offset;
+    close(fd);
     return 0;
 fail:
     if (root) json_object_put(root);
     if (tok) json_tokener_free(tok);
     free(hdr);
+    close(fd);
     st_close(f);
     return -1;
+}
+
+/* ---- signals while the temporary file exists ----
+ * An interrupt or a termination removes it before the tool dies; a file
+ * size limit makes write() fail (EFBIG, an ordinary write error) instead of
+ * killing the tool with SIGXFSZ and leaving it behind. */
+static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
+#define NCLEANUP ((int)(sizeof cleanup_signals / sizeof cleanup_signals[0]))
+static char *volatile cleanup_path;
+
+static void cleanup_and_die(int sig)
+{
+    char *p = cleanup_path;
+    if (p) unlink(p); /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+typedef struct saved_signals {
+    struct sigaction old[NCLEANUP], xfsz;
+} saved_signals;
+
+static void signals_guard(saved_signals *sv)
+{
+    struct sigaction sa;
+    int i;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGXFSZ, &sa, &sv->xfsz);
+    sa.sa_handler = cleanup_and_die;
+    for (i = 0; i < NCLEANUP; i++) {
+        sigaction(cleanup_signals[i], NULL, &sv->old[i]);
+        if (sv->old[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL);
+    }
+}
+
+static void signals_restore(saved_signals *sv)
+{
+    int i;
+    for (i = 0; i < NCLEANUP; i++) sigaction(cleanup_signals[i], &sv->old[i], NULL);
+    sigaction(SIGXFSZ, &sv->xfsz, NULL);
+    cleanup_path = NULL;
 }
 
 static void put_le(unsigned char *d, const void *src, int is_f32, int64_t n)
@@ -424,8 +904,14 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     unsigned char len8[8], *buf = NULL;
     size_t bufn = 0;
     FILE *fp = NULL;
-    int k, d, rc = -1;
+    int k, d, rc = -1, fd = -1;
+    char *tmp = NULL;
+    out_target o;
+    mode_t mode;
+    saved_signals sv;
+    int guarded = 0;
 
+    memset(&o, 0, sizeof o);
     if (!root) goto oom;
     if (nmeta > 0) {
         md = json_object_new_object();
@@ -457,11 +943,41 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     hlen = (jlen + 7) & ~(size_t)7; /* data starts 8-byte aligned */
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
 
-    fp = fopen(path, "wb");
-    if (!fp) {
-        set_err(err, errn, "cannot create: %s", strerror(errno));
+    /* a new file next to the target, renamed onto it when complete: the
+     * user's file is never opened, so a failure cannot touch it */
+    if (resolve_output(path, &o, err, errn)) goto out;
+    tmp = malloc(strlen(o.dir) + strlen(o.base) + 16);
+    if (!tmp) goto oom;
+    /* a name of at most 255 bytes however long the target's is */
+    sprintf(tmp, "%s/.%.200s.XXXXXX", o.dir, o.base);
+    signals_guard(&sv);
+    guarded = 1;
+    fd = mkstemp(tmp); /* O_CREAT | O_EXCL, mode 0600 */
+    if (fd >= 0) cleanup_path = tmp;
+    if (fd < 0) {
+        set_err(err, errn, "cannot create a temporary file in the folder '%s': %s", o.dir,
+                strerror(errno));
+        free(tmp);
+        tmp = NULL;
         goto out;
     }
+    /* the mode a file made by open(O_CREAT, 0666) would get, or the
+     * replaced file's own, and its owner where this user may keep it */
+    if (o.exists) {
+        if ((o.sb.st_uid != geteuid() || o.sb.st_gid != getegid()) &&
+            fchown(fd, o.sb.st_uid, o.sb.st_gid) != 0) {
+            /* not allowed: the new file stays this user's */
+        }
+        mode = o.sb.st_mode & 0777;
+    } else {
+        mode_t um = umask(0);
+        umask(um);
+        mode = 0666 & ~um;
+    }
+    if (fchmod(fd, mode) != 0) goto wfail;
+    fp = fdopen(fd, "wb");
+    if (!fp) goto wfail;
+    fd = -1;
     if (fwrite(len8, 1, 8, fp) != 8 || fwrite(js, 1, jlen, fp) != jlen) goto wfail;
     for (i = jlen; i < hlen; i++)
         if (fputc(' ', fp) == EOF) goto wfail;
@@ -479,11 +995,19 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
         put_le(buf, t[k].data, t[k].is_f32, numel);
         if (bytes && fwrite(buf, 1, bytes, fp) != bytes) goto wfail;
     }
+    if (fflush(fp) != 0) goto wfail;
+    /* on disk before it takes the name (a file system that cannot sync
+     * says EINVAL: nothing to wait for there) */
+    if (fsync(fileno(fp)) != 0 && errno != EINVAL && errno != ENOTSUP) goto wfail;
     if (fclose(fp) != 0) {
         fp = NULL;
         goto wfail;
     }
     fp = NULL;
+    if (rename(tmp, o.path) != 0) goto wfail;
+    cleanup_path = NULL; /* the name is the user's now */
+    free(tmp);
+    tmp = NULL;
     rc = 0;
     goto out;
 wfail:
@@ -493,8 +1017,13 @@ oom:
     set_err(err, errn, "out of memory");
 out:
     if (fp) fclose(fp);
-    if (rc) remove(path);
+    if (fd >= 0) close(fd);
+    /* only ever the file made here, never path */
+    if (tmp) unlink(tmp);
+    if (guarded) signals_restore(&sv);
+    free(tmp);
     free(buf);
+    target_free(&o);
     if (root) json_object_put(root);
     return rc;
 }

@@ -29,12 +29,13 @@ typedef struct st_tensor {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     int64_t numel;
+    size_t offset;             /* of its bytes in the data section */
     const unsigned char *data; /* into st_file.bytes; numel * elem_size bytes */
 } st_tensor;
 
 typedef struct st_file {
-    unsigned char *bytes; /* the whole file */
-    size_t size;
+    unsigned char *bytes; /* the data section (after the header) */
+    size_t size;          /* its length in bytes */
     st_tensor *tensors;
     int ntensors;
     char **meta; /* key, value, key, value, ... */
@@ -46,8 +47,13 @@ int st_available(void);
 /* The message both directions give when st_available() is 0. */
 #define ST_NO_JSON_C "this beammoe was built without json-c; install libjson-c-dev and reconfigure"
 
-/* Read and check the whole file; 0 on success, else -1 with a message in
- * err (without the path: the caller names it). */
+/* Read and check a file; 0 on success, else -1 with a message in err
+ * (without the path: the caller names it). Only a regular file is read (a
+ * FIFO or a device is refused at once, never waited on); the header length
+ * and the header are checked against the file's size before the data
+ * section is read. The header must be strict JSON in UTF-8 with no
+ * duplicate key and no NUL (escaped or not) in any string, and the
+ * tensors' data_offsets must tile the data section exactly. */
 int st_open(st_file *f, const char *path, char *err, size_t errn);
 void st_close(st_file *f);
 const st_tensor *st_find(const st_file *f, const char *name); /* NULL if absent */
@@ -68,7 +74,18 @@ typedef struct st_out {
 } st_out;
 
 /* Write tensors (in order) and metadata (key, value pairs) to path; header
- * padded with spaces so the data starts 8-byte aligned. 0 or -1 with err. */
+ * padded with spaces so the data starts 8-byte aligned. 0 or -1 with err.
+ * The file is written to a new temporary file (mkstemp) in the folder of
+ * path and renamed onto path only when complete: on any failure path is
+ * untouched and the temporary file is removed. path may name a regular file
+ * (replaced, its permission bits kept), a symbolic link to one (the file it
+ * points to is replaced), or nothing yet (created with 0666 & ~umask); a
+ * directory, a device, a FIFO or a file this user may not write is refused
+ * before anything is created. */
+/* The checks st_write makes before it creates anything, alone: 0 when path
+ * can be written, else -1 with a message in err. */
+int st_output_check(const char *path, char *err, size_t errn);
+
 int st_write(const char *path, const st_out *t, int n, const char *const *meta, int nmeta,
              char *err, size_t errn);
 

@@ -5,6 +5,7 @@
 #define _GNU_SOURCE /* clock_gettime, posix_memalign under -std=c99 */
 #endif
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -154,16 +155,28 @@ void fill_u16(uint16_t *p, uint16_t v, size_t n)
     for (i = 0; i < n; i++) p[i] = v;
 }
 
-/* ---- option parsing ---- */
+/* ---- option parsing ----
+ * A number is the whole option value: no leading or trailing space, no
+ * trailing text ("4x", " 4", "4 " are errors; strtoll alone would take the
+ * first two). */
+
+static int starts_like_number(const char *s)
+{
+    return *s && !isspace((unsigned char)*s);
+}
 
 int parse_i64(const char *cmd, const char *opt, const char *s, int64_t *out)
 {
     char *end;
     long long v;
     errno = 0;
-    v = strtoll(s, &end, 10);
-    if (errno || end == s || *end) {
+    v = starts_like_number(s) ? strtoll(s, &end, 10) : 0;
+    if (!starts_like_number(s) || end == s || *end) {
         fprintf(stderr, "beammoe %s: %s: '%s' is not an integer\n", cmd, opt, s);
+        return -1;
+    }
+    if (errno == ERANGE) {
+        fprintf(stderr, "beammoe %s: %s: '%s' is out of the 64-bit range\n", cmd, opt, s);
         return -1;
     }
     *out = (int64_t)v;
@@ -185,11 +198,20 @@ int parse_i32(const char *cmd, const char *opt, const char *s, int32_t *out)
 int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out)
 {
     char *end;
-    unsigned long long v;
+    unsigned long long v = 0;
+    /* decimal, or hexadecimal after 0x; never octal ("010" is ten) */
+    int hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
     errno = 0;
-    v = strtoull(s, &end, 0);
-    if (errno || end == s || *end || s[0] == '-') {
+    if (starts_like_number(s) && s[0] != '-' && s[0] != '+' && (!hex || isxdigit((unsigned char)s[2])))
+        v = strtoull(hex ? s + 2 : s, &end, hex ? 16 : 10);
+    else
+        end = (char *)s;
+    if (end == s || *end || errno == EINVAL) {
         fprintf(stderr, "beammoe %s: %s: '%s' is not a non-negative integer\n", cmd, opt, s);
+        return -1;
+    }
+    if (errno == ERANGE) {
+        fprintf(stderr, "beammoe %s: %s: '%s' is out of the 64-bit range\n", cmd, opt, s);
         return -1;
     }
     *out = (uint64_t)v;
@@ -198,10 +220,10 @@ int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out)
 
 int parse_f32(const char *cmd, const char *opt, const char *s, float *out)
 {
-    char *end;
-    float v;
+    char *end = (char *)s;
+    float v = 0.0f;
     errno = 0;
-    v = strtof(s, &end);
+    if (starts_like_number(s)) v = strtof(s, &end);
     if (end == s || *end) {
         fprintf(stderr, "beammoe %s: %s: '%s' is not a number\n", cmd, opt, s);
         return -1;
@@ -224,9 +246,23 @@ int split_f32_pair(const char *s, float out[2])
 
 int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2])
 {
-    if (split_f32_pair(s, out) == 0) return 0;
-    fprintf(stderr, "beammoe %s: %s: expected two numbers 'A,B'\n", cmd, opt);
+    const char *comma = strchr(s, ',');
+    /* no space around either number (split_f32_pair, which a file's
+     * metadata goes through too, lets strtof skip a leading one) */
+    if (starts_like_number(s) && comma && starts_like_number(comma + 1) &&
+        split_f32_pair(s, out) == 0)
+        return 0;
+    fprintf(stderr, "beammoe %s: %s: '%s' is not two numbers 'A,B'\n", cmd, opt, s);
     return -1;
+}
+
+int tool_exit_status(beam_status st)
+{
+    /* a rule of the contract broken by what was given, or a backend that
+     * is not available: the caller's input; else the run itself failed */
+    return st == BEAM_OK                                                ? TOOL_EXIT_OK
+           : st == BEAM_ERR_INVALID_ARGUMENT || st == BEAM_ERR_UNSUPPORTED ? TOOL_EXIT_USAGE
+                                                                        : TOOL_EXIT_FAIL;
 }
 
 int report_lib_error(const char *cmd, const char *what, beam_status st)

@@ -18,6 +18,7 @@ import ctypes
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -68,21 +69,44 @@ def _reject_constant(name):
     raise ValueError("bad header JSON: %s is not JSON" % name)
 
 
+def _file_kind(mode):
+    """The words of tools/safetensors.c for what is not a regular file."""
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def _read_regular(path):
+    """The bytes of `path` when it is a regular file, else ValueError at once.
+
+    Opened with O_NONBLOCK, so a FIFO with no writer (or a device) never
+    blocks the open; fstat of the open file, not a stat before it (which a
+    rename could outrun), decides; only a regular file is then read."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise ValueError("cannot open: %s" % e.strerror) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError("not a regular file (%s)" % _file_kind(mode))
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+        fd = -1  # the file object owns it now
+        with f:
+            return bytearray(f.read())  # writable: torch.frombuffer warns on bytes
+    except OSError as e:
+        raise ValueError("cannot open: %s" % e.strerror) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def read_safetensors(path):
     """(tensors {name: _Tensor}, metadata {key: str}, raw bytes of the data
     section). ValueError for anything the C reader rejects, same words."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        raise ValueError("cannot open: %s" % e.strerror) from None
-    import stat as _stat
-    if not _stat.S_ISREG(st.st_mode):
-        raise ValueError("not a regular file")
-    try:
-        with open(path, "rb") as f:
-            raw = bytearray(f.read())  # writable: torch.frombuffer warns on bytes
-    except OSError as e:
-        raise ValueError("cannot open: %s" % e.strerror) from None
+    raw = _read_regular(path)
     if len(raw) < 8:
         raise ValueError("truncated: %d bytes, shorter than the 8-byte header length" % len(raw))
     hlen = int.from_bytes(raw[:8], "little")

@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -322,3 +323,46 @@ def test_bad_backend_argument(gen, tmp_path):
     t, meta = finalize_case(gen)
     with pytest.raises(ValueError, match="unknown backend"):
         beammoe.audit_file(str(save_file(tmp_path / "f.safetensors", t, meta)), "tpu")
+
+
+def test_special_files_refused_at_once(tmp_path):
+    """A FIFO with no writer (a reader that opens it first waits for ever), a
+    link to it, a directory, a device: ValueError at once naming what it is,
+    with the words of the C tool, which exits 2 on each, also at once."""
+    fifo = tmp_path / "fifo.safetensors"
+    os.mkfifo(str(fifo))
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(fifo.name)
+    cases = [(fifo, "a FIFO"), (link, "a FIFO"), (tmp_path, "a directory")]
+    if os.path.exists("/dev/null"):
+        cases.append(("/dev/null", "a character device"))
+    for path, kind in cases:
+        got = {}
+
+        def body():
+            try:
+                beammoe.audit_file(str(path), "cpu")
+            except BaseException as e:  # reported below
+                got["e"] = e
+        th = threading.Thread(target=body, daemon=True)
+        th.start()
+        th.join(10)
+        if th.is_alive():
+            # let the blocked reader go (a writer that leaves), then fail
+            os.close(os.open(str(fifo), os.O_WRONLY | os.O_NONBLOCK))
+            th.join(10)
+            pytest.fail("audit_file(%s) still blocked after 10 s" % path)
+        assert isinstance(got.get("e"), ValueError), got
+        assert "not a regular file (%s)" % kind in str(got["e"]), str(got["e"])
+    tool = tool_path()
+    if tool is None:
+        return
+    for path, kind in cases:
+        try:
+            r = subprocess.run([tool, "audit", "--input", str(path)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, universal_newlines=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("beammoe audit --input %s still running after 10 s" % path)
+        if "without json-c" in r.stdout:
+            return
+        assert r.returncode == 2 and "not a regular file (%s)" % kind in r.stdout, r.stdout

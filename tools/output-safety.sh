@@ -1,0 +1,248 @@
+#!/bin/sh
+# output-safety.sh - `beammoe run --output PATH` never destroys what PATH
+# names. The tool writes a new temporary file in PATH's folder and renames it
+# onto PATH only when it is complete, so:
+#   - a directory, a device, a FIFO, a dangling symbolic link, a read-only
+#     file, a folder it may not write: exit status 2 at once, PATH untouched
+#     (the tool once deleted an empty directory, unlinked a device, deleted a
+#     read-only file, and waited forever on a FIFO);
+#   - a write that fails half way (here: the file size limit) leaves the
+#     user's file byte for byte as it was, and no temporary file behind;
+#   - a symbolic link to a file replaces that file and keeps the link; a
+#     replaced file keeps its permission bits; a new one gets 0666 & ~umask.
+# Every command runs under `timeout`, so a hang is a failure, not a stuck
+# suite. The read-only cases need a user other than root: as root they run
+# as nobody through setpriv when it is there, else they are skipped.
+# Exit 77 (skip) when the tool was built without json-c.
+set -u
+tool="${builddir:-.}/tools/beammoe"
+case $tool in /*) ;; *) tool="$(pwd)/$tool" ;; esac
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/beammoe-out-test.XXXXXX") || exit 99
+trap 'chmod -R u+rwx "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT INT TERM
+fails=0
+checks=0
+RUN="run --iters 1 --tokens 3 --top-k 2 --hidden 256"
+
+# skip when built without json-c; this first run also lets libtool's
+# wrapper finish any relinking before the size-limited run below
+"$tool" $RUN --output "$tmp/probe.safetensors" >/dev/null 2>"$tmp/probe.err"
+if grep -q "built without json-c" "$tmp/probe.err"; then
+    echo "SKIP: beammoe was built without json-c"
+    exit 77
+fi
+rm -f "$tmp/probe.safetensors"
+
+pass() { checks=$((checks + 1)); echo "ok:   $1"; }
+fail() {
+    checks=$((checks + 1))
+    fails=$((fails + 1))
+    echo "FAIL: $1"
+    [ -s "$tmp/err" ] && sed 's/^/    /' "$tmp/err" | head -5
+    return 0
+}
+
+# out CODE PATH: run --output PATH (under timeout) must exit CODE
+out() {
+    want=$1 path=$2
+    timeout 10 "$tool" $RUN --output "$path" >/dev/null 2>"$tmp/err"
+    got=$?
+    if [ "$got" = 124 ]; then
+        fail "--output $path: still running after 10 s (a hang)"
+        return 1
+    fi
+    if [ "$got" != "$want" ]; then
+        fail "--output $path: exit $got, expected $want"
+        return 1
+    fi
+    return 0
+}
+
+# only DIR NAMES...: DIR holds exactly NAMES (no temporary file left behind)
+only() {
+    dir=$1
+    shift
+    have=$(ls -A "$dir" | sort | tr '\n' ' ')
+    want=$(if [ $# -gt 0 ]; then printf '%s\n' "$@" | sort | tr '\n' ' '; fi)
+    [ "$have" = "$want" ] || { echo "    $dir holds: $have (expected: $want)"; return 1; }
+}
+
+# ---- things that are not a regular file ----
+d="$tmp/dir"
+dnames="emptydir fifo dangling"
+mkdir -p "$d/emptydir"
+if out 2 "$d/emptydir"; then
+    if [ -d "$d/emptydir" ] && grep -q "a directory, not a regular file" "$tmp/err" &&
+        only "$d" emptydir; then
+        pass "an empty directory as --output: exit 2, the directory is still there"
+    else
+        fail "an empty directory as --output was changed, or no clear message"
+    fi
+fi
+if out 2 "$d/emptydir/"; then pass "a path ending in /: exit 2"; fi
+
+mkfifo "$d/fifo"
+if out 2 "$d/fifo"; then
+    if [ -p "$d/fifo" ] && grep -q "a FIFO" "$tmp/err"; then
+        pass "a FIFO as --output: exit 2 at once, the FIFO is still there"
+    else
+        fail "a FIFO as --output was changed, or no clear message"
+    fi
+fi
+
+# a device that fails every write (/dev/full), under our own name when
+# mknod is allowed, and through a symbolic link always
+if mknod "$d/full" c 1 7 2>/dev/null; then
+    dnames="$dnames full"
+    if out 2 "$d/full"; then
+        if [ -c "$d/full" ] && grep -q "a character device" "$tmp/err"; then
+            pass "a character device as --output: exit 2, the device is still there"
+        else
+            fail "a character device as --output was removed, or no clear message"
+        fi
+    fi
+else
+    echo "note: mknod not allowed here; the device is tried through a link only"
+fi
+if [ -c /dev/full ]; then
+    ln -s /dev/full "$d/full-link"
+    dnames="$dnames full-link"
+    if out 2 "$d/full-link"; then
+        if [ -L "$d/full-link" ] && [ "$(readlink "$d/full-link")" = /dev/full ] &&
+            [ -c /dev/full ]; then
+            pass "a link to /dev/full as --output: exit 2, link and device untouched"
+        else
+            fail "a link to /dev/full as --output was removed or changed"
+        fi
+    fi
+fi
+
+ln -s "$d/nowhere/file" "$d/dangling"
+if out 2 "$d/dangling"; then
+    if [ -L "$d/dangling" ] && [ ! -e "$d/nowhere" ]; then
+        pass "a dangling symbolic link as --output: exit 2, nothing created"
+    else
+        fail "a dangling symbolic link as --output was changed"
+    fi
+fi
+
+if out 2 "$tmp/missing-folder/x.safetensors"; then
+    if [ ! -e "$tmp/missing-folder" ] && grep -q "No such file or directory" "$tmp/err"; then
+        pass "a path in a folder that does not exist: exit 2"
+    else
+        fail "a path in a missing folder: something was created, or no clear message"
+    fi
+fi
+# shellcheck disable=SC2086
+if only "$d" $dnames; then
+    pass "no temporary file left beside the refused paths"
+else
+    fail "files left beside the refused paths"
+fi
+
+# ---- a write that fails half way: the user's file stays as it was ----
+w="$tmp/write"
+mkdir -p "$w" "$tmp/keep"
+printf 'the user file: these bytes must survive a failed write\n' >"$w/precious.safetensors"
+chmod 640 "$w/precious.safetensors"
+cp -p "$w/precious.safetensors" "$tmp/keep/precious.safetensors"
+# files of at most 512 bytes: the write fails half way. With SIGXFSZ as it
+# usually is (it would kill the tool: the tool ignores it while it writes,
+# so write() fails with EFBIG) and with SIGXFSZ ignored by the caller.
+for how in default ignored; do
+    (
+        [ $how = ignored ] && trap '' XFSZ
+        ulimit -f 1
+        exec timeout 10 "$tool" $RUN --output "$w/precious.safetensors" >/dev/null 2>"$tmp/err"
+    )
+    got=$?
+    if [ "$got" != 2 ] || ! grep -q "write error" "$tmp/err"; then
+        fail "a write past the file size limit (SIGXFSZ $how): exit $got, expected 2 with 'write error'"
+    elif ! cmp -s "$w/precious.safetensors" "$tmp/keep/precious.safetensors"; then
+        fail "a failed write (SIGXFSZ $how) changed the user's file"
+    elif [ "$(stat -c %a "$w/precious.safetensors")" != 640 ]; then
+        fail "a failed write (SIGXFSZ $how) changed the user's file's mode"
+    elif ! only "$w" precious.safetensors; then
+        fail "a failed write (SIGXFSZ $how) left a temporary file behind"
+    else
+        pass "a failed write (SIGXFSZ $how): exit 2, the user's file byte-identical, no temporary file left"
+    fi
+    # the next case starts from the user's file as it was
+    cp -p "$tmp/keep/precious.safetensors" "$w/precious.safetensors" 2>/dev/null
+    rm -f "$w"/.precious.safetensors.*
+done
+
+# ---- what works: replace, create, through a link ----
+chmod 604 "$w/precious.safetensors" 2>/dev/null
+if out 0 "$w/precious.safetensors"; then
+    if [ "$(stat -c %a "$w/precious.safetensors")" = 604 ] &&
+        "$tool" audit --quick --input "$w/precious.safetensors" >/dev/null 2>"$tmp/err" &&
+        only "$w" precious.safetensors; then
+        pass "replacing a file: complete, audits clean, its mode 604 kept"
+    else
+        fail "replacing a file: wrong mode, not a good file, or a file left behind"
+    fi
+fi
+( umask 027 && exec "$tool" $RUN --output "$w/new.safetensors" >/dev/null 2>"$tmp/err" )
+if [ $? = 0 ] && [ "$(stat -c %a "$w/new.safetensors")" = 640 ]; then
+    pass "a new file under umask 027 is mode 640"
+else
+    fail "a new file under umask 027: exit or mode wrong ($(stat -c %a "$w/new.safetensors" 2>&1))"
+fi
+mkdir -p "$w/real"
+: >"$w/real/target.safetensors"
+ln -s real/target.safetensors "$w/link.safetensors"
+if out 0 "$w/link.safetensors"; then
+    if [ -L "$w/link.safetensors" ] && [ -s "$w/real/target.safetensors" ] &&
+        "$tool" audit --quick --input "$w/link.safetensors" >/dev/null 2>"$tmp/err" &&
+        only "$w/real" target.safetensors; then
+        pass "a link to a file: the file is replaced, the link kept"
+    else
+        fail "a link to a file: link replaced, or target not written"
+    fi
+fi
+
+# ---- a user who may not write: read-only file, read-only folder ----
+as_user=""
+if [ "$(id -u)" != 0 ]; then
+    as_user=" "
+elif command -v setpriv >/dev/null 2>&1 &&
+    setpriv --reuid=65534 --regid=65534 --clear-groups "$tool" --version >/dev/null 2>&1; then
+    as_user="setpriv --reuid=65534 --regid=65534 --clear-groups"
+fi
+if [ -n "$as_user" ]; then
+    u="$tmp/user"
+    mkdir -p "$u/ro-folder"
+    printf 'read-only: the tool may not touch this\n' >"$u/ro.safetensors"
+    cp "$u/ro.safetensors" "$tmp/keep/ro.safetensors"
+    chmod 444 "$u/ro.safetensors"
+    [ "$(id -u)" = 0 ] && chown -R 65534:65534 "$u"
+    chmod 755 "$tmp"
+    chmod 555 "$u/ro-folder"
+fi
+if [ -n "$as_user" ] && ! $as_user test -x "$u/ro-folder"; then
+    echo "note: $u is out of reach of the other user (a private TMPDIR?)"
+    as_user=""
+fi
+if [ -n "$as_user" ]; then
+    $as_user timeout 10 "$tool" $RUN --output "$u/ro.safetensors" >/dev/null 2>"$tmp/err"
+    got=$?
+    if [ "$got" = 2 ] && grep -q "Permission denied" "$tmp/err" &&
+        cmp -s "$u/ro.safetensors" "$tmp/keep/ro.safetensors" && only "$u" ro-folder ro.safetensors; then
+        pass "a read-only file: exit 2 (Permission denied), the file untouched"
+    else
+        fail "a read-only file: exit $got, or it was changed or removed"
+    fi
+    $as_user timeout 10 "$tool" $RUN --output "$u/ro-folder/x.safetensors" >/dev/null 2>"$tmp/err"
+    got=$?
+    if [ "$got" = 2 ] && grep -q "Permission denied" "$tmp/err" && only "$u/ro-folder"; then
+        pass "a folder this user may not write: exit 2, nothing created"
+    else
+        fail "a folder this user may not write: exit $got"
+    fi
+else
+    echo "note: the read-only file and folder cases need a user other than root (setpriv,"
+    echo "      and a build tree and TMPDIR that user can reach): not run here"
+fi
+
+echo "$checks checks, $fails failed"
+[ "$fails" = 0 ]
