@@ -1,16 +1,18 @@
 /*
- * row_kernel.cuh - the one row kernel behind every local operation (internal).
+ * row_kernel.cuh - the register-resident row kernel (internal): decode
+ * shapes, and prefill shapes where a row holds few items.
  *
  * A block of NT threads (a power of two) handles one row at a time. The row
  * is split into C = H/8 chunks of eight BF16 values (16 bytes); thread t owns
  * chunks t, t+NT, ..., t+(J-1)*NT, so every access of a warp is coalesced
  * and NT*J >= C (chunks >= C are padding: value +0, never loaded or stored).
  *
- * One pass per row, the row kept in registers between the stages (vector
- * path: the residual row is fetched into shared memory by cp.async at the
- * row's start, so that its latency overlaps the row source's):
- *   stage A  the row source: finalize of the expert results (experts != NULL)
- *            or the input x;
+ * One pass per row, the row kept in registers between the stages of
+ * row_ops.cuh (vector path: the residual row is fetched into shared memory
+ * by cp.async at the row's start, so that its latency overlaps the row
+ * source's):
+ *   stage A  the row source: finalize of the expert results (FIN) or the
+ *            input x;
  *   norm A   optional RMSNorm (post-norm of finalize, or pre-norm of
  *            norm_residual_norm);
  *   out      without a residual: store the row and stop (finalize);
@@ -18,23 +20,17 @@
  *            each thread reads its elements before it writes them);
  *   norm B   optional RMSNorm of hidden -> normalized.
  * So finalize, norm_residual_norm and the fused finalize_norm_residual_norm
- * are the same kernel with different arguments, and the fused pass reads
- * each input byte once and writes each output byte once.
+ * are the same kernel with different arguments (FIN is a template argument
+ * only so that a kernel without expert slots holds no registers for them),
+ * and the fused pass reads each input byte once and writes each output byte
+ * once.
  *
  * Decode sizes may spread one row over a cluster of CS blocks (CS > 1, on
  * CS multiprocessors): "virtual thread" g = b*NT + t of cluster rank b owns
- * chunks g, g + CS*NT, ...; the tree then runs over the thread's own chunks,
- * across the cluster's blocks (distributed shared memory), then within the
- * block, which is again the SPEC halving order (high index bits first).
- *
- * The RMSNorm sum follows SPEC.md's tree exactly: the tree over NT*J leaves
- * (zero padded; adding +0 to a sum of squares never changes it, since such
- * a sum is never -0) first combines chunks that differ in the high index
- * bits. Thread t's chunks all share the low bits t, so each thread first
- * runs the halving tree over its own J chunks, then the block runs it over
- * threads: P[t] += P[t+s] for s = NT/2 .. 32 through shared memory (every
- * warp redoes that part, reading 32-strided values, so that no second
- * barrier is needed), then s = 16 .. 1 with __shfl_down_sync.
+ * chunks g, g + CS*NT, ...; the norm's tree then runs over the thread's own
+ * chunks, across the cluster's blocks (the exchange of row_ops.cuh), then
+ * within the block, which is the halving order of docs/numerics.md (high
+ * index bits first).
  */
 #ifndef BEAMMOE_GPU_ROW_KERNEL_CUH
 #define BEAMMOE_GPU_ROW_KERNEL_CUH

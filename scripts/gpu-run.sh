@@ -4,6 +4,9 @@
 #
 # Runs, each with a time limit, logging into $OUT (default .devbuild/out):
 #   test_cuda.log   tests/test_cuda: CUDA vs CPU bit for bit (full sweep)
+#   shapes.log      bench/shape_sweep check: the hardware BF16 conversion for
+#                   every FP32 value, every compiled launch shape against the
+#                   naive reference
 #   memcheck.log    the same test (BEAM_TEST_QUICK=1) under compute-sanitizer
 #                   --tool memcheck
 #   racecheck.log   ... under --tool racecheck (shared-memory hazards)
@@ -12,7 +15,8 @@
 # Exit status: 0 when every step passed.
 #
 # Environment: OUT, STEP_TIMEOUT (seconds per step, default 240), SKIP (a
-# space-separated list of steps to leave out: test memcheck racecheck bench).
+# space-separated list of steps to leave out: test shapes memcheck racecheck
+# bench).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -44,12 +48,14 @@ step() { # name log command...
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; \
   "$SAN" --version | tail -1; } > "$OUT/device.txt" 2>&1
 step test test_cuda.log "$B/bin/test_cuda"
+step shapes shapes.log "$B/bin/shape_sweep" check
 step memcheck memcheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool memcheck --error-exitcode 1 \
     --leak-check full "$B/bin/test_cuda"
 step racecheck racecheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 1 \
     "$B/bin/test_cuda"
 step bench bench.txt "$B/bin/cuda_bench"
 tail -4 "$OUT/test_cuda.log" 2>/dev/null
+tail -2 "$OUT/shapes.log" 2>/dev/null
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
 cat "$OUT/bench.txt" 2>/dev/null
 exit $fail
