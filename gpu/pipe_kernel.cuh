@@ -63,16 +63,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_r
 
     bm_pdl_wait();
     bm_pdl_trigger();
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = t + j * NT;
-        if (c >= C)
-            continue;
-        if (p.normA && p.wA)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.wA + (size_t)c * 8));
-        if (p.normB && p.wB)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.wB + (size_t)c * 8));
-    }
+    bm_prefetch_weights<J, NT>(p.normA ? p.wA : NULL, p.normB ? p.wB : NULL, C, t);
 
     /* issue one item's copies (or nothing past the last row) + commit */
     bm_pipe_cursor pc = {(int64_t)blockIdx.x, 0};
@@ -170,12 +161,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_r
             bm_norm_stage<NT, J, 1, true, NT>(v, pk, p.wA, p.epsA, H, C, t, tc, false);
 
         if (!p.residual) {
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-                const int c = t + j * NT;
-                if (c < C)
-                    bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, pk[j]);
-            }
+            bm_store_row<J, true, NT>(p.out + (size_t)row * H, pk, C, t);
             continue;
         }
 
@@ -197,12 +183,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_r
         /* ---- norm B ---- */
         if (p.normB) {
             bm_norm_stage<NT, J, 1, true, NT>(v, pk, p.wB, p.epsB, H, C, t, tc, false);
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-                const int c = t + j * NT;
-                if (c < C)
-                    bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk[j]);
-            }
+            bm_store_row<J, true, NT>(p.normalized + (size_t)row * H, pk, C, t);
         }
     }
     bm_cp_async_wait_group<0>();

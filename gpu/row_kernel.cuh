@@ -125,18 +125,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
             bm_xchg_start<NT, CS>(xc[0]);
     bm_pdl_wait();
     bm_pdl_trigger();
-    /* The norm weights are the same for every row: pull them into L1 now,
-     * while the first row's loads are in flight (no registers held). */
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * STRIDE;
-        if (c >= C)
-            continue;
-        if (p.normA && p.wA)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.wA + (size_t)c * 8));
-        if (p.normB && p.wB)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(p.wB + (size_t)c * 8));
-    }
+    bm_prefetch_weights<J, STRIDE>(p.normA ? p.wA : NULL, p.normB ? p.wB : NULL, C, g0);
 
     const int64_t row0 = CS > 1 ? (int64_t)(blockIdx.x / CS) : (int64_t)blockIdx.x;
     const int64_t rstep = CS > 1 ? (int64_t)(gridDim.x / CS) : (int64_t)gridDim.x;
@@ -198,12 +187,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
 
         /* ---- finalize only: store ---- */
         if (!p.residual) {
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-                const int c = g0 + j * STRIDE;
-                if (c < C)
-                    bm_store8<VEC>(p.out + (size_t)row * H + (size_t)c * 8, pk[j]);
-            }
+            bm_store_row<J, VEC, STRIDE>(p.out + (size_t)row * H, pk, C, g0);
             continue;
         }
 
@@ -227,12 +211,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         /* ---- norm B ---- */
         if (p.normB) {
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, last_row);
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-                const int c = g0 + j * STRIDE;
-                if (c < C)
-                    bm_store8<VEC>(p.normalized + (size_t)row * H + (size_t)c * 8, pk[j]);
-            }
+            bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * H, pk, C, g0);
         }
     }
     if (xchg)

@@ -330,6 +330,39 @@ __device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[
     }
 }
 
+/* ---- the row's memory ---------------------------------------------------------- */
+
+/* The norm weights are the same for every row: pull the thread's chunks
+ * into L1 at kernel start, while the first row's loads are in flight (no
+ * registers held). wA, wB: NULL when that norm has no weight or is off. */
+template <int J, int STRIDE>
+__device__ __forceinline__ void bm_prefetch_weights(const uint16_t *wA, const uint16_t *wB, int C,
+                                                    int g0)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * STRIDE;
+        if (c >= C)
+            continue;
+        if (wA)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(wA + (size_t)c * 8));
+        if (wB)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(wB + (size_t)c * 8));
+    }
+}
+
+/* Store the thread's chunks of one row (row: the row's first element). */
+template <int J, bool VEC, int STRIDE>
+__device__ __forceinline__ void bm_store_row(uint16_t *row, const bm_pack8 (&pk)[J], int C, int g0)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * STRIDE;
+        if (c < C)
+            bm_store8<VEC>(row + (size_t)c * 8, pk[j]);
+    }
+}
+
 /* ---- launch order ------------------------------------------------------------- */
 
 /* Programmatic dependent launch: wait until the preceding kernel of the
