@@ -11,8 +11,13 @@ threads) is compared with it bit for bit, as are the results stored in the
 file (`output`, `hidden`, `normalized`). A mismatch or a library error is a
 row of the report (the C tool's exit status 1).
 
-The header is parsed with the standard json module; the file's numbers are
-never trusted: every offset and size is checked against the file first.
+The reader applies the rules of the C tool's (tools/safetensors.c), with its
+words: the header length is checked against the file's size, then the
+header alone is read and parsed with the standard json module and checked
+completely (strict UTF-8, no NUL or unpaired surrogate in any string, no key
+given twice at any depth, data_offsets tiling the data section); the tensor
+data is read only after that. The file's numbers are never trusted: every
+offset and size is checked against the file first.
 """
 import ctypes
 import json
@@ -69,73 +74,135 @@ def _reject_constant(name):
     raise ValueError("bad header JSON: %s is not JSON" % name)
 
 
-def _file_kind(mode):
-    """The words of tools/safetensors.c for what is not a regular file."""
-    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
-
-
-def _read_regular(path):
-    """The bytes of `path` when it is a regular file, else ValueError at once.
-
-    Opened with O_NONBLOCK, so a FIFO with no writer (or a device) never
-    blocks the open; fstat of the open file, not a stat before it (which a
-    rename could outrun), decides; only a regular file is then read."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+def _parse_int(s):
+    """A JSON integer. Python refuses to convert one of thousands of digits
+    (sys.set_int_max_str_digits), which json-c reads: such a number is past
+    any shape or offset, and is refused as one, or ignored elsewhere."""
     try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        raise ValueError("cannot open: %s" % e.strerror) from None
+        return int(s)
+    except ValueError:
+        return -1 if s.startswith("-") else _MAX_INT + 1
+
+
+class _Object(dict):
+    """A JSON object: the dict, its members as written (`pairs`, in the
+    text's order, a key given twice included) and `dup`, the smallest key
+    given twice, or None."""
+    __slots__ = ("pairs", "dup")
+
+
+def _object(pairs):
+    o = _Object(pairs)
+    o.pairs, o.dup = pairs, None
+    if len(o) != len(pairs):
+        seen, dups = set(), set()
+        for k, _ in pairs:
+            (dups if k in seen else seen).add(k)
+        o.dup = min(dups)  # the C reader sorts the names (strcmp order) and names the first
+    return o
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_reject_constant,
+                            parse_int=_parse_int,
+                            strict=False)  # json-c takes control characters inside strings
+_MAX_DEPTH = 32  # objects and arrays nested in one another: json-c's limit, as the C reader's
+
+
+def _string_fault(s):
+    """None, or what the C reader says of a decoded JSON string: a NUL
+    (\\u0000) would cut a C string (a name) there; an unpaired surrogate
+    escape is not Unicode (json-c makes it U+FFFD, another name)."""
+    nul = s.find("\0")
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ValueError("not a regular file (%s)" % _file_kind(mode))
-        os.set_blocking(fd, True)
-        f = os.fdopen(fd, "rb")
-        fd = -1  # the file object owns it now
-        with f:
-            return bytearray(f.read())  # writable: torch.frombuffer warns on bytes
-    except OSError as e:
-        raise ValueError("cannot open: %s" % e.strerror) from None
-    finally:
-        if fd >= 0:
-            os.close(fd)
+        s.encode("utf-8")
+        sur = -1
+    except UnicodeEncodeError as e:  # a lone surrogate: only a \uD800-\uDFFF escape makes one
+        sur = e.start
+    if nul < 0 and sur < 0:
+        return None
+    # the first fault in the text; a high surrogate escape then \u0000 is the NUL
+    if nul >= 0 and (sur < 0 or nul < sur or (nul == sur + 1 and s[sur] <= "\udbff")):
+        return "bad header: \\u0000 (NUL) inside a string of the JSON"
+    return "bad header: a string of the JSON has an unpaired UTF-16 surrogate escape (not valid Unicode)"
 
 
-def read_safetensors(path):
-    """(tensors {name: _Tensor}, metadata {key: str}, raw bytes of the data
-    section). ValueError for anything the C reader rejects, same words."""
-    raw = _read_regular(path)
-    if len(raw) < 8:
-        raise ValueError("truncated: %d bytes, shorter than the 8-byte header length" % len(raw))
-    hlen = int.from_bytes(raw[:8], "little")
-    if hlen > len(raw) - 8:
-        raise ValueError("truncated: header length %d is past the end of the file (%d bytes)"
-                         % (hlen, len(raw)))
-    if hlen > _MAX_HEADER or hlen < 2:
-        raise ValueError("header length %d is not in [2, %d]" % (hlen, _MAX_HEADER))
-    hb = raw[8:8 + hlen]
+def _scan(root):
+    """(deepest nesting of objects and arrays, the first string fault in the
+    text's order or None); stops at once past _MAX_DEPTH."""
+    deepest, fault, stack = 0, None, [(root, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, str):
+            if fault is None:
+                fault = _string_fault(v)
+            continue
+        if isinstance(v, _Object):
+            items = [x for kv in v.pairs for x in kv]  # key, value, key, value...
+        elif isinstance(v, list):
+            items = v
+        else:
+            continue
+        d += 1
+        if d > _MAX_DEPTH:
+            return d, fault
+        deepest = max(deepest, d)
+        stack.extend((x, d) for x in reversed(items))
+    return deepest, fault
+
+
+def _has_dup(v):
+    """Whether an object at or inside v has a key given twice."""
+    stack = [v]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, _Object):
+            if v.dup is not None:
+                return True
+            stack.extend(x for _, x in v.pairs)
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+_JSON_TYPE = ((type(None), "null"), (bool, "boolean"), (int, "int"), (float, "double"), (str, "string"),
+              (list, "array"))  # json-c's names
+
+
+def _parse_header(hb, dlen):
+    """The header's bytes, checked as the C reader does and in its order,
+    against a data section of dlen bytes: (tensors {name: _Tensor} in the
+    header's order, metadata {key: str})."""
     if b"\0" in hb:
         raise ValueError("bad header: NUL byte inside the JSON")
     try:
-        text = hb.decode("utf-8")
+        text = hb.decode("utf-8", errors="strict")  # overlong forms and encoded surrogates too
     except UnicodeDecodeError as e:
-        raise ValueError("bad header JSON: not UTF-8 (%s)" % e.reason) from None
-    # strict JSON: no NaN/Infinity constants; only padding after the object
-    dec = json.JSONDecoder(parse_constant=_reject_constant)
+        raise ValueError("bad header: not valid UTF-8 (byte %d of the JSON)" % e.start) from None
+    # strict JSON: no NaN/Infinity constants; only padding around the object
     start = len(text) - len(text.lstrip(_PAD))
     try:
-        root, end = dec.raw_decode(text, start)
+        root, end = _DECODER.raw_decode(text, start)
     except json.JSONDecodeError as e:
         raise ValueError("bad header JSON: %s" % e) from None
+    except RecursionError:
+        raise ValueError("bad header JSON: nesting too deep") from None
     if text[end:].strip(_PAD):
         raise ValueError("bad header JSON: bytes after the top-level object")
-    if not isinstance(root, dict):
-        raise ValueError("bad header JSON: the top level must be an object")
+    depth, fault = _scan(root)
+    if depth > _MAX_DEPTH:
+        raise ValueError("bad header JSON: nesting too deep")
+    if not isinstance(root, _Object):
+        raise ValueError("bad header JSON: the top level must be an object, not %s"
+                         % next(n for t, n in _JSON_TYPE if isinstance(root, t)))
+    if fault is not None:
+        raise ValueError(fault)
+    # a key given twice: readers keep different ones
+    if root.dup is not None:
+        raise ValueError("bad header JSON: the name '%s' appears twice" % root.dup)
+    for name, e in root.items():
+        if _has_dup(e):
+            raise ValueError("bad header JSON: a key appears twice inside the entry '%s'" % name)
 
-    data = memoryview(raw)[8 + hlen:]
-    dlen = len(data)
     tensors, meta = {}, {}
     for name, e in root.items():
         if name == "__metadata__":
@@ -184,6 +251,105 @@ def read_safetensors(path):
             raise ValueError("tensor '%s': data_offsets span %d bytes, but %s x %d elements need %d"
                              % (name, en - b, dt, numel, numel * _DTYPE_SIZE[dt]))
         tensors[name] = _Tensor(name, dt, tuple(shape), b, en)
+    _check_tiling(list(tensors.values()), dlen)
+    return tensors, meta
+
+
+def _check_tiling(ts, dlen):
+    """The tensors' spans, in offset order, must cover [0, dlen) once each,
+    as the format's reference reader requires: otherwise two readers could
+    see different bytes for one tensor, or bytes that belong to none."""
+    at, prev = 0, None
+    for i in sorted(range(len(ts)), key=lambda i: (ts[i].begin, ts[i].end, i)):
+        t = ts[i]
+        if t.begin < at:
+            raise ValueError("bad data_offsets: tensor '%s' [%d, %d] overlaps tensor '%s', which ends at %d"
+                             % (t.name, t.begin, t.end, prev.name, at))
+        if t.begin > at:
+            raise ValueError("bad data_offsets: bytes [%d, %d) of the data belong to no tensor (tensor '%s' "
+                             "begins at %d)" % (at, t.begin, t.name, t.begin))
+        at, prev = t.end, t
+    if at != dlen:
+        raise ValueError("bad data_offsets: the tensors cover %d bytes, but the data section after the "
+                         "header has %d" % (at, dlen))
+
+
+def _file_kind(mode):
+    """The words of tools/safetensors.c for what is not a regular file."""
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def _open_regular(path):
+    """(unbuffered file object, size) of `path` when it is a regular file,
+    else ValueError at once.
+
+    Opened with O_NONBLOCK, so a FIFO with no writer (or a device) never
+    blocks the open; fstat of the open file, not a stat before it (which a
+    rename could outrun), decides and gives the size; only a regular file
+    is then read, with blocking reads."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise ValueError("cannot open: %s" % e.strerror) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file (%s)" % _file_kind(st.st_mode))
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb", buffering=0)
+        fd = -1  # the file object owns it now
+        return f, st.st_size
+    except OSError as e:
+        raise ValueError("cannot open: %s" % e.strerror) from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _read_exact(f, n):
+    """The next n bytes of f (a bytearray: torch.frombuffer warns on bytes),
+    or ValueError with the C reader's words."""
+    buf = bytearray(n)
+    got = 0
+    with memoryview(buf) as view:
+        while got < n:
+            try:
+                r = f.readinto(view[got:])
+            except OSError as e:
+                raise ValueError("read error: %s" % e.strerror) from None
+            if not r:
+                raise ValueError("read error: the file shrank while it was read")
+            got += r
+    return buf
+
+
+def read_safetensors(path):
+    """(tensors {name: _Tensor}, metadata {key: str}, the data section's
+    bytes). ValueError for anything the C reader rejects, same words.
+
+    As the C reader: the 8-byte header length first, checked against the
+    file's size (fstat); then the header alone, checked completely (strict
+    JSON and UTF-8, no NUL or unpaired surrogate in any string, no key given
+    twice at any depth, every entry, data_offsets tiling the data section);
+    the data section is read only then, so a bad header in front of
+    gigabytes is refused without reading them."""
+    f, fsize = _open_regular(path)
+    with f:
+        if fsize < 8:
+            raise ValueError("truncated: %d bytes, shorter than the 8-byte header length" % fsize)
+        hlen = int.from_bytes(_read_exact(f, 8), "little")
+        if hlen > fsize - 8:
+            raise ValueError("truncated: header length %d is past the end of the file (%d bytes)"
+                             % (hlen, fsize))
+        if hlen > _MAX_HEADER or hlen < 2:
+            raise ValueError("header length %d is not in [2, %d]" % (hlen, _MAX_HEADER))
+        dlen = fsize - 8 - hlen
+        tensors, meta = _parse_header(_read_exact(f, hlen), dlen)
+        # the header holds: now the data section, exactly as long as it said
+        data = _read_exact(f, dlen)
     return tensors, meta, data
 
 

@@ -2,12 +2,15 @@
 safetensors file (docs/safetensors.md), against files written by a tiny
 writer here and by the C tool's `beammoe run --output`, and agreeing with
 the C tool's `beammoe audit --input` on pass/fail."""
+import importlib
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -230,7 +233,9 @@ def _set(name, key, value):
 
 
 @pytest.mark.parametrize("change, words", [
-    (dict(header_edit=_drop("expert_outputs")), "missing tensor 'expert_outputs'"),
+    (dict(tensors=lambda t: t.pop("expert_outputs")), "missing tensor 'expert_outputs'"),
+    (dict(header_edit=_drop("expert_outputs")),  # its bytes stay: a gap
+     r"bad data_offsets: bytes \[0, 12288\) of the data belong to no tensor"),
     (dict(tensors=lambda t: t.update(expert_weights=t["expert_weights"].to(BF16))),
      "tensor 'expert_weights' has dtype BF16, expected F32"),
     (dict(tensors=lambda t: t.update(residual=t["residual"][:, :128].contiguous())),
@@ -366,3 +371,237 @@ def test_special_files_refused_at_once(tmp_path):
         if "without json-c" in r.stdout:
             return
         assert r.returncode == 2 and "not a regular file (%s)" % kind in r.stdout, r.stdout
+
+
+# ---- the reader's strictness: the rules of tools/safetensors.c (its test
+# script tools/safetensors-test.sh has the same files), with its words ----
+
+_audit = importlib.import_module("beammoe.audit")
+
+
+def _strict_base(gen):
+    """Header entries (name, JSON text) and data of a small finalize problem
+    whose data_offsets tile the data section in the order given."""
+    g, w = random_case(gen, 2, 2, 256)
+    tensors = [("expert_outputs", "BF16", [2, 2, 256], g.view(torch.int16).numpy().tobytes()),
+               ("expert_weights", "F32", [2, 2], w.numpy().tobytes())]
+    parts, data = [], b""
+    for name, dt, shape, raw in tensors:
+        parts.append((name, '{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'
+                      % (dt, json.dumps(shape), len(data), len(data) + len(raw))))
+        data += raw
+    return parts, data
+
+
+def _obj(parts):
+    return "{" + ",".join('"%s":%s' % (n, e) for n, e in parts) + "}"
+
+
+def _file(header, data=b"", hlen=None):
+    """A file of `header` (text or bytes, padded to 8 bytes) and data."""
+    js = header if isinstance(header, bytes) else header.encode()
+    js += b" " * (-len(js) % 8)
+    return struct.pack("<Q", len(js) if hlen is None else hlen) + js + data
+
+
+def _with(parts, name, field):
+    """parts with `field` (JSON text) added first in the entry `name`."""
+    return [(n, e.replace("{", "{" + field + ",", 1) if n == name else e) for n, e in parts]
+
+
+def _strict_cases(parts, data):
+    """(file name, bytes, words of the error or None for a good file, what
+    the C tool says: True the same message word for word, "json" a JSON
+    syntax error in json-c's words, None not compared: JSON that json-c's
+    strict mode still takes (NaN, Infinity, 00, 1.) but RFC 8259 and the
+    format's reference reader do not)."""
+    ex_len = int(json.loads(parts[0][1])["data_offsets"][1])
+    w_len = len(data) - ex_len
+    text = _obj(parts)
+    nested = lambda k: "[" * k + "]" * k
+    ex, wt = parts
+
+    def offs(name, b, e):
+        return [(n, json.dumps(dict(json.loads(t), data_offsets=[b, e])) if n == name else t)
+                for n, t in parts]
+    return [
+        # good: the header's order is free, padding around it, what json-c reads
+        ("good-order", _file(_obj(parts[::-1]), data), None, True),
+        ("good-padding", _file(" \n\t" + text + "\r\n", data), None, True),
+        ("good-empty-tensor-at-end", _file(_obj(parts + [("e", '{"dtype":"U8","shape":[0],"data_offsets":'
+                                                           '[%d,%d]}' % (len(data), len(data)))]), data),
+         None, True),
+        ("good-extra-fields", _file(_obj(_with(parts, "expert_weights",
+                                               '"x":[1e999,%s,-0,"\\/","\\ud83d\\ude00","a\tb\x01"]'
+                                               % ("9" * 5000))), data), None, True),
+        ("good-nesting-32", _file(_obj(_with(parts, "expert_weights", '"x":' + nested(30))), data),
+         None, True),
+        # the header itself
+        ("bad-null", _file("null"), "the top level must be an object, not null", True),
+        ("bad-toplevel-string", _file('"abc"'), "the top level must be an object, not string", True),
+        ("bad-nesting-33", _file(_obj(_with(parts, "expert_weights", '"x":' + nested(31))), data),
+         "bad header JSON: nesting too deep", True),
+        ("bad-nesting-2000", _file(_obj(_with(parts, "expert_weights", '"x":' + nested(2000))), data),
+         "bad header JSON: nesting too deep", True),
+        ("bad-syntax", _file(_obj(_with(parts, "expert_weights", '"x":[1,]')), data), "bad header JSON",
+         "json"),
+        ("bad-nan", _file(_obj(_with(parts, "expert_weights", '"x":NaN')), data),
+         "bad header JSON: NaN is not JSON", None),
+        ("bad-infinity", _file(_obj(_with(parts, "expert_weights", '"x":-Infinity')), data),
+         "bad header JSON: -Infinity is not JSON", None),
+        ("bad-leading-zero", _file(_obj(_with(parts, "expert_weights", '"x":00')), data), "bad header JSON",
+         None),
+        ("bad-bare-point", _file(_obj(_with(parts, "expert_weights", '"x":1.')), data), "bad header JSON",
+         None),
+        ("bad-raw-nul", _file(text.encode().replace(b"expert_w", b"expert\0w"), data),
+         "bad header: NUL byte inside the JSON", True),
+        ("bad-utf8", _file(text.encode().replace(b"expert_w", b"expert\xffw"), data),
+         r"bad header: not valid UTF-8 \(byte %d of the JSON\)" % (text.index("expert_w") + 6), True),
+        ("bad-overlong", _file(text.encode().replace(b"_w", b"\xc0\xafw"), data), "not valid UTF-8", True),
+        ("bad-utf8-surrogate", _file(text.encode().replace(b"_w", b"\xed\xa0\x80w"), data),
+         "not valid UTF-8", True),
+        ("bad-utf8-cut", _file(text.encode() + b" \xe2\x82", data), "not valid UTF-8", True),
+        # strings: a NUL would cut a C name; a lone surrogate is not Unicode
+        ("bad-nul-name", _file(text.replace('"expert_weights"', '"expert_weights\\u0000.x"'), data),
+         r"bad header: \\u0000 \(NUL\) inside a string of the JSON", True),
+        ("bad-nul-value", _file(_obj(_with(parts, "expert_weights", '"x":["a\\u0000"]')), data),
+         r"\(NUL\) inside a string", True),
+        ("bad-surrogate", _file(text.replace("expert_w", "expert\\ud800w"), data),
+         "bad header: a string of the JSON has an unpaired UTF-16 surrogate escape", True),
+        ("bad-low-surrogate", _file(text.replace("expert_w", "expert\\uDC00w"), data),
+         "unpaired UTF-16 surrogate", True),
+        ("bad-surrogate-then-escape", _file(text.replace("expert_w", "expert\\ud800\\u0041w"), data),
+         "unpaired UTF-16 surrogate", True),
+        ("bad-surrogate-meta", _file(_obj([("__metadata__", '{"k":"\\udbff"}')] + parts), data),
+         "unpaired UTF-16 surrogate", True),
+        # a key given twice, at any depth
+        ("bad-dup-name", _file(_obj(parts + [wt]), data),
+         "bad header JSON: the name 'expert_weights' appears twice", True),
+        ("bad-dup-escaped", _file(_obj(parts + [("expert\\u005fweights", wt[1])]), data),
+         "the name 'expert_weights' appears twice", True),
+        ("bad-dup-field", _file(_obj(_with(parts, "expert_weights", '"dtype":"F32"')), data),
+         "bad header JSON: a key appears twice inside the entry 'expert_weights'", True),
+        ("bad-dup-meta", _file(_obj([("__metadata__", '{"live_tokens":"1","live_tokens":"2"}')] + parts),
+                               data),
+         "a key appears twice inside the entry '__metadata__'", True),
+        ("bad-dup-deep", _file(_obj(_with(parts, "expert_outputs", '"x":[{"y":{"a":1,"a":1}}]')), data),
+         "a key appears twice inside the entry 'expert_outputs'", True),
+        # data_offsets must tile the data section
+        ("bad-overlap", _file(_obj(offs("expert_weights", 16, 16 + w_len)), data),
+         r"bad data_offsets: tensor 'expert_weights' \[16, %d\] overlaps tensor 'expert_outputs', "
+         r"which ends at %d" % (16 + w_len, ex_len), True),
+        ("bad-empty-inside", _file(_obj(parts + [("e", '{"dtype":"U8","shape":[0],"data_offsets":[8,8]}')]),
+                                   data), "tensor 'e' \\[8, 8\\] overlaps tensor 'expert_outputs'", True),
+        ("bad-gap", _file(_obj(offs("expert_weights", ex_len + 8, ex_len + 8 + w_len)), data + b"\0" * 8),
+         r"bad data_offsets: bytes \[%d, %d\) of the data belong to no tensor \(tensor 'expert_weights' "
+         r"begins at %d\)" % (ex_len, ex_len + 8, ex_len + 8), True),
+        ("bad-gap-first", _file(_obj(parts[1:]), data), r"bytes \[0, %d\) of the data belong to no tensor"
+         % ex_len, True),
+        ("bad-tail", _file(text, data + b"\0" * 8),
+         "bad data_offsets: the tensors cover %d bytes, but the data section after the header has %d"
+         % (len(data), len(data) + 8), True),
+        # the header length against the file's size
+        ("bad-hlen", _file("{}", hlen=1 << 40), "truncated: header length 1099511627776 is past the end "
+         "of the file", True),
+        ("bad-hlen-max", _file("{}", hlen=(1 << 64) - 1), "header length 18446744073709551615 is past the end",
+         True),
+        ("bad-hlen-one", _file(text, data, hlen=1), r"header length 1 is not in \[2, 100000000\]", True),
+    ]
+
+
+def test_strict_reader(gen, tmp_path):
+    """Each malformed file is refused with the C reader's words (and the C
+    tool, when built, refuses it with the same message); each good one
+    audits clean in both."""
+    parts, data = _strict_base(gen)
+    tool = tool_path()
+    for name, raw, words, same in _strict_cases(parts, data):
+        path = tmp_path / (name + ".safetensors")
+        path.write_bytes(raw)
+        err = None
+        if words is None:
+            rep = beammoe.audit_file(str(path), "cpu")
+            assert rep.ok, (name, str(rep))
+        else:
+            try:
+                beammoe.audit_file(str(path), "cpu")
+                pytest.fail("%s: no ValueError" % name)
+            except ValueError as e:
+                err = str(e)
+            assert re.search(words, err), (name, words, err)
+        if tool is None or (words is not None and same is None):
+            continue
+        rc, out = c_audit(tool, path)
+        if words is None:
+            assert rc == 0, (name, out)
+        elif same is True:
+            assert rc == 2 and ("beammoe audit: %s\n" % err) in out, (name, err, out)
+        else:
+            assert rc == 2 and ("beammoe audit: %s: bad header JSON" % path) in out, (name, out)
+
+
+def _sparse(path, size, head):
+    """`head` then zeros up to `size` bytes, without writing them; False when
+    the file system cannot leave them out."""
+    with open(str(path), "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    return os.stat(str(path)).st_blocks * 512 < (1 << 20)
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every read of the safetensors reader: the list of their sizes."""
+    sizes = []
+    real = _audit._read_exact
+
+    def counted(f, n):
+        sizes.append(n)
+        return real(f, n)
+    monkeypatch.setattr(_audit, "_read_exact", counted)
+    return sizes
+
+
+def test_header_before_data(gen, tmp_path, reads):
+    """A bad header in front of 4 GiB (a sparse file) is refused after
+    reading the length and the header, never the data; a good file's data
+    is read once, after them."""
+    parts, data = _strict_base(gen)
+    good = tmp_path / "good.safetensors"
+    good.write_bytes(_file(_obj(parts), data))
+    hlen = struct.unpack("<Q", good.read_bytes()[:8])[0]
+    assert beammoe.audit_file(str(good), "cpu").ok
+    assert reads == [8, hlen, len(data)]
+
+    big = 1 << 32
+    header = _file(_obj(parts))  # data_offsets cover len(data) bytes of 4 GiB
+    cases = [(_file('{"a":[1 '), "bad header JSON"),
+             (_file(_obj(parts + parts[1:])), "the name 'expert_weights' appears twice"),
+             (header, "the tensors cover %d bytes, but the data section after the header has %d"
+              % (len(data), big - len(header)))]
+    tool = tool_path()
+    for i, (head, words) in enumerate(cases):
+        path = tmp_path / ("big%d.safetensors" % i)
+        if not _sparse(path, big, head):
+            pytest.skip("no sparse files here")
+        del reads[:]
+        t0 = time.time()
+        with pytest.raises(ValueError, match=words):
+            beammoe.audit_file(str(path), "cpu")
+        assert time.time() - t0 < 10
+        assert reads == [8, len(head) - 8], reads
+        if tool is not None:
+            rc, out = c_audit(tool, path)
+            assert rc == 2 and re.search(words, out), out
+        os.unlink(str(path))
+
+
+def test_header_length_past_the_file(tmp_path, reads):
+    """The length is checked against the file's size before the header is
+    read: nothing but the 8 bytes."""
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(struct.pack("<Q", 1000) + b"{}" + b" " * 100)
+    with pytest.raises(ValueError, match=r"truncated: header length 1000 is past the end of the file "
+                                         r"\(110 bytes\)"):
+        beammoe.audit_file(str(path), "cpu")
+    assert reads == [8]
