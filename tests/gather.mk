@@ -12,13 +12,11 @@
 
 check_PROGRAMS += tests/test_gather_nccl
 TESTS += tests/test_gather_nccl
-# The SPEC model is compiled into the test with its own flags (no FMA
-# contraction, no fast-math), as in tests/local.mk.
-tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/naive_ref.c tests/naive_ref.h
-tests_test_gather_nccl_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests $(CUDA_CPPFLAGS)
-tests_test_gather_nccl_CFLAGS = $(AM_CFLAGS) -std=c99 -ffp-contract=off -fno-fast-math
+# The naive reference comes from the harness (harness/local.mk).
+tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c
+tests_test_gather_nccl_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_gather_nccl_LDFLAGS = $(CUDA_LDFLAGS)
-tests_test_gather_nccl_LDADD = libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS) -lm
+tests_test_gather_nccl_LDADD = harness/libharness.la libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS) -lm
 
 noinst_PROGRAMS += bench/gather_bench
 bench_gather_bench_SOURCES = bench/gather_bench.c

@@ -24,14 +24,14 @@
 
 if HAVE_CUNIT
 
-# The naive reference and the shared helpers, built once. The reference is
-# compiled with FMA contraction and fast-math off whatever the top flags say.
+# The CUnit driver, over the harness (harness/local.mk: the cases, the
+# naive reference, the helpers).
 check_LTLIBRARIES = tests/libbeamtest.la
-tests_libbeamtest_la_SOURCES = tests/naive_ref.c tests/naive_ref.h \
-	tests/test_util.c tests/test_util.h tests/test_case.c tests/test_case.h
-tests_libbeamtest_la_CFLAGS = $(AM_CFLAGS) -std=c99 -ffp-contract=off -fno-fast-math
+tests_libbeamtest_la_SOURCES = tests/suite.c tests/suite.h
+tests_libbeamtest_la_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS)
+tests_libbeamtest_la_LIBADD = harness/libharness.la
 
-BEAM_TEST_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/tests
+BEAM_TEST_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) -I$(top_srcdir)/tests
 BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
 
 BEAM_CPU_TESTS = tests/test_numerics tests/test_numerics_cpu tests/test_edges \
@@ -104,6 +104,16 @@ check-valgrind:
 	@echo "CUnit was not found at configure time: no tests to run" >&2; exit 1
 
 endif
+
+# A bounded, seeded mutation fuzz of the safetensors reader (a few seconds;
+# BEAM_TEST_SEED=<printed seed> replays it, BEAM_FUZZ_SECONDS and
+# BEAM_FUZZ_ITERS bound it), and round trips through the writer. It matters
+# most in the --enable-sanitizers tree. Exit 77 without json-c.
+check_PROGRAMS += tests/st_fuzz
+TESTS += tests/st_fuzz
+tests_st_fuzz_SOURCES = tests/st_fuzz.c
+tests_st_fuzz_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS)
+tests_st_fuzz_LDADD = harness/libharness.la
 
 # (no .PHONY line here: automake refuses .PHONY in two conditions, and
 # tests/gather.mk declares its own inside BEAM_WITH_CUDA)

@@ -20,7 +20,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "test_util.h"
+#include "suite.h"
 
 #define K 2
 #define H 256
@@ -68,19 +68,19 @@ static const char *FN_NAME[3] = {"beam_moe_finalize:", "beam_norm_residual_norm:
 
 static void arena_reset(void)
 {
-    tu_rng r;
+    hu_rng r;
     size_t i;
-    tu_rng_init(&r, 99);
-    tu_fill_bf16(&r, (uint16_t *)AT(OFF_EX), (size_t)CAP * K * H);
-    tu_fill_weight(&r, (float *)AT(OFF_WT), (size_t)CAP * K);
-    tu_fill_bf16(&r, (uint16_t *)AT(OFF_X), (size_t)T * H);
-    tu_fill_bf16(&r, (uint16_t *)AT(OFF_RES), (size_t)T * H);
-    tu_poison(AT(OFF_OUT), (size_t)T * H * 2 + 2048);
-    tu_poison(AT(OFF_NRM), (size_t)T * H * 2 + 2048);
+    hu_rng_init(&r, 99);
+    hu_fill_bf16(&r, (uint16_t *)AT(OFF_EX), (size_t)CAP * K * H);
+    hu_fill_weight(&r, (float *)AT(OFF_WT), (size_t)CAP * K);
+    hu_fill_bf16(&r, (uint16_t *)AT(OFF_X), (size_t)T * H);
+    hu_fill_bf16(&r, (uint16_t *)AT(OFF_RES), (size_t)T * H);
+    hu_poison(AT(OFF_OUT), (size_t)T * H * 2 + 2048);
+    hu_poison(AT(OFF_NRM), (size_t)T * H * 2 + 2048);
     for (i = 0; i < H; i++) {
-        ((uint16_t *)AT(OFF_WPOST))[i] = tu_rand_norm_weight(&r);
-        ((uint16_t *)AT(OFF_WPRE))[i] = tu_rand_norm_weight(&r);
-        ((uint16_t *)AT(OFF_WNEXT))[i] = tu_rand_norm_weight(&r);
+        ((uint16_t *)AT(OFF_WPOST))[i] = hu_rand_norm_weight(&r);
+        ((uint16_t *)AT(OFF_WPRE))[i] = hu_rand_norm_weight(&r);
+        ((uint16_t *)AT(OFF_WNEXT))[i] = hu_rand_norm_weight(&r);
     }
     ((float *)AT(OFF_SC))[0] = 0.5f;
     ((float *)AT(OFF_SC))[1] = 2.0f;
@@ -515,7 +515,7 @@ static void test_status_strings(void)
 
 int main(void)
 {
-    static const tu_test tests[] = {{"beam_moe_finalize", test_finalize},
+    static const suite_test tests[] = {{"beam_moe_finalize", test_finalize},
                                     {"beam_norm_residual_norm", test_nrn},
                                     {"beam_moe_finalize_norm_residual_norm", test_fused},
                                     {"empty calls", test_empty},
@@ -523,17 +523,17 @@ int main(void)
                                     {"error message is per thread", test_thread_local_message},
                                     {NULL, NULL}};
     int rc;
-    g_nan = tu_f32(0x7FC00000u);
-    g_inf = tu_f32(0x7F800000u);
-    g_arena = (unsigned char *)tu_alloc(ARENA, 0);
-    g_copy = (unsigned char *)tu_alloc(ARENA, 0);
+    g_nan = hu_f32(0x7FC00000u);
+    g_inf = hu_f32(0x7F800000u);
+    g_arena = (unsigned char *)hu_alloc(ARENA, 0);
+    g_copy = (unsigned char *)hu_alloc(ARENA, 0);
     if (beam_set_backend("cpu") != BEAM_OK) {
         fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());
         return 1;
     }
-    rc = tu_run_suite("contract", tests);
+    rc = suite_run("contract", tests);
     fprintf(stderr, "contract: %d violations checked\n", g_bad_count);
-    tu_free(g_arena);
-    tu_free(g_copy);
+    hu_free(g_arena);
+    hu_free(g_copy);
     return rc;
 }

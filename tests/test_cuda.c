@@ -3,8 +3,9 @@
  *
  * Links the dispatcher libbeammoe and switches between beam_set_backend("cpu")
  * (host buffers) and beam_set_backend("cuda") (device buffers) for the same
- * inputs (tests/test_case.c builds them). Every output must match bit for
- * bit, and rows past the live ones (guard rows, poisoned) must stay untouched.
+ * case, both run by the harness's runner (harness/case.c: the CUnit tests
+ * and `beammoe audit` run cases the same way). Every output must match bit
+ * for bit, and rows past the live ones (guard rows) must stay untouched.
  *
  *   sweep     every case of the CPU sweep: top_k 1,2,6,8,32 x hidden 256,
  *             2048,4096,7168,8192 x tokens 0,1,7,100, the other axes (norms,
@@ -32,7 +33,8 @@
 #include <CUnit/Basic.h>
 #include <cuda_runtime.h>
 
-#include "test_case.h"
+#include "devmem.h"
+#include "suite.h"
 
 static uint64_t g_seed;
 static long g_runs;
@@ -47,111 +49,40 @@ static long g_runs;
         }                                                                        \
     } while (0)
 
-/* ---- device copies of a case -------------------------------------------- */
-
-/* A device buffer at a 16-byte aligned base plus off (like tu_alloc). */
-typedef struct dbuf {
-    void *base;
-    void *p;
-} dbuf;
-
-static void *dalloc(dbuf *b, size_t n, size_t off)
-{
-    CU_OK(cudaMalloc(&b->base, n + 16));
-    b->p = (char *)b->base + off;
-    return b->p;
-}
-
-static void *dcopy(dbuf *b, const void *src, size_t n, size_t off)
-{
-    void *p = dalloc(b, n, off);
-    if (n) CU_OK(cudaMemcpy(p, src, n, cudaMemcpyHostToDevice));
-    return p;
-}
-
-static void dfree(dbuf *b)
-{
-    if (b->base) CU_OK(cudaFree(b->base));
-    b->base = b->p = NULL;
-}
-
+/* Poison check of device memory (the contract test's buffers). */
 static int dis_poison(const void *dp, size_t n)
 {
     unsigned char *h = (unsigned char *)malloc(n ? n : 1);
     int ok;
     CU_OK(cudaMemcpy(h, dp, n, cudaMemcpyDeviceToHost));
-    ok = tu_is_poison(h, n);
+    ok = hu_is_poison(h, n);
     free(h);
     return ok;
 }
 
-/* The CUDA twin of tc_lib: same arguments, same guard rows, device memory.
- * capture: run the call inside a CUDA graph capture on a fresh stream, then
- * replay the graph (proves the call is capturable and stream-ordered). */
-static beam_status cu_lib(const tc_data *d, tc_op op, beam_strategy strategy, int capture,
-                          uint16_t *hidden, uint16_t *normalized, int *guard_ok)
+/* One op of a case on the current backend through the harness's runner:
+ * host memory for the CPU, device memory for CUDA, laid out as the spec asks.
+ * capture (CUDA): the call is recorded in a CUDA graph on a fresh stream,
+ * then the graph is replayed (proves it capturable and stream-ordered). */
+static beam_status run_on(const hc_case *d, hc_op op, beam_strategy strategy, int device,
+                          int capture, hc_out *o)
 {
-    const tc_spec *s = &d->s;
-    size_t ob = s->misalign ? 2 : 0, of = s->misalign ? 4 : 0;
-    size_t TH = (size_t)s->T * (size_t)s->H, row = (size_t)s->H;
-    size_t KH = (size_t)s->K * (size_t)s->H;
-    size_t out_bytes = sizeof(uint16_t) * (TH + TC_GUARD * row);
-    dbuf bex = {0}, bwt = {0}, bxx = {0}, bres = {0}, bhid = {0}, bnrm = {0};
-    dbuf bwpost = {0}, bwpre = {0}, bwnext = {0};
-    beam_norm bpost, bpre, bnext;
-    const float *sc = s->scales ? d->scales : NULL;
-    uint16_t *ex = NULL, *xx = NULL, *res = NULL, *hid, *nrm = NULL;
-    float *wt = NULL;
-    nr_norm post = d->post, pre = d->pre, next = d->next;
-    beam_status st = BEAM_OK;
-    int with_nrm = tc_has_normalized(d, op);
+    hc_bound b;
+    char err[400];
+    beam_status st;
     cudaStream_t stream = NULL;
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
 
-    if (op != TC_NRN) {
-        ex = (uint16_t *)dcopy(&bex, d->experts, sizeof(uint16_t) * KH * (size_t)d->cap, ob);
-        wt = (float *)dcopy(&bwt, d->weights, sizeof(float) * (size_t)s->K * (size_t)d->cap, of);
+    if (hc_bind(&b, d, op, o, hc_how(&d->s) | (device ? HC_DEVICE : 0u), err, sizeof err)) {
+        fprintf(stderr, "hc_bind: %s\n", err);
+        exit(1);
     }
-    if (op == TC_NRN) xx = (uint16_t *)dcopy(&bxx, d->x, sizeof(uint16_t) * TH, ob);
-    if (d->wpost) post.weight = (uint16_t *)dcopy(&bwpost, d->wpost, 2 * row, ob);
-    if (d->wpre) pre.weight = (uint16_t *)dcopy(&bwpre, d->wpre, 2 * row, ob);
-    if (d->wnext) next.weight = (uint16_t *)dcopy(&bwnext, d->wnext, 2 * row, ob);
-
-    hid = (uint16_t *)dalloc(&bhid, out_bytes, ob);
-    CU_OK(cudaMemset(hid, TU_POISON, out_bytes));
-    if (op != TC_FINALIZE) {
-        if (s->inplace) {
-            if (TH) CU_OK(cudaMemcpy(hid, d->residual, sizeof(uint16_t) * TH, cudaMemcpyHostToDevice));
-            res = hid;
-        } else {
-            res = (uint16_t *)dcopy(&bres, d->residual, sizeof(uint16_t) * TH, ob);
-        }
-    }
-    if (with_nrm) {
-        nrm = (uint16_t *)dalloc(&bnrm, out_bytes, ob);
-        CU_OK(cudaMemset(nrm, TU_POISON, out_bytes));
-    }
-
     if (capture) {
         CU_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         CU_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     }
-    switch (op) {
-    case TC_FINALIZE:
-        st = beam_moe_finalize(ex, wt, d->cap, s->T, s->K, s->H, d->rs,
-                               tu_beam_norm(&post, &bpost), hid, stream);
-        break;
-    case TC_NRN:
-        st = beam_norm_residual_norm(xx, res, s->T, s->H, tu_beam_norm(&pre, &bpre), sc,
-                                     tu_beam_norm(&next, &bnext), hid, nrm, stream);
-        break;
-    case TC_FUSED:
-        st = beam_moe_finalize_norm_residual_norm(
-            ex, wt, d->cap, s->T, s->K, s->H, d->rs, tu_beam_norm(&post, &bpost), res, sc,
-            tu_beam_norm(&next, &bnext), hid, nrm, strategy, stream);
-        break;
-    }
+    st = hc_call(&b, strategy, stream);
     if (capture) {
         CU_OK(cudaStreamEndCapture(stream, &graph));
         if (st == BEAM_OK) {
@@ -163,24 +94,23 @@ static beam_status cu_lib(const tc_data *d, tc_op op, beam_strategy strategy, in
         CU_OK(cudaGraphDestroy(graph));
         CU_OK(cudaStreamDestroy(stream));
     }
-    CU_OK(cudaDeviceSynchronize());
-    CU_OK(cudaGetLastError());
-
-    *guard_ok = dis_poison(hid + TH, sizeof(uint16_t) * TC_GUARD * row);
-    if (nrm && !dis_poison(nrm + TH, sizeof(uint16_t) * TC_GUARD * row)) *guard_ok = 0;
-    if (TH) CU_OK(cudaMemcpy(hidden, hid, sizeof(uint16_t) * TH, cudaMemcpyDeviceToHost));
-    if (nrm && TH) CU_OK(cudaMemcpy(normalized, nrm, sizeof(uint16_t) * TH, cudaMemcpyDeviceToHost));
-
-    dfree(&bex); dfree(&bwt); dfree(&bxx); dfree(&bres); dfree(&bhid); dfree(&bnrm);
-    dfree(&bwpost); dfree(&bwpre); dfree(&bwnext);
+    if (device) {
+        CU_OK(cudaDeviceSynchronize());
+        CU_OK(cudaGetLastError());
+    }
+    if (hc_finish(&b, err, sizeof err)) {
+        fprintf(stderr, "hc_finish: %s\n", err);
+        exit(1);
+    }
+    hc_unbind(&b);
     return st;
 }
 
 /* ---- one case: CPU vs CUDA ---------------------------------------------- */
 
-static const char *op_name(tc_op op)
+static const char *op_name(hc_op op)
 {
-    return op == TC_FINALIZE ? "finalize" : op == TC_NRN ? "norm_residual_norm" : "fused";
+    return hc_op_name(op);
 }
 
 static const char *strat_name(beam_strategy s)
@@ -188,53 +118,53 @@ static const char *strat_name(beam_strategy s)
     return s == BEAM_STRATEGY_FUSED ? "FUSED" : s == BEAM_STRATEGY_UNFUSED ? "UNFUSED" : "AUTO";
 }
 
-/* Returns 1 when the CUDA results equal the CPU's. */
-static int compare_case(const tc_data *d, tc_op op, beam_strategy strat, int capture)
+/* Returns 1 when the CUDA results equal the CPU's, guard rows included. */
+static int compare_case(const hc_case *d, hc_op op, beam_strategy strat, int capture)
 {
     size_t TH = (size_t)d->s.T * (size_t)d->s.H;
-    uint16_t *ch = (uint16_t *)malloc(2 * TH + 2), *cn = (uint16_t *)malloc(2 * TH + 2);
-    uint16_t *gh = (uint16_t *)malloc(2 * TH + 2), *gn = (uint16_t *)malloc(2 * TH + 2);
-    int cguard = 0, gguard = 0, ok = 1;
+    hc_out co, go;
+    int ok = 1;
     beam_status cs, gs;
     char desc[256];
 
-    if (!ch || !cn || !gh || !gn) {
+    if (hc_out_make(&co, d, 2) || hc_out_make(&go, d, 2)) {
         fprintf(stderr, "out of host memory\n");
         exit(1);
     }
-    tc_describe(&d->s, desc, sizeof desc);
+    hc_describe(&d->s, desc, sizeof desc);
     CU_ASSERT_EQUAL_FATAL(beam_set_backend("cpu"), BEAM_OK);
-    cs = tc_lib(d, op, strat, ch, cn, &cguard);
+    cs = run_on(d, op, strat, 0, 0, &co);
     CU_ASSERT_EQUAL_FATAL(beam_set_backend("cuda"), BEAM_OK);
-    gs = cu_lib(d, op, strat, capture, gh, gn, &gguard);
+    gs = run_on(d, op, strat, 1, capture, &go);
     ++g_runs;
     if (cs != BEAM_OK || gs != BEAM_OK) {
         fprintf(stderr, "  %s %s %s: status cpu=%d cuda=%d (%s)\n", op_name(op), strat_name(strat), desc,
                 (int)cs, (int)gs, beam_last_error());
         ok = 0;
     } else {
-        if (!gguard) {
+        if (!hc_out_untouched(&go, d, op)) {
             fprintf(stderr, "  %s %s %s: cuda wrote past the live rows\n", op_name(op), strat_name(strat), desc);
             ok = 0;
         }
-        if (tu_cmp_bf16("hidden", gh, ch, TH)) ok = 0;
-        if (tc_has_normalized(d, op) && tu_cmp_bf16("normalized", gn, cn, TH)) ok = 0;
+        if (hu_cmp_bf16("hidden", go.hidden, co.hidden, TH)) ok = 0;
+        if (hc_has_normalized(d, op) && hu_cmp_bf16("normalized", go.normalized, co.normalized, TH)) ok = 0;
         if (!ok)
             fprintf(stderr, "  ^ %s %s %s (seed %llu)\n", op_name(op), strat_name(strat), desc,
                     (unsigned long long)g_seed);
     }
-    free(ch); free(cn); free(gh); free(gn);
+    hc_out_free(&co);
+    hc_out_free(&go);
     return ok;
 }
 
 /* every op of a case; the fused op under every local strategy */
-static int compare_all(const tc_data *d, int capture)
+static int compare_all(const hc_case *d, int capture)
 {
     static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED, BEAM_STRATEGY_UNFUSED};
     int ok = 1, i;
-    ok &= compare_case(d, TC_FINALIZE, BEAM_STRATEGY_AUTO, capture);
-    ok &= compare_case(d, TC_NRN, BEAM_STRATEGY_AUTO, capture);
-    for (i = 0; i < 3; i++) ok &= compare_case(d, TC_FUSED, strats[i], capture);
+    ok &= compare_case(d, HC_FINALIZE, BEAM_STRATEGY_AUTO, capture);
+    ok &= compare_case(d, HC_NRN, BEAM_STRATEGY_AUTO, capture);
+    for (i = 0; i < 3; i++) ok &= compare_case(d, HC_FUSED, strats[i], capture);
     return ok;
 }
 
@@ -244,9 +174,9 @@ static const int32_t KS[] = {1, 2, 6, 8, 32};
 static const int32_t HS[] = {256, 2048, 4096, 7168, 8192};
 static const int64_t TS[] = {0, 1, 7, 100};
 
-static tc_spec sweep_spec(int i)
+static hc_spec sweep_spec(int i)
 {
-    tc_spec s;
+    hc_spec s;
     memset(&s, 0, sizeof s);
     s.K = KS[i % 5];
     s.H = HS[(i / 5) % 5];
@@ -267,18 +197,18 @@ static void test_sweep(void)
 {
     int i, bad = 0, n = 5 * 5 * 4, rot;
     /* BEAM_TEST_QUICK (sanitizer runs): every third triple */
-    for (i = 0; i < n; i += tu_quick() ? 3 : 1) {
+    for (i = 0; i < n; i += hu_quick() ? 3 : 1) {
         /* each triple twice: its rotation and the complementary one, so
          * norms, in-place and misalignment each appear on and off */
         for (rot = 0; rot < 2; rot++) {
-            tc_data d;
-            tc_spec s = sweep_spec(i + rot * 37);
+            hc_case d;
+            hc_spec s = sweep_spec(i + rot * 37);
             s.K = KS[i % 5];
             s.H = HS[(i / 5) % 5];
             s.T = TS[i / 25];
-            tc_make(&d, &s, g_seed + (uint64_t)(2 * i + rot));
+            hc_make(&d, &s, g_seed + (uint64_t)(2 * i + rot));
             if (!compare_all(&d, 0)) ++bad;
-            tc_free(&d);
+            hc_free(&d);
         }
     }
     CU_ASSERT_EQUAL(bad, 0);
@@ -298,30 +228,30 @@ static void test_prefill(void)
         int32_t K, H;
         int misalign, post, inplace, exotic;
     } full[] = {
-        {4096, 8, 7168, 0, TC_NORM_OFF, 0, 0},    {4096, 8, 7168, 1, TC_NORM_WEIGHT, 0, 0},
-        {2048, 8, 8192, 0, TC_NORM_WEIGHT, 1, 1}, {3001, 8, 4352, 1, TC_NORM_PLAIN, 0, 0},
-        {4096, 8, 4096, 0, TC_NORM_OFF, 0, 1},    {4096, 8, 2048, 1, TC_NORM_WEIGHT, 1, 0},
-    }, quick[] = {{2048, 2, 4608, 1, TC_NORM_WEIGHT, 0, 1}};
-    const int n = tu_quick() ? 1 : (int)(sizeof full / sizeof full[0]);
+        {4096, 8, 7168, 0, HC_NORM_OFF, 0, 0},    {4096, 8, 7168, 1, HC_NORM_WEIGHT, 0, 0},
+        {2048, 8, 8192, 0, HC_NORM_WEIGHT, 1, 1}, {3001, 8, 4352, 1, HC_NORM_PLAIN, 0, 0},
+        {4096, 8, 4096, 0, HC_NORM_OFF, 0, 1},    {4096, 8, 2048, 1, HC_NORM_WEIGHT, 1, 0},
+    }, quick[] = {{2048, 2, 4608, 1, HC_NORM_WEIGHT, 0, 1}};
+    const int n = hu_quick() ? 1 : (int)(sizeof full / sizeof full[0]);
     int i, bad = 0;
     for (i = 0; i < n; i++) {
-        tc_data d;
-        tc_spec s;
+        hc_case d;
+        hc_spec s;
         memset(&s, 0, sizeof s);
-        s.T = tu_quick() ? quick[i].T : full[i].T;
-        s.K = tu_quick() ? quick[i].K : full[i].K;
-        s.H = tu_quick() ? quick[i].H : full[i].H;
-        s.misalign = tu_quick() ? quick[i].misalign : full[i].misalign;
-        s.post = tu_quick() ? quick[i].post : full[i].post;
-        s.inplace = tu_quick() ? quick[i].inplace : full[i].inplace;
-        s.exotic = tu_quick() ? quick[i].exotic : full[i].exotic;
+        s.T = hu_quick() ? quick[i].T : full[i].T;
+        s.K = hu_quick() ? quick[i].K : full[i].K;
+        s.H = hu_quick() ? quick[i].H : full[i].H;
+        s.misalign = hu_quick() ? quick[i].misalign : full[i].misalign;
+        s.post = hu_quick() ? quick[i].post : full[i].post;
+        s.inplace = hu_quick() ? quick[i].inplace : full[i].inplace;
+        s.exotic = hu_quick() ? quick[i].exotic : full[i].exotic;
         s.pad = 2;
-        s.next = TC_NORM_WEIGHT;
+        s.next = HC_NORM_WEIGHT;
         s.scales = i % 2;
         s.rs_one = i % 3 == 0;
-        tc_make(&d, &s, g_seed + 7919ULL * (uint64_t)(i + 1));
+        hc_make(&d, &s, g_seed + 7919ULL * (uint64_t)(i + 1));
         if (!compare_all(&d, 0)) ++bad;
-        tc_free(&d);
+        hc_free(&d);
     }
     CU_ASSERT_EQUAL(bad, 0);
 }
@@ -330,42 +260,42 @@ static void test_prefill(void)
 
 static void test_random(void)
 {
-    tu_rng r;
-    int i, bad = 0, n = tu_quick() ? 60 : 1500;
+    hu_rng r;
+    int i, bad = 0, n = hu_quick() ? 60 : 1500;
     /* expert input elements of one case at most (8M: 16 MB): keeps the
      * generation, the CPU side and the copies short, so that the sweep takes
      * about a minute on a 16-core GPU host; tokens near 5000 then come with
      * small top_k * hidden */
-    const double cap_elems = tu_quick() ? 2e6 : 8e6;
-    tu_rng_init(&r, g_seed ^ 0x5EEDCAFEULL);
+    const double cap_elems = hu_quick() ? 2e6 : 8e6;
+    hu_rng_init(&r, g_seed ^ 0x5EEDCAFEULL);
     for (i = 0; i < n; i++) {
-        tc_data d;
-        tc_spec s;
-        tc_op op;
+        hc_case d;
+        hc_spec s;
+        hc_op op;
         beam_strategy strat;
         double lt;
         memset(&s, 0, sizeof s);
-        s.K = 1 + (int32_t)tu_below(&r, 32);
-        s.H = 256 * (1 + (int32_t)tu_below(&r, 32));
+        s.K = 1 + (int32_t)hu_below(&r, 32);
+        s.H = 256 * (1 + (int32_t)hu_below(&r, 32));
         /* tokens log-uniform in [0, 5000], 0 one time in 32 */
-        lt = (double)tu_below(&r, 1u << 20) / (double)(1u << 20) * log(5001.0);
-        s.T = tu_below(&r, 32) == 0 ? 0 : (int64_t)floor(exp(lt)) - 1;
+        lt = (double)hu_below(&r, 1u << 20) / (double)(1u << 20) * log(5001.0);
+        s.T = hu_below(&r, 32) == 0 ? 0 : (int64_t)floor(exp(lt)) - 1;
         if (s.T > 5000) s.T = 5000;
         while (s.T > 1 && (double)s.T * s.K * s.H > cap_elems) s.T /= 2;
-        s.pad = tu_below(&r, 3);
-        s.post = tu_below(&r, 3);
-        s.pre = tu_below(&r, 3);
-        s.next = tu_below(&r, 3);
-        s.scales = tu_below(&r, 2);
-        s.rs_one = tu_below(&r, 2);
-        s.inplace = tu_below(&r, 3) == 0;
-        s.misalign = tu_below(&r, 5) == 0;
-        s.exotic = tu_below(&r, 8) == 0;
-        op = (tc_op)tu_below(&r, 3);
-        strat = op == TC_FUSED ? (beam_strategy)tu_below(&r, 3) : BEAM_STRATEGY_AUTO;
-        tc_make(&d, &s, g_seed + 1000003ULL * (uint64_t)(i + 1));
-        if (!compare_case(&d, op, strat, tu_below(&r, 16) == 0)) ++bad;
-        tc_free(&d);
+        s.pad = hu_below(&r, 3);
+        s.post = hu_below(&r, 3);
+        s.pre = hu_below(&r, 3);
+        s.next = hu_below(&r, 3);
+        s.scales = hu_below(&r, 2);
+        s.rs_one = hu_below(&r, 2);
+        s.inplace = hu_below(&r, 3) == 0;
+        s.misalign = hu_below(&r, 5) == 0;
+        s.exotic = hu_below(&r, 8) == 0;
+        op = (hc_op)hu_below(&r, 3);
+        strat = op == HC_FUSED ? (beam_strategy)hu_below(&r, 3) : BEAM_STRATEGY_AUTO;
+        hc_make(&d, &s, g_seed + 1000003ULL * (uint64_t)(i + 1));
+        if (!compare_case(&d, op, strat, hu_below(&r, 16) == 0)) ++bad;
+        hc_free(&d);
         if (bad > 10) break;
     }
     CU_ASSERT_EQUAL(bad, 0);
@@ -377,9 +307,9 @@ static void test_special(void)
 {
     static const int32_t hs[] = {256, 768, 7168, 8192};
     int i, bad = 0;
-    for (i = 0; i < 24; i += tu_quick() ? 3 : 1) {
-        tc_data d;
-        tc_spec s;
+    for (i = 0; i < 24; i += hu_quick() ? 3 : 1) {
+        hc_case d;
+        hc_spec s;
         memset(&s, 0, sizeof s);
         s.K = i % 3 == 0 ? 1 : i % 3 == 1 ? 8 : 32;
         s.H = hs[i % 4];
@@ -393,9 +323,9 @@ static void test_special(void)
         s.inplace = (i / 3) % 2;
         s.misalign = (i / 4) % 2;
         s.exotic = 1;
-        tc_make(&d, &s, g_seed + 77 * (uint64_t)(i + 1));
+        hc_make(&d, &s, g_seed + 77 * (uint64_t)(i + 1));
         if (!compare_all(&d, i % 4 == 0)) ++bad;
-        tc_free(&d);
+        hc_free(&d);
     }
     CU_ASSERT_EQUAL(bad, 0);
 }
@@ -422,8 +352,8 @@ static void test_cuda_contract(void)
     CU_OK(cudaMemset(dex, 0x3F, ex_b));
     CU_OK(cudaMemset(dwt, 0, (size_t)T * K * 4));
     CU_OK(cudaMemset(dres, 0x3F, row_b));
-    CU_OK(cudaMemset(dhid, TU_POISON, row_b));
-    CU_OK(cudaMemset(dnrm, TU_POISON, row_b));
+    CU_OK(cudaMemset(dhid, HU_POISON, row_b));
+    CU_OK(cudaMemset(dnrm, HU_POISON, row_b));
     hex = (uint16_t *)calloc(1, ex_b);
     hwt = (float *)calloc(1, (size_t)T * K * 4);
     hhid = (uint16_t *)malloc(row_b);
@@ -441,11 +371,11 @@ static void test_cuda_contract(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "expert_weights"));
     CU_ASSERT(dis_poison(dhid, row_b));
     /* host output */
-    memset(hhid, TU_POISON, row_b);
+    memset(hhid, HU_POISON, row_b);
     st = beam_norm_residual_norm(dres, dres + 0, T, H, NULL, NULL, NULL, hhid, NULL, NULL);
     CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "hidden_out"));
-    CU_ASSERT(tu_is_poison(hhid, row_b));
+    CU_ASSERT(hu_is_poison(hhid, row_b));
     /* pinned host memory is host memory too */
     st = beam_moe_finalize_norm_residual_norm(dex, dwt, T, T, K, H, 1.0f, NULL, pinned, NULL, &nn, dhid,
                                               dnrm, BEAM_STRATEGY_FUSED, NULL);
@@ -482,12 +412,12 @@ static void test_cuda_contract(void)
 static void test_graph(void)
 {
     int i, bad = 0;
-    for (i = 0; i < 100; i += tu_quick() ? 29 : 7) {
-        tc_data d;
-        tc_spec s = sweep_spec(i);
-        tc_make(&d, &s, g_seed + 999 * (uint64_t)(i + 1));
+    for (i = 0; i < 100; i += hu_quick() ? 29 : 7) {
+        hc_case d;
+        hc_spec s = sweep_spec(i);
+        hc_make(&d, &s, g_seed + 999 * (uint64_t)(i + 1));
         if (!compare_all(&d, 1)) ++bad;
-        tc_free(&d);
+        hc_free(&d);
     }
     CU_ASSERT_EQUAL(bad, 0);
 }
@@ -498,17 +428,23 @@ int main(void)
     int n = 0, failures;
     beam_status st;
 
+    char msg[300];
+
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         (void)cudaGetLastError();
         printf("test_cuda: no CUDA device visible: skipped\n");
         return 77;
+    }
+    if (dev_open(msg, sizeof msg)) {
+        printf("test_cuda: %s\n", msg);
+        return 1;
     }
     st = beam_set_backend("cuda");
     if (st != BEAM_OK) {
         printf("test_cuda: the cuda backend is not usable here (%s): skipped\n", beam_last_error());
         return 77;
     }
-    g_seed = tu_seed("test_cuda");
+    g_seed = hu_seed("test_cuda");
 
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     suite = CU_add_suite("cuda", NULL, NULL);

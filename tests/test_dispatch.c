@@ -17,7 +17,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "test_util.h"
+#include "suite.h"
 
 static int g_gpu_host;
 
@@ -167,7 +167,7 @@ static void test_env(void)
 
 int main(int argc, char **argv)
 {
-    static const tu_test tests[] = {{"version", test_version},
+    static const suite_test tests[] = {{"version", test_version},
                                     {"select cpu", test_select_cpu},
                                     {"unknown backend names", test_bogus},
                                     {"cuda", test_cuda},
@@ -204,5 +204,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "beam_last_error() before any failure: not \"\"\n");
         return 1;
     }
-    return tu_run_suite("dispatch", tests);
+    return suite_run("dispatch", tests);
 }

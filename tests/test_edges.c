@@ -14,7 +14,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "test_util.h"
+#include "suite.h"
 
 #define H 256
 #define MAXK 4
@@ -40,7 +40,7 @@ static void fin_case(int line, int K, const uint16_t *xk, const float *wk, float
     np.weight = post ? post->weight : NULL;
     np.eps = post ? post->eps : 0.0f;
     nr_finalize(x, w, 1, K, H, rs, &np, ref);
-    tu_poison(out, sizeof out);
+    hu_poison(out, sizeof out);
     st = beam_moe_finalize(x, w, 1, 1, K, H, rs, post, out, NULL);
     CU_ASSERT_EQUAL(st, BEAM_OK);
     for (h = 0; h < H; h++) {
@@ -54,7 +54,7 @@ static void fin_case(int line, int K, const uint16_t *xk, const float *wk, float
     }
     CU_ASSERT_EQUAL(bad_ref, 0);
     CU_ASSERT_EQUAL(bad_lib, 0);
-    CU_ASSERT(tu_is_poison(out + H, 8 * sizeof(uint16_t)));
+    CU_ASSERT(hu_is_poison(out + H, 8 * sizeof(uint16_t)));
 }
 
 #define FIN1(x, w, rs, want)                                                                    \
@@ -75,7 +75,7 @@ static void add_case(int line, uint16_t xv, uint16_t rv, const float *scales, ui
         r[h] = rv;
     }
     nr_norm_residual_norm(x, r, 1, H, NULL, scales, NULL, ref, NULL);
-    tu_poison(out, sizeof out);
+    hu_poison(out, sizeof out);
     st = beam_norm_residual_norm(x, r, 1, H, NULL, scales, NULL, out, NULL, NULL);
     CU_ASSERT_EQUAL(st, BEAM_OK);
     for (h = 0; h < H; h++) {
@@ -87,7 +87,7 @@ static void add_case(int line, uint16_t xv, uint16_t rv, const float *scales, ui
                 want, ref[0], out[0], (int)st, beam_last_error());
     CU_ASSERT_EQUAL(bad_ref, 0);
     CU_ASSERT_EQUAL(bad_lib, 0);
-    CU_ASSERT(tu_is_poison(out + H, 8 * sizeof(uint16_t)));
+    CU_ASSERT(hu_is_poison(out + H, 8 * sizeof(uint16_t)));
 }
 
 /* RMSNorm of one row, three ways: pre_norm (hidden = N(x) + -0), next_norm
@@ -175,39 +175,39 @@ static void uniform_norm(int line, uint16_t v, uint16_t wv, int has_w, float eps
 static void test_bf16_rule(void)
 {
     /* (u + 0x7FFF + ((u >> 16) & 1)) >> 16 */
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x3F808000u)), 0x3F80); /* tie, even below */
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x3F818000u)), 0x3F82); /* tie, odd below  */
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x3F808001u)), 0x3F81);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x3F807FFFu)), 0x3F80);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x7F7FFFFFu)), 0x7F80); /* FLT_MAX -> inf */
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0xFF7FFFFFu)), 0xFF80);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x7F7F7FFFu)), 0x7F7F);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x7FC00000u)), 0x7FFF);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0xFFFFFFFFu)), 0x7FFF); /* would wrap w/o NaN rule */
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x7F800001u)), 0x7FFF);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x80000000u)), 0x8000);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x00008000u)), 0x0000); /* subnormal tie */
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x00018000u)), 0x0002);
-    CU_ASSERT_EQUAL(nr_bf16(tu_f32(0x007FFFFFu)), 0x0080); /* to min normal */
-    CU_ASSERT(tu_u32(nr_f(0x3F81)) == 0x3F810000u);
-    CU_ASSERT(tu_u32(nr_f(0x8001)) == 0x80010000u);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x3F808000u)), 0x3F80); /* tie, even below */
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x3F818000u)), 0x3F82); /* tie, odd below  */
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x3F808001u)), 0x3F81);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x3F807FFFu)), 0x3F80);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x7F7FFFFFu)), 0x7F80); /* FLT_MAX -> inf */
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0xFF7FFFFFu)), 0xFF80);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x7F7F7FFFu)), 0x7F7F);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x7FC00000u)), 0x7FFF);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0xFFFFFFFFu)), 0x7FFF); /* would wrap w/o NaN rule */
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x7F800001u)), 0x7FFF);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x80000000u)), 0x8000);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x00008000u)), 0x0000); /* subnormal tie */
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x00018000u)), 0x0002);
+    CU_ASSERT_EQUAL(nr_bf16(hu_f32(0x007FFFFFu)), 0x0080); /* to min normal */
+    CU_ASSERT(hu_u32(nr_f(0x3F81)) == 0x3F810000u);
+    CU_ASSERT(hu_u32(nr_f(0x8001)) == 0x80010000u);
 }
 
 static void test_finalize_ties(void)
 {
     /* 1.0 * w: the product is w itself */
-    FIN1(0x3F80, tu_f32(0x3F808000u), 1.0f, 0x3F80); /* tie -> even 0x3F80 */
-    FIN1(0x3F80, tu_f32(0x3F818000u), 1.0f, 0x3F82); /* tie -> even 0x3F82 */
-    FIN1(0x3F80, tu_f32(0x3F808001u), 1.0f, 0x3F81); /* just above the tie */
-    FIN1(0x3F80, tu_f32(0x3F807FFFu), 1.0f, 0x3F80); /* just below */
-    FIN1(0x3F80, tu_f32(0xBF818000u), 1.0f, 0xBF82); /* negative tie */
+    FIN1(0x3F80, hu_f32(0x3F808000u), 1.0f, 0x3F80); /* tie -> even 0x3F80 */
+    FIN1(0x3F80, hu_f32(0x3F818000u), 1.0f, 0x3F82); /* tie -> even 0x3F82 */
+    FIN1(0x3F80, hu_f32(0x3F808001u), 1.0f, 0x3F81); /* just above the tie */
+    FIN1(0x3F80, hu_f32(0x3F807FFFu), 1.0f, 0x3F80); /* just below */
+    FIN1(0x3F80, hu_f32(0xBF818000u), 1.0f, 0xBF82); /* negative tie */
     FIN1(0x3F80, -1.0f, 1.0f, 0xBF80);
     /* routed_scale rounds again: r = 1.0, s = bf16(1.0 * rs) */
-    FIN1(0x3F80, 1.0f, tu_f32(0x3F808000u), 0x3F80);
-    FIN1(0x3F80, 1.0f, tu_f32(0x3F818000u), 0x3F82);
+    FIN1(0x3F80, 1.0f, hu_f32(0x3F808000u), 0x3F80);
+    FIN1(0x3F80, 1.0f, hu_f32(0x3F818000u), 0x3F82);
     /* double rounding is the rule: a = 0x3F808001 -> r = 0x3F81 (1.0078125),
      * then * 0x3F7F0000 (0.99609375) = 1.003875732421875 = 0x3F807F00 -> 0x3F80 */
-    FIN1(0x3F80, tu_f32(0x3F808001u), tu_f32(0x3F7F0000u), 0x3F80);
+    FIN1(0x3F80, hu_f32(0x3F808001u), hu_f32(0x3F7F0000u), 0x3F80);
 }
 
 static void test_finalize_order_and_fma(void)
@@ -226,7 +226,7 @@ static void test_finalize_order_and_fma(void)
      * hair, give 0x3F808001 and then 0x3F81. */
     {
         uint16_t xs[2] = {0x3F80, 0x3BC0};
-        float ws[2] = {1.0f, tu_f32(0x3F2AAB56u)};
+        float ws[2] = {1.0f, hu_f32(0x3F2AAB56u)};
         fin_case(__LINE__, 2, xs, ws, 1.0f, NULL, 0x3F80);
     }
     /* inf + -inf across slots -> NaN -> 0x7FFF */
@@ -245,10 +245,10 @@ static void test_finalize_order_and_fma(void)
 
 static void test_finalize_overflow_nan(void)
 {
-    FIN1(0x3F80, tu_f32(0x7F7FFFFFu), 1.0f, 0x7F80); /* FLT_MAX rounds to inf */
-    FIN1(0x3F80, tu_f32(0xFF7FFFFFu), 1.0f, 0xFF80);
-    FIN1(0x3F80, tu_f32(0x7F7F7FFFu), 1.0f, 0x7F7F); /* below the tie */
-    FIN1(0x3F80, tu_f32(0x7F7F8000u), 1.0f, 0x7F80); /* tie, 0x7F7F odd -> up */
+    FIN1(0x3F80, hu_f32(0x7F7FFFFFu), 1.0f, 0x7F80); /* FLT_MAX rounds to inf */
+    FIN1(0x3F80, hu_f32(0xFF7FFFFFu), 1.0f, 0xFF80);
+    FIN1(0x3F80, hu_f32(0x7F7F7FFFu), 1.0f, 0x7F7F); /* below the tie */
+    FIN1(0x3F80, hu_f32(0x7F7F8000u), 1.0f, 0x7F80); /* tie, 0x7F7F odd -> up */
     FIN1(0x7F7F, 2.0f, 1.0f, 0x7F80);                /* FP32 product overflows */
     FIN1(0x7F7F, 1.0f, 2.0f, 0x7F80);                /* routed_scale overflows */
     FIN1(0x7F80, 1.0f, 1.0f, 0x7F80);                /* inf passes */
@@ -258,8 +258,8 @@ static void test_finalize_overflow_nan(void)
     FIN1(0x7F81, 1.0f, 1.0f, 0x7FFF); /* signalling NaN */
     FIN1(0xFFFF, 1.0f, 1.0f, 0x7FFF);
     FIN1(0x7F80, 0.0f, 1.0f, 0x7FFF);                 /* inf * 0 */
-    FIN1(0x3F80, tu_f32(0x7FC00000u), 1.0f, 0x7FFF);  /* NaN weight */
-    FIN1(0x3F80, tu_f32(0xFFC00000u), 1.0f, 0x7FFF);  /* negative NaN weight */
+    FIN1(0x3F80, hu_f32(0x7FC00000u), 1.0f, 0x7FFF);  /* NaN weight */
+    FIN1(0x3F80, hu_f32(0xFFC00000u), 1.0f, 0x7FFF);  /* negative NaN weight */
     FIN1(0x7F80, 1.0f, 0.0f, 0x7FFF);                 /* inf * routed_scale 0 */
 }
 
@@ -277,8 +277,8 @@ static void test_finalize_zeros_subnormals(void)
     FIN1(0x0003, 0.5f, 1.0f, 0x0002);  /* 0x00018000: tie -> even 0x0002 */
     FIN1(0x8003, 0.5f, 1.0f, 0x8002);
     FIN1(0x0080, 0.5f, 1.0f, 0x0040);  /* min normal / 2 -> subnormal 2^-127 */
-    FIN1(0x3F80, tu_f32(0x007FFFFFu), 1.0f, 0x0080); /* largest subnormal -> min normal */
-    FIN1(0x3F80, 1.0f, tu_f32(0x00008000u), 0x0000); /* routed_scale subnormal tie */
+    FIN1(0x3F80, hu_f32(0x007FFFFFu), 1.0f, 0x0080); /* largest subnormal -> min normal */
+    FIN1(0x3F80, 1.0f, hu_f32(0x00008000u), 0x0000); /* routed_scale subnormal tie */
     FIN1(0x0001, 1.0f, 4.0f, 0x0004);
 }
 
@@ -297,13 +297,13 @@ static void test_add_edges(void)
     add_case(__LINE__, 0xFFC1, 0x3F80, NULL, 0x7FFF); /* NaN in */
     add_case(__LINE__, 0x3F80, 0x7F81, NULL, 0x7FFF);
     /* scales: bx = bf16(x * s0), br = bf16(r * s1), then the sum */
-    sc[0] = tu_f32(0x3F808000u);
+    sc[0] = hu_f32(0x3F808000u);
     sc[1] = 1.0f;
     add_case(__LINE__, 0x3F80, 0x0000, sc, 0x3F80); /* 1.00390625 -> tie -> 0x3F80 */
-    sc[0] = tu_f32(0x3F818000u);
+    sc[0] = hu_f32(0x3F818000u);
     add_case(__LINE__, 0x3F80, 0x0000, sc, 0x3F82);
-    sc[0] = tu_f32(0x3F808001u);
-    sc[1] = tu_f32(0x3F808001u);
+    sc[0] = hu_f32(0x3F808001u);
+    sc[1] = hu_f32(0x3F808001u);
     /* bx = br = 0x3F81 (1.0078125); sum 2.015625 = 0x4001 exactly */
     add_case(__LINE__, 0x3F80, 0x3F80, sc, 0x4001);
     sc[0] = -0.0f;
@@ -449,7 +449,7 @@ static void test_direct_backend(void)
 
 int main(void)
 {
-    static const tu_test tests[] = {
+    static const suite_test tests[] = {
         {"bf16 rounding rule (reference)", test_bf16_rule},
         {"finalize: ties to even", test_finalize_ties},
         {"finalize: k order, no FMA", test_finalize_order_and_fma},
@@ -462,5 +462,5 @@ int main(void)
         {"libbeammoe_cpu linked directly", test_direct_backend},
         {NULL, NULL}};
     (void)g_fail_line;
-    return tu_run_suite("edges", tests);
+    return suite_run("edges", tests);
 }

@@ -19,10 +19,10 @@
 
 #include <CUnit/Basic.h>
 
-#include "test_case.h"
+#include "suite.h"
 
 typedef struct golden {
-    tc_spec spec;
+    hc_spec spec;
     uint64_t seed;
     uint64_t fin, nrn, fused; /* digests of finalize, norm_residual_norm, fused */
 } golden;
@@ -49,18 +49,18 @@ static const golden GOLDEN[] = {
 };
 #define NGOLDEN ((int)(sizeof GOLDEN / sizeof GOLDEN[0]))
 
-static uint64_t digest(const tc_data *d, tc_op op, const uint16_t *h, const uint16_t *n)
+static uint64_t digest(const hc_case *d, hc_op op, const uint16_t *h, const uint16_t *n)
 {
     size_t TH = (size_t)d->s.T * (size_t)d->s.H;
-    uint64_t x = tu_fnv1a(TU_FNV_OFFSET, h, 2 * TH);
-    if (tc_has_normalized(d, op))
-        x = tu_fnv1a(x, n, 2 * TH);
+    uint64_t x = hu_fnv1a(HU_FNV_OFFSET, h, 2 * TH);
+    if (hc_has_normalized(d, op))
+        x = hu_fnv1a(x, n, 2 * TH);
     return x;
 }
 
 static uint64_t want_of(const golden *g, int op)
 {
-    return op == TC_FINALIZE ? g->fin : op == TC_NRN ? g->nrn : g->fused;
+    return op == HC_FINALIZE ? g->fin : op == HC_NRN ? g->nrn : g->fused;
 }
 
 /* which: 0 = reference, 1 = library */
@@ -68,27 +68,27 @@ static void check_all(int which)
 {
     int i, op;
     for (i = 0; i < NGOLDEN; i++) {
-        tc_data d;
+        hc_case d;
         size_t TH;
         uint16_t *h, *n;
-        tc_make(&d, &GOLDEN[i].spec, GOLDEN[i].seed);
+        hc_make(&d, &GOLDEN[i].spec, GOLDEN[i].seed);
         TH = (size_t)d.s.T * (size_t)d.s.H;
-        h = (uint16_t *)tu_alloc(2 * TH, 0);
-        n = (uint16_t *)tu_alloc(2 * TH, 0);
+        h = (uint16_t *)hu_alloc(2 * TH, 0);
+        n = (uint16_t *)hu_alloc(2 * TH, 0);
         for (op = 0; op < 3; op++) {
             uint64_t got;
             if (which == 0) {
-                tc_ref(&d, (tc_op)op, h, n);
-                got = digest(&d, (tc_op)op, h, n);
+                hc_ref(&d, (hc_op)op, h, n);
+                got = digest(&d, (hc_op)op, h, n);
                 CU_ASSERT_EQUAL(got, want_of(&GOLDEN[i], op));
             } else {
                 static const beam_strategy s[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
                                                    BEAM_STRATEGY_UNFUSED};
                 int k, guard_ok = 0;
-                for (k = 0; k < (op == TC_FUSED ? 3 : 1); k++) {
-                    CU_ASSERT_EQUAL(tc_lib(&d, (tc_op)op, s[k], h, n, &guard_ok), BEAM_OK);
+                for (k = 0; k < (op == HC_FUSED ? 3 : 1); k++) {
+                    CU_ASSERT_EQUAL(hc_lib(&d, (hc_op)op, s[k], h, n, &guard_ok), BEAM_OK);
                     CU_ASSERT(guard_ok);
-                    got = digest(&d, (tc_op)op, h, n);
+                    got = digest(&d, (hc_op)op, h, n);
                     CU_ASSERT_EQUAL(got, want_of(&GOLDEN[i], op));
                     if (got != want_of(&GOLDEN[i], op))
                         fprintf(stderr, "golden %d op %d strategy %d: got 0x%016llX want 0x%016llX\n",
@@ -101,9 +101,9 @@ static void check_all(int which)
                 fprintf(stderr, "golden %d op %d (reference): got 0x%016llX want 0x%016llX\n", i,
                         op, (unsigned long long)got, (unsigned long long)want_of(&GOLDEN[i], op));
         }
-        tu_free(h);
-        tu_free(n);
-        tc_free(&d);
+        hu_free(h);
+        hu_free(n);
+        hc_free(&d);
     }
 }
 
@@ -121,17 +121,17 @@ static void test_library(void)
  * change every golden input. */
 static void test_generators(void)
 {
-    tu_rng r;
-    uint64_t h = TU_FNV_OFFSET;
+    hu_rng r;
+    uint64_t h = HU_FNV_OFFSET;
     int i;
-    tu_rng_init(&r, 1234567);
-    CU_ASSERT_EQUAL(tu_next(&r), 0x599ED017FB08FC85ULL); /* splitmix64(1234567) */
-    tu_rng_init(&r, 42);
+    hu_rng_init(&r, 1234567);
+    CU_ASSERT_EQUAL(hu_next(&r), 0x599ED017FB08FC85ULL); /* splitmix64(1234567) */
+    hu_rng_init(&r, 42);
     for (i = 0; i < 1000; i++) {
-        uint16_t b = tu_rand_bf16(&r);
-        float w = tu_rand_weight(&r);
-        h = tu_fnv1a(h, &b, 2);
-        h = tu_fnv1a(h, &w, 4);
+        uint16_t b = hu_rand_bf16(&r);
+        float w = hu_rand_weight(&r);
+        h = hu_fnv1a(h, &b, 2);
+        h = hu_fnv1a(h, &w, 4);
     }
     CU_ASSERT_EQUAL(h, 0x266457962A075970ULL);
     if (h != 0x266457962A075970ULL)
@@ -142,18 +142,18 @@ static void print_table(void)
 {
     int i, op;
     for (i = 0; i < NGOLDEN; i++) {
-        tc_data d;
+        hc_case d;
         size_t TH;
         uint16_t *h, *n;
         uint64_t dg[3];
-        const tc_spec *s = &GOLDEN[i].spec;
-        tc_make(&d, s, GOLDEN[i].seed);
+        const hc_spec *s = &GOLDEN[i].spec;
+        hc_make(&d, s, GOLDEN[i].seed);
         TH = (size_t)d.s.T * (size_t)d.s.H;
-        h = (uint16_t *)tu_alloc(2 * TH, 0);
-        n = (uint16_t *)tu_alloc(2 * TH, 0);
+        h = (uint16_t *)hu_alloc(2 * TH, 0);
+        n = (uint16_t *)hu_alloc(2 * TH, 0);
         for (op = 0; op < 3; op++) {
-            tc_ref(&d, (tc_op)op, h, n);
-            dg[op] = digest(&d, (tc_op)op, h, n);
+            hc_ref(&d, (hc_op)op, h, n);
+            dg[op] = digest(&d, (hc_op)op, h, n);
         }
         printf("    {{%d, %d, %lld, %lld, %d, %d, %d, %d, %d, %d, %d, %d}, 0x%llXULL,\n"
                "     0x%016llXULL, 0x%016llXULL, 0x%016llXULL},\n",
@@ -161,15 +161,15 @@ static void print_table(void)
                s->scales, s->rs_one, s->inplace, s->misalign, s->exotic,
                (unsigned long long)GOLDEN[i].seed, (unsigned long long)dg[0],
                (unsigned long long)dg[1], (unsigned long long)dg[2]);
-        tu_free(h);
-        tu_free(n);
-        tc_free(&d);
+        hu_free(h);
+        hu_free(n);
+        hc_free(&d);
     }
 }
 
 int main(void)
 {
-    static const tu_test tests[] = {{"generators pinned", test_generators},
+    static const suite_test tests[] = {{"generators pinned", test_generators},
                                     {"reference reproduces the digests", test_reference},
                                     {"library reproduces the digests", test_library},
                                     {NULL, NULL}};
@@ -178,5 +178,5 @@ int main(void)
         print_table();
         return 0;
     }
-    return tu_run_suite("golden", tests);
+    return suite_run("golden", tests);
 }

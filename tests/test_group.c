@@ -35,7 +35,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "test_util.h"
+#include "suite.h"
 
 #define MAXR 8
 #define GUARD 2
@@ -265,42 +265,42 @@ typedef struct gdata {
     uint16_t *res[MAXR], *hid[MAXR], *nrm[MAXR];
 } gdata;
 
-static uint16_t *rand_norm_w(tu_rng *r, int choice, int32_t H)
+static uint16_t *rand_norm_w(hu_rng *r, int choice, int32_t H)
 {
     uint16_t *w;
     int32_t h;
     if (choice != 2)
         return NULL;
-    w = (uint16_t *)tu_alloc(2 * (size_t)H, 0);
+    w = (uint16_t *)hu_alloc(2 * (size_t)H, 0);
     for (h = 0; h < H; h++)
-        w[h] = tu_rand_norm_weight(r);
+        w[h] = hu_rand_norm_weight(r);
     return w;
 }
 
 static void gdata_make(gdata *d, const gcase *c, int R, uint64_t seed)
 {
-    tu_rng rng;
+    hu_rng rng;
     size_t KH = (size_t)c->K * (size_t)c->H, TH = (size_t)c->T * (size_t)c->H;
     int r;
     memset(d, 0, sizeof *d);
     d->c = *c;
     d->R = R;
     d->L = (c->T + R - 1) / R;
-    tu_rng_init(&rng, seed);
+    hu_rng_init(&rng, seed);
     for (r = 0; r < R; r++) {
         int64_t lo = r * d->L, hi = (r + 1) * d->L, own, cap = d->L + c->pad;
         if (hi > c->T)
             hi = c->T;
         own = hi > lo ? hi - lo : 0;
-        d->ex[r] = (uint16_t *)tu_alloc(2 * KH * (size_t)(cap ? cap : 1), 0);
-        d->wt[r] = (float *)tu_alloc(4 * (size_t)c->K * (size_t)(cap ? cap : 1), 0);
-        tu_fill_bf16(&rng, d->ex[r], KH * (size_t)own);
-        tu_fill_weight(&rng, d->wt[r], (size_t)c->K * (size_t)own);
-        tu_fill_bf16_nan(d->ex[r] + KH * (size_t)own, KH * (size_t)(cap - own));
-        tu_fill_f32_nan(d->wt[r] + (size_t)c->K * (size_t)own, (size_t)c->K * (size_t)(cap - own));
+        d->ex[r] = (uint16_t *)hu_alloc(2 * KH * (size_t)(cap ? cap : 1), 0);
+        d->wt[r] = (float *)hu_alloc(4 * (size_t)c->K * (size_t)(cap ? cap : 1), 0);
+        hu_fill_bf16(&rng, d->ex[r], KH * (size_t)own);
+        hu_fill_weight(&rng, d->wt[r], (size_t)c->K * (size_t)own);
+        hu_fill_bf16_nan(d->ex[r] + KH * (size_t)own, KH * (size_t)(cap - own));
+        hu_fill_f32_nan(d->wt[r] + (size_t)c->K * (size_t)own, (size_t)c->K * (size_t)(cap - own));
     }
-    d->residual = (uint16_t *)tu_alloc(2 * TH, 0);
-    tu_fill_bf16(&rng, d->residual, TH);
+    d->residual = (uint16_t *)hu_alloc(2 * TH, 0);
+    hu_fill_bf16(&rng, d->residual, TH);
     d->wpost = rand_norm_w(&rng, c->post, c->H);
     d->wnext = rand_norm_w(&rng, c->next, c->H);
     d->post.weight = d->wpost;
@@ -313,29 +313,29 @@ static void gdata_make(gdata *d, const gcase *c, int R, uint64_t seed)
     d->nnext.on = c->next != 0;
     d->nnext.weight = d->wnext;
     d->nnext.eps = 1e-5f;
-    d->scales[0] = tu_rand_scale(&rng);
-    d->scales[1] = tu_rand_scale(&rng);
-    d->rs = c->rs_one ? 1.0f : tu_rand_scale(&rng);
+    d->scales[0] = hu_rand_scale(&rng);
+    d->scales[1] = hu_rand_scale(&rng);
+    d->rs = c->rs_one ? 1.0f : hu_rand_scale(&rng);
 
-    d->want_h = (uint16_t *)tu_alloc(2 * TH, 0);
-    d->want_n = (uint16_t *)tu_alloc(2 * TH, 0);
+    d->want_h = (uint16_t *)hu_alloc(2 * TH, 0);
+    d->want_n = (uint16_t *)hu_alloc(2 * TH, 0);
     nr_gather((const uint16_t *const *)d->ex, (const float *const *)d->wt, R, c->T, c->K, c->H,
               d->rs, &d->npost, d->residual, c->scales ? d->scales : NULL, &d->nnext, d->want_h,
               d->want_n);
 
     for (r = 0; r < R; r++) {
         size_t ob = 2 * (TH + GUARD * (size_t)c->H);
-        d->hid[r] = (uint16_t *)tu_alloc(ob, 0);
-        tu_poison(d->hid[r], ob);
+        d->hid[r] = (uint16_t *)hu_alloc(ob, 0);
+        hu_poison(d->hid[r], ob);
         if (c->next) {
-            d->nrm[r] = (uint16_t *)tu_alloc(ob, 0);
-            tu_poison(d->nrm[r], ob);
+            d->nrm[r] = (uint16_t *)hu_alloc(ob, 0);
+            hu_poison(d->nrm[r], ob);
         }
         if (c->inplace) {
             memcpy(d->hid[r], d->residual, 2 * TH);
             d->res[r] = d->hid[r];
         } else {
-            d->res[r] = (uint16_t *)tu_alloc(2 * TH, 0);
+            d->res[r] = (uint16_t *)hu_alloc(2 * TH, 0);
             memcpy(d->res[r], d->residual, 2 * TH);
         }
     }
@@ -345,18 +345,18 @@ static void gdata_free(gdata *d)
 {
     int r;
     for (r = 0; r < d->R; r++) {
-        tu_free(d->ex[r]);
-        tu_free(d->wt[r]);
+        hu_free(d->ex[r]);
+        hu_free(d->wt[r]);
         if (d->res[r] != d->hid[r])
-            tu_free(d->res[r]);
-        tu_free(d->hid[r]);
-        tu_free(d->nrm[r]);
+            hu_free(d->res[r]);
+        hu_free(d->hid[r]);
+        hu_free(d->nrm[r]);
     }
-    tu_free(d->residual);
-    tu_free(d->wpost);
-    tu_free(d->wnext);
-    tu_free(d->want_h);
-    tu_free(d->want_n);
+    hu_free(d->residual);
+    hu_free(d->wpost);
+    hu_free(d->wnext);
+    hu_free(d->want_h);
+    hu_free(d->want_n);
 }
 
 static void job_from(group *G, gdata *d, beam_strategy s)
@@ -415,11 +415,11 @@ static void run_valid(group *G, const gcase *c, beam_strategy s, uint64_t seed)
         if (G->j.st[r] != BEAM_OK)
             fprintf(stderr, "FAIL %s: status %d: %s\n", label, (int)G->j.st[r], G->j.msg[r]);
         CU_ASSERT_EQUAL(G->j.st[r], BEAM_OK);
-        CU_ASSERT_EQUAL(tu_cmp_bf16(label, d.hid[r], d.want_h, TH), 0);
-        CU_ASSERT(tu_is_poison(d.hid[r] + TH, 2 * GUARD * (size_t)c->H));
+        CU_ASSERT_EQUAL(hu_cmp_bf16(label, d.hid[r], d.want_h, TH), 0);
+        CU_ASSERT(hu_is_poison(d.hid[r] + TH, 2 * GUARD * (size_t)c->H));
         if (c->next) {
-            CU_ASSERT_EQUAL(tu_cmp_bf16(label, d.nrm[r], d.want_n, TH), 0);
-            CU_ASSERT(tu_is_poison(d.nrm[r] + TH, 2 * GUARD * (size_t)c->H));
+            CU_ASSERT_EQUAL(hu_cmp_bf16(label, d.nrm[r], d.want_n, TH), 0);
+            CU_ASSERT(hu_is_poison(d.nrm[r] + TH, 2 * GUARD * (size_t)c->H));
         }
     }
     gdata_free(&d);
@@ -477,7 +477,7 @@ static void run_R(int R)
                 c.rs_one = (int)((n / 3) % 2);
                 c.inplace = (int)((n / 5) % 2);
                 c.pad = (int64_t)(n % 3);
-                if (tu_quick() && c.T > 9)
+                if (hu_quick() && c.T > 9)
                     c.K = 2;
                 run_valid(&G, &c, GSTRATS[k], g_seed + 7919u * (uint64_t)R + n);
                 n++;
@@ -485,7 +485,7 @@ static void run_R(int R)
         ws_destroy(&G);
     }
     /* a second workspace on the same group: another hidden, default cfg */
-    if (!tu_quick() && ws_create(&G, 64, 7168, NULL)) {
+    if (!hu_quick() && ws_create(&G, 64, 7168, NULL)) {
         for (k = 0; k < 4; k++) {
             gcase c;
             memset(&c, 0, sizeof c);
@@ -574,9 +574,9 @@ static void run_burst(int R)
                      (unsigned long long)g_seed, R, i, r, (long long)d->c.T,
                      strat_name(g_burst_strat[i]));
             CU_ASSERT_EQUAL(G.j.burst_st[r][i], BEAM_OK);
-            CU_ASSERT_EQUAL(tu_cmp_bf16(label, d->hid[r], d->want_h, TH), 0);
+            CU_ASSERT_EQUAL(hu_cmp_bf16(label, d->hid[r], d->want_h, TH), 0);
             if (d->c.next)
-                CU_ASSERT_EQUAL(tu_cmp_bf16(label, d->nrm[r], d->want_n, TH), 0);
+                CU_ASSERT_EQUAL(hu_cmp_bf16(label, d->nrm[r], d->want_n, TH), 0);
         }
         gdata_free(d);
     }
@@ -616,10 +616,10 @@ static void expect_all_fail(group *G, gdata *d, const char *what, const char *ar
                         G->j.msg[r]);
         }
         if (d->c.inplace == 0) {
-            CU_ASSERT(tu_is_poison(d->hid[r], ob));
+            CU_ASSERT(hu_is_poison(d->hid[r], ob));
             if (d->nrm[r])
-                CU_ASSERT(tu_is_poison(d->nrm[r], ob));
-            if (!tu_is_poison(d->hid[r], ob))
+                CU_ASSERT(hu_is_poison(d->nrm[r], ob));
+            if (!hu_is_poison(d->hid[r], ob))
                 fprintf(stderr, "FAIL invalid gather '%s' R=%d rank %d wrote hidden_out\n", what,
                         G->R, r);
         }
@@ -781,8 +781,8 @@ static void test_timeout(void)
         CU_ASSERT_EQUAL(G.j.st[r], BEAM_ERR_COMM);
         if (G.j.st[r] != BEAM_ERR_COMM)
             fprintf(stderr, "timeout: rank %d status %d (%s)\n", r, (int)G.j.st[r], G.j.msg[r]);
-        CU_ASSERT(tu_is_poison(d.hid[r], ob));
-        CU_ASSERT(tu_is_poison(d.nrm[r], ob));
+        CU_ASSERT(hu_is_poison(d.hid[r], ob));
+        CU_ASSERT(hu_is_poison(d.nrm[r], ob));
     }
     fprintf(stderr, "  (peer absent: returned after %.2f s, timeout 1 s)\n", secs);
     CU_ASSERT(secs < 10.0);
@@ -850,7 +850,7 @@ static void test_group_args(void)
 
 int main(void)
 {
-    static const tu_test tests[] = {{"group and workspace arguments", test_group_args},
+    static const suite_test tests[] = {{"group and workspace arguments", test_group_args},
                                     {"R=1", test_R1},
                                     {"R=2", test_R2},
                                     {"R=3", test_R3},
@@ -860,12 +860,12 @@ int main(void)
                                     {"invalid gathers fail on every rank", test_invalid},
                                     {"absent peer: timeout, not a hang", test_timeout},
                                     {NULL, NULL}};
-    g_seed = tu_seed("test_group");
+    g_seed = hu_seed("test_group");
     /* a hang is a failure: SIGALRM ends the program (default action) */
-    alarm(tu_quick() ? 1200 : 300);
+    alarm(hu_quick() ? 1200 : 300);
     if (beam_set_backend("cpu") != BEAM_OK) {
         fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());
         return 1;
     }
-    return tu_run_suite("group", tests);
+    return suite_run("group", tests);
 }

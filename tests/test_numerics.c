@@ -23,7 +23,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "test_case.h"
+#include "suite.h"
 
 static uint64_t g_seed;
 
@@ -36,9 +36,9 @@ static const int64_t TS[] = {0, 1, 7, 100};
 
 /* The i-th case of the sweep; options rotate with i so each value of each
  * axis appears. */
-static tc_spec sweep_spec(int i)
+static hc_spec sweep_spec(int i)
 {
-    tc_spec s;
+    hc_spec s;
     int ki = i % NK, hi = (i / NK) % NH, ti = i / (NK * NH);
     memset(&s, 0, sizeof s);
     s.K = KS[ki];
@@ -64,33 +64,33 @@ static int sweep_size(void)
 /* Light cases for quick runs (valgrind): small hidden and tokens. */
 static int sweep_skip(int i)
 {
-    tc_spec s = sweep_spec(i);
-    if (!tu_quick())
+    hc_spec s = sweep_spec(i);
+    if (!hu_quick())
         return 0;
     return s.H > 2048 || s.T > 7 || s.K > 8;
 }
 
-static const char *op_name(tc_op op)
+static const char *op_name(hc_op op)
 {
-    return op == TC_FINALIZE ? "finalize" : op == TC_NRN ? "norm_residual_norm"
+    return op == HC_FINALIZE ? "finalize" : op == HC_NRN ? "norm_residual_norm"
                                                          : "finalize_norm_residual_norm";
 }
 
 /* Run one op of one case through the library and compare with ref. */
-static void check_op(const tc_data *d, int idx, tc_op op, beam_strategy strat,
+static void check_op(const hc_case *d, int idx, hc_op op, beam_strategy strat,
                      const uint16_t *want_h, const uint16_t *want_n)
 {
     size_t TH = (size_t)d->s.T * (size_t)d->s.H;
-    uint16_t *got_h = (uint16_t *)tu_alloc(2 * TH, 0);
-    uint16_t *got_n = (uint16_t *)tu_alloc(2 * TH, 0);
+    uint16_t *got_h = (uint16_t *)hu_alloc(2 * TH, 0);
+    uint16_t *got_n = (uint16_t *)hu_alloc(2 * TH, 0);
     int guard_ok = 0;
     char desc[256], label[400];
     beam_status st;
 
-    tc_describe(&d->s, desc, sizeof desc);
+    hc_describe(&d->s, desc, sizeof desc);
     snprintf(label, sizeof label, "seed=%llu case=%d %s strategy=%d [%s]",
              (unsigned long long)g_seed, idx, op_name(op), (int)strat, desc);
-    st = tc_lib(d, op, strat, got_h, got_n, &guard_ok);
+    st = hc_lib(d, op, strat, got_h, got_n, &guard_ok);
     if (st != BEAM_OK)
         fprintf(stderr, "FAIL %s: status %d: %s\n", label, (int)st, beam_last_error());
     CU_ASSERT_EQUAL(st, BEAM_OK);
@@ -98,43 +98,43 @@ static void check_op(const tc_data *d, int idx, tc_op op, beam_strategy strat,
         fprintf(stderr, "FAIL %s: wrote past the live rows\n", label);
     CU_ASSERT(guard_ok);
     if (st == BEAM_OK) {
-        CU_ASSERT_EQUAL(tu_cmp_bf16(label, got_h, want_h, TH), 0);
-        if (tc_has_normalized(d, op)) {
+        CU_ASSERT_EQUAL(hu_cmp_bf16(label, got_h, want_h, TH), 0);
+        if (hc_has_normalized(d, op)) {
             char l2[420];
             snprintf(l2, sizeof l2, "%s normalized", label);
-            CU_ASSERT_EQUAL(tu_cmp_bf16(l2, got_n, want_n, TH), 0);
+            CU_ASSERT_EQUAL(hu_cmp_bf16(l2, got_n, want_n, TH), 0);
         }
     }
-    tu_free(got_h);
-    tu_free(got_n);
+    hu_free(got_h);
+    hu_free(got_n);
 }
 
 static void run_case(int i)
 {
-    tc_spec s = sweep_spec(i);
-    tc_data d;
+    hc_spec s = sweep_spec(i);
+    hc_case d;
     size_t TH = (size_t)s.T * (size_t)s.H;
-    uint16_t *ref_h = (uint16_t *)tu_alloc(2 * TH, 0);
-    uint16_t *ref_n = (uint16_t *)tu_alloc(2 * TH, 0);
+    uint16_t *ref_h = (uint16_t *)hu_alloc(2 * TH, 0);
+    uint16_t *ref_n = (uint16_t *)hu_alloc(2 * TH, 0);
     static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
                                             BEAM_STRATEGY_UNFUSED};
     int k;
 
-    tc_make(&d, &s, g_seed ^ (0x1000003ULL * (uint64_t)(i + 1)));
+    hc_make(&d, &s, g_seed ^ (0x1000003ULL * (uint64_t)(i + 1)));
 
-    tc_ref(&d, TC_FINALIZE, ref_h, ref_n);
-    check_op(&d, i, TC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
+    hc_ref(&d, HC_FINALIZE, ref_h, ref_n);
+    check_op(&d, i, HC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
 
-    tc_ref(&d, TC_NRN, ref_h, ref_n);
-    check_op(&d, i, TC_NRN, BEAM_STRATEGY_AUTO, ref_h, ref_n);
+    hc_ref(&d, HC_NRN, ref_h, ref_n);
+    check_op(&d, i, HC_NRN, BEAM_STRATEGY_AUTO, ref_h, ref_n);
 
-    tc_ref(&d, TC_FUSED, ref_h, ref_n);
+    hc_ref(&d, HC_FUSED, ref_h, ref_n);
     for (k = 0; k < 3; k++)
-        check_op(&d, i, TC_FUSED, strats[k], ref_h, ref_n);
+        check_op(&d, i, HC_FUSED, strats[k], ref_h, ref_n);
 
-    tc_free(&d);
-    tu_free(ref_h);
-    tu_free(ref_n);
+    hc_free(&d);
+    hu_free(ref_h);
+    hu_free(ref_n);
 }
 
 static void test_sweep(void)
@@ -155,7 +155,7 @@ static void test_sweep_covers_axes(void)
     int seen[8][3], i, a, v;
     memset(seen, 0, sizeof seen);
     for (i = 0; i < sweep_size(); i++) {
-        tc_spec s = sweep_spec(i);
+        hc_spec s = sweep_spec(i);
         seen[0][s.post]++;
         seen[1][s.pre]++;
         seen[2][s.next]++;
@@ -173,7 +173,7 @@ static void test_sweep_covers_axes(void)
         for (v = 0; v < 3; v++) {
             int found = 0;
             for (i = 0; i < sweep_size(); i++) {
-                tc_spec s = sweep_spec(i);
+                hc_spec s = sweep_spec(i);
                 if (s.T > 0 && s.post == a && s.next == v)
                     found = 1;
             }
@@ -185,28 +185,28 @@ static void test_sweep_covers_axes(void)
  * NaN: a separate focused check on large padding with every op. */
 static void test_big_padding(void)
 {
-    tc_spec s;
-    tc_data d;
+    hc_spec s;
+    hc_case d;
     uint16_t *ref_h, *ref_n;
     memset(&s, 0, sizeof s);
     s.K = 8;
     s.H = 1024;
     s.T = 3;
     s.pad = 61;
-    s.post = TC_NORM_WEIGHT;
-    s.next = TC_NORM_WEIGHT;
+    s.post = HC_NORM_WEIGHT;
+    s.next = HC_NORM_WEIGHT;
     s.scales = 1;
-    tc_make(&d, &s, g_seed + 77);
-    ref_h = (uint16_t *)tu_alloc(2 * 3 * 1024, 0);
-    ref_n = (uint16_t *)tu_alloc(2 * 3 * 1024, 0);
-    tc_ref(&d, TC_FINALIZE, ref_h, ref_n);
-    check_op(&d, -1, TC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
-    tc_ref(&d, TC_FUSED, ref_h, ref_n);
-    check_op(&d, -1, TC_FUSED, BEAM_STRATEGY_FUSED, ref_h, ref_n);
-    check_op(&d, -1, TC_FUSED, BEAM_STRATEGY_UNFUSED, ref_h, ref_n);
-    tc_free(&d);
-    tu_free(ref_h);
-    tu_free(ref_n);
+    hc_make(&d, &s, g_seed + 77);
+    ref_h = (uint16_t *)hu_alloc(2 * 3 * 1024, 0);
+    ref_n = (uint16_t *)hu_alloc(2 * 3 * 1024, 0);
+    hc_ref(&d, HC_FINALIZE, ref_h, ref_n);
+    check_op(&d, -1, HC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
+    hc_ref(&d, HC_FUSED, ref_h, ref_n);
+    check_op(&d, -1, HC_FUSED, BEAM_STRATEGY_FUSED, ref_h, ref_n);
+    check_op(&d, -1, HC_FUSED, BEAM_STRATEGY_UNFUSED, ref_h, ref_n);
+    hc_free(&d);
+    hu_free(ref_h);
+    hu_free(ref_n);
 }
 
 /* tokens == 0 with capacity > 0: valid and nothing is written. */
@@ -218,20 +218,20 @@ static void test_zero_tokens(void)
     memset(ex, 0, sizeof ex);
     memset(w, 0, sizeof w);
     memset(res, 0, sizeof res);
-    tu_poison(out, sizeof out);
-    tu_poison(nrm, sizeof nrm);
+    hu_poison(out, sizeof out);
+    hu_poison(nrm, sizeof nrm);
     CU_ASSERT_EQUAL(beam_moe_finalize(ex, w, 1, 0, 8, 256, 1.0f, &nn, out, NULL), BEAM_OK);
-    CU_ASSERT(tu_is_poison(out, sizeof out));
+    CU_ASSERT(hu_is_poison(out, sizeof out));
     CU_ASSERT_EQUAL(beam_norm_residual_norm(res, res + 0, 0, 256, &nn, NULL, &nn, out, nrm, NULL),
                     BEAM_OK);
-    CU_ASSERT(tu_is_poison(out, sizeof out));
-    CU_ASSERT(tu_is_poison(nrm, sizeof nrm));
+    CU_ASSERT(hu_is_poison(out, sizeof out));
+    CU_ASSERT(hu_is_poison(nrm, sizeof nrm));
     CU_ASSERT_EQUAL(beam_moe_finalize_norm_residual_norm(ex, w, 1, 0, 8, 256, 1.0f, NULL, res,
                                                          NULL, &nn, out, nrm,
                                                          BEAM_STRATEGY_FUSED, NULL),
                     BEAM_OK);
-    CU_ASSERT(tu_is_poison(out, sizeof out));
-    CU_ASSERT(tu_is_poison(nrm, sizeof nrm));
+    CU_ASSERT(hu_is_poison(out, sizeof out));
+    CU_ASSERT(hu_is_poison(nrm, sizeof nrm));
 }
 
 /* Every buffer ends where an inaccessible page begins and live_tokens ==
@@ -241,27 +241,27 @@ static void fenced_case(int32_t K, int32_t H, int64_t T, int with_norms)
 {
     size_t TH = (size_t)T * (size_t)H, KH = (size_t)K * (size_t)H;
     size_t bx = 2 * TH * (size_t)K, bw = 4 * (size_t)K * (size_t)T, bt = 2 * TH, bn = 2 * (size_t)H;
-    uint16_t *ex = (uint16_t *)tu_alloc_fenced(bx), *x = (uint16_t *)tu_alloc_fenced(bt);
-    uint16_t *res = (uint16_t *)tu_alloc_fenced(bt), *hid = (uint16_t *)tu_alloc_fenced(bt);
-    uint16_t *nrm = (uint16_t *)tu_alloc_fenced(bt), *wn = (uint16_t *)tu_alloc_fenced(bn);
-    float *wt = (float *)tu_alloc_fenced(bw), *sc = (float *)tu_alloc_fenced(8);
-    uint16_t *ref_h = (uint16_t *)tu_alloc(bt, 0), *ref_n = (uint16_t *)tu_alloc(bt, 0);
+    uint16_t *ex = (uint16_t *)hu_alloc_fenced(bx), *x = (uint16_t *)hu_alloc_fenced(bt);
+    uint16_t *res = (uint16_t *)hu_alloc_fenced(bt), *hid = (uint16_t *)hu_alloc_fenced(bt);
+    uint16_t *nrm = (uint16_t *)hu_alloc_fenced(bt), *wn = (uint16_t *)hu_alloc_fenced(bn);
+    float *wt = (float *)hu_alloc_fenced(bw), *sc = (float *)hu_alloc_fenced(8);
+    uint16_t *ref_h = (uint16_t *)hu_alloc(bt, 0), *ref_n = (uint16_t *)hu_alloc(bt, 0);
     beam_norm bn_post = {NULL, 1e-6f}, bn_next = {NULL, 1e-5f};
     nr_norm n_post = {1, NULL, 1e-6f}, n_next = {1, NULL, 1e-5f};
     static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
                                             BEAM_STRATEGY_UNFUSED};
-    tu_rng r;
+    hu_rng r;
     size_t i;
     int k;
     char label[200];
 
-    tu_rng_init(&r, g_seed + 4242u + (uint64_t)H);
-    tu_fill_bf16(&r, ex, KH * (size_t)T);
-    tu_fill_weight(&r, wt, (size_t)K * (size_t)T);
-    tu_fill_bf16(&r, x, TH);
-    tu_fill_bf16(&r, res, TH);
+    hu_rng_init(&r, g_seed + 4242u + (uint64_t)H);
+    hu_fill_bf16(&r, ex, KH * (size_t)T);
+    hu_fill_weight(&r, wt, (size_t)K * (size_t)T);
+    hu_fill_bf16(&r, x, TH);
+    hu_fill_bf16(&r, res, TH);
     for (i = 0; i < (size_t)H; i++)
-        wn[i] = tu_rand_norm_weight(&r);
+        wn[i] = hu_rand_norm_weight(&r);
     sc[0] = 0.75f;
     sc[1] = 1.25f;
     bn_post.weight = n_post.weight = wn;
@@ -273,15 +273,15 @@ static void fenced_case(int32_t K, int32_t H, int64_t T, int with_norms)
     nr_finalize(ex, wt, T, K, H, 1.5f, &n_post, ref_h);
     CU_ASSERT_EQUAL(beam_moe_finalize(ex, wt, T, T, K, H, 1.5f, with_norms ? &bn_post : NULL,
                                       hid, NULL), BEAM_OK);
-    CU_ASSERT_EQUAL(tu_cmp_bf16(label, hid, ref_h, TH), 0);
+    CU_ASSERT_EQUAL(hu_cmp_bf16(label, hid, ref_h, TH), 0);
 
     nr_norm_residual_norm(x, res, T, H, &n_post, sc, &n_next, ref_h, ref_n);
     CU_ASSERT_EQUAL(beam_norm_residual_norm(x, res, T, H, with_norms ? &bn_post : NULL, sc,
                                             with_norms ? &bn_next : NULL, hid,
                                             with_norms ? nrm : NULL, NULL), BEAM_OK);
-    CU_ASSERT_EQUAL(tu_cmp_bf16(label, hid, ref_h, TH), 0);
+    CU_ASSERT_EQUAL(hu_cmp_bf16(label, hid, ref_h, TH), 0);
     if (with_norms)
-        CU_ASSERT_EQUAL(tu_cmp_bf16(label, nrm, ref_n, TH), 0);
+        CU_ASSERT_EQUAL(hu_cmp_bf16(label, nrm, ref_n, TH), 0);
 
     nr_finalize_norm_residual_norm(ex, wt, T, K, H, 1.5f, &n_post, res, sc, &n_next, ref_h, ref_n);
     for (k = 0; k < 3; k++) {
@@ -289,21 +289,21 @@ static void fenced_case(int32_t K, int32_t H, int64_t T, int with_norms)
                             ex, wt, T, T, K, H, 1.5f, with_norms ? &bn_post : NULL, res, sc,
                             with_norms ? &bn_next : NULL, hid, with_norms ? nrm : NULL, strats[k],
                             NULL), BEAM_OK);
-        CU_ASSERT_EQUAL(tu_cmp_bf16(label, hid, ref_h, TH), 0);
+        CU_ASSERT_EQUAL(hu_cmp_bf16(label, hid, ref_h, TH), 0);
         if (with_norms)
-            CU_ASSERT_EQUAL(tu_cmp_bf16(label, nrm, ref_n, TH), 0);
+            CU_ASSERT_EQUAL(hu_cmp_bf16(label, nrm, ref_n, TH), 0);
     }
 
-    tu_free_fenced(ex, bx);
-    tu_free_fenced(x, bt);
-    tu_free_fenced(res, bt);
-    tu_free_fenced(hid, bt);
-    tu_free_fenced(nrm, bt);
-    tu_free_fenced(wn, bn);
-    tu_free_fenced(wt, bw);
-    tu_free_fenced(sc, 8);
-    tu_free(ref_h);
-    tu_free(ref_n);
+    hu_free_fenced(ex, bx);
+    hu_free_fenced(x, bt);
+    hu_free_fenced(res, bt);
+    hu_free_fenced(hid, bt);
+    hu_free_fenced(nrm, bt);
+    hu_free_fenced(wn, bn);
+    hu_free_fenced(wt, bw);
+    hu_free_fenced(sc, 8);
+    hu_free(ref_h);
+    hu_free(ref_n);
 }
 
 static void test_fenced(void)
@@ -317,7 +317,7 @@ static void test_fenced(void)
 
 int main(int argc, char **argv)
 {
-    static const tu_test tests[] = {
+    static const suite_test tests[] = {
         {"sweep covers every axis value", test_sweep_covers_axes},
         {"tokens == 0 writes nothing", test_zero_tokens},
         {"NaN padding far past live rows", test_big_padding},
@@ -326,11 +326,11 @@ int main(int argc, char **argv)
         {NULL, NULL}};
     beam_status st;
     const char *prog = argc > 0 && strrchr(argv[0], '/') ? strrchr(argv[0], '/') + 1 : "test_numerics";
-    g_seed = tu_seed(prog);
+    g_seed = hu_seed(prog);
     st = beam_set_backend("cpu");
     if (st != BEAM_OK) {
         fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());
         return 1;
     }
-    return tu_run_suite("numerics", tests);
+    return suite_run("numerics", tests);
 }

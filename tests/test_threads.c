@@ -18,7 +18,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "test_case.h"
+#include "suite.h"
 
 static uint64_t g_seed;
 
@@ -36,8 +36,8 @@ static void run_shape(int si)
     static const int threads[3] = {1, 2, 3};
     static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
                                             BEAM_STRATEGY_UNFUSED};
-    tc_spec s;
-    tc_data d;
+    hc_spec s;
+    hc_case d;
     size_t TH;
     uint16_t *ref_h, *ref_n, *got_h, *got_n;
     int op, ti, k, guard_ok;
@@ -48,51 +48,51 @@ static void run_shape(int si)
     s.H = SHAPES[si].H;
     s.T = SHAPES[si].T;
     s.pad = 1;
-    s.post = TC_NORM_WEIGHT;
-    s.pre = (si % 2) ? TC_NORM_PLAIN : TC_NORM_WEIGHT;
-    s.next = (si % 3) ? TC_NORM_WEIGHT : TC_NORM_PLAIN;
+    s.post = HC_NORM_WEIGHT;
+    s.pre = (si % 2) ? HC_NORM_PLAIN : HC_NORM_WEIGHT;
+    s.next = (si % 3) ? HC_NORM_WEIGHT : HC_NORM_PLAIN;
     s.scales = si % 2;
     s.rs_one = si % 3 == 0;
     s.inplace = si % 2 == 0;
-    tc_make(&d, &s, g_seed + 1000u * (uint64_t)si);
-    tc_describe(&s, desc, sizeof desc);
+    hc_make(&d, &s, g_seed + 1000u * (uint64_t)si);
+    hc_describe(&s, desc, sizeof desc);
 
     TH = (size_t)s.T * (size_t)s.H;
-    ref_h = (uint16_t *)tu_alloc(2 * TH, 0);
-    ref_n = (uint16_t *)tu_alloc(2 * TH, 0);
-    got_h = (uint16_t *)tu_alloc(2 * TH, 0);
-    got_n = (uint16_t *)tu_alloc(2 * TH, 0);
+    ref_h = (uint16_t *)hu_alloc(2 * TH, 0);
+    ref_n = (uint16_t *)hu_alloc(2 * TH, 0);
+    got_h = (uint16_t *)hu_alloc(2 * TH, 0);
+    got_n = (uint16_t *)hu_alloc(2 * TH, 0);
 
     for (op = 0; op < 3; op++) {
-        tc_ref(&d, (tc_op)op, ref_h, ref_n);
-        for (k = 0; k < (op == TC_FUSED ? 3 : 1); k++)
+        hc_ref(&d, (hc_op)op, ref_h, ref_n);
+        for (k = 0; k < (op == HC_FUSED ? 3 : 1); k++)
             for (ti = 0; ti < 3; ti++) {
                 char label[400];
                 beam_status st;
                 omp_set_num_threads(threads[ti]);
                 snprintf(label, sizeof label, "seed=%llu op=%d strategy=%d threads=%d [%s]",
                          (unsigned long long)g_seed, op, (int)strats[k], threads[ti], desc);
-                st = tc_lib(&d, (tc_op)op, strats[k], got_h, got_n, &guard_ok);
+                st = hc_lib(&d, (hc_op)op, strats[k], got_h, got_n, &guard_ok);
                 CU_ASSERT_EQUAL(st, BEAM_OK);
                 CU_ASSERT(guard_ok);
-                CU_ASSERT_EQUAL(tu_cmp_bf16(label, got_h, ref_h, TH), 0);
-                if (tc_has_normalized(&d, (tc_op)op))
-                    CU_ASSERT_EQUAL(tu_cmp_bf16(label, got_n, ref_n, TH), 0);
+                CU_ASSERT_EQUAL(hu_cmp_bf16(label, got_h, ref_h, TH), 0);
+                if (hc_has_normalized(&d, (hc_op)op))
+                    CU_ASSERT_EQUAL(hu_cmp_bf16(label, got_n, ref_n, TH), 0);
             }
     }
     omp_set_num_threads(2);
-    tc_free(&d);
-    tu_free(ref_h);
-    tu_free(ref_n);
-    tu_free(got_h);
-    tu_free(got_n);
+    hc_free(&d);
+    hu_free(ref_h);
+    hu_free(ref_n);
+    hu_free(got_h);
+    hu_free(got_n);
 }
 
 static void test_thread_counts(void)
 {
     int i;
     for (i = 0; i < NSHAPES; i++) {
-        if (tu_quick() && SHAPES[i].T * SHAPES[i].H * SHAPES[i].K > 100000)
+        if (hu_quick() && SHAPES[i].T * SHAPES[i].H * SHAPES[i].K > 100000)
             continue;
         run_shape(i);
     }
@@ -118,13 +118,13 @@ static void test_omp_premise(void)
 
 int main(void)
 {
-    static const tu_test tests[] = {{"OpenMP team size is settable", test_omp_premise},
+    static const suite_test tests[] = {{"OpenMP team size is settable", test_omp_premise},
                                     {"bits identical for 1, 2, 3 threads", test_thread_counts},
                                     {NULL, NULL}};
-    g_seed = tu_seed("test_threads");
+    g_seed = hu_seed("test_threads");
     if (beam_set_backend("cpu") != BEAM_OK) {
         fprintf(stderr, "beam_set_backend(cpu): %s\n", beam_last_error());
         return 1;
     }
-    return tu_run_suite("threads", tests);
+    return suite_run("threads", tests);
 }

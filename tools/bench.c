@@ -2,7 +2,7 @@
  * bench.c - `beammoe bench`: CPU backend throughput against this machine's
  * memcpy bandwidth, both measured in the same run with the same threads.
  *
- * Bytes per call follow TARGETS.md (read plus written); the memcpy figure
+ * Bytes per call are read plus written; the memcpy figure
  * counts read plus written too, so the fraction is a like-for-like ratio.
  * Buffers are filled in parallel with the same static split the copy uses
  * (first touch), so on NUMA hosts pages sit near the threads that use them.
@@ -34,7 +34,7 @@ static void usage(FILE *f)
             "T in {1, 64, 1024, 8192}, as a fraction of this machine's memcpy bandwidth\n"
             "(1 GiB copies with the same OpenMP threads, best of %d, before and after the\n"
             "timed calls: the larger) measured in the same run. Bytes per call:\n"
-            "TARGETS.md (read plus written).\n"
+            "read plus written.\n"
             "\n"
             "  --threads N    OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
             "  --min-time S   seconds of timed calls per row, at least 5 calls (default 1)\n"
@@ -48,9 +48,9 @@ static void usage(FILE *f)
 /* A value from the element index alone: same inputs for any thread count. */
 static uint16_t hashed_bf16(uint64_t i, float lo, float hi)
 {
-    tool_rng r;
-    rng_seed(&r, i * 0x9E3779B97F4A7C15ULL + 12345);
-    return f32_to_bf16(rng_uniform(&r, lo, hi));
+    hu_rng r;
+    hu_rng_init(&r, i * 0x9E3779B97F4A7C15ULL + 12345);
+    return nr_bf16(hu_uniform(&r, lo, hi));
 }
 
 static void par_fill_bf16(uint16_t *p, size_t n, float lo, float hi)
@@ -64,7 +64,7 @@ static void par_fill_bf16(uint16_t *p, size_t n, float lo, float hi)
 static double copy_gbs(int threads)
 {
     (void)threads; /* used by the pragmas only */
-    char *src = xmalloc(COPY_BYTES), *dst = xmalloc(COPY_BYTES);
+    char *src = hu_malloc(COPY_BYTES), *dst = hu_malloc(COPY_BYTES);
     double best = 0.0;
     int rep;
     if (!src || !dst) {
@@ -81,7 +81,7 @@ static double copy_gbs(int threads)
         memset(dst + lo, 0, hi - lo);
     }
     for (rep = 0; rep < COPY_REPS; rep++) {
-        double t0 = now_seconds(), dt, gbs;
+        double t0 = hu_now(), dt, gbs;
         TOOL_OMP(omp parallel num_threads(threads))
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -89,7 +89,7 @@ static double copy_gbs(int threads)
             size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
             memcpy(dst + lo, src + lo, hi - lo);
         }
-        dt = now_seconds() - t0;
+        dt = hu_now() - t0;
         gbs = 2.0 * (double)COPY_BYTES / dt * 1e-9;
         if (gbs > best) best = gbs;
     }
@@ -105,7 +105,7 @@ static double copy_gbs(int threads)
 static double read_gbs(int threads)
 {
     (void)threads;
-    char *src = xmalloc(COPY_BYTES);
+    char *src = hu_malloc(COPY_BYTES);
     double best = 0.0;
     int rep, found = 0;
     if (!src) return 0.0;
@@ -117,7 +117,7 @@ static double read_gbs(int threads)
         memset(src + lo, 0, hi - lo);
     }
     for (rep = 0; rep < COPY_REPS; rep++) {
-        double t0 = now_seconds(), dt, gbs;
+        double t0 = hu_now(), dt, gbs;
         TOOL_OMP(omp parallel num_threads(threads) reduction(+ : found))
         {
             int t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -125,7 +125,7 @@ static double read_gbs(int threads)
             size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
             found += memchr(src + lo, 0x5A, hi - lo) != NULL;
         }
-        dt = now_seconds() - t0;
+        dt = hu_now() - t0;
         gbs = (double)COPY_BYTES / dt * 1e-9;
         if (gbs > best) best = gbs;
     }
@@ -206,14 +206,14 @@ static double time_op(const bench_bufs *b, int fused, int64_t T, double min_time
                                         : "beam_moe_finalize", st);
         return -1.0;
     }
-    start = now_seconds();
-    while (n < 2000 && (n < 5 || now_seconds() - start < min_time)) {
+    start = hu_now();
+    while (n < 2000 && (n < 5 || hu_now() - start < min_time)) {
         int64_t first = hot ? 0 : (cursor++ % slices) * T;
-        double t0 = now_seconds();
+        double t0 = hu_now();
         call_op(b, fused, first, T);
-        times[n++] = now_seconds() - t0;
+        times[n++] = hu_now() - t0;
     }
-    return median_of(times, n);
+    return hu_median(times, n);
 }
 
 int cmd_bench(int argc, char **argv)
@@ -287,13 +287,13 @@ int cmd_bench(int argc, char **argv)
            100.0 * rd / copy);
 
     memset(&b, 0, sizeof b);
-    b.experts = xmalloc(rowsH * BENCH_K * 2);
-    b.weights = xmalloc((size_t)BENCH_TMAX * BENCH_K * 4);
-    b.residual = xmalloc(rowsH * 2);
-    b.hidden = xmalloc(rowsH * 2);
-    b.normalized = xmalloc(rowsH * 2);
-    b.output = xmalloc(rowsH * 2);
-    b.next_w = xmalloc((size_t)BENCH_H * 2);
+    b.experts = hu_malloc(rowsH * BENCH_K * 2);
+    b.weights = hu_malloc((size_t)BENCH_TMAX * BENCH_K * 4);
+    b.residual = hu_malloc(rowsH * 2);
+    b.hidden = hu_malloc(rowsH * 2);
+    b.normalized = hu_malloc(rowsH * 2);
+    b.output = hu_malloc(rowsH * 2);
+    b.next_w = hu_malloc((size_t)BENCH_H * 2);
     if (!b.experts || !b.weights || !b.residual || !b.hidden || !b.normalized || !b.output ||
         !b.next_w) {
         fprintf(stderr, "beammoe bench: out of memory for the inputs\n");
@@ -306,7 +306,7 @@ int cmd_bench(int argc, char **argv)
     par_fill_bf16(b.normalized, rowsH, 0.0f, 0.0f);
     par_fill_bf16(b.output, rowsH, 0.0f, 0.0f);
     par_fill_bf16(b.next_w, BENCH_H, 0.5f, 1.5f);
-    for (i = 0; i < BENCH_TMAX * BENCH_K; i++) b.weights[i] = bf16_to_f32(hashed_bf16((uint64_t)i, 0.0f, 0.25f));
+    for (i = 0; i < BENCH_TMAX * BENCH_K; i++) b.weights[i] = nr_f(hashed_bf16((uint64_t)i, 0.0f, 0.25f));
 
     {
         /* Time every row first, then copy again: on a shared machine the

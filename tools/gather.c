@@ -17,9 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "audit.h"
+#include "gather.h"
 
-#define NSTRAT 4
+#define NSTRAT GATHER_NSTRAT
 static const beam_strategy strat[NSTRAT] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT,
                                             BEAM_STRATEGY_TWOSHOT, BEAM_STRATEGY_UNFUSED};
 static const char *strat_name[NSTRAT] = {"gather/auto", "gather/oneshot", "gather/twoshot",
@@ -28,13 +28,13 @@ static const int32_t world_sizes[] = {1, 2, 3, 4, 8};
 #define NWORLD 5
 
 typedef struct rank_job {
-    const problem *p;
+    const hc_case *c;
     beam_cpu_group *group;
     int32_t rank, nranks;
     int64_t L, local_cap;
     uint16_t *experts; /* [local_cap, K, H] */
     float *weights;    /* [local_cap, K]    */
-    outputs out[NSTRAT];
+    hc_out out[NSTRAT];
     beam_status st[NSTRAT];
     char msg[NSTRAT][400];
 } rank_job;
@@ -51,19 +51,19 @@ static void set_all(rank_job *j, beam_status st, const char *msg)
 static void *rank_main(void *arg)
 {
     rank_job *j = arg;
-    const problem *p = j->p;
+    const hc_case *c = j->c;
     beam_workspace *ws = NULL;
     beam_workspace_config cfg = beam_workspace_config_default();
     beam_norm sp, sn;
-    const beam_norm *post = problem_norm(p, OPT_POST, &sp, p->post_w, OPT_POST_W);
-    const beam_norm *next = problem_norm(p, OPT_NEXT, &sn, p->next_w, OPT_NEXT_W);
-    const float *scales = (p->opts & OPT_SCALES) ? p->scales : NULL;
+    const beam_norm *post = hu_beam_norm(&c->post, &sp);
+    const beam_norm *next = hu_beam_norm(&c->next, &sn);
+    const float *scales = c->s.scales ? c->scales : NULL;
     beam_status st;
     int s;
 
     /* generous: 8 ranks share 2 cores here; a lost peer still ends */
     if (cfg.timeout_ms < 30000) cfg.timeout_ms = 30000;
-    st = beam_workspace_create_cpu(j->group, j->rank, p->tokens + 3, p->hidden, &cfg, &ws);
+    st = beam_workspace_create_cpu(j->group, j->rank, c->s.T + 3, c->s.H, &cfg, &ws);
     if (st != BEAM_OK) {
         char m[400];
         snprintf(m, sizeof m, "rank %d: beam_workspace_create_cpu: %s: %s", (int)j->rank,
@@ -72,10 +72,10 @@ static void *rank_main(void *arg)
         return NULL;
     }
     for (s = 0; s < NSTRAT; s++) {
-        outputs *o = &j->out[s];
+        hc_out *o = &j->out[s];
         st = beam_moe_finalize_gather_norm_residual_norm(
-            ws, j->experts, j->weights, j->local_cap, p->tokens, p->top_k, p->hidden,
-            p->routed_scale, post, p->residual, scales, next, o->hidden_out,
+            ws, j->experts, j->weights, j->local_cap, c->s.T, c->s.K, c->s.H, c->rs, post,
+            c->residual, scales, next, o->hidden,
             next ? o->normalized : NULL, strat[s], NULL);
         j->st[s] = st;
         if (st != BEAM_OK)
@@ -92,14 +92,14 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-static int job_make(rank_job *j, const problem *p, int32_t rank, int32_t R)
+static int job_make(rank_job *j, const hc_case *c, int32_t rank, int32_t R)
 {
-    size_t K = (size_t)p->top_k, H = (size_t)p->hidden, i;
-    int64_t T = p->tokens, first, count;
+    size_t K = (size_t)c->s.K, H = (size_t)c->s.H, i;
+    int64_t T = c->s.T, first, count;
     int s;
 
     memset(j, 0, sizeof *j);
-    j->p = p;
+    j->c = c;
     j->rank = rank;
     j->nranks = R;
     j->L = (T + R - 1) / R;
@@ -108,17 +108,17 @@ static int job_make(rank_job *j, const problem *p, int32_t rank, int32_t R)
     count = T - first;
     if (count > j->L) count = j->L;
     if (count < 0) count = 0;
-    j->experts = xmalloc((size_t)j->local_cap * K * H * 2);
-    j->weights = xmalloc((size_t)j->local_cap * K * 4);
+    j->experts = hu_try_alloc((size_t)j->local_cap * K * H * 2, 0);
+    j->weights = hu_try_alloc((size_t)j->local_cap * K * 4, 0);
     if (!j->experts || !j->weights) return -1;
-    fill_u16(j->experts, IN_PAD_NAN, (size_t)j->local_cap * K * H);
+    hu_fill_u16(j->experts, 0x7FC1, (size_t)j->local_cap * K * H);
     for (i = 0; i < (size_t)j->local_cap * K; i++) j->weights[i] = NAN;
     if (count > 0) {
-        memcpy(j->experts, p->experts + (size_t)first * K * H, (size_t)count * K * H * 2);
-        memcpy(j->weights, p->weights + (size_t)first * K, (size_t)count * K * 4);
+        memcpy(j->experts, c->experts + (size_t)first * K * H, (size_t)count * K * H * 2);
+        memcpy(j->weights, c->weights + (size_t)first * K, (size_t)count * K * 4);
     }
     for (s = 0; s < NSTRAT; s++) {
-        if (outputs_make(&j->out[s], p)) return -1;
+        if (hc_out_make(&j->out[s], c, 1)) return -1;
         j->st[s] = BEAM_OK;
     }
     return 0;
@@ -127,23 +127,19 @@ static int job_make(rank_job *j, const problem *p, int32_t rank, int32_t R)
 static void job_free(rank_job *j)
 {
     int s;
-    free(j->experts);
-    free(j->weights);
-    for (s = 0; s < NSTRAT; s++) outputs_free(&j->out[s]);
+    hu_free(j->experts);
+    hu_free(j->weights);
+    for (s = 0; s < NSTRAT; s++) hc_out_free(&j->out[s]);
 }
 
-void audit_gather(tally *t, const char *label, const problem *p, const outputs *truth)
+void audit_gather(const hc_case *p, const hc_out *truth, gather_row rows[NSTRAT])
 {
-    cmp_result agg[NSTRAT];
-    int errors[NSTRAT];
-    char first_err[NSTRAT][500];
-    char detail[NSTRAT][600];
     int s, w;
 
     for (s = 0; s < NSTRAT; s++) {
-        cmp_init(&agg[s]);
-        errors[s] = 0;
-        first_err[s][0] = detail[s][0] = 0;
+        memset(&rows[s], 0, sizeof rows[s]);
+        hu_cmp_init(&rows[s].cmp);
+        snprintf(rows[s].name, sizeof rows[s].name, "%s R1-8", strat_name[s]);
     }
 
     for (w = 0; w < NWORLD; w++) {
@@ -158,8 +154,8 @@ void audit_gather(tally *t, const char *label, const problem *p, const outputs *
         st = oom ? BEAM_ERR_OUT_OF_MEMORY : beam_cpu_group_create(R, &group);
         if (st != BEAM_OK) {
             for (s = 0; s < NSTRAT; s++) {
-                if (!errors[s]++)
-                    snprintf(first_err[s], sizeof first_err[s], "R=%d: %s: %s", (int)R,
+                if (!rows[s].errors++)
+                    snprintf(rows[s].error, sizeof rows[s].error, "R=%d: %s: %s", (int)R,
                              oom ? "out of memory" : "beam_cpu_group_create",
                              oom ? "" : beam_last_error());
             }
@@ -175,33 +171,33 @@ void audit_gather(tally *t, const char *label, const problem *p, const outputs *
             for (r = 0; r < R; r++)
                 if (!pthread_equal(th[r], pthread_self())) pthread_join(th[r], NULL);
             st = beam_cpu_group_destroy(group);
-            if (st != BEAM_OK && !errors[0]++)
-                snprintf(first_err[0], sizeof first_err[0], "R=%d: beam_cpu_group_destroy: %s",
+            if (st != BEAM_OK && !rows[0].errors++)
+                snprintf(rows[0].error, sizeof rows[0].error, "R=%d: beam_cpu_group_destroy: %s",
                          (int)R, beam_last_error());
 
             for (s = 0; s < NSTRAT; s++)
                 for (r = 0; r < R; r++) {
-                    cmp_result c;
+                    hu_cmp c;
                     if (jobs[r].st[s] != BEAM_OK) {
-                        if (!errors[s]++)
-                            snprintf(first_err[s], sizeof first_err[s], "R=%d %s", (int)R,
+                        if (!rows[s].errors++)
+                            snprintf(rows[s].error, sizeof rows[s].error, "R=%d %s", (int)R,
                                      jobs[r].msg[s]);
                         continue;
                     }
-                    cmp_init(&c);
-                    outputs_compare(&jobs[r].out[s], truth, p, &c);
-                    if (c.mismatched && !detail[s][0]) {
+                    hu_cmp_init(&c);
+                    hc_out_compare(&jobs[r].out[s], truth, HC_FUSED, &c);
+                    if (c.mismatched && !rows[s].detail[0]) {
                         char u[32];
-                        cmp_ulp_text(&c, u, sizeof u);
-                        snprintf(detail[s], sizeof detail[s],
+                        hu_cmp_ulp_text(&c, u, sizeof u);
+                        snprintf(rows[s].detail, sizeof rows[s].detail,
                                  "first failing: R=%d rank %d: %lld of %lld differ, max ulp %s",
                                  (int)R, (int)r, (long long)c.mismatched, (long long)c.compared,
                                  u);
                     }
-                    agg[s].compared += c.compared;
-                    agg[s].mismatched += c.mismatched;
-                    if (c.max_ulp > agg[s].max_ulp) agg[s].max_ulp = c.max_ulp;
-                    agg[s].nan_vs_number |= c.nan_vs_number;
+                    rows[s].cmp.compared += c.compared;
+                    rows[s].cmp.mismatched += c.mismatched;
+                    if (c.max_ulp > rows[s].cmp.max_ulp) rows[s].cmp.max_ulp = c.max_ulp;
+                    rows[s].cmp.nan_vs_number |= c.nan_vs_number;
                 }
         }
         for (r = 0; jobs && r < R; r++) job_free(&jobs[r]);
@@ -209,14 +205,4 @@ void audit_gather(tally *t, const char *label, const problem *p, const outputs *
         free(th);
     }
 
-    for (s = 0; s < NSTRAT; s++) {
-        char name[40];
-        snprintf(name, sizeof name, "%s R1-8", strat_name[s]);
-        if (errors[s]) {
-            audit_print_error(t, label, "cpu", name, first_err[s]);
-            continue;
-        }
-        audit_print_row(t, label, "cpu", name, &agg[s]);
-        if (detail[s][0]) printf("      %s\n", detail[s]);
-    }
 }

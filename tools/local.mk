@@ -1,25 +1,25 @@
 # tools/local.mk - the `beammoe` command-line tool (audit, run, bench).
 # Included by the top Makefile.am; paths are relative to the top directory.
 
+# The command line over the harness (harness/local.mk: cases, the naive
+# reference, the runner, device memory, safetensors files).
 bin_PROGRAMS += tools/beammoe
 tools_beammoe_SOURCES = \
-	tools/beammoe.c tools/audit.c tools/gather.c tools/run.c tools/bench.c \
-	tools/problem.c tools/reference.c tools/util.c tools/devmem.c \
-	tools/common.h tools/audit.h tools/problem.h tools/reference.h tools/devmem.h \
-	tools/omp_shim.h \
-	tools/safetensors.c tools/safetensors.h tools/audit_input.c tools/audit_input.h
+	tools/beammoe.c tools/audit.c tools/gather.c tools/run.c tools/bench.c tools/cli.c \
+	tools/common.h tools/gather.h tools/omp_shim.h
+tools_beammoe_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS)
 # OpenMP: `bench` times memcpy with the same threads as the library, and
 # `audit` sets the thread count of the library's (shared) OpenMP runtime.
-tools_beammoe_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS) $(JSON_C_CFLAGS)
+tools_beammoe_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
 tools_beammoe_LDFLAGS = $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
 # The dispatcher: the tool reaches every backend this host can load.
-tools_beammoe_LDADD = libbeammoe.la $(JSON_C_LIBS)
+tools_beammoe_LDADD = harness/libharness.la libbeammoe.la
 # safetensors (audit --input, run --output): json-c parses the header; empty
 # JSON_C_* (configure without json-c, m4/beam_json.m4) builds a tool whose
 # two options say how to get it.
 
 # `make check` runs the quick audit (every backend and strategy against the
-# CPU ground truth, the CPU backend against tools/reference.c).
+# CPU ground truth, the CPU backend against the naive reference).
 TESTS += tools/audit-quick.sh
 EXTRA_DIST += tools/audit-quick.sh
 
@@ -40,13 +40,3 @@ EXTRA_DIST += tools/exit-status.sh
 # --input` refuses a FIFO or a device at once. Both under `timeout`.
 TESTS += tools/output-safety.sh tools/input-special.sh
 EXTRA_DIST += tools/output-safety.sh tools/input-special.sh
-
-# A bounded, seeded mutation fuzz of the safetensors reader (a few seconds;
-# BEAM_TEST_SEED=<printed seed> replays it, BEAM_FUZZ_SECONDS and
-# BEAM_FUZZ_ITERS bound it), and round trips through the writer. It matters
-# most in the --enable-sanitizers tree. Exit 77 without json-c.
-check_PROGRAMS += tools/st_fuzz
-TESTS += tools/st_fuzz
-tools_st_fuzz_SOURCES = tools/st_fuzz.c tools/safetensors.c tools/safetensors.h
-tools_st_fuzz_CFLAGS = $(AM_CFLAGS) $(JSON_C_CFLAGS)
-tools_st_fuzz_LDADD = $(JSON_C_LIBS)

@@ -14,10 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "audit_input.h"
+#include "common.h"
 #include "devmem.h"
-#include "problem.h"
-#include "safetensors.h"
+#include "st_case.h"
 
 static void usage(FILE *f)
 {
@@ -25,7 +24,7 @@ static void usage(FILE *f)
             "Usage: beammoe run --tokens T --top-k K --hidden H [options]\n"
             "\n"
             "Runs one operation on generated inputs; prints the backend, the median time\n"
-            "per call, GB/s (bytes per call as in TARGETS.md) and a 64-bit FNV-1a\n"
+            "per call, GB/s (bytes per call: read plus written) and a 64-bit FNV-1a\n"
             "checksum of the outputs.\n"
             "\n"
             "  --tokens T           live tokens (rows)\n"
@@ -69,14 +68,14 @@ static int usage_error(const char *fmt, const char *arg)
     return TOOL_EXIT_USAGE;
 }
 
-/* Host bytes of a case's inputs and outputs (problem_make, outputs_make),
+/* Host bytes of a case's inputs and outputs (hc_make_mode, hc_out_make),
  * twice that with device copies; a double, so no size overflows it. */
-static double case_bytes(tool_op op, int64_t T, int32_t K, int32_t H, int on_device)
+static double case_bytes(hc_op op, int64_t T, int32_t K, int32_t H, int on_device)
 {
     double t = T > 0 ? (double)T : 0.0, k = K > 0 ? (double)K : 0.0, h = H > 0 ? (double)H : 0.0;
-    double in = op == OP_NRN ? t * h * 2 : t * k * h * 2 + t * k * 4;
-    if (op != OP_FINALIZE) in += t * h * 2;
-    return (in + 3 * h * 2 + (t + OUT_GUARD_ROWS) * h * 2 * 3) * (on_device ? 2 : 1);
+    double in = op == HC_NRN ? t * h * 2 : t * k * h * 2 + t * k * 4;
+    if (op != HC_FINALIZE) in += t * h * 2;
+    return (in + 3 * h * 2 + (t + 1) * h * 2 * 3) * (on_device ? 2 : 1);
 }
 
 static double host_memory_bytes(void)
@@ -110,21 +109,22 @@ int cmd_run(int argc, char **argv)
     int64_t tokens = 0, iters64 = 10;
     int32_t top_k = 1, hidden = 0;
     int have_t = 0, have_k = 0, have_h = 0, have_strategy = 0;
-    const char *backend = NULL, *output = NULL, *why = NULL;
+    const char *backend = NULL, *output = NULL;
     beam_strategy strategy = BEAM_STRATEGY_AUTO;
-    tool_op op = OP_FUSED;
-    unsigned opts = 0;
+    hc_op op = HC_FUSED;
+    hc_spec spec;
     float scales[2] = {1.0f, 1.0f}, rs = 1.0f, eps = 1e-6f;
     uint64_t seed = 1;
     int opt, i, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
-    problem p;
-    outputs o;
-    bound b;
+    hc_case p;
+    hc_out o;
+    hc_bound b;
     beam_status st;
     double *times = NULL, med, bytes, need, have;
     const char *env;
     char msg[400];
 
+    memset(&spec, 0, sizeof spec);
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (opt) {
@@ -158,26 +158,26 @@ int cmd_run(int argc, char **argv)
             break;
         case O_OP:
             if (!strcmp(optarg, "finalize"))
-                op = OP_FINALIZE;
+                op = HC_FINALIZE;
             else if (!strcmp(optarg, "nrn"))
-                op = OP_NRN;
+                op = HC_NRN;
             else if (!strcmp(optarg, "fused"))
-                op = OP_FUSED;
+                op = HC_FUSED;
             else
                 return usage_error("--op: '%s' is not finalize, nrn or fused", optarg);
             break;
         case O_POST:
-            opts |= OPT_POST | OPT_POST_W;
+            spec.post = HC_NORM_WEIGHT;
             break;
         case O_NEXT:
-            opts |= OPT_NEXT | OPT_NEXT_W;
+            spec.next = HC_NORM_WEIGHT;
             break;
         case O_PRE:
-            opts |= OPT_PRE | OPT_PRE_W;
+            spec.pre = HC_NORM_WEIGHT;
             break;
         case O_SCALES:
             if (parse_f32_pair("run", "--scales", optarg, scales)) return TOOL_EXIT_USAGE;
-            opts |= OPT_SCALES;
+            spec.scales = 1;
             break;
         case O_RS:
             if (parse_f32("run", "--routed-scale", optarg, &rs)) return TOOL_EXIT_USAGE;
@@ -207,17 +207,17 @@ int cmd_run(int argc, char **argv)
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
     if (!have_t) return usage_error("%s is required", "--tokens");
     if (!have_h) return usage_error("%s is required", "--hidden");
-    if (!have_k && op != OP_NRN) return usage_error("%s is required", "--top-k");
-    if (op == OP_NRN) top_k = 1;
+    if (!have_k && op != HC_NRN) return usage_error("%s is required", "--top-k");
+    if (op == HC_NRN) top_k = 1;
     /* Options that the chosen op has no place for: say so, do not ignore. */
-    if ((opts & OPT_PRE) && op != OP_NRN) return usage_error("%s applies to --op nrn only", "--pre-norm");
-    if ((opts & OPT_POST) && op == OP_NRN)
+    if (spec.pre && op != HC_NRN) return usage_error("%s applies to --op nrn only", "--pre-norm");
+    if (spec.post && op == HC_NRN)
         return usage_error("%s applies to --op finalize and fused only", "--post-norm");
-    if ((opts & (OPT_NEXT | OPT_SCALES)) && op == OP_FINALIZE)
+    if ((spec.next || spec.scales) && op == HC_FINALIZE)
         return usage_error("%s apply to --op nrn and fused only", "--next-norm and --scales");
-    if (have_strategy && op != OP_FUSED) return usage_error("%s applies to --op fused only", "--strategy");
-    if (output && op == OP_NRN) return usage_error("%s supports --op finalize and fused only", "--output");
-    if (output && !tool_safetensors_available(&why)) return usage_error("--output: %s", why);
+    if (have_strategy && op != HC_FUSED) return usage_error("%s applies to --op fused only", "--strategy");
+    if (output && op == HC_NRN) return usage_error("%s supports --op finalize and fused only", "--output");
+    if (output && !st_available()) return usage_error("--output: %s", ST_NO_JSON_C);
     /* a path that cannot be written is found now, not after the run */
     if (output && st_output_check(output, msg, sizeof msg)) {
         fprintf(stderr, "beammoe run: --output %s: %s; nothing was written\n", output, msg);
@@ -254,73 +254,74 @@ int cmd_run(int argc, char **argv)
         return TOOL_EXIT_USAGE;
     }
 
-    if (problem_make(&p, op, tokens, tokens, top_k, hidden, opts, rs, scales, eps, GEN_NORMAL,
-                     seed)) {
+    spec.T = tokens;
+    spec.K = top_k;
+    spec.H = hidden;
+    if (hc_make_mode(&p, op, &spec, rs, scales, eps, HC_MODE_NORMAL, seed)) {
         fprintf(stderr, "beammoe run: out of memory for the inputs\n");
         return TOOL_EXIT_FAIL;
     }
-    if (outputs_make(&o, &p)) {
+    if (hc_out_make(&o, &p, 1)) {
         fprintf(stderr, "beammoe run: out of memory for the outputs\n");
-        problem_free(&p);
+        hc_free(&p);
         return TOOL_EXIT_FAIL;
     }
     times = malloc(sizeof *times * (size_t)iters);
-    if (!times || bound_make(&b, &p, &o, on_device, 0, msg, sizeof msg)) {
+    if (!times || hc_bind(&b, &p, op, &o, on_device ? HC_DEVICE : 0u, msg, sizeof msg)) {
         fprintf(stderr, "beammoe run: %s\n", times ? msg : "out of memory");
         goto out;
     }
 
     /* one untimed call: first-touch of pages, lazy loading, errors */
-    st = bound_call(&b, strategy);
+    st = hc_call(&b, strategy, NULL);
     if (st != BEAM_OK) {
         /* invalid argument (sizes, NaN, eps, ...) is exit status 2 */
-        report_lib_error("run", op == OP_FINALIZE ? "beam_moe_finalize"
-                                : op == OP_NRN    ? "beam_norm_residual_norm"
+        report_lib_error("run", op == HC_FINALIZE ? "beam_moe_finalize"
+                                : op == HC_NRN    ? "beam_norm_residual_norm"
                                                   : "beam_moe_finalize_norm_residual_norm",
                          st);
         rc = tool_exit_status(st);
         goto out_b;
     }
     for (i = 0; i < iters; i++) {
-        double t0 = now_seconds();
-        st = bound_call(&b, strategy);
+        double t0 = hu_now();
+        st = hc_call(&b, strategy, NULL);
         if (on_device && dev_sync()) {
             fprintf(stderr, "beammoe run: %s\n", dev_last_error());
             goto out_b;
         }
-        times[i] = now_seconds() - t0;
+        times[i] = hu_now() - t0;
         if (st != BEAM_OK) {
             report_lib_error("run", "timed call", st);
             rc = tool_exit_status(st);
             goto out_b;
         }
     }
-    if (bound_finish(&b, msg, sizeof msg)) {
+    if (hc_finish(&b, msg, sizeof msg)) {
         fprintf(stderr, "beammoe run: %s\n", msg);
         goto out_b;
     }
-    med = median_of(times, iters);
-    bytes = op == OP_FINALIZE ? bytes_finalize(tokens, top_k, hidden, !!(opts & OPT_POST_W))
-            : op == OP_NRN    ? bytes_nrn(tokens, hidden, !!(opts & OPT_PRE_W), !!(opts & OPT_NEXT),
-                                          !!(opts & OPT_NEXT_W))
-                              : bytes_fused(tokens, top_k, hidden, !!(opts & OPT_POST_W),
-                                            !!(opts & OPT_NEXT), !!(opts & OPT_NEXT_W));
+    med = hu_median(times, iters);
+    bytes = op == HC_FINALIZE ? bytes_finalize(tokens, top_k, hidden, !!spec.post)
+            : op == HC_NRN    ? bytes_nrn(tokens, hidden, !!spec.pre, !!spec.next, !!spec.next)
+                              : bytes_fused(tokens, top_k, hidden, !!spec.post, !!spec.next,
+                                            !!spec.next);
     printf("backend:   %s\n", beam_backend_name());
-    printf("op:        %s%s%s T=%lld K=%d H=%d%s%s%s%s routed_scale=%g\n", op_name(op),
-           op == OP_FUSED ? " strategy=" : "",
-           op == OP_FUSED ? (strategy == BEAM_STRATEGY_AUTO    ? "auto"
+    printf("op:        %s%s%s T=%lld K=%d H=%d%s%s%s%s routed_scale=%g\n", hc_op_name(op),
+           op == HC_FUSED ? " strategy=" : "",
+           op == HC_FUSED ? (strategy == BEAM_STRATEGY_AUTO    ? "auto"
                              : strategy == BEAM_STRATEGY_FUSED ? "fused"
                                                                : "unfused")
                           : "",
-           (long long)tokens, (int)top_k, (int)hidden, (opts & OPT_POST) ? " post-norm" : "",
-           (opts & OPT_PRE) ? " pre-norm" : "", (opts & OPT_NEXT) ? " next-norm" : "",
-           (opts & OPT_SCALES) ? " scales" : "", (double)rs);
+           (long long)tokens, (int)top_k, (int)hidden, spec.post ? " post-norm" : "",
+           spec.pre ? " pre-norm" : "", spec.next ? " next-norm" : "",
+           spec.scales ? " scales" : "", (double)rs);
     printf("median:    %.2f us per call (%d calls)\n", med * 1e6, iters);
     printf("bandwidth: %.2f GB/s (%.0f bytes per call)\n", med > 0 ? bytes / med * 1e-9 : 0.0,
            bytes);
-    printf("checksum:  0x%016llx\n", (unsigned long long)outputs_checksum(&o, &p));
+    printf("checksum:  0x%016llx\n", (unsigned long long)hc_out_checksum(&o, &p, op));
     if (output) {
-        if (run_write_safetensors(output, &p, &o, msg, sizeof msg)) {
+        if (st_case_write(output, &p, op, &o, msg, sizeof msg)) {
             fprintf(stderr, "beammoe run: %s: %s\n", output, msg);
             rc = TOOL_EXIT_USAGE;
             goto out_b;
@@ -329,10 +330,10 @@ int cmd_run(int argc, char **argv)
     }
     rc = TOOL_EXIT_OK;
 out_b:
-    bound_free(&b);
+    hc_unbind(&b);
 out:
     free(times);
-    outputs_free(&o);
-    problem_free(&p);
+    hc_out_free(&o);
+    hc_free(&p);
     return rc;
 }

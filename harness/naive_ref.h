@@ -1,15 +1,17 @@
 /*
- * naive_ref.h - a deliberately naive scalar model of SPEC.md section 2.
+ * naive_ref.h - a deliberately naive scalar model of docs/numerics.md: the
+ * one reference of the test suite, `beammoe audit` and the benches' checks.
  *
- * Written from the SPEC text alone and sharing no code with lib/ or cpu/, so
- * that a misreading of the SPEC in the library cannot hide in its own test.
+ * Written from that text alone and sharing no code with lib/ or cpu/, so
+ * that a misreading of the numerics in the library cannot hide in its own
+ * test.
  * Everything is a plain loop over one element at a time; it is slow on
  * purpose. Compile with -std=c99 -ffp-contract=off (no FMA contraction).
  *
  * BF16 travels as uint16_t bits, exactly like the public API.
  */
-#ifndef BEAMMOE_TESTS_NAIVE_REF_H
-#define BEAMMOE_TESTS_NAIVE_REF_H
+#ifndef BEAMMOE_HARNESS_NAIVE_REF_H
+#define BEAMMOE_HARNESS_NAIVE_REF_H
 
 #include <stdint.h>
 
@@ -22,6 +24,10 @@ typedef struct nr_norm {
 
 /* bf16(v): FP32 -> BF16 round to nearest even; every NaN becomes 0x7FFF. */
 uint16_t nr_bf16(float v);
+/* When not NULL, nr_bf16 adds 1 here for each rounding that is an exact tie
+ * (low 16 bits 0x8000): `beammoe audit` shows that its tie inputs really
+ * exercise nearest-even. Not thread-safe; NULL (the default) counts nothing. */
+extern int64_t *nr_ties;
 /* f(b): BF16 -> FP32, exact. */
 float nr_f(uint16_t b);
 
@@ -49,7 +55,7 @@ void nr_finalize_norm_residual_norm(const uint16_t *x, const float *wts,
                                     const float *scales, const nr_norm *next,
                                     uint16_t *hidden, uint16_t *normalized);
 
-/* The gather of SPEC 1.4 for the whole T: rank r of R owns rows
+/* The gather (docs/numerics.md#gather) for the whole T: rank r of R owns rows
  * [r*L, min((r+1)*L, T)), L = ceil(T/R); its local row i (global r*L + i)
  * lives at rank_x[r] + i*K*H and rank_w[r] + i*K. The result is the
  * replicated hidden[T, H] / normalized[T, H] every rank must return. */

@@ -38,24 +38,12 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "util.h"
 
-/* ---- splitmix64 ---- */
-static uint64_t rng_state;
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+/* the harness's splitmix64 */
+static hu_rng rng;
+static uint64_t rnd(void) { return hu_next(&rng); }
 static size_t below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static char path[4096];
 static int failures;
@@ -387,7 +375,7 @@ int main(void)
     uint64_t seed = env_seed && *env_seed ? strtoull(env_seed, NULL, 0)
                                           : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     long iters = env_iters ? atol(env_iters) : 200000, it;
-    double secs = env_secs ? atof(env_secs) : 3.0, t0 = now();
+    double secs = env_secs ? atof(env_secs) : 3.0, t0 = hu_now();
     buf seeds[24], cur = {NULL, 0, 0};
     int nseeds = 0, i, m, fd;
     long accepted = 0, refused = 0, empty_msg = 0;
@@ -405,7 +393,7 @@ int main(void)
         return 99;
     }
     close(fd);
-    rng_state = seed;
+    hu_rng_init(&rng, seed);
     printf("st_fuzz: BEAM_TEST_SEED=%llu, at most %ld mutations or %.1f s; the input being "
            "read is %s\n",
            (unsigned long long)seed, iters, secs, path);
@@ -440,7 +428,7 @@ int main(void)
     if (failures) goto done;
 
     /* part 2: mutations */
-    for (it = 0; it < iters && now() - t0 < secs; it++) {
+    for (it = 0; it < iters && hu_now() - t0 < secs; it++) {
         const buf *s = &seeds[below((size_t)nseeds)];
         size_t hlen;
         int m, nm = 1 + (int)below(4);
@@ -474,7 +462,7 @@ int main(void)
     CHECK(empty_msg == 0, "%ld files refused without a message", empty_msg);
     printf("st_fuzz: %ld mutated files in %.1f s: %ld accepted (all checked), %ld refused with a "
            "message\n",
-           it, now() - t0, accepted, refused);
+           it, hu_now() - t0, accepted, refused);
     printf("st_fuzz: refused by");
     for (i = 0, m = 0; i <= NKINDS; i++)
         if (kind_count[i])

@@ -1,7 +1,7 @@
 /*
- * naive_ref.c - SPEC.md section 2, one element at a time.
+ * naive_ref.c - docs/numerics.md, one element at a time.
  *
- * Each function mirrors a block of the SPEC text line by line; the comments
+ * Each function mirrors a block of that text line by line; the comments
  * quote the rule they implement. Bit casts go through memcpy (no unions, no
  * pointer punning). Scratch rows are malloc'ed per call: speed does not
  * matter here, obviousness does.
@@ -11,6 +11,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+int64_t *nr_ties = NULL;
 
 static uint32_t bits_of(float v)
 {
@@ -34,6 +36,8 @@ uint16_t nr_bf16(float v)
     if (v != v)
         return 0x7FFF;
     u = bits_of(v);
+    if (nr_ties && (u & 0xFFFFu) == 0x8000u)
+        ++*nr_ties;
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 

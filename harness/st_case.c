@@ -1,13 +1,11 @@
 /*
- * audit_input.c - `beammoe audit --input FILE` and `beammoe run --output
- * FILE`: one problem as named safetensors tensors (docs/safetensors.md).
+ * st_case.c - cases from and to safetensors files (see st_case.h).
  *
- * Reading turns a file into the same `problem` the built-in sweep makes, so
- * the audit of a file is the audit of a case (audit_problem in audit.c):
- * same rows, same table, same exit status. Everything a file can get wrong
- * (names, dtypes, shapes, metadata, the library's own argument rules) is
- * found before the table starts and is exit status 2 with a message naming
- * the file; a mismatch in the table is 1.
+ * Reading turns a file into the same case the tool's generator makes, so
+ * the audit of a file is the audit of a case: same rows, same table, same
+ * exit status. Everything a file can get wrong (names, dtypes, shapes,
+ * metadata, the library's own argument rules) is found here, before any
+ * call.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -16,13 +14,11 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "omp_shim.h"
-#include "audit.h"
-#include "audit_input.h"
-#include "safetensors.h"
+#include "st_case.h"
 
 /* ---- errors ---- */
 
@@ -37,13 +33,6 @@ static int fail(in_err *e, const char *fmt, ...)
     vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
     return -1;
-}
-
-int tool_safetensors_available(const char **why)
-{
-    if (st_available()) return 1;
-    if (why) *why = ST_NO_JSON_C;
-    return 0;
 }
 
 /* ---- metadata ---- */
@@ -66,7 +55,7 @@ static int meta_pair(const st_file *f, const char *key, float out[2], int *given
     const char *s = st_meta(f, key);
     *given = 0;
     if (!s) return 0;
-    if (split_f32_pair(s, out) != 0)
+    if (hu_split_pair(s, out) != 0)
         return fail(e, "metadata %s=\"%.40s\" is not two numbers \"a,b\"", key, s);
     *given = 1;
     return 0;
@@ -117,11 +106,6 @@ static int check_vec(const st_tensor *t, int64_t H, in_err *e)
     return 0;
 }
 
-/* Results stored in a file: compared with the ground truth when present. */
-typedef struct stored {
-    const st_tensor *out, *hidden, *normalized;
-} stored;
-
 static int check_rows(const st_tensor *t, int64_t T, int64_t H, in_err *e)
 {
     char sb[128];
@@ -154,9 +138,7 @@ static int probe_library(int64_t K, int64_t H, in_err *e)
     return 0;
 }
 
-/* The file into p (finalize without residual, fused with it) and its
- * stored results into s. 0 or -1 with e. */
-static int load_problem(const st_file *f, problem *p, stored *s, in_err *e)
+static int load_case(const st_file *f, hc_case *p, hc_op *op, st_stored *s, in_err *e)
 {
     const st_tensor *ex, *wt, *res, *pw, *nw;
     int64_t C, K, H, T, i;
@@ -269,159 +251,65 @@ static int load_problem(const st_file *f, problem *p, stored *s, in_err *e)
             fprintf(stderr, "beammoe audit: note: tensor '%s' is not used\n", f->tensors[i].name);
     }
 
-    /* the problem, laid out as problem_make lays it out */
-    p->op = res ? OP_FUSED : OP_FINALIZE;
-    p->tokens = T;
-    p->capacity = C;
-    p->top_k = (int32_t)K;
-    p->hidden = (int32_t)H;
-    p->routed_scale = rs;
+    /* the case, laid out as the tool's generator lays it out */
+    *op = res ? HC_FUSED : HC_FINALIZE;
+    p->s.T = T;
+    p->s.pad = C - T;
+    p->cap = C;
+    p->s.K = (int32_t)K;
+    p->s.H = (int32_t)H;
+    p->rs = rs;
     p->scales[0] = sc[0];
     p->scales[1] = sc[1];
-    p->eps = 1e-6f;
-    p->post_eps = peps;
-    p->next_eps = neps;
-    if (pw || peps_given) p->opts |= OPT_POST | (pw ? OPT_POST_W : 0);
-    if (nw || neps_given) p->opts |= OPT_NEXT | (nw ? OPT_NEXT_W : 0);
-    if (sc_given) p->opts |= OPT_SCALES;
+    p->s.scales = sc_given;
+    p->s.post = pw ? HC_NORM_WEIGHT : peps_given ? HC_NORM_PLAIN : HC_NORM_OFF;
+    p->s.next = nw ? HC_NORM_WEIGHT : neps_given ? HC_NORM_PLAIN : HC_NORM_OFF;
 
-    p->experts = xmalloc((size_t)ex->numel * 2);
-    p->weights = xmalloc((size_t)wt->numel * 4);
-    p->post_w = xmalloc((size_t)H * 2);
-    p->next_w = xmalloc((size_t)H * 2);
-    if (!p->experts || !p->weights || !p->post_w || !p->next_w) goto oom;
+    p->experts = hu_try_alloc((size_t)ex->numel * 2, 0);
+    p->weights = hu_try_alloc((size_t)wt->numel * 4, 0);
+    p->wpost = hu_try_alloc((size_t)H * 2, 0);
+    p->wnext = hu_try_alloc((size_t)H * 2, 0);
+    if (!p->experts || !p->weights || !p->wpost || !p->wnext) goto oom;
     st_get_u16(ex, p->experts);
     st_get_f32(wt, p->weights);
-    if (pw) st_get_u16(pw, p->post_w);
-    if (nw) st_get_u16(nw, p->next_w);
+    if (pw) st_get_u16(pw, p->wpost);
+    if (nw) st_get_u16(nw, p->wnext);
+    p->post.on = p->s.post != HC_NORM_OFF;
+    p->post.weight = pw ? p->wpost : NULL;
+    p->post.eps = peps;
+    p->next.on = p->s.next != HC_NORM_OFF;
+    p->next.weight = nw ? p->wnext : NULL;
+    p->next.eps = neps;
+    p->pre.eps = 1e-6f;
     if (res) {
-        /* capacity rows as the tool's buffers have; rows past the file's
+        /* capacity rows as the generated cases have; rows past the file's
          * (or past capacity) are NaN that must never be read */
         int64_t rows = res->shape[0] < C ? res->shape[0] : C;
         uint16_t *tmp;
         n = (size_t)C * (size_t)H;
-        p->residual = xmalloc(n * 2);
-        tmp = xmalloc((size_t)res->numel * 2);
+        p->residual = hu_try_alloc(n * 2, 0);
+        tmp = hu_try_alloc((size_t)res->numel * 2, 0);
         if (!p->residual || !tmp) {
-            free(tmp);
+            hu_free(tmp);
             goto oom;
         }
         st_get_u16(res, tmp);
-        fill_u16(p->residual, IN_PAD_NAN, n);
+        hu_fill_u16(p->residual, 0x7FC1, n);
         memcpy(p->residual, tmp, (size_t)rows * (size_t)H * 2);
-        free(tmp);
+        hu_free(tmp);
     }
     return 0;
 oom:
-    problem_free(p);
+    hc_free(p);
     return fail(e, "out of memory for the tensors");
 }
 
-/* ---- the audit ---- */
-
-static int compare_stored(tally *t, const char *label, const st_tensor *st, const uint16_t *truth)
+int st_case_load(const st_file *f, hc_case *c, hc_op *op, st_stored *s, char *err, size_t errn)
 {
-    cmp_result c;
-    uint16_t *buf;
-    char strat[40];
-    if (!st) return 0;
-    buf = xmalloc((size_t)st->numel * 2);
-    snprintf(strat, sizeof strat, "stored:%s", st->name);
-    if (!buf) {
-        audit_print_error(t, label, "file", strat, "out of memory");
-        return -1;
-    }
-    st_get_u16(st, buf);
-    cmp_init(&c);
-    cmp_bf16(&c, buf, truth, (size_t)st->numel);
-    audit_print_row(t, label, "file", strat, &c);
-    free(buf);
-    return 0;
-}
-
-int audit_input(const char *path, int quick)
-{
-    st_file f;
-    problem p;
-    stored s;
-    outputs truth;
-    bound b;
-    beam_status st;
     in_err e;
-    tally t;
-    char label[128], o[64] = "", msg[600];
-    const char *base = strrchr(path, '/');
-    int have_cuda, rc;
-    double t0;
-
-    if (!st_available()) {
-        fprintf(stderr, "beammoe audit: --input: %s\n", ST_NO_JSON_C);
-        return TOOL_EXIT_USAGE;
-    }
-    if (beam_set_backend("cpu") != BEAM_OK)
-        return report_lib_error("audit", "beam_set_backend(\"cpu\")", BEAM_ERR_UNSUPPORTED);
-    if (st_open(&f, path, e.msg, sizeof e.msg)) {
-        fprintf(stderr, "beammoe audit: %s: %s\n", path, e.msg);
-        return TOOL_EXIT_USAGE;
-    }
-    if (load_problem(&f, &p, &s, &e)) {
-        fprintf(stderr, "beammoe audit: %s: %s\n", path, e.msg);
-        st_close(&f);
-        return TOOL_EXIT_USAGE;
-    }
-
-    /* ground truth: the CPU backend's call; an argument it rejects (eps,
-     * scales, ...) is the file's fault, said in the library's words */
-    memset(&truth, 0, sizeof truth);
-    if (outputs_make(&truth, &p) || bound_make(&b, &p, &truth, 0, 0, msg, sizeof msg)) {
-        fprintf(stderr, "beammoe audit: %s: out of memory for the outputs\n", path);
-        rc = TOOL_EXIT_FAIL;
-        goto out;
-    }
-    st = bound_call(&b, BEAM_STRATEGY_FUSED);
-    bound_free(&b);
-    if (st != BEAM_OK) {
-        fprintf(stderr, "beammoe audit: %s: the library rejects these tensors: %s: %s\n", path,
-                beam_status_string(st), beam_last_error());
-        rc = (st == BEAM_ERR_INVALID_ARGUMENT || st == BEAM_ERR_UNSUPPORTED) ? TOOL_EXIT_USAGE
-                                                                             : TOOL_EXIT_FAIL;
-        goto out;
-    }
-
-    printf("beammoe audit: library %s, input %s, OpenMP threads %d\n", beam_version(), path,
-           omp_get_max_threads());
-    have_cuda = audit_detect_backends();
-    if (p.opts & OPT_POST) strcat(o, p.opts & OPT_POST_W ? "post:w " : "post ");
-    if (p.opts & OPT_NEXT) strcat(o, p.opts & OPT_NEXT_W ? "next:w " : "next ");
-    if (p.opts & OPT_SCALES) strcat(o, "sc ");
-    {
-        /* the file's name gets what the case column (56) leaves over */
-        char rest[112];
-        int room;
-        snprintf(rest, sizeof rest, "%s T%lld K%d H%d c%lld %srs%g", op_name(p.op),
-                 (long long)p.tokens, (int)p.top_k, (int)p.hidden, (long long)p.capacity, o,
-                 (double)p.routed_scale);
-        room = 56 - 2 - (int)strlen(rest);
-        snprintf(label, sizeof label, "%.*s: %s", room > 4 ? room : 4, base ? base + 1 : path,
-                 rest);
-    }
-    printf("\n");
-    audit_print_header();
-    memset(&t, 0, sizeof t);
-    t0 = now_seconds();
-    audit_problem(&t, label, &p, &truth, quick, have_cuda);
-    compare_stored(&t, label, s.out, truth.out);
-    compare_stored(&t, label, s.hidden, truth.hidden_out);
-    compare_stored(&t, label, s.normalized, truth.normalized);
-    printf("\nsummary: 1 file, %d rows, %lld elements compared, %lld mismatching in %d rows, "
-           "%d errors, %.1f s: %s\n",
-           t.rows, (long long)t.compared, (long long)t.mismatched, t.bad_rows, t.errors,
-           now_seconds() - t0, (t.mismatched || t.errors) ? "FAIL" : "PASS");
-    rc = (t.mismatched || t.errors) ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;
-out:
-    outputs_free(&truth);
-    problem_free(&p);
-    st_close(&f);
+    int rc = load_case(f, c, op, s, &e);
+    if (rc)
+        snprintf(err, errn, "%s", e.msg);
     return rc;
 }
 
@@ -438,16 +326,16 @@ static void fmt_f32(char *buf, size_t n, float v)
     }
 }
 
-int run_write_safetensors(const char *path, const problem *p, const outputs *o, char *err,
-                          size_t errn)
+int st_case_write(const char *path, const hc_case *p, hc_op op, const hc_out *o, char *err,
+                  size_t errn)
 {
     st_out t[8];
     const char *meta[16];
     char rs[32], pe[32], ne[32], lt[32], sc[64];
     int n = 0, m = 0;
-    int64_t C = p->capacity, K = p->top_k, H = p->hidden, T = p->tokens;
+    int64_t C = p->cap, K = p->s.K, H = p->s.H, T = p->s.T;
 
-    if (p->op != OP_FINALIZE && p->op != OP_FUSED) {
+    if (op != HC_FINALIZE && op != HC_FUSED) {
         snprintf(err, errn, "--output supports --op finalize and fused only");
         return -1;
     }
@@ -465,33 +353,33 @@ int run_write_safetensors(const char *path, const problem *p, const outputs *o, 
     } while (0)
     ADD("expert_outputs", 0, p->experts, 3, C, K, H);
     ADD("expert_weights", 1, p->weights, 2, C, K, 0);
-    if (p->op == OP_FUSED) ADD("residual", 0, p->residual, 2, T, H, 0);
-    if ((p->opts & OPT_POST) && (p->opts & OPT_POST_W)) ADD("post_norm_weight", 0, p->post_w, 1, H, 0, 0);
-    if ((p->opts & OPT_NEXT) && (p->opts & OPT_NEXT_W)) ADD("next_norm_weight", 0, p->next_w, 1, H, 0, 0);
-    if (p->op == OP_FINALIZE) {
-        ADD("output", 0, o->out, 2, T, H, 0);
+    if (op == HC_FUSED) ADD("residual", 0, p->residual, 2, T, H, 0);
+    if (p->post.on && p->post.weight) ADD("post_norm_weight", 0, p->post.weight, 1, H, 0, 0);
+    if (p->next.on && p->next.weight) ADD("next_norm_weight", 0, p->next.weight, 1, H, 0, 0);
+    if (op == HC_FINALIZE) {
+        ADD("output", 0, o->hidden, 2, T, H, 0);
     } else {
-        ADD("hidden", 0, o->hidden_out, 2, T, H, 0);
-        if (p->opts & OPT_NEXT) ADD("normalized", 0, o->normalized, 2, T, H, 0);
+        ADD("hidden", 0, o->hidden, 2, T, H, 0);
+        if (p->next.on) ADD("normalized", 0, o->normalized, 2, T, H, 0);
     }
 #undef ADD
-    fmt_f32(rs, sizeof rs, p->routed_scale);
+    fmt_f32(rs, sizeof rs, p->rs);
     snprintf(lt, sizeof lt, "%lld", (long long)T);
     meta[m++] = "routed_scale";
     meta[m++] = rs;
     meta[m++] = "live_tokens";
     meta[m++] = lt;
-    if (p->opts & OPT_POST) {
-        fmt_f32(pe, sizeof pe, p->post_eps);
+    if (p->post.on) {
+        fmt_f32(pe, sizeof pe, p->post.eps);
         meta[m++] = "post_eps";
         meta[m++] = pe;
     }
-    if (p->opts & OPT_NEXT) {
-        fmt_f32(ne, sizeof ne, p->next_eps);
+    if (p->next.on) {
+        fmt_f32(ne, sizeof ne, p->next.eps);
         meta[m++] = "next_eps";
         meta[m++] = ne;
     }
-    if (p->opts & OPT_SCALES) {
+    if (p->s.scales) {
         char a[32], b[32];
         fmt_f32(a, sizeof a, p->scales[0]);
         fmt_f32(b, sizeof b, p->scales[1]);

@@ -1,0 +1,150 @@
+/*
+ * case.h - one case: the inputs of the three local operations, made from a
+ * seed by one of two generators, run through the naive reference and
+ * through the library on a backend's memory, compared bit for bit. Used by
+ * the CUnit tests (CPU and CUDA), `beammoe audit` and `beammoe run`.
+ *
+ * Inputs have cap = T + pad rows; the rows past the live ones hold NaN and
+ * infinities that must never be read. Outputs (hc_out) have guard rows past
+ * the live ones, and a normalized buffer also when the call gets none; all
+ * hold HC_SENTINEL before a call, and must still hold it after.
+ */
+#ifndef BEAMMOE_HARNESS_CASE_H
+#define BEAMMOE_HARNESS_CASE_H
+
+#include "util.h"
+
+#define HC_SENTINEL ((uint16_t)0xFFC1) /* a NaN the library never writes */
+
+typedef enum hc_op { HC_FINALIZE = 0, HC_NRN = 1, HC_FUSED = 2 } hc_op;
+
+/* norm choice of a case */
+enum { HC_NORM_OFF = 0, HC_NORM_PLAIN = 1, HC_NORM_WEIGHT = 2 };
+
+typedef struct hc_spec {
+    int32_t K, H;
+    int64_t T;   /* live rows */
+    int64_t pad; /* NaN rows past them: capacity = T + pad */
+    int post, pre, next; /* HC_NORM_* */
+    int scales;          /* pass scales (else NULL) */
+    int rs_one;          /* routed_scale 1 (else a random scale) */
+    int inplace;         /* hidden_out == residual */
+    int misalign;        /* bases 2 (BF16) / 4 (FP32) bytes off 16 */
+    int exotic;          /* sprinkle subnormals, infinities, NaNs, zeros */
+} hc_spec;
+
+/* The tool's input patterns (docs/numerics.md#special-values), one per
+ * generated row. */
+typedef enum hc_mode {
+    HC_MODE_NORMAL = 0, /* moderate random values                          */
+    HC_MODE_NAN,        /* a few NaNs (several payloads) in every kind of input */
+    HC_MODE_INF,        /* +-inf, and zero weights so inf * 0 = NaN happens */
+    HC_MODE_ZERO,       /* signed zeros everywhere: all-zero rows for the norm */
+    HC_MODE_SUBNORMAL,  /* BF16 subnormals, FP32-subnormal products           */
+    HC_MODE_TIES,       /* powers of two: sums land on BF16 rounding ties   */
+    HC_MODE_HUGE,       /* near BF16 max: sums and squares overflow          */
+    HC_MODE_MIXED,      /* each row picks one of the above                  */
+    HC_MODE_COUNT
+} hc_mode;
+
+typedef struct hc_case {
+    hc_spec s;
+    int64_t cap;
+    uint16_t *experts; /* [cap, K, H] */
+    float *weights;    /* [cap, K] */
+    uint16_t *x;       /* [cap, H] */
+    uint16_t *residual;/* [cap, H] */
+    uint16_t *wpost, *wpre, *wnext; /* [H] */
+    float scales[2];
+    float rs;
+    nr_norm post, pre, next; /* weight: the w* array or NULL */
+} hc_case;
+
+/* The suite's generator: the same (spec, seed) gives the same bits (the
+ * golden digests pin it). */
+void hc_make(hc_case *c, const hc_spec *s, uint64_t seed);
+/* The tool's generator: every live row of the inputs op reads in pattern
+ * `mode` (x for nrn, experts and weights otherwise, residual unless
+ * finalize), NaN rows past them; the norm weights of s are drawn always;
+ * eps of every norm. Sizes may be negative (the library rejects them:
+ * nothing is allocated for them). 0, or -1 when out of memory. */
+int hc_make_mode(hc_case *c, hc_op op, const hc_spec *s, float rs, const float scales[2],
+                 float eps, hc_mode mode, uint64_t seed);
+void hc_free(hc_case *c);
+
+const char *hc_op_name(hc_op op);
+const char *hc_mode_name(hc_mode m);
+/* One-line description of a case for failure messages. */
+void hc_describe(const hc_spec *s, char *buf, size_t n);
+/* 1 when op writes normalized */
+int hc_has_normalized(const hc_case *c, hc_op op);
+
+/* ---- outputs ---- */
+typedef struct hc_out {
+    int64_t rows; /* live rows + guard rows */
+    int32_t H;
+    uint16_t *hidden;     /* finalize: its output */
+    uint16_t *normalized; /* also without a next norm: must stay untouched */
+} hc_out;
+
+int hc_out_make(hc_out *o, const hc_case *c, int guard_rows); /* 0, or -1 out of memory */
+void hc_out_reset(hc_out *o); /* every element := HC_SENTINEL */
+void hc_out_free(hc_out *o);
+/* Every element op writes or must leave alone (guard rows included) into cmp. */
+void hc_out_compare(const hc_out *got, const hc_out *want, hc_op op, hu_cmp *cmp);
+/* 1 when the guard rows, and normalized where op gives none, hold HC_SENTINEL. */
+int hc_out_untouched(const hc_out *o, const hc_case *c, hc_op op);
+/* FNV-1a 64 of the live rows op writes (little-endian bytes). */
+uint64_t hc_out_checksum(const hc_out *o, const hc_case *c, hc_op op);
+
+/* The naive reference into o (whose guard rows it leaves alone). */
+void hc_reference(const hc_case *c, hc_op op, hc_out *o);
+
+/* ---- one call on the memory of a backend ---- */
+typedef struct hc_bound {
+    const hc_case *c;
+    hc_op op;
+    hc_out *o;
+    unsigned how;
+    const uint16_t *experts, *x, *residual;
+    const float *weights;
+    beam_norm post, pre, next;
+    const beam_norm *post_p, *pre_p, *next_p;
+    uint16_t *hidden, *normalized;
+    void *blocks[12]; /* what hc_unbind frees */
+    int nblocks;
+} hc_bound;
+
+/* How a call lays out its buffers (or'ed): */
+enum {
+    HC_DEVICE = 1,   /* device memory through harness/devmem.h (dev_open done) */
+    HC_INPLACE = 2,  /* hidden_out is the residual buffer (nrn, fused) */
+    HC_MISALIGN = 4  /* bases 2 (BF16) / 4 (FP32) bytes off 16 */
+};
+/* The layout a spec asks for (inplace, misalign). */
+unsigned hc_how(const hc_spec *s);
+
+/* Resets o and lays the case out for one call: host memory (the case's own
+ * arrays, or misaligned copies), or device memory. In place: hidden starts
+ * as the residual. 0, or -1 with a message in err. */
+int hc_bind(hc_bound *b, const hc_case *c, hc_op op, hc_out *o, unsigned how, char *err,
+            size_t errn);
+/* One call on the selected backend (strategy: HC_FUSED only). */
+beam_status hc_call(const hc_bound *b, beam_strategy strategy, void *stream);
+/* Wait for the work (device) and copy the outputs back into o. 0, or -1. */
+int hc_finish(hc_bound *b, char *err, size_t errn);
+void hc_unbind(hc_bound *b);
+
+/* bind, call, finish, unbind: the library's status, or BEAM_ERR_DEVICE /
+ * BEAM_ERR_OUT_OF_MEMORY for the harness's own memory, with err set. */
+beam_status hc_run(const hc_case *c, hc_op op, beam_strategy strategy, unsigned how,
+                   hc_out *o, char *err, size_t errn);
+
+/* The tests' shorthand: run on host memory laid out as the spec asks, and
+ * hand back the live rows; *untouched as hc_out_untouched. */
+beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t *hidden,
+                   uint16_t *normalized, int *untouched);
+/* The reference's live rows, the same way. */
+void hc_ref(const hc_case *c, hc_op op, uint16_t *hidden, uint16_t *normalized);
+
+#endif

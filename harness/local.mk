@@ -1,0 +1,19 @@
+# harness/local.mk - what the tests, the `beammoe` tool and its benches
+# share: one case description, one naive reference (naive_ref.c), one set of
+# helpers, one runner; device memory for CUDA runs (devmem.c, a dlopen'ed
+# CUDA runtime); safetensors files. A convenience library, never installed.
+# Included by the top Makefile.am; paths are relative to the top directory.
+#
+# The reference is compiled with FMA contraction and fast-math off whatever
+# the top flags say.
+
+noinst_LTLIBRARIES += harness/libharness.la
+harness_libharness_la_SOURCES = \
+	harness/naive_ref.c harness/naive_ref.h harness/util.c harness/util.h \
+	harness/case.c harness/case.h harness/devmem.c harness/devmem.h \
+	harness/safetensors.c harness/safetensors.h harness/st_case.c harness/st_case.h
+harness_libharness_la_CFLAGS = $(AM_CFLAGS) -std=c99 -ffp-contract=off -fno-fast-math \
+	$(JSON_C_CFLAGS)
+harness_libharness_la_LIBADD = $(JSON_C_LIBS) -lm
+
+BEAM_HARNESS_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/harness
