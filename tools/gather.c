@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,5 +205,4 @@ void audit_gather(const hc_case *p, const hc_out *truth, gather_row rows[NSTRAT]
         free(jobs);
         free(th);
     }
-
 }
