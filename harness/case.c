@@ -34,6 +34,28 @@ static nr_norm make_norm(int choice, const uint16_t *w, float eps)
 
 /* ---- the suite's generator ---- */
 
+hc_spec hc_sweep_spec(int i)
+{
+    static const int32_t KS[5] = {1, 2, 6, 8, 32};
+    static const int32_t HS[5] = {256, 2048, 4096, 7168, 8192};
+    static const int64_t TS[4] = {0, 1, 7, 100};
+    hc_spec s;
+    memset(&s, 0, sizeof s);
+    s.K = KS[i % 5];
+    s.H = HS[(i / 5) % 5];
+    s.T = TS[(i / 25) % 4];
+    s.pad = i % 3; /* 0, 1 or 2 NaN rows past the live ones */
+    s.post = i % 3;
+    s.next = (i / 3) % 3;
+    s.pre = (i / 2 + 1) % 3;
+    s.scales = (i / 4) % 2;
+    s.rs_one = (i / 5) % 2;
+    s.inplace = (i / 7 + i) % 2;
+    s.misalign = (i % 4) == 3;
+    s.exotic = (i % 6) == 5;
+    return s;
+}
+
 static uint16_t *norm_weight(hu_rng *r, int choice, int32_t H)
 {
     uint16_t *w;

@@ -60,6 +60,12 @@ typedef struct hc_case {
     nr_norm post, pre, next; /* weight: the w* array or NULL */
 } hc_case;
 
+/* The sweep of the suite (the CPU tests and the CUDA test run it): case i of
+ * top_k 1,2,6,8,32 x hidden 256,2048,4096,7168,8192 x tokens 0,1,7,100;
+ * the other axes rotate with i so each value of each axis appears. */
+#define HC_SWEEP_SIZE 100
+hc_spec hc_sweep_spec(int i);
+
 /* The suite's generator: the same (spec, seed) gives the same bits (the
  * golden digests pin it). */
 void hc_make(hc_case *c, const hc_spec *s, uint64_t seed);

@@ -6,7 +6,7 @@
 #                                      git-ignored through .git/info/exclude):
 #                                      test_gather_nccl and gather_bench, each
 #                                      linked statically with lib/*.c, gpu/launch.cu
-#                                      and gpu/gather*.cu (+ tests/naive_ref.c)
+#                                      and gpu/gather*.cu (+ harness/naive_ref.c)
 #   scripts/gather-run.sh run [DIR]    NVLink topology, the test, the benchmark;
 #                                      logs into $OUT when set (the device tool),
 #                                      else into DIR
@@ -26,7 +26,7 @@ CC=${CC:-gcc}
 NVFLAGS="-O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
  --fmad=false --prec-div=true --prec-sqrt=true --ftz=false -Xcompiler -fvisibility=hidden"
 CFLAGS="-std=c99 -O2 -ffp-contract=off -fno-fast-math -Wall -Wextra -fvisibility=hidden"
-INC="-I$dir -I$top/include -I$top/lib -I$top/gpu -I$top/tests -I$CUDA/include"
+INC="-I$dir -I$top/include -I$top/lib -I$top/gpu -I$top/harness -I$CUDA/include"
 
 build() {
     mkdir -p "$dir"
@@ -69,7 +69,7 @@ EOF
         $CC $CFLAGS $INC -c "$dir/devtable.c" -o "$dir/devtable.o"
     fi
     for f in api check error; do $CC $CFLAGS $INC -c "$top/lib/$f.c" -o "$dir/lib_$f.o"; done
-    $CC $CFLAGS $INC -c "$top/tests/naive_ref.c" -o "$dir/naive_ref.o"
+    $CC $CFLAGS $INC -c "$top/harness/naive_ref.c" -o "$dir/naive_ref.o"
     $CC $CFLAGS $INC -c "$top/tests/test_gather_nccl.c" -o "$dir/test_gather_nccl.o"
     $CC $CFLAGS $INC -c "$top/bench/gather_bench.c" -o "$dir/gather_bench.o"
     for p in $pids; do wait $p; done

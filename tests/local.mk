@@ -18,7 +18,7 @@
 #   test_golden        golden FNV-1a digests of fixed cases (libbeammoe_cpu)
 #   test_threads       identical bits for 1, 2, 3 OpenMP threads
 #   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks
-#   test_contract      every rule of SPEC section 3: status, message, no write
+#   test_contract      every rule of docs/contract.md: status, message, no write
 #   test_dispatch      backend selection of libbeammoe
 #   test_symbols.sh    the libraries export the same beam_* symbols
 

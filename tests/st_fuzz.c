@@ -1,6 +1,6 @@
 /*
  * st_fuzz.c - a bounded, seeded mutation fuzz of the tool's safetensors
- * reader and writer (tools/safetensors.c), run by `make check`. It matters
+ * reader and writer (harness/safetensors.c), run by `make check`. It matters
  * most in the --enable-sanitizers tree, where a read past a buffer, a leak
  * or undefined behaviour in the reader ends the run with a report.
  *

@@ -1,5 +1,5 @@
 /*
- * test_contract.c - every rule of SPEC.md section 3, for each local function.
+ * test_contract.c - every rule of docs/contract.md, for each local function.
  *
  * Each violation must return the right status, leave a message that names
  * the function ("fn:") and the argument, and change no byte anywhere: all

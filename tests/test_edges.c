@@ -1,6 +1,6 @@
 /*
- * test_edges.c - hand-checked vectors for the rounding edges of SPEC.md
- * section 2. The expected bits are written here by hand (each comment shows
+ * test_edges.c - hand-checked vectors for the rounding edges of
+ * docs/numerics.md. The expected bits are written here by hand (each comment shows
  * the arithmetic); both the naive reference and the library must give them,
  * so this file also guards the reference the other tests trust.
  *
@@ -434,7 +434,7 @@ static void test_fused_chain(void)
 }
 
 /* This program links libbeammoe_cpu itself: it knows only its own name and
- * "auto" (SPEC 4: a backend library accepts its own name and "auto"). */
+ * "auto" (docs/contract.md: a backend library accepts its own name and "auto"). */
 static void test_direct_backend(void)
 {
     CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");

@@ -1,7 +1,8 @@
 /*
  * test_gather_nccl.c - the CUDA tensor-parallel gather over NCCL, one
- * process per GPU, against tests/naive_ref.c (the SPEC model that the CPU
- * backend's tests also check against, bit for bit).
+ * process per GPU, against harness/naive_ref.c (the model of
+ * docs/numerics.md that the CPU backend's tests also check against, bit
+ * for bit).
  *
  * The parent never touches CUDA: it counts the GPUs in a probe child, shares
  * one page (mmap MAP_SHARED) with the rank children for the ncclUniqueId and

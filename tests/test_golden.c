@@ -3,11 +3,11 @@
  * checked into this file, so the ground truth cannot drift with the code.
  *
  * Inputs come from fixed seeds through splitmix64 and integer-only
- * generators (test_util.c), so they are the same bits on every host. The
+ * generators (harness/util.c), so they are the same bits on every host. The
  * digests were produced by the naive reference (run this program with
  * BEAM_GOLDEN_PRINT=1 to print them again); both the reference and the
  * library must reproduce them. A changed digest means the numerics changed:
- * that is a SPEC change, never a test update.
+ * that is a change of docs/numerics.md, never a test update.
  *
  * Digests hash the bytes in memory: little-endian hosts (x86-64, arm64).
  *

@@ -27,38 +27,14 @@
 
 static uint64_t g_seed;
 
-static const int32_t KS[] = {1, 2, 6, 8, 32};
-static const int32_t HS[] = {256, 2048, 4096, 7168, 8192};
-static const int64_t TS[] = {0, 1, 7, 100};
-#define NK 5
-#define NH 5
-#define NT 4
-
-/* The i-th case of the sweep; options rotate with i so each value of each
- * axis appears. */
 static hc_spec sweep_spec(int i)
 {
-    hc_spec s;
-    int ki = i % NK, hi = (i / NK) % NH, ti = i / (NK * NH);
-    memset(&s, 0, sizeof s);
-    s.K = KS[ki];
-    s.H = HS[hi];
-    s.T = TS[ti];
-    s.pad = i % 3;             /* 0, 1 or 2 NaN rows past the live ones */
-    s.post = i % 3;
-    s.next = (i / 3) % 3;
-    s.pre = (i / 2 + 1) % 3;
-    s.scales = (i / 4) % 2;
-    s.rs_one = (i / 5) % 2;
-    s.inplace = (i / 7 + i) % 2;
-    s.misalign = (i % 4) == 3;
-    s.exotic = (i % 6) == 5;
-    return s;
+    return hc_sweep_spec(i);
 }
 
 static int sweep_size(void)
 {
-    return NK * NH * NT;
+    return HC_SWEEP_SIZE;
 }
 
 /* Light cases for quick runs (valgrind): small hidden and tokens. */

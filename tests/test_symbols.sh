@@ -2,7 +2,7 @@
 # test_symbols.sh - libbeammoe, libbeammoe_cpu (and libbeammoe_cuda when it
 # was built) export exactly the same dynamic symbols, all named beam_*.
 #
-# A program may link any of the three (SPEC.md section 4), so their export
+# A program may link any of the three (ARCHITECTURE.md), so their export
 # lists must be identical; -fvisibility=hidden keeps bm_* internals out.
 # Linker-defined symbols (_init, _fini, _edata, _end, __bss_start, ...) and
 # version nodes are not part of the API and are ignored.

@@ -127,7 +127,7 @@ double bytes_fused(int64_t T, int32_t K, int32_t H, int post_weight, int next_on
                    int next_weight)
 {
     double t = (double)T, h = (double)H;
-    /* TARGETS.md: the finalize bytes (their T*H*2 output stands for
+    /* the finalize bytes (their T*H*2 output stands for
      * hidden_out; the finalized row itself is never stored), plus the
      * residual read, plus normalized written when the next norm is on. */
     return bytes_finalize(T, K, H, post_weight) + t * h * 2 +

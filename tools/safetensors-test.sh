@@ -79,7 +79,7 @@ import json, os, random, struct, sys
 d = sys.argv[1]
 rnd = random.Random(5)
 
-def bf16(v):  # nearest-even, as SPEC.md section 2
+def bf16(v):  # nearest-even, as docs/numerics.md#bf16
     u = struct.unpack('<I', struct.pack('<f', v))[0]
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
 
