@@ -57,8 +57,8 @@ EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
 # contributor's tool, docs/PERF.md): drives gpu/launch.cu without lib/, so
 # it links gpu/launch.o and the naive reference itself. Built on request
 # (`make bench/shape_sweep`) and by scripts/gpu-check.sh.
-bench/shape_sweep$(EXEEXT): bench/shape_sweep.cu gpu/launch.lo tests/naive_ref.c $(BEAM_GPU_DEPS)
-	$(AM_V_GEN)$(BEAM_NVCC) -I$(top_srcdir)/tests -Xcompiler -ffp-contract=off -o $@ \
+bench/shape_sweep$(EXEEXT): bench/shape_sweep.cu gpu/launch.lo harness/naive_ref.c $(BEAM_GPU_DEPS)
+	$(AM_V_GEN)$(BEAM_NVCC) -I$(top_srcdir)/harness -Xcompiler -ffp-contract=off -o $@ \
 	  `test -f bench/shape_sweep.cu || echo '$(srcdir)/'`bench/shape_sweep.cu \
-	  `test -f tests/naive_ref.c || echo '$(srcdir)/'`tests/naive_ref.c gpu/launch.o
+	  `test -f harness/naive_ref.c || echo '$(srcdir)/'`harness/naive_ref.c gpu/launch.o
 CLEANFILES += bench/shape_sweep$(EXEEXT)
