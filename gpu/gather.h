@@ -1,7 +1,8 @@
 /*
  * gather.h - the tensor-parallel finalize_gather_norm_residual_norm of the
- * CUDA backend over NCCL (internal). The lead's backend table points at
- * these four functions; lib/api.c has checked every argument before.
+ * CUDA backend over NCCL (internal). The backend table (gpu/backend_cuda.cu)
+ * points at these four functions; lib/api.c has checked every argument
+ * before.
  *
  * A workspace is made collectively from the caller's ncclComm_t. On one host
  * (every rank's device reachable through CUDA IPC) it holds peer-visible

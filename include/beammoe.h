@@ -44,9 +44,8 @@ extern "C" {
 #define BEAM_API
 #endif
 
-#define BEAM_VERSION_MAJOR 0
-#define BEAM_VERSION_MINOR 1
-#define BEAM_VERSION_PATCH 0
+/* BEAM_VERSION_MAJOR, _MINOR, _PATCH (written by configure) */
+#include "beammoe_version.h"
 
 /* Status codes. BEAM_OK is 0; every other value is an error. */
 typedef enum beam_status {

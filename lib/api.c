@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backends.h"
 #include "check.h"
 #include "error.h"
 
@@ -71,22 +72,7 @@ static bm_ptr bm_in_place(bm_ptr p)
     return p;
 }
 
-/* ---- errors, version, backend ------------------------------------------ */
-
-BEAM_API const char *beam_status_string(beam_status status)
-{
-    return bm_status_string(status);
-}
-
-BEAM_API const char *beam_last_error(void)
-{
-    return bm_last_error();
-}
-
-BEAM_API const char *beam_version(void)
-{
-    return PACKAGE_VERSION;
-}
+/* ---- backend (errors and the version: lib/error.c) --------------------- */
 
 BEAM_API const char *beam_backend_name(void)
 {
@@ -99,12 +85,12 @@ BEAM_API beam_status beam_set_backend(const char *name)
     bm_clear_error();
     if (!name) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: name must not be NULL", fn);
     if (strcmp(name, "auto") != 0 && strcmp(name, BE->name) != 0) {
-        if (strcmp(name, "cpu") == 0 || strcmp(name, "cuda") == 0)
+        if (bm_backend_find(name) >= 0)
             return bm_fail(BEAM_ERR_UNSUPPORTED,
                            "%s: name=\"%s\": this library holds only the %s backend "
                            "(link libbeammoe to choose at run time)", fn, name, BE->name);
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
-                       "%s: name=\"%s\" must be \"cpu\", \"cuda\" or \"auto\"", fn, name);
+                       "%s: name=\"%s\" must be %s or \"auto\"", fn, name, bm_backend_choices(1));
     }
     return BE->available();
 }

@@ -8,7 +8,8 @@
  * arguments; after a failed call its message is copied into this library's
  * thread-local message. The choice: BEAM_BACKEND=cpu|cuda|auto at first use,
  * or beam_set_backend(); "auto" takes CUDA when that library loads and sees a
- * device, else the CPU.
+ * device, else the CPU. The backends, their libraries and the order "auto"
+ * tries them come from the one list, lib/backends.def.
  *
  * Backends are searched in $BEAM_BACKEND_DIR, then beside this library
  * (dladdr), then in the configured libdir, then by the loader's own search.
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "beammoe.h"
 #include "error.h"
 
@@ -69,9 +71,6 @@ typedef struct bm_api {
 #undef BM_FIELD
 } bm_api;
 
-enum { BM_CPU = 0, BM_CUDA = 1, BM_NBACKENDS = 2 };
-static const char *const bm_names[BM_NBACKENDS] = {"cpu", "cuda"};
-
 typedef struct bm_loaded {
     int tried;
     void *handle;
@@ -116,7 +115,7 @@ static bm_loaded *bm_load(int b)
 
     if (l->tried) return l->handle ? l : NULL;
     l->tried = 1;
-    snprintf(file, sizeof file, "libbeammoe_%s%s", bm_names[b], BEAM_SO_SUFFIX);
+    snprintf(file, sizeof file, "libbeammoe_%s%s", bm_backend_name(b), BEAM_SO_SUFFIX);
     if (env && *env) h = bm_try_open(env, file, l->why, sizeof l->why);
     if (!h && dladdr((void *)&bm_load, &info) && info.dli_fname) {
         char *slash;
@@ -148,20 +147,23 @@ static beam_status bm_select(const char *name, const char *fn)
 {
     bm_loaded *l;
     beam_status st = BEAM_OK;
-    int b;
+    int b, is_auto;
 
     if (!name) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: name must not be NULL", fn);
-    if (strcmp(name, "auto") != 0 && strcmp(name, "cpu") != 0 && strcmp(name, "cuda") != 0)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: backend \"%s\" must be \"cpu\", \"cuda\" or \"auto\"",
-                       fn, name);
+    is_auto = strcmp(name, "auto") == 0;
+    b = is_auto ? BM_NBACKENDS - 1 : bm_backend_find(name);
+    if (b < 0)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: backend \"%s\" must be %s or \"auto\"", fn, name,
+                       bm_backend_choices(1));
     pthread_mutex_lock(&bm_mu);
-    for (b = strcmp(name, "cpu") == 0 ? BM_CPU : BM_CUDA; b >= 0; b--) {
+    /* "auto" tries the list from the bottom up, the CPU last */
+    for (; b >= 0; b--) {
         l = bm_load(b);
         if (!l) {
-            st = bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend did not load: %s", fn, bm_names[b],
+            st = bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend did not load: %s", fn, bm_backend_name(b),
                          bm_backends[b].why);
-        } else if ((st = l->api.beam_set_backend(bm_names[b])) != BEAM_OK) {
-            st = bm_fail(st, "%s: the %s backend cannot run here: %s", fn, bm_names[b],
+        } else if ((st = l->api.beam_set_backend(bm_backend_name(b))) != BEAM_OK) {
+            st = bm_fail(st, "%s: the %s backend cannot run here: %s", fn, bm_backend_name(b),
                          l->api.beam_last_error());
         } else {
             __atomic_store_n(&bm_current, &l->api, __ATOMIC_RELEASE);
@@ -170,7 +172,7 @@ static beam_status bm_select(const char *name, const char *fn)
             bm_clear_error();
             break;
         }
-        if (strcmp(name, "auto") != 0) break; /* an explicit choice does not fall back */
+        if (!is_auto) break; /* an explicit choice does not fall back */
     }
     pthread_mutex_unlock(&bm_mu);
     return st;
@@ -204,22 +206,7 @@ static beam_status bm_ret(const bm_api *be, beam_status st)
     return BEAM_OK;
 }
 
-/* ---- the public API ---------------------------------------------------- */
-
-BEAM_API const char *beam_status_string(beam_status status)
-{
-    return bm_status_string(status);
-}
-
-BEAM_API const char *beam_last_error(void)
-{
-    return bm_last_error();
-}
-
-BEAM_API const char *beam_version(void)
-{
-    return PACKAGE_VERSION;
-}
+/* ---- the public API (errors and the version: lib/error.c) -------------- */
 
 BEAM_API const char *beam_backend_name(void)
 {
@@ -289,7 +276,8 @@ static const bm_api *bm_cpu_be(const char *fn)
     l = bm_load(BM_CPU);
     pthread_mutex_unlock(&bm_mu);
     if (!l) {
-        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the cpu backend did not load: %s", fn, bm_backends[BM_CPU].why);
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend did not load: %s", fn, bm_backend_name(BM_CPU),
+                bm_backends[BM_CPU].why);
         return NULL;
     }
     return &l->api;

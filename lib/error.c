@@ -1,9 +1,13 @@
 /*
- * error.c - the thread-local error message and the status strings.
+ * error.c - the thread-local error message, the status strings and the
+ * version: beam_status_string, beam_last_error and beam_version, the public
+ * calls that every library (backend or dispatcher) answers the same way.
  *
- * Each library (backend or dispatcher) has its own copy; the dispatcher
- * copies a backend's message into its own after a failed forwarded call.
+ * Each library has its own copy; the dispatcher copies a backend's message
+ * into its own after a failed forwarded call.
  */
+#include "config.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -38,7 +42,17 @@ const char *bm_last_error(void)
     return bm_msg;
 }
 
-const char *bm_status_string(beam_status status)
+BEAM_API const char *beam_last_error(void)
+{
+    return bm_msg;
+}
+
+BEAM_API const char *beam_version(void)
+{
+    return PACKAGE_VERSION;
+}
+
+BEAM_API const char *beam_status_string(beam_status status)
 {
     switch (status) {
     case BEAM_OK: return "ok";

@@ -25,10 +25,9 @@ extern "C" {
 beam_status bm_fail(beam_status status, const char *fmt, ...) BM_PRINTF(2, 3);
 /* Clear the calling thread's message (start of every public call). */
 void bm_clear_error(void);
-/* The calling thread's message, "" when none. */
+/* The calling thread's message, "" when none (beam_last_error, for a
+ * caller inside the library: exported names are never called from within). */
 const char *bm_last_error(void);
-/* Fixed text of a status. */
-const char *bm_status_string(beam_status status);
 
 #define BM_CHECK(call)                               \
     do {                                             \

@@ -1,6 +1,7 @@
 #!/bin/sh
-# test_symbols.sh - libbeammoe, libbeammoe_cpu (and libbeammoe_cuda when it
-# was built) export exactly the same dynamic symbols, all named beam_*.
+# test_symbols.sh - libbeammoe and every backend library of lib/backends.def
+# that was built (libbeammoe_cpu always; libbeammoe_cuda when configure found
+# CUDA) export exactly the same dynamic symbols, all named beam_*.
 #
 # A program may link any of the three (ARCHITECTURE.md), so their export
 # lists must be identical; -fvisibility=hidden keeps bm_* internals out.
@@ -10,10 +11,22 @@
 # Run from the top build directory (make check does); top_builddir may
 # point elsewhere.
 top=${top_builddir:-.}
-libs="$top/.libs/libbeammoe.so $top/.libs/libbeammoe_cpu.so"
-if test -e "$top/.libs/libbeammoe_cuda.so"; then
-  libs="$libs $top/.libs/libbeammoe_cuda.so"
+src=${top_srcdir:-$top}
+# the backends' names, one BM_BACKEND(name, ...) line each; the first (the
+# CPU) is always built
+names=$(sed -n 's/^BM_BACKEND(\([a-z0-9_]*\),.*/\1/p' "$src/lib/backends.def")
+if test -z "$names"; then
+  echo "FAIL: no backend in $src/lib/backends.def" >&2
+  exit 1
 fi
+first=yes
+libs="$top/.libs/libbeammoe.so"
+for n in $names; do
+  if test $first = yes || test -e "$top/.libs/libbeammoe_$n.so"; then
+    libs="$libs $top/.libs/libbeammoe_$n.so"
+  fi
+  first=no
+done
 
 if ! command -v nm >/dev/null 2>&1; then
   echo "nm not found: cannot inspect the libraries" >&2
@@ -62,7 +75,7 @@ for lib in $libs; do
 done
 
 # every function of the public header is exported
-hdr=${top_srcdir:-$top}/include/beammoe.h
+hdr=$src/include/beammoe.h
 if test -n "$ref" && test -r "$hdr"; then
   for f in $(sed -n 's/^BEAM_API [^(]*[ *]\(beam_[a-z_0-9]*\)(.*/\1/p' "$hdr"); do
     if ! grep -qx "$f" "$ref"; then

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backends.h"
 #include "common.h"
 #include "devmem.h"
 #include "gather.h"
@@ -283,12 +284,14 @@ static int64_t ties_seen;
 
 /* Every row of one case after its ground truth (the CPU backend's
  * fused/plain call) is known: the naive reference, the other CPU variants,
- * the CPU gather groups (fused op) and CUDA when available. */
+ * the CPU gather groups (fused op) and every other backend of
+ * lib/backends.def that can be audited here (bit b of `others`). */
 static void audit_problem(tally *t, const char *label, const hc_case *p, hc_op op,
-                          const hc_out *truth, int quick, int have_cuda)
+                          const hc_out *truth, int quick, unsigned others)
 {
     hc_out ref;
     hu_cmp cmp;
+    int b;
 
     if (hc_out_make(&ref, p, 1)) {
         audit_print_error(t, label, "cpu", "reference", "out of memory for the outputs");
@@ -326,13 +329,16 @@ static void audit_problem(tally *t, const char *label, const hc_case *p, hc_op o
         }
     }
 
-    if (have_cuda) {
-        if (beam_set_backend("cuda") != BEAM_OK) {
-            audit_print_error(t, label, "cuda", "-", beam_last_error());
+    for (b = 0; b < BM_NBACKENDS; b++) {
+        const char *name = bm_backend_name(b);
+        int dev = bm_backend_device_memory(b);
+        if (!(others >> b & 1u)) continue;
+        if (beam_set_backend(name) != BEAM_OK) {
+            audit_print_error(t, label, name, "-", beam_last_error());
         } else if (op == HC_FUSED) {
-            run_variants(t, label, "cuda", p, op, truth, fused_variants, NELEM(fused_variants), 1);
+            run_variants(t, label, name, p, op, truth, fused_variants, NELEM(fused_variants), dev);
         } else {
-            run_variants(t, label, "cuda", p, op, truth, plain_variants, NELEM(plain_variants), 1);
+            run_variants(t, label, name, p, op, truth, plain_variants, NELEM(plain_variants), dev);
         }
         beam_set_backend("cpu");
     }
@@ -342,7 +348,7 @@ static void audit_problem(tally *t, const char *label, const hc_case *p, hc_op o
 
 typedef struct audit_ctx {
     int quick;
-    int have_cuda;
+    unsigned others; /* audit_detect_backends() */
     uint64_t seed;
     tally t;
     int gather_cases;
@@ -386,7 +392,7 @@ static void audit_case(audit_ctx *ax, const acase *c, int index)
         audit_print_error(&ax->t, label, "cpu", "truth", msg);
         goto done;
     }
-    audit_problem(&ax->t, label, &p, c->op, &truth, ax->quick, ax->have_cuda);
+    audit_problem(&ax->t, label, &p, c->op, &truth, ax->quick, ax->others);
     if (c->op == HC_FUSED) ax->gather_cases++;
 done:
     hc_out_free(&truth);
@@ -395,7 +401,7 @@ done:
 
 /* ---- audit --input ---- */
 
-static int audit_detect_backends(void);
+static unsigned audit_detect_backends(void);
 
 
 static int compare_stored(tally *t, const char *label, const st_tensor *st, const uint16_t *truth)
@@ -432,7 +438,8 @@ static int audit_input(const char *path, int quick)
     tally t;
     char label[128], o[64] = "", msg[600];
     const char *base = strrchr(path, '/');
-    int have_cuda, rc;
+    unsigned others;
+    int rc;
     double t0;
 
     if (!st_available()) {
@@ -470,7 +477,7 @@ static int audit_input(const char *path, int quick)
 
     printf("beammoe audit: library %s, input %s, OpenMP threads %d\n", beam_version(), path,
            omp_get_max_threads());
-    have_cuda = audit_detect_backends();
+    others = audit_detect_backends();
     if (p.post.on) strcat(o, p.post.weight ? "post:w " : "post ");
     if (p.next.on) strcat(o, p.next.weight ? "next:w " : "next ");
     if (p.s.scales) strcat(o, "sc ");
@@ -488,7 +495,7 @@ static int audit_input(const char *path, int quick)
     audit_print_header();
     memset(&t, 0, sizeof t);
     t0 = hu_now();
-    audit_problem(&t, label, &p, op, &truth, quick, have_cuda);
+    audit_problem(&t, label, &p, op, &truth, quick, others);
     compare_stored(&t, label, s.out, truth.hidden);
     compare_stored(&t, label, s.hidden, truth.hidden);
     compare_stored(&t, label, s.normalized, truth.normalized);
@@ -555,24 +562,33 @@ static void usage(FILE *f)
             "every command.\n");
 }
 
-/* Which backends the audit reaches: prints the "backends:" line, returns 1
- * when CUDA can be audited. Leaves the CPU backend selected. */
-static int audit_detect_backends(void)
+/* Which backends of lib/backends.def besides the CPU the audit reaches:
+ * prints the "backends:" line ("backends: cpu, cuda", or the CPU and why
+ * another cannot be audited) and returns them, bit b for backend b. Leaves
+ * the CPU backend selected. */
+static unsigned audit_detect_backends(void)
 {
-    char msg[300];
-    int have_cuda = 0;
-    if (beam_set_backend("cuda") == BEAM_OK) {
-        if (dev_open(msg, sizeof msg) == 0) {
-            have_cuda = 1;
-            printf("backends: cpu, cuda\n");
-        } else {
-            printf("backends: cpu (cuda backend loads, but the tool cannot: %s)\n", msg);
-        }
-    } else {
-        printf("backends: cpu (cuda: %s)\n", beam_last_error());
+    char msg[300], why[BM_NBACKENDS][400];
+    unsigned others = 0;
+    int b;
+    for (b = 0; b < BM_NBACKENDS; b++) {
+        const char *name = bm_backend_name(b);
+        why[b][0] = '\0';
+        if (b == BM_CPU) continue;
+        if (beam_set_backend(name) != BEAM_OK)
+            snprintf(why[b], sizeof why[b], " (%s: %s)", name, beam_last_error());
+        else if (bm_backend_device_memory(b) && dev_open(msg, sizeof msg) != 0)
+            snprintf(why[b], sizeof why[b], " (%s backend loads, but the tool cannot: %s)", name, msg);
+        else
+            others |= 1u << b;
     }
     beam_set_backend("cpu");
-    return have_cuda;
+    printf("backends: %s", bm_backend_name(BM_CPU));
+    for (b = 0; b < BM_NBACKENDS; b++)
+        if (others >> b & 1u) printf(", %s", bm_backend_name(b));
+    for (b = 0; b < BM_NBACKENDS; b++) printf("%s", why[b]);
+    printf("\n");
+    return others;
 }
 
 int cmd_audit(int argc, char **argv)
@@ -584,7 +600,7 @@ int cmd_audit(int argc, char **argv)
                                              {NULL, 0, NULL, 0}};
     audit_ctx ax;
     case_list l = {NULL, 0, 0};
-    int opt, i;
+    int opt, i, b;
     const char *input = NULL;
     double t0;
 
@@ -621,7 +637,7 @@ int cmd_audit(int argc, char **argv)
         return report_lib_error("audit", "beam_set_backend(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     printf("beammoe audit: library %s, seed %llu, %s sweep, OpenMP threads %d\n", beam_version(),
            (unsigned long long)ax.seed, ax.quick ? "quick" : "full", omp_get_max_threads());
-    ax.have_cuda = audit_detect_backends();
+    ax.others = audit_detect_backends();
 
     build_cases(&l, ax.quick);
     t0 = hu_now();
@@ -632,9 +648,11 @@ int cmd_audit(int argc, char **argv)
         audit_case(&ax, &l.v[i], i);
         fflush(stdout);
     }
-    if (ax.have_cuda)
-        printf("%-56s %-7s %-18s %11s %10s %7s  skipped: one process per GPU: tests/test_gather_nccl\n",
-               "(every fused case)", "cuda", "gather/*", "-", "-", "-");
+    for (b = 0; b < BM_NBACKENDS; b++)
+        if (ax.others >> b & 1u)
+            printf("%-56s %-7s %-18s %11s %10s %7s  skipped: one process per GPU: "
+                   "tests/test_gather_nccl\n",
+                   "(every fused case)", bm_backend_name(b), "gather/*", "-", "-", "-");
     printf("\nsummary: %d cases, %d rows, %lld elements compared, %lld mismatching in %d rows, "
            "%d errors, reference met %lld rounding ties, %.1f s: %s\n",
            l.n, ax.t.rows, (long long)ax.t.compared, (long long)ax.t.mismatched, ax.t.bad_rows,

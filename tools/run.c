@@ -10,10 +10,12 @@
 #endif
 
 #include <getopt.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "backends.h"
 #include "common.h"
 #include "devmem.h"
 #include "st_case.h"
@@ -60,10 +62,13 @@ static void usage(FILE *f)
             "(then nothing is written). 'beammoe --help' has the rule of every command.\n");
 }
 
-static int usage_error(const char *fmt, const char *arg)
+static int usage_error(const char *fmt, ...)
 {
+    va_list ap;
     fprintf(stderr, "beammoe run: ");
-    fprintf(stderr, fmt, arg);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
     fprintf(stderr, "\nTry 'beammoe run --help'.\n");
     return TOOL_EXIT_USAGE;
 }
@@ -115,7 +120,7 @@ int cmd_run(int argc, char **argv)
     hc_spec spec;
     float scales[2] = {1.0f, 1.0f}, rs = 1.0f, eps = 1e-6f;
     uint64_t seed = 1;
-    int opt, i, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
+    int opt, i, b, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
     hc_case p;
     hc_out o;
     hc_bound b;
@@ -141,8 +146,8 @@ int cmd_run(int argc, char **argv)
             have_h = 1;
             break;
         case O_BACKEND:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda") && strcmp(optarg, "auto"))
-                return usage_error("--backend: '%s' is not cpu, cuda or auto", optarg);
+            if (strcmp(optarg, "auto") && bm_backend_find(optarg) < 0)
+                return usage_error("--backend: '%s' is not %s or auto", optarg, bm_backend_choices(0));
             backend = optarg;
             break;
         case O_STRATEGY:
@@ -237,9 +242,11 @@ int cmd_run(int argc, char **argv)
             return tool_exit_status(st);
         }
     }
-    on_device = !strcmp(beam_backend_name(), "cuda");
+    b = bm_backend_find(beam_backend_name());
+    on_device = b >= 0 && bm_backend_device_memory(b);
     if (on_device && dev_open(msg, sizeof msg)) {
-        fprintf(stderr, "beammoe run: the cuda backend cannot be used by this tool: %s\n", msg);
+        fprintf(stderr, "beammoe run: the %s backend cannot be used by this tool: %s\n", bm_backend_name(b),
+                msg);
         return TOOL_EXIT_USAGE;
     }
 
