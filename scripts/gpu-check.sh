@@ -7,13 +7,17 @@
 #      the libraries, the test programs and the benchmark;
 #   2. copy into .devbuild/ (git-ignored): lib/ with libbeammoe.so,
 #      libbeammoe_cpu.so, libbeammoe_cuda.so, libcunit.so.1 (GPU hosts often
-#      lack CUnit) and libcudart; bin/ with the real executables of
-#      tests/test_cuda and bench/cuda_bench (libtool's .libs/ binaries, not
-#      its wrapper scripts); the GPU host needs no libtool, CUnit or build.
-# Then on the GPU host (this workplace: the device tool's `run` with
-# carry [".devbuild"]):
-#   sh scripts/gpu-run.sh            logs and a summary land in $OUT
+#      lack CUnit), libcudart, libgomp and libnccl; bin/ with the real
+#      executables of tests/test_cuda, bench/cuda_bench, bench/shape_sweep,
+#      tests/test_gather_nccl and bench/gather_bench (libtool's .libs/
+#      binaries, not its wrapper scripts); the GPU host needs no libtool,
+#      CUnit or build. Every program is built by the makefiles; this script
+#      compiles nothing itself.
+# Then on the GPU host, from the repository root with .devbuild/ beside it:
+#   sh scripts/gpu-run.sh            one GPU: logs and a summary land in $OUT
 #                                    (default .devbuild/out)
+#   sh scripts/gather-run.sh         two or more GPUs: the NCCL gather's test
+#                                    and benchmark
 #
 # usage: scripts/gpu-check.sh [configure arguments ...]
 set -e
@@ -30,7 +34,8 @@ if ! grep -q '^libbeammoe_cuda_la' Makefile; then
     exit 1
 fi
 make -j"$jobs"
-make -j"$jobs" tests/test_cuda bench/cuda_bench bench/shape_sweep
+progs="tests/test_cuda bench/cuda_bench bench/shape_sweep tests/test_gather_nccl bench/gather_bench"
+make -j"$jobs" $progs
 
 rm -rf .devbuild/lib .devbuild/bin
 mkdir -p .devbuild/lib .devbuild/bin
@@ -39,17 +44,19 @@ for l in libbeammoe libbeammoe_cpu libbeammoe_cuda; do
     cp -L ".libs/$l.so" ".devbuild/lib/$l.so.0"
 done
 # shared libraries the binaries need that a bare GPU host may lack
-for so in libcunit.so.1 libcudart.so.13 libgomp.so.1; do
-    p=$(ldd tests/.libs/test_cuda .libs/libbeammoe_cuda.so .libs/libbeammoe_cpu.so 2>/dev/null |
+for so in libcunit.so.1 libcudart.so.13 libgomp.so.1 libnccl.so.2 libjson-c.so.5; do
+    p=$(ldd tests/.libs/test_cuda tests/.libs/test_gather_nccl .libs/libbeammoe_cuda.so \
+        .libs/libbeammoe_cpu.so 2>/dev/null |
         awk -v so="$so" '$1 == so { print $3; exit }')
     if test -n "$p" && test -f "$p"; then cp -L "$p" ".devbuild/lib/$so"; fi
 done
-for b in tests/test_cuda bench/cuda_bench bench/shape_sweep; do
+for b in $progs; do
     d=$(dirname "$b")
     n=$(basename "$b")
     if test -f "$d/.libs/$n"; then cp "$d/.libs/$n" .devbuild/bin/; else cp "$b" .devbuild/bin/; fi
 done
-cp scripts/gpu-run.sh .devbuild/
+cp scripts/gpu-run.sh scripts/gather-run.sh .devbuild/
 echo "gpu-check.sh: bundle ready in .devbuild/ ($(du -sh .devbuild | cut -f1)):"
 ls -l .devbuild/lib .devbuild/bin
-echo "next, on the GPU host from the repository root: sh scripts/gpu-run.sh"
+echo "next, on the GPU host from the repository root: sh scripts/gpu-run.sh (one GPU)," \
+    "sh scripts/gather-run.sh (two or more)"

@@ -8,7 +8,8 @@
 #   make bench-gather             bench/gather_bench: TP=2, H=7168, K=8, every
 #                                 strategy side by side (docs/PERF.md)
 # Both set NCCL_NVLS_ENABLE=0 themselves (NVLink multicast is never used).
-# Outside Autotools (the GPU host has no libtool): scripts/gather-run.sh.
+# On a GPU host without the build (no libtool there): scripts/gpu-check.sh
+# bundles both programs, scripts/gather-run.sh runs them.
 
 check_PROGRAMS += tests/test_gather_nccl
 TESTS += tests/test_gather_nccl
@@ -23,8 +24,6 @@ bench_gather_bench_SOURCES = bench/gather_bench.c
 bench_gather_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_gather_bench_LDFLAGS = $(CUDA_LDFLAGS)
 bench_gather_bench_LDADD = libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS)
-
-EXTRA_DIST += scripts/gather-run.sh
 
 # (no .PHONY: automake refuses it in two conditions; bench-gather is never a file)
 bench-gather: bench/gather_bench$(EXEEXT)

@@ -120,7 +120,7 @@ int cmd_run(int argc, char **argv)
     hc_spec spec;
     float scales[2] = {1.0f, 1.0f}, rs = 1.0f, eps = 1e-6f;
     uint64_t seed = 1;
-    int opt, i, b, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
+    int opt, i, be, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
     hc_case p;
     hc_out o;
     hc_bound b;
@@ -242,10 +242,10 @@ int cmd_run(int argc, char **argv)
             return tool_exit_status(st);
         }
     }
-    b = bm_backend_find(beam_backend_name());
-    on_device = b >= 0 && bm_backend_device_memory(b);
+    be = bm_backend_find(beam_backend_name());
+    on_device = be >= 0 && bm_backend_device_memory(be);
     if (on_device && dev_open(msg, sizeof msg)) {
-        fprintf(stderr, "beammoe run: the %s backend cannot be used by this tool: %s\n", bm_backend_name(b),
+        fprintf(stderr, "beammoe run: the %s backend cannot be used by this tool: %s\n", bm_backend_name(be),
                 msg);
         return TOOL_EXIT_USAGE;
     }

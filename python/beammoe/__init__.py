@@ -27,7 +27,15 @@ from .ops import (MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_re
 from .workspace import CpuGroup, Workspace
 from .audit import AuditReport, AuditRow, audit_file
 
-__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # __version__ is the loaded library's beam_version(): the version set once
+    # in configure.ac (loading the library on first use, as every call does).
+    if name == "__version__":
+        return version()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
 
 __all__ = [
     "MoEOutput",
