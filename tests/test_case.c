@@ -60,11 +60,16 @@ void tc_make(tc_data *d, const tc_spec *s, uint64_t seed)
         tu_sprinkle_exotic(&r, d->x, TH, 31);
         tu_sprinkle_exotic(&r, d->residual, TH, 31);
         if (s->T > 0) {
+            /* position, then value, each draw its own statement: in
+             * a[draw()] = draw() the compiler picks the order (GCC and
+             * clang differ), and the golden digests need one order */
             int64_t t = s->T / 2;
-            d->experts[(size_t)t * KH + tu_below(&r, (uint32_t)KH)] = tu_rand_killer(&r);
-            d->x[(size_t)(s->T - 1) * (size_t)s->H + tu_below(&r, (uint32_t)s->H)] =
-                tu_rand_killer(&r);
-            d->residual[tu_below(&r, (uint32_t)s->H)] = tu_rand_killer(&r);
+            size_t at = (size_t)t * KH + tu_below(&r, (uint32_t)KH);
+            d->experts[at] = tu_rand_killer(&r);
+            at = (size_t)(s->T - 1) * (size_t)s->H + tu_below(&r, (uint32_t)s->H);
+            d->x[at] = tu_rand_killer(&r);
+            at = tu_below(&r, (uint32_t)s->H);
+            d->residual[at] = tu_rand_killer(&r);
         }
     }
 
