@@ -30,6 +30,18 @@ static uint16_t bf_uniform(tool_rng *r, float lo, float hi)
 
 static uint16_t pick(tool_rng *r, const uint16_t *set, uint32_t n) { return set[rng_below(r, n)]; }
 
+/* Two draws in one expression (a[draw()] = draw(), draw() * draw()) run in
+ * an order the compiler picks: GCC and clang differ. Every draw below is its
+ * own statement, in the order GCC took, so a seed gives the same inputs from
+ * every compiler and the same as before. */
+static float rng_sign(tool_rng *r) { return rng_below(r, 2) ? -1.0f : 1.0f; }
+
+static uint16_t bf_signed_uniform(tool_rng *r, float lo, float hi)
+{
+    const float sign = rng_sign(r);
+    return f32_to_bf16(sign * rng_uniform(r, lo, hi));
+}
+
 static const uint16_t nan_set[] = {0x7FC0, 0xFFC0, 0x7F81, 0xFFFF, 0x7FFF};
 static const uint16_t inf_set[] = {0x7F80, 0xFF80};
 
@@ -62,7 +74,10 @@ static void sprinkle(tool_rng *r, uint16_t *a, size_t n, int count, const uint16
 {
     int i;
     if (!a || n == 0) return;
-    for (i = 0; i < count; i++) a[(size_t)(rng_unit(r) * (double)n)] = pick(r, set, nset);
+    for (i = 0; i < count; i++) {
+        size_t at = (size_t)(rng_unit(r) * (double)n); /* position, then value */
+        a[at] = pick(r, set, nset);
+    }
 }
 
 /* Fill one live row t of every input with the pattern of mode g. */
@@ -105,13 +120,14 @@ static void gen_row(problem *p, int64_t t, tool_gen g, tool_rng *r)
             break;
         case 1:
             if (w) {
-                w[rng_below(r, (uint32_t)K)] = g == GEN_NAN ? NAN
-                                               : rng_below(r, 2) ? INFINITY
-                                                                 : -INFINITY;
+                /* value, then position: the order GCC builds always took */
+                const float v = g == GEN_NAN ? NAN : rng_below(r, 2) ? INFINITY : -INFINITY;
+                w[rng_below(r, (uint32_t)K)] = v;
                 /* and a zero weight against an inf element: 0 * inf */
                 if (g == GEN_INF && e && K > 1) {
+                    const uint16_t inf = pick(r, inf_set, 2); /* value, then position */
                     w[0] = 0.0f;
-                    e[rng_below(r, (uint32_t)H)] = inf_set[rng_below(r, 2)];
+                    e[rng_below(r, (uint32_t)H)] = inf;
                 }
             }
             break;
@@ -151,8 +167,10 @@ static void gen_row(problem *p, int64_t t, tool_gen g, tool_rng *r)
     case GEN_TIES:
         for (i = 0; i < ne; i++) e[i] = bf_tie_value(r, -9, 0);
         if (w)
-            for (i = 0; i < K; i++)
-                w[i] = (rng_below(r, 2) ? -1.0f : 1.0f) * ldexpf(1.0f, (int)rng_below(r, 4) - 2);
+            for (i = 0; i < K; i++) {
+                const float sign = rng_sign(r);
+                w[i] = sign * ldexpf(1.0f, (int)rng_below(r, 4) - 2);
+            }
         if (x)
             for (i = 0; i < nh; i++) x[i] = bf_tie_value(r, -9, 0);
         if (res)
@@ -165,15 +183,21 @@ static void gen_row(problem *p, int64_t t, tool_gen g, tool_rng *r)
         uint32_t v = rng_below(r, 3);
         if (v == 0) {
             for (i = 0; i < ne; i++)
-                e[i] = f32_to_bf16((rng_below(r, 2) ? -1.0f : 1.0f) * rng_uniform(r, 1e19f, 1e20f));
+                e[i] = bf_signed_uniform(r, 1e19f, 1e20f);
             if (x)
                 for (i = 0; i < nh; i++)
-                    x[i] = f32_to_bf16((rng_below(r, 2) ? -1.0f : 1.0f) * rng_uniform(r, 1e19f, 1e20f));
+                    x[i] = bf_signed_uniform(r, 1e19f, 1e20f);
         } else if (v == 1) {
             if (w)
                 for (i = 0; i < K; i++) w[i] = rng_uniform(r, 0.6f, 1.4f);
-            for (i = 0; i < 3 && ne; i++) e[(size_t)(rng_unit(r) * (double)ne)] = bf_huge(r);
-            for (i = 0; i < 3 && x; i++) x[(size_t)(rng_unit(r) * (double)nh)] = bf_huge(r);
+            for (i = 0; i < 3 && ne; i++) {
+                size_t at = (size_t)(rng_unit(r) * (double)ne);
+                e[at] = bf_huge(r);
+            }
+            for (i = 0; i < 3 && x; i++) {
+                size_t at = (size_t)(rng_unit(r) * (double)nh);
+                x[at] = bf_huge(r);
+            }
         } else {
             for (i = 0; i < 3 && res; i++) {
                 size_t at = (size_t)(rng_unit(r) * (double)nh);
