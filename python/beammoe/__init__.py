@@ -24,6 +24,24 @@ CUDA graphs). Errors: ValueError/TypeError for broken rules (the library's
 message where the library checks the rule), BeamError (a RuntimeError with
 .status) for the rest.
 """
+import re as _re
+
+import torch as _torch
+
+# The oldest torch the package supports and tests (Debian 12's python3-torch);
+# torch.ops.beammoe.* and torch.compile need torch >= 2.4 (HAVE_TORCH_OPS).
+MIN_TORCH = (1, 13)
+
+
+def _torch_release(v):
+    """(major, minor) of a torch version string such as "2.15.0+cu132" or "1.13.0a0"."""
+    m = _re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+if _torch_release(_torch.__version__) < MIN_TORCH:
+    raise ImportError("beammoe needs torch >= %d.%d, found %s" % (MIN_TORCH + (_torch.__version__,)))
+
 from ._errors import (BeamArgumentError, BeamCommError, BeamDeviceError, BeamError, BeamOutOfMemoryError,
                       BeamUnsupportedError)
 from ._lib import backend_name, library_path, version
@@ -33,10 +51,6 @@ from .workspace import CpuGroup, Workspace
 from .audit import AuditReport, AuditRow, audit_file
 
 __version__ = "0.1.0"
-
-# The oldest torch the package supports and tests (Debian 12's python3-torch);
-# torch.ops.beammoe.* and torch.compile need torch >= 2.4 (HAVE_TORCH_OPS).
-MIN_TORCH = "1.13"
 
 __all__ = [
     "MoEOutput",
