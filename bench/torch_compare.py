@@ -91,13 +91,14 @@ def fused_bytes(t, h):
     return t * K * h * 2 + t * K * 4 + t * h * 2 + t * h * 2 + t * h * 2 + 2 * h * 2
 
 
-def make_set(t, h, dev, gen):
-    g = (torch.randn(t * K, h, generator=gen) * 2).to(BF16)
-    w = torch.rand(t, K, generator=gen).softmax(-1)
-    r = torch.randn(t, h, generator=gen).to(BF16)
-    pw = (1 + 0.1 * torch.randn(h, generator=gen)).to(BF16)
-    nw = (1 + 0.1 * torch.randn(h, generator=gen)).to(BF16)
-    return tuple(x.to(dev) for x in (g, w, r, pw, nw))
+def make_set(t, h, dev):
+    """One call's inputs, drawn on the device (torch's seeded generator)."""
+    g = (torch.randn(t * K, h, device=dev) * 2).to(BF16)
+    w = torch.rand(t, K, device=dev).softmax(-1)
+    r = torch.randn(t, h, device=dev).to(BF16)
+    pw = (1 + 0.1 * torch.randn(h, device=dev)).to(BF16)
+    nw = (1 + 0.1 * torch.randn(h, device=dev)).to(BF16)
+    return g, w, r, pw, nw
 
 
 def agreement(a, b):
@@ -173,17 +174,17 @@ def run_cuda(shapes, modes, iters, unfused):
     l2 = l2_bytes()
     bw = copy_bandwidth_cuda(max(iters, 20))
     print("copy bandwidth (device to device, read + write): %.0f GB/s; L2 %.0f MB" % (bw / 1e9, l2 / 2 ** 20))
-    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
     rows = []
     for t, h in shapes:
         nbytes = fused_bytes(t, h)
         set_bytes = nbytes + t * h * 4  # + each call's two new results
+        torch._dynamo.reset()
+        compiled = torch.compile(reference, dynamic=False)
         for mode in modes:
             nsets = 1 if mode == "hot" or set_bytes > 3 * l2 else int(math.ceil(3 * l2 / set_bytes)) + 1
-            sets = [make_set(t, h, dev, gen) for _ in range(nsets)]
+            sets = [make_set(t, h, dev) for _ in range(nsets)]
             calls = max(nsets, 20) if mode == "cold" else 20
-            torch._dynamo.reset()
-            compiled = torch.compile(reference, dynamic=False)
             results = {}
             if mode == modes[0]:
                 print(check_line(t, h, sets[0], compiled))
@@ -196,7 +197,7 @@ def run_cuda(shapes, modes, iters, unfused):
             rows.append((mode, t, h, results, floor_us))
             print("T=%d H=%d %s (%d buffer sets): %s; floor %.2f us" % (
                 t, h, mode, nsets, ", ".join("%s %.2f us" % kv for kv in results.items()), floor_us), flush=True)
-            del sets, compiled
+            del sets
             torch.cuda.empty_cache()
     return rows, bw
 
@@ -228,10 +229,10 @@ def run_cpu(shapes, iters, unfused, threads):
         torch.get_num_threads(), torch.__version__, beammoe.version(), beammoe.library_path()))
     bw = copy_bandwidth_cpu(iters)
     print("copy bandwidth (tensor copy, read + write): %.1f GB/s" % (bw / 1e9))
-    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
     rows = []
     for t, h in shapes:
-        args = make_set(t, h, torch.device("cpu"), gen)
+        args = make_set(t, h, torch.device("cpu"))
         torch._dynamo.reset()
         compiled = torch.compile(reference, dynamic=False)
         print(check_line(t, h, args, compiled))
