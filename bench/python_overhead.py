@@ -35,7 +35,8 @@ import beammoe  # noqa: E402
 
 
 def per_call_us(fn, iters, repeats, sync):
-    """Median over `repeats` of the mean time of one call in a loop of `iters`."""
+    """(median, min) over `repeats` of the mean time of one call in a loop of
+    `iters` (the minimum is the better figure on a busy host)."""
     for _ in range(max(10, iters // 20)):
         fn()
     sync()
@@ -46,7 +47,7 @@ def per_call_us(fn, iters, repeats, sync):
             fn()
         sync()
         times.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 def c_call(g, w, T, K, H, residual, pw, nw):
@@ -92,10 +93,10 @@ def main():
         sys.exit("python_overhead.py: --device cuda but torch sees no CUDA device")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     K, H = args.top_k, args.hidden
-    print("python_overhead: torch %s, beammoe %s (%s), device %s, K=%d H=%d, %d iterations x %d, median"
+    print("python_overhead: torch %s, beammoe %s (%s), device %s, K=%d H=%d, %d iterations x %d"
           % (torch.__version__, beammoe.version(), beammoe.library_path(), dev, K, H, args.iters,
              args.repeats))
-    print("%-6s %-44s %10s" % ("tokens", "call", "us/call"))
+    print("%-6s %-44s %10s %10s" % ("tokens", "call", "median us", "min us"))
     rows = []
     with torch.inference_mode():
         for T in [int(t) for t in args.tokens.split(",")]:
@@ -129,16 +130,16 @@ def main():
                 ("torch.empty_like(residual)", lambda: torch.empty_like(residual)),
             ]
             for name, fn in cases:
-                us = per_call_us(fn, args.iters, args.repeats, sync)
-                rows.append((T, name, us))
-                print("%-6d %-44s %10.2f" % (T, name, us), flush=True)
+                med, low = per_call_us(fn, args.iters, args.repeats, sync)
+                rows.append((T, name, med))
+                print("%-6d %-44s %10.2f %10.2f" % (T, name, med, low), flush=True)
     by = {(t, n): us for t, n, us in rows}
     print()
     for T in sorted({t for t, _, _ in rows}):
         f = by[(T, "beam_moe_finalize_norm_residual_norm")]
         a = by[(T, "torch.add(residual, residual)")]
         c = by.get((T, "  the C call alone (ctypes, arguments ready)"))
-        print("tokens=%d: fused op %.2f us per call%s, torch.add %.2f us: %.2fx"
+        print("tokens=%d, medians: fused op %.2f us per call%s, torch.add %.2f us: %.2fx"
               % (T, f, "" if c is None else " (Python side %.2f us, library %.2f us)" % (f - c, c), a, f / a))
 
 
