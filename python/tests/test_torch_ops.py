@@ -50,8 +50,8 @@ def _opcheck_cases(g, w, residual, pw, nw):
     gl = g[: T * K]  # capacity == live: torch.library's checks compare whole tensors
     wl = w[:T]
     return [
-        (ops.moe_finalize.default, (gl, wl, torch.empty(T, H, dtype=BF16), 2.5, pw, 1e-6)),
-        (ops.moe_finalize.default, (gl, wl, torch.empty(T, H, dtype=BF16), 1.0, None, None)),
+        (ops.moe_finalize.default, (gl, wl, torch.empty(T, H, dtype=BF16, device=g.device), 2.5, pw, 1e-6)),
+        (ops.moe_finalize.default, (gl, wl, torch.empty(T, H, dtype=BF16, device=g.device), 1.0, None, None)),
         (ops.moe_finalize_norm_residual_norm.default, (gl, wl, residual, pw, 1e-6, nw, 1e-5, [0.5, 2.0], 2.5, 0)),
         (ops.moe_finalize_norm_residual_norm.default, (gl, wl, residual, None, None, None, None, None, 1.0, 2)),
         (ops.moe_finalize_norm_residual_norm_.default, (gl, wl, residual.clone(), pw, 1e-6, nw, 1e-5, None, 2.5, 1)),
