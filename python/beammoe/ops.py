@@ -168,8 +168,9 @@ def check_workspace(fn, workspace, dev):
 def placement(fn, names, tensors):
     """(device, direct): the one device of the tensors (None skipped; a
     ValueError names two that differ), and whether the call may go straight
-    to the library: eager, plain CPU or CUDA tensors, no dispatch mode, no
-    autograd recording (or no torch.library to go through)."""
+    to the library: eager, plain CPU or CUDA tensors (or parameters), no
+    dispatch mode, no autograd recording (or no torch.library to go
+    through)."""
     dev = None
     plain = True
     grad = False
@@ -180,7 +181,7 @@ def placement(fn, names, tensors):
             dev = t.device
         elif t.device != dev:
             A.same_device(fn, names, tensors)  # names the two
-        if type(t) is not Tensor:
+        if type(t) is not Tensor and type(t) is not _Parameter:
             plain = False
         if t.requires_grad:
             grad = True
@@ -198,6 +199,7 @@ def placement(fn, names, tensors):
 
 
 _CPU = torch.device("cpu")
+_Parameter = torch.nn.Parameter  # a model's weights: plain tensors for the call
 
 
 def _no_autograd_write(fn, name, written, tensors):
