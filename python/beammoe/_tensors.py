@@ -172,9 +172,8 @@ def scales(fn, s):
             raise TypeError("%s: scales must be a pair of floats or None, got a tensor of shape %s and "
                             "dtype %s" % (fn, tuple(s.shape), s.dtype))
         s = s.tolist()
-    elif type(s) is not tuple and type(s) is not list:
-        if isinstance(s, (str, bytes)) or not isinstance(s, (tuple, list)):
-            raise TypeError("%s: scales must be a pair of floats or None, got %s" % (fn, _type_name(s)))
+    elif not isinstance(s, (tuple, list)):  # a string is a sequence, but no pair of numbers
+        raise TypeError("%s: scales must be a pair of floats or None, got %s" % (fn, _type_name(s)))
     if len(s) != 2:
         raise ValueError("%s: scales must be a pair of floats or None, got %d values" % (fn, len(s)))
     return (number(fn, "scales[0]", s[0]), number(fn, "scales[1]", s[1]))
