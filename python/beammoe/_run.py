@@ -10,7 +10,8 @@ ops.py and the torch.library operations (_torch_ops.py) end here.
 Norm structs and scales arrays are cached by their contents (the weight's
 address and eps; the two scales): a model passes the same few every call.
 A cached object is never changed and stays referenced for the duration of
-each call that uses it.
+each call that uses it. Zeros and NaN are not cached: 0.0 == -0.0 as keys,
+but a scale of -0.0 gives other bits than +0.0, and NaN is no key at all.
 """
 import ctypes
 
@@ -46,6 +47,8 @@ def _norm(weight, eps):
     if hit is None:
         s = BeamNorm(key[0] or None, eps)
         hit = (s, ctypes.addressof(s))
+        if eps == 0.0 or eps != eps:
+            return hit
         if len(_norms) >= _CACHE_MAX:
             _norms.clear()
         _norms[key] = hit
@@ -60,6 +63,8 @@ def _scales_ref(s):
     if hit is None:
         a = (ctypes.c_float * 2)(*s)
         hit = (a, ctypes.addressof(a))
+        if s[0] == 0.0 or s[1] == 0.0 or s[0] != s[0] or s[1] != s[1]:
+            return hit
         if len(_scales) >= _CACHE_MAX:
             _scales.clear()
         _scales[s] = hit

@@ -204,3 +204,15 @@ def test_backward_is_refused(layer):
     h2, _ = beammoe.beam_norm_residual_norm(residual, r, None, None, None, None, None)
     with pytest.raises(RuntimeError, match=r"no derivative"):
         h2.float().sum().backward()
+
+
+def test_signed_zero_scales_not_confused(gen):
+    """(1, +0) and (1, -0) give different bits (x + +0 vs x + -0 for x = -0):
+    each call gets its own scales."""
+    x = torch.full((2, H), -0.0, dtype=BF16)
+    residual = torch.ones(2, H, dtype=BF16)
+    hp, _ = beammoe.beam_norm_residual_norm(x, residual, None, None, None, None, (1.0, 0.0))
+    hm, _ = beammoe.beam_norm_residual_norm(x, residual, None, None, None, None, (1.0, -0.0))
+    hp2, _ = beammoe.beam_norm_residual_norm(x, residual, None, None, None, None, (1.0, 0.0))
+    assert int(bits(hp)[0, 0]) == 0x0000 and int(bits(hm)[0, 0]) & 0xFFFF == 0x8000
+    assert torch.equal(bits(hp), bits(hp2))
