@@ -6,6 +6,7 @@ then communicator). The real NCCL path runs in test_cuda_gather.py."""
 import contextlib
 import os
 import tempfile
+import time
 
 import pytest
 import torch
@@ -37,6 +38,14 @@ class _Lib:
         return self._real.beam_workspace_destroy(h)
 
 
+def _settle():
+    """Let gloo's worker thread drop the tensors of its last broadcast before
+    a process group is destroyed: torch 2.4's ProcessGroupGloo destructor
+    joins that thread while holding the GIL, and the thread may still need
+    the GIL to free them (a hang seen once in this file with torch 2.4.1)."""
+    time.sleep(0.2)
+
+
 @pytest.fixture
 def stubbed(monkeypatch):
     if not dist.is_available() or not dist.is_gloo_available():
@@ -64,6 +73,7 @@ def stubbed(monkeypatch):
         try:
             yield calls
         finally:
+            _settle()
             dist.destroy_process_group()
             monkeypatch.undo()
             grp.close()
@@ -98,6 +108,7 @@ def test_workspace_on_a_subgroup(stubbed):
         assert ws.moe_gather_separate_norm_min_tokens == 9 and ws.twoshot_max_tokens == 8
     # no override of the others: the backend's defaults
     assert stubbed[2][4] == (defaults.oneshot_max_tokens, 8, defaults.timeout_ms)
+    _settle()  # before the subgroup (also ws.device_group) is released
 
 
 def test_workspace_argument_types(stubbed):
