@@ -384,8 +384,11 @@ def _strict_base(gen):
     """Header entries (name, JSON text) and data of a small finalize problem
     whose data_offsets tile the data section in the order given."""
     g, w = random_case(gen, 2, 2, 256)
-    tensors = [("expert_outputs", "BF16", [2, 2, 256], g.view(torch.int16).numpy().tobytes()),
-               ("expert_weights", "F32", [2, 2], w.numpy().tobytes())]
+    def raw(t):  # little-endian host, no NumPy (PyPI's torch does not bring it)
+        t = t.contiguous()
+        return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+    tensors = [("expert_outputs", "BF16", [2, 2, 256], raw(g)),
+               ("expert_weights", "F32", [2, 2], raw(w))]
     parts, data = [], b""
     for name, dt, shape, raw in tensors:
         parts.append((name, '{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'
