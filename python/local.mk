@@ -4,16 +4,19 @@
 #
 # `make check` runs python/run-pytest.sh: pytest over python/tests against
 # this tree's .libs/libbeammoe.so; it skips (77) when the python it picks
-# cannot import torch and pytest. Install the package with
-# `pip install ./python` (see docs/python.md).
+# cannot import torch and pytest. After `make`, `pip install ./python`
+# installs the package with this tree's libraries inside (see
+# docs/python.md).
 
 TESTS += python/run-pytest.sh
-EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/README.md \
-	python/beammoe/__init__.py python/beammoe/_errors.py python/beammoe/_lib.py \
-	python/beammoe/_nccl.py python/beammoe/_tensors.py python/beammoe/ops.py \
-	python/beammoe/workspace.py python/beammoe/audit.py python/beammoe/__main__.py \
+EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/setup.py python/README.md \
+	python/beammoe/__init__.py python/beammoe/__main__.py python/beammoe/_errors.py \
+	python/beammoe/_lib.py python/beammoe/_nccl.py python/beammoe/_run.py python/beammoe/_tensors.py \
+	python/beammoe/_torch_ops.py python/beammoe/ops.py python/beammoe/workspace.py python/beammoe/audit.py \
 	python/tests/conftest.py python/tests/reference.py python/tests/_gather_worker.py \
 	python/tests/test_finalize.py python/tests/test_fused.py python/tests/test_errors.py \
 	python/tests/test_gather_cpu.py python/tests/test_workspace_plumbing.py \
-	python/tests/test_cuda.py python/tests/test_cuda_gather.py python/tests/test_audit_file.py
-
+	python/tests/test_cuda.py python/tests/test_cuda_gather.py python/tests/test_audit_file.py \
+	python/tests/test_reference_semantics.py python/tests/test_arguments.py python/tests/test_torch_ops.py \
+	python/tests/test_loading.py \
+	bench/python_overhead.py bench/torch_compare.py

@@ -11,12 +11,18 @@
 #                   --tool memcheck
 #   racecheck.log   ... under --tool racecheck (shared-memory hazards)
 #   bench.txt       bench/cuda_bench: copy bandwidth, each op per shape
+#   python.log      the Python suite (python/tests) on the GPU: CUDA tensors,
+#                   torch.ops.beammoe under torch.compile and CUDA graphs
+#   compare.txt     bench/torch_compare.py: beammoe beside torch.compile of
+#                   the reference pipeline, same process, same method
+#   overhead.txt    bench/python_overhead.py --device cuda
+# (the three Python steps run when python3 imports torch)
 #   summary.txt     one line per step: status and duration
 # Exit status: 0 when every step passed.
 #
 # Environment: OUT, STEP_TIMEOUT (seconds per step, default 240), SKIP (a
 # space-separated list of steps to leave out: test shapes memcheck racecheck
-# bench).
+# bench python compare overhead).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -54,8 +60,20 @@ step memcheck memcheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool memcheck --error-
 step racecheck racecheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 1 \
     "$B/bin/test_cuda"
 step bench bench.txt "$B/bin/cuda_bench"
+if python3 -c 'import torch' >/dev/null 2>&1; then
+    BEAMMOE_LIBRARY=$B/lib/libbeammoe.so
+    PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+    export BEAMMOE_LIBRARY PYTHONPATH
+    step python python.log python3 -m pytest -q -rs -p no:cacheprovider python/tests
+    step compare compare.txt python3 bench/torch_compare.py --device cuda
+    step overhead overhead.txt python3 bench/python_overhead.py --device cuda
+else
+    echo "python: skipped (python3 cannot import torch)" >> "$OUT/summary.txt"
+fi
 tail -4 "$OUT/test_cuda.log" 2>/dev/null
 tail -2 "$OUT/shapes.log" 2>/dev/null
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
 cat "$OUT/bench.txt" 2>/dev/null
+tail -3 "$OUT/python.log" 2>/dev/null
+cat "$OUT/compare.txt" "$OUT/overhead.txt" 2>/dev/null
 exit $fail

@@ -104,7 +104,9 @@ static void test_auto(void)
 }
 
 /* Run this program again with BEAM_BACKEND set; the child prints the name
- * of the backend its first call found. */
+ * of the backend its first call found. BEAM_TEST_EXEC_WRAPPER names a
+ * program that runs it where the host cannot (a cross build's emulator,
+ * scripts/cross-check.sh): execlp(wrapper, wrapper, this program, mode). */
 static char g_self[4096];
 
 static int child_run(const char *value, const char *mode, char *name, size_t n)
@@ -124,7 +126,13 @@ static int child_run(const char *value, const char *mode, char *name, size_t n)
             setenv("BEAM_BACKEND", value, 1);
         else
             unsetenv("BEAM_BACKEND");
-        execl(g_self, "test_dispatch", mode, (char *)NULL);
+        {
+            const char *wrap = getenv("BEAM_TEST_EXEC_WRAPPER");
+            if (wrap && *wrap)
+                execlp(wrap, wrap, g_self, mode, (char *)NULL);
+            else
+                execl(g_self, "test_dispatch", mode, (char *)NULL);
+        }
         _exit(127);
     }
     close(fd[1]);

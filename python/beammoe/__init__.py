@@ -9,20 +9,43 @@ strategy and every world size give the same bits.
                       post_weight=None, post_eps=None) -> output
     beam_moe_finalize_norm_residual_norm(x, residual, post_weight, post_eps,
                       next_weight, next_eps, scales, routed_scale=1.0, *,
-                      strategy=None) -> (hidden, normalized | None)
+                      strategy=None, inplace=False) -> (hidden, normalized | None)
     beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_eps,
                       next_weight, next_eps, scales, workspace, routed_scale=1.0,
-                      *, strategy=None) -> (hidden, normalized | None)
+                      *, strategy=None, inplace=False) -> (hidden, normalized | None)
+    beam_norm_residual_norm(x, residual, pre_weight, pre_eps, next_weight,
+                      next_eps, scales, *, inplace=False) -> (hidden, normalized | None)
 
-x is an MoEOutput(gemm2_permuted, expert_weights, live_tokens=None); hidden is
-written in place into residual. Errors: ValueError/TypeError for broken rules
-(the library's message where the library checks the rule), BeamError
-(a RuntimeError with .status) for the rest.
+x is an MoEOutput(gemm2_permuted, expert_weights, live_tokens=None). hidden
+is a new tensor and residual is left unchanged, as in the reference;
+inplace=True writes hidden into residual instead. With torch >= 2.4 the
+operations are also torch operators, torch.ops.beammoe.* (torch.compile,
+CUDA graphs). Errors: ValueError/TypeError for broken rules (the library's
+message where the library checks the rule), BeamError (a RuntimeError with
+.status) for the rest.
 """
+import re as _re
+
+import torch as _torch
+
+# The oldest torch the package supports and tests (Debian 12's python3-torch);
+# torch.ops.beammoe.* and torch.compile need torch >= 2.4 (HAVE_TORCH_OPS).
+MIN_TORCH = (1, 13)
+
+
+def _torch_release(v):
+    """(major, minor) of a torch version string such as "2.15.0+cu132" or "1.13.0a0"."""
+    m = _re.match(r"(\d+)\.(\d+)", v)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+if _torch_release(_torch.__version__) < MIN_TORCH:
+    raise ImportError("beammoe needs torch >= %d.%d, found %s" % (MIN_TORCH + (_torch.__version__,)))
+
 from ._errors import (BeamArgumentError, BeamCommError, BeamDeviceError, BeamError, BeamOutOfMemoryError,
                       BeamUnsupportedError)
 from ._lib import backend_name, library_path, version
-from .ops import (MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
+from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
 from .audit import AuditReport, AuditRow, audit_file
@@ -55,6 +78,8 @@ __all__ = [
     "backend_name",
     "library_path",
     "version",
+    "HAVE_TORCH_OPS",
+    "MIN_TORCH",
     "audit_file",
     "AuditReport",
     "AuditRow",

@@ -1,14 +1,23 @@
-"""Loading libbeammoe (the run-time dispatcher) and declaring its C API.
+"""Loading libbeammoe and its backend libraries, and declaring their C API.
 
-The package has no compiled extension: every call goes through ctypes to the
-one dispatcher library, which itself picks libbeammoe_cpu or libbeammoe_cuda.
-Where the library is found, in order:
+The package has no compiled extension: every call goes through ctypes. Where
+libbeammoe (the run-time dispatcher) is found, in order:
 
 1. ``$BEAMMOE_LIBRARY`` (a path to libbeammoe.so or libbeammoe.so.0);
-2. a build tree: walking up from this package's directory, the first
+2. the libraries installed with the package (``beammoe/_libs/``, copied from
+   the build tree by ``pip install ./python``);
+3. a build tree: walking up from this package's directory, the first
    ``.libs/libbeammoe.so`` (what ``make`` leaves in the top build directory);
-3. ``pkg-config --variable=libdir beammoe`` (an installed library);
-4. ``ctypes.util.find_library("beammoe")`` (the loader's own search).
+4. ``pkg-config --variable=libdir beammoe`` (an installed library);
+5. ``ctypes.util.find_library("beammoe")`` (the loader's own search).
+
+The dispatcher finds its backends (libbeammoe_cpu.so.0, libbeammoe_cuda.so.0)
+in ``$BEAM_BACKEND_DIR``, beside itself, in its configured libdir, or through
+the loader. The operations on tensors call the backend of the tensors' device
+directly (``backend_library``): the dispatcher loads and checks it once, and
+the same loaded copy is then reached by its soname, so CPU and CUDA calls never
+wait for each other. Workspaces and CPU groups go through the dispatcher, which
+ties each workspace to the backend that made it.
 """
 import ctypes
 import ctypes.util
@@ -34,6 +43,10 @@ STRATEGIES = {
     "oneshot": 3,
     "twoshot": 4,
 }
+
+# The soname suffix of the libraries (libtool's -version-info 0:0:0).
+SO_SUFFIX = ".so.0"
+_BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libs")
 
 
 class BeamNorm(ctypes.Structure):
@@ -83,10 +96,22 @@ _PROTOTYPES = {
               ctypes.c_int, _P]),
 }
 
+# The backends' entry points that the tensor operations call, with every
+# pointer (norms and scales too) a plain address: the callers pass ints.
+FAST_PROTOTYPES = {
+    "beam_last_error": (ctypes.c_char_p, []),
+    "beam_moe_finalize": (_ST, [_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P]),
+    "beam_norm_residual_norm": (_ST, [_P, _P, _I64, _I32, _P, _P, _P, _P, _P, _P]),
+    "beam_moe_finalize_norm_residual_norm": (
+        _ST, [_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, ctypes.c_int, _P]),
+    "beam_moe_finalize_gather_norm_residual_norm": (
+        _ST, [_P, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, ctypes.c_int, _P]),
+}
+
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
-_backend = None  # the backend this package last selected ("cpu"/"cuda")
+_backend = None  # the backend this package last selected in the dispatcher ("cpu"/"cuda")
 
 
 def _pkgconfig_libdir():
@@ -106,6 +131,9 @@ def _candidates():
         # An explicit choice: no fallback that would hide a wrong path.
         return [env], True
     paths = []
+    bundled = os.path.join(_BUNDLED, "libbeammoe" + SO_SUFFIX)
+    if os.path.exists(bundled):
+        paths.append(bundled)
     d = os.path.dirname(os.path.abspath(__file__))
     while True:
         p = os.path.join(d, ".libs", "libbeammoe.so")
@@ -116,17 +144,25 @@ def _candidates():
         if parent == d:
             break
         d = parent
-    libdir = _pkgconfig_libdir()
-    if libdir:
-        for name in ("libbeammoe.so.0", "libbeammoe.so"):
-            p = os.path.join(libdir, name)
-            if os.path.exists(p):
-                paths.append(p)
-                break
+    if not paths:
+        libdir = _pkgconfig_libdir()
+        if libdir:
+            for name in ("libbeammoe" + SO_SUFFIX, "libbeammoe.so"):
+                p = os.path.join(libdir, name)
+                if os.path.exists(p):
+                    paths.append(p)
+                    break
     found = ctypes.util.find_library("beammoe")
     if found:
         paths.append(found)
     return paths, False
+
+
+def _declare(lib, prototypes):
+    for name, (res, args) in prototypes.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
 
 
 def library():
@@ -145,18 +181,15 @@ def library():
             except OSError as e:
                 errors.append("%s: %s" % (p, e))
                 continue
-            for name, (res, args) in _PROTOTYPES.items():
-                fn = getattr(lib, name)
-                fn.restype = res
-                fn.argtypes = args
+            _declare(lib, _PROTOTYPES)
             _lib, _lib_path = lib, p
             return lib
         if explicit:
             raise OSError("beammoe: BEAMMOE_LIBRARY=%s cannot be loaded: %s"
                           % (paths[0], "; ".join(errors)))
-        raise OSError("beammoe: libbeammoe not found (set BEAMMOE_LIBRARY to the path of "
-                      "libbeammoe.so, or install the library so that pkg-config or the loader "
-                      "finds it)" + (": " + "; ".join(errors) if errors else ""))
+        raise OSError("beammoe: libbeammoe not found (pip install ./python after make carries it; "
+                      "or set BEAMMOE_LIBRARY to the path of libbeammoe.so, or install the library so "
+                      "that pkg-config or the loader finds it)" + (": " + "; ".join(errors) if errors else ""))
 
 
 def library_path():
@@ -165,39 +198,37 @@ def library_path():
     return _lib_path
 
 
-def last_error():
-    msg = library().beam_last_error()
+def last_error(lib=None):
+    msg = (lib or library()).beam_last_error()
     return msg.decode("utf-8", "replace") if msg else ""
 
 
-def check(status, what):
+def check(status, what, lib=None):
     """Raise the exception for a failed call (status != BEAM_OK)."""
     if status != BEAM_OK:
-        msg = last_error() or "%s failed" % what
+        msg = last_error(lib) or "%s failed" % what
         raise_for_status(status, msg)
 
 
 _gate = threading.Condition(threading.Lock())
-_inflight = 0  # calls running on _backend right now
+_inflight = 0  # dispatcher calls running on _backend right now
 
 
 def set_backend(name):
     """Make `name` ("cpu" or "cuda") the dispatcher's backend now (waits for
-    calls running on the other backend to return)."""
+    dispatcher calls running on the other backend to return)."""
     with backend(name):
         pass
 
 
 class backend:
-    """A context for one call on backend `name` ("cpu" or "cuda").
+    """A context for calls through the dispatcher on backend `name`.
 
     The dispatcher's choice is process-wide, so a thread must not switch it
-    while another thread's call runs on the other backend (a CPU backend
-    handed device pointers would fault). Calls on the same backend run
-    concurrently; a switch waits until the running calls have returned.
-    The choice is cached: when the device type does not change, entering
-    costs a lock and a comparison. Do not nest contexts of different
-    backends in one thread (the inner one would wait for the outer)."""
+    while another thread's call runs on the other backend. Calls on the same
+    backend run concurrently; a switch waits until the running calls have
+    returned. The tensor operations do not use this: they call the backend
+    library of their device directly (backend_library)."""
 
     __slots__ = ("name",)
 
@@ -223,8 +254,39 @@ class backend:
                 _gate.notify_all()
 
 
+_backend_libs = {}
+
+
+def backend_library(name):
+    """The backend library `name` ("cpu" or "cuda") itself, with the fast
+    prototypes: the copy the dispatcher loaded and accepted for this host
+    (beam_set_backend), reached by its soname. BeamError when that backend
+    does not load or cannot run here."""
+    lib = _backend_libs.get(name)
+    if lib is not None:
+        return lib
+    set_backend(name)  # the dispatcher loads it and checks it can run here
+    with _lock:
+        lib = _backend_libs.get(name)
+        if lib is None:
+            soname = "libbeammoe_%s%s" % (name, SO_SUFFIX)
+            try:
+                lib = ctypes.CDLL(soname)
+            except OSError as e:
+                raise OSError("beammoe: the dispatcher loaded the %s backend but %s cannot be opened "
+                              "by its name: %s" % (name, soname, e)) from None
+            _declare(lib, FAST_PROTOTYPES)
+            lib.beam_backend_name.restype = ctypes.c_char_p
+            lib.beam_backend_name.argtypes = []
+            got = lib.beam_backend_name()
+            if got != name.encode():
+                raise OSError("beammoe: %s reports backend %r, not %r" % (soname, got, name))
+            _backend_libs[name] = lib
+    return lib
+
+
 def backend_name():
-    """The backend libbeammoe runs calls on now ("cpu" or "cuda")."""
+    """The backend the dispatcher runs its own calls on now ("cpu" or "cuda")."""
     return library().beam_backend_name().decode()
 
 

@@ -1,33 +1,50 @@
-"""Python-level checks of torch tensors before they reach the library.
+"""Python-level checks of the arguments before they reach the library.
 
 The library checks every rule it can see (sizes, top_k, hidden, eps, scales,
-overlap, device memory); what it cannot see from raw pointers is checked here:
-that an argument is a tensor, its dtype, its rank and shape against the other
-tensors, contiguity and a common device. Messages follow the library's form:
-"function: argument ... rule".
+overlap, device memory); what it cannot see from raw pointers, or what ctypes
+would silently convert, is checked here: that an argument is a tensor, its
+dtype, its rank and shape against the other tensors, contiguity, a common
+device; and that numbers are numbers of the right kind and range (no bool
+where an int is expected, no string where a float or a pair is, no integer
+that its C type would wrap). Messages follow the library's form:
+"function: argument ... rule". Types are a TypeError, values a ValueError.
+
+Every function is written for the common case first (a plain tensor, a
+Python float or int): one call costs a few hundred nanoseconds.
 """
+import math
+import numbers
 import operator
 
 import torch
 
 BF16 = torch.bfloat16
 FP32 = torch.float32
+Tensor = torch.Tensor
+
+INT32 = (-(2 ** 31), 2 ** 31 - 1)
+INT64 = (-(2 ** 63), 2 ** 63 - 1)
+FLT_MAX = 3.4028234663852886e38
+DEVICES = ("cpu", "cuda", "meta")  # meta: shapes only (torch.library's fake tensors)
 
 
-def tensor(fn, name, t, dtype, ndim=None):
-    """Check that `t` is a contiguous tensor of `dtype` (and rank `ndim`)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError("%s: %s must be a torch.Tensor, got %s" % (fn, name, type(t).__name__))
-    if t.dtype != dtype:
+def _type_name(v):
+    return type(v).__name__
+
+
+def tensor(fn, name, t, dtype, ndim):
+    """Check that `t` is a contiguous tensor of `dtype` and rank `ndim` (an
+    int or a tuple of ints)."""
+    if not isinstance(t, Tensor):
+        raise TypeError("%s: %s must be a torch.Tensor, got %s" % (fn, name, _type_name(t)))
+    if t.dtype is not dtype:
         raise TypeError("%s: %s must have dtype %s, got %s" % (fn, name, dtype, t.dtype))
-    if ndim is not None and t.dim() not in (ndim if isinstance(ndim, tuple) else (ndim,)):
-        want = " or ".join(str(n) for n in (ndim if isinstance(ndim, tuple) else (ndim,)))
+    d = t.dim()
+    if d != ndim and not (type(ndim) is tuple and d in ndim):
+        want = " or ".join(str(n) for n in (ndim if type(ndim) is tuple else (ndim,)))
         raise ValueError("%s: %s must have %s dimensions, got shape %s" % (fn, name, want, tuple(t.shape)))
     if not t.is_contiguous():
         raise ValueError("%s: %s must be contiguous (row-major dense; call .contiguous())" % (fn, name))
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError("%s: %s is on device %s; only cpu and cuda tensors are supported"
-                         % (fn, name, t.device))
     return t
 
 
@@ -37,11 +54,12 @@ def shape(fn, name, t, want):
         raise ValueError("%s: %s must have shape %s, got %s" % (fn, name, tuple(want), tuple(t.shape)))
 
 
-def same_device(fn, named):
-    """All (name, tensor) pairs with a tensor must be on one device; returns it."""
+def same_device(fn, names, tensors):
+    """Every tensor (None skipped) on one device, and that a cpu or cuda
+    device (or meta, under torch.library's fake tensors); returns it."""
     dev = None
     first = None
-    for name, t in named:
+    for name, t in zip(names, tensors):
         if t is None:
             continue
         if dev is None:
@@ -49,6 +67,8 @@ def same_device(fn, named):
         elif t.device != dev:
             raise ValueError("%s: %s is on %s but %s is on %s (every tensor must be on one device)"
                              % (fn, name, t.device, first, dev))
+    if dev is not None and dev.type not in DEVICES:
+        raise ValueError("%s: %s is on device %s; only cpu and cuda tensors are supported" % (fn, first, dev))
     return dev
 
 
@@ -62,7 +82,7 @@ def expert_arrays(fn, outputs_name, outputs, weights_name, weights):
     tensor(fn, outputs_name, outputs, BF16, (2, 3))
     capacity, top_k = weights.shape
     if outputs.dim() == 3:
-        if tuple(outputs.shape[:2]) != (capacity, top_k):
+        if outputs.shape[0] != capacity or outputs.shape[1] != top_k:
             raise ValueError("%s: %s has shape %s but %s is %s: want [%d, %d, hidden]"
                              % (fn, outputs_name, tuple(outputs.shape), weights_name,
                                 tuple(weights.shape), capacity, top_k))
@@ -82,15 +102,45 @@ def moe_output(fn, x):
         g, w = x.gemm2_permuted, x.expert_weights
     except AttributeError:
         raise TypeError("%s: x must be an unfinalized MoE output with attributes gemm2_permuted and "
-                        "expert_weights (e.g. beammoe.MoEOutput), got %s" % (fn, type(x).__name__)) from None
+                        "expert_weights (e.g. beammoe.MoEOutput), got %s" % (fn, _type_name(x))) from None
     live = getattr(x, "live_tokens", None)
     if live is not None:
-        try:
-            live = operator.index(live)
-        except TypeError:
-            raise TypeError("%s: x.live_tokens must be an int or None, got %s"
-                            % (fn, type(live).__name__)) from None
+        live = integer(fn, "x.live_tokens", live, INT64)
     return g, w, live
+
+
+def integer(fn, name, v, bounds):
+    """An int within `bounds` (lo, hi): a bool or a non-integer is a
+    TypeError, a value outside the C type's range a ValueError."""
+    if type(v) is not int:
+        if isinstance(v, bool) or (isinstance(v, Tensor) and v.dtype is torch.bool):
+            raise TypeError("%s: %s must be an int, got bool" % (fn, name))
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError("%s: %s must be an int, got %s" % (fn, name, _type_name(v))) from None
+    if not bounds[0] <= v <= bounds[1]:
+        raise ValueError("%s: %s=%d is out of range [%d, %d]" % (fn, name, v, bounds[0], bounds[1]))
+    return v
+
+
+def number(fn, name, v):
+    """A float that a C float holds: a Python or NumPy real number (not a
+    bool) or a one-element tensor; inf and nan pass (the library names them);
+    a finite value beyond the float32 range is a ValueError."""
+    if type(v) is float and -FLT_MAX <= v <= FLT_MAX:
+        return v
+    if isinstance(v, Tensor):
+        if v.numel() != 1 or v.dtype is torch.bool or v.is_complex():
+            raise TypeError("%s: %s must be a float, got a tensor of shape %s and dtype %s"
+                            % (fn, name, tuple(v.shape), v.dtype))
+        v = v.item()
+    elif isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError("%s: %s must be a float, got %s" % (fn, name, _type_name(v)))
+    v = float(v)
+    if math.isfinite(v) and not -FLT_MAX <= v <= FLT_MAX:
+        raise ValueError("%s: %s=%r is out of the float32 range" % (fn, name, v))
+    return v
 
 
 def norm(fn, weight_name, weight, eps_name, eps, hidden):
@@ -103,40 +153,46 @@ def norm(fn, weight_name, weight, eps_name, eps, hidden):
             raise ValueError("%s: %s is given but %s is None (a norm needs its eps; pass %s=None "
                              "for no norm)" % (fn, weight_name, eps_name, weight_name))
         return None, None
-    if isinstance(eps, torch.Tensor):
-        eps = eps.item()
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError("%s: %s must be a float or None, got %s" % (fn, eps_name, type(eps).__name__)) from None
+    eps = number(fn, eps_name, eps)
     if weight is not None:
         tensor(fn, weight_name, weight, BF16, 1)
-        shape(fn, weight_name, weight, (hidden,))
+        if weight.shape[0] != hidden:
+            raise ValueError("%s: %s must have shape (%d,), got %s"
+                             % (fn, weight_name, hidden, tuple(weight.shape)))
     return weight, eps
 
 
 def scales(fn, s):
-    """None or a pair of floats (scale of the branch, scale of the residual)."""
+    """None or a pair (scale of the branch, scale of the residual): a tuple or
+    list of two floats, or a tensor of two; returns a tuple of two floats."""
     if s is None:
         return None
-    if isinstance(s, torch.Tensor):
+    if isinstance(s, Tensor):
+        if s.dim() != 1 or s.numel() != 2 or s.dtype is torch.bool or s.is_complex():
+            raise TypeError("%s: scales must be a pair of floats or None, got a tensor of shape %s and "
+                            "dtype %s" % (fn, tuple(s.shape), s.dtype))
         s = s.tolist()
-    try:
-        s = tuple(s)
-    except TypeError:
-        raise TypeError("%s: scales must be a pair of floats or None, got %s" % (fn, type(s).__name__)) from None
+    elif not isinstance(s, (tuple, list)):  # a string is a sequence, but no pair of numbers
+        raise TypeError("%s: scales must be a pair of floats or None, got %s" % (fn, _type_name(s)))
     if len(s) != 2:
         raise ValueError("%s: scales must be a pair of floats or None, got %d values" % (fn, len(s)))
-    try:
-        return (float(s[0]), float(s[1]))
-    except (TypeError, ValueError):
-        raise TypeError("%s: scales must be a pair of floats or None, got %r" % (fn, s)) from None
+    return (number(fn, "scales[0]", s[0]), number(fn, "scales[1]", s[1]))
 
 
-def number(fn, name, v):
-    if isinstance(v, torch.Tensor):
-        v = v.item()
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise TypeError("%s: %s must be a float, got %s" % (fn, name, type(v).__name__)) from None
+def flag(fn, name, v):
+    """A bool (True or False), nothing that merely converts to one."""
+    if v is True or v is False:
+        return v
+    raise TypeError("%s: %s must be True or False, got %s" % (fn, name, _type_name(v)))
+
+
+def strategy(fn, s, allowed, names):
+    """The strategy's enum value: None or one of `allowed` (lower-case names)."""
+    if s is None:
+        return 0
+    if not isinstance(s, str):
+        raise TypeError("%s: strategy must be a string or None, got %s" % (fn, _type_name(s)))
+    key = s.lower()
+    if key not in allowed:
+        raise ValueError("%s: strategy=%r: unknown strategy (use None, %s)" % (fn, s, names))
+    return allowed[key]

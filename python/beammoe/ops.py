@@ -1,28 +1,60 @@
-"""The three operations with the reference signatures, over torch tensors.
+"""The operations with the reference signatures and semantics, over torch tensors.
 
-Every function checks its tensors (see _tensors.py), selects the backend from
-the tensors' device, and calls libbeammoe; the library checks the rest of
-the contract and its message becomes the ValueError (see _errors.py).
-CUDA calls run on torch's current stream of the tensors' device, with that
-device made current for the call; they are asynchronous like any torch op.
+Every function checks its arguments (_tensors.py), then either calls the
+library at once (eager calls on plain CPU or CUDA tensors: the short path,
+_run.py) or goes through the registered torch operation torch.ops.beammoe.*
+(_torch_ops.py): under torch.compile, on tensor subclasses or meta tensors,
+under a dispatch mode, and when autograd records (so that it refuses a
+backward pass). Both paths check the same rules, give the same bits and
+write the same tensors.
+
+Results are new tensors, as in the reference: hidden is torch.empty_like
+(residual), and residual is left as it was. inplace=True writes hidden into
+residual instead (the residual-stream update of inference engines) and
+returns residual itself, with its version counter bumped like any in-place
+torch op.
 """
-import contextlib
-import ctypes
-
 import torch
 
 from . import _lib
-from . import _tensors as T
-from ._lib import BeamNorm
+from . import _run
+from . import _tensors as A
+from ._tensors import BF16, Tensor
 
 __all__ = [
     "MoEOutput",
     "beam_moe_finalize",
     "beam_moe_finalize_norm_residual_norm",
     "beam_moe_finalize_gather_norm_residual_norm",
-    "norm_residual_norm",
     "beam_norm_residual_norm",
+    "norm_residual_norm",
 ]
+
+_FINALIZE = "beam_moe_finalize"
+_FUSED = "beam_moe_finalize_norm_residual_norm"
+_GATHER = "beam_moe_finalize_gather_norm_residual_norm"
+_NRN = "beam_norm_residual_norm"
+_STRATEGY_NAMES = '"auto", "fused", "unfused", "oneshot" or "twoshot"'
+_FINALIZE_NAMES = ("expert_outputs", "expert_weights", "output", "post_weight")
+_FUSED_NAMES = ("x.gemm2_permuted", "x.expert_weights", "residual", "post_weight", "next_weight")
+_NRN_NAMES = ("x", "residual", "pre_weight", "next_weight")
+
+HAVE_TORCH_OPS = False  # set at the end of this module when torch.library takes the operations
+
+if hasattr(torch, "compiler") and hasattr(torch.compiler, "is_compiling"):
+    _compiling = torch.compiler.is_compiling
+elif hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "is_compiling"):  # pragma: no cover
+    _compiling = torch._dynamo.is_compiling
+else:
+    def _compiling():
+        return False
+
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
+if hasattr(torch.autograd, "graph") and hasattr(torch.autograd.graph, "increment_version"):
+    _increment_version = torch.autograd.graph.increment_version
+else:  # torch < 2.1: a copy onto itself bumps the counter and changes no bit
+    def _increment_version(t):
+        t.copy_(t)
 
 
 class MoEOutput:
@@ -50,55 +82,184 @@ class MoEOutput:
             tuple(self.expert_weights.shape), self.expert_weights.dtype, self.live_tokens)
 
 
-def _strategy(fn, s):
-    if s is not None and not isinstance(s, str):
-        raise TypeError("%s: strategy must be a string or None, got %s" % (fn, type(s).__name__))
-    key = s.lower() if isinstance(s, str) else None
-    if key not in _lib.STRATEGIES:
-        raise ValueError("%s: strategy=%r: unknown strategy (use None, \"auto\", \"fused\", "
-                         "\"unfused\", \"oneshot\" or \"twoshot\")" % (fn, s))
-    return _lib.STRATEGIES[key]
+# ---- checks shared by the functions and the torch.library operations --------
+
+def check_finalize(fn, g, w, output, pw, pe, routed_scale):
+    """(capacity, top_k, hidden, live, pw, pe, scale) or an exception."""
+    capacity, top_k, hidden = A.expert_arrays(fn, "expert_outputs", g, "expert_weights", w)
+    A.tensor(fn, "output", output, BF16, 2)
+    live, oh = output.shape
+    if oh != hidden:
+        raise ValueError("%s: output has shape %s but the expert outputs have hidden=%d"
+                         % (fn, tuple(output.shape), hidden))
+    pw, pe = A.norm(fn, "post_weight", pw, "post_eps", pe, hidden)
+    scale = A.number(fn, "routed_scale", routed_scale)
+    return capacity, top_k, hidden, live, pw, pe, scale
 
 
-@contextlib.contextmanager
-def _device(dev, select_backend=True):
-    """Run a call on `dev`: hold the backend of its device type (unless a
-    workspace fixes the backend), make a CUDA device current, and yield the
-    stream to pass (None for the CPU)."""
-    kind = "cpu" if dev is None or dev.type == "cpu" else "cuda"
-    with _lib.backend(kind) if select_backend else contextlib.nullcontext():
-        if kind == "cpu":
-            yield None
-            return
-        with torch.cuda.device(dev):
-            yield ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
-
-
-def _norm_struct(weight, eps):
-    """A pointer to a beam_norm (or None) for (weight, eps) from T.norm."""
+def _plain_norm(weight, eps, hidden):
+    """True when A.norm accepts (weight, eps) as they are: no norm, or a
+    Python float eps in the float32 range with no weight or a contiguous
+    [hidden] BF16 weight."""
     if eps is None:
-        return None
-    return ctypes.pointer(BeamNorm(_ptr(weight), eps))
+        return weight is None
+    if type(eps) is not float or not -A.FLT_MAX <= eps <= A.FLT_MAX:
+        return False
+    return weight is None or (isinstance(weight, Tensor) and weight.dtype is BF16 and weight.dim() == 1
+                              and weight.shape[0] == hidden and weight.is_contiguous())
 
 
-def _scales_array(s):
-    return (ctypes.c_float * 2)(*s) if s is not None else None
+def check_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy):
+    """The rules of the local and the gathered fused operation (strategy: the
+    enum value): (capacity, top_k, hidden, pw, pe, nw, ne, scales, scale, strategy)."""
+    # The common case in one expression (a subset of what the checks below
+    # accept); anything else takes the checks, which name the broken rule.
+    if isinstance(g, Tensor) and isinstance(w, Tensor) and isinstance(residual, Tensor) and g.dtype is BF16 \
+            and w.dtype is A.FP32 and residual.dtype is BF16 and g.dim() == 2 and w.dim() == 2 \
+            and residual.dim() == 2 and g.is_contiguous() and w.is_contiguous() and residual.is_contiguous() \
+            and type(routed_scale) is float and -A.FLT_MAX <= routed_scale <= A.FLT_MAX \
+            and type(strategy) is int:
+        capacity, top_k = w.shape
+        hidden = g.shape[1]
+        if g.shape[0] == capacity * top_k and residual.shape[1] == hidden and _plain_norm(pw, pe, hidden) \
+                and _plain_norm(nw, ne, hidden):
+            return (capacity, top_k, hidden, pw, pe, nw, ne, None if scales is None else A.scales(fn, scales),
+                    routed_scale, strategy)
+    capacity, top_k, hidden = A.expert_arrays(fn, "x.gemm2_permuted", g, "x.expert_weights", w)
+    A.tensor(fn, "residual", residual, BF16, 2)
+    if residual.shape[1] != hidden:
+        raise ValueError("%s: residual has shape %s but x.gemm2_permuted has hidden=%d"
+                         % (fn, tuple(residual.shape), hidden))
+    pw, pe = A.norm(fn, "post_weight", pw, "post_eps", pe, hidden)
+    nw, ne = A.norm(fn, "next_weight", nw, "next_eps", ne, hidden)
+    s = A.scales(fn, scales)
+    scale = A.number(fn, "routed_scale", routed_scale)
+    if type(strategy) is not int:  # the functions pass the enum value of the strategy's name
+        raise TypeError("%s: strategy must be the library's enum value (an int), got %s"
+                        % (fn, type(strategy).__name__))
+    return capacity, top_k, hidden, pw, pe, nw, ne, s, scale, strategy
 
 
-# An empty tensor's data_ptr() is 0, but the library tells "absent" (NULL)
-# from "present, no rows" (e.g. normalized must be non-NULL exactly when
-# next_norm is given); an empty tensor passes this address instead. The
-# library never touches a pointer whose extent is zero bytes.
-_EMPTY = (ctypes.c_uint64 * 2)()
+def check_nrn(fn, x, residual, prw, pre, nw, ne, scales):
+    """(tokens, hidden, prw, pre, nw, ne, scales)."""
+    A.tensor(fn, "x", x, BF16, 2)
+    A.tensor(fn, "residual", residual, BF16, 2)
+    if residual.shape != x.shape:
+        A.shape(fn, "residual", residual, tuple(x.shape))
+    tokens, hidden = x.shape
+    prw, pre = A.norm(fn, "pre_weight", prw, "pre_eps", pre, hidden)
+    nw, ne = A.norm(fn, "next_weight", nw, "next_eps", ne, hidden)
+    s = A.scales(fn, scales)
+    return tokens, hidden, prw, pre, nw, ne, s
 
 
-def _ptr(t):
-    """The address to pass for an optional tensor (None: NULL)."""
-    if t is None:
-        return None
-    p = t.data_ptr()
-    return p if p else ctypes.addressof(_EMPTY)
+def check_workspace(fn, workspace, dev):
+    """The workspace's handle, for tensors on `dev`."""
+    from .workspace import Workspace  # a late import: workspace imports this module
+    if not isinstance(workspace, Workspace):
+        raise TypeError("%s: workspace must be a beammoe.Workspace, got %s" % (fn, type(workspace).__name__))
+    if dev.type != "meta" and dev != workspace.device:
+        raise ValueError("%s: the tensors are on %s but the workspace is on %s" % (fn, dev, workspace.device))
+    return workspace.handle  # raises once closed
 
+
+# ---- how a call runs -----------------------------------------------------------
+
+def placement(fn, names, tensors):
+    """(device, direct): the one device of the tensors (None skipped; a
+    ValueError names two that differ), and whether the call may go straight
+    to the library: eager, plain CPU or CUDA tensors (or parameters), no
+    dispatch mode, no autograd recording (or no torch.library to go
+    through)."""
+    dev = None
+    plain = True
+    grad = False
+    for t in tensors:
+        if t is None:
+            continue
+        if dev is None:
+            dev = t.device
+        elif t.device != dev:
+            A.same_device(fn, names, tensors)  # names the two
+        if type(t) is not Tensor and type(t) is not _Parameter:
+            plain = False
+        if t.requires_grad:
+            grad = True
+    if dev != _CPU and dev.type not in A.DEVICES:
+        A.same_device(fn, names, tensors)  # names the device
+    if not HAVE_TORCH_OPS:
+        if dev.type == "meta":
+            raise ValueError("%s: meta tensors need torch.library (torch >= 2.4)" % fn)
+        return dev, True
+    if not plain or dev.type == "meta" or _compiling():
+        return dev, False
+    if _dispatch_modes is not None and _dispatch_modes():
+        return dev, False
+    return dev, not (grad and torch.is_grad_enabled())
+
+
+_CPU = torch.device("cpu")
+_Parameter = torch.nn.Parameter  # a model's weights: plain tensors for the call
+
+
+def _no_autograd_write(fn, name, written, tensors):
+    """An in-place write is refused while autograd records and a tensor of the
+    call requires grad: the library has no derivative, and a silent write
+    would leave wrong gradients (torch refuses a leaf the same way)."""
+    if torch.is_grad_enabled():
+        for t in tensors:
+            if t is not None and t.requires_grad:
+                why = ("a leaf Variable that requires grad is being used in an in-place operation"
+                       if written.requires_grad and written.is_leaf else "a tensor of the call requires grad")
+                raise RuntimeError("%s: %s would be written in place while autograd records (%s); beammoe "
+                                   "operations have no derivative: call them under torch.no_grad() or "
+                                   "torch.inference_mode()" % (fn, name, why))
+
+
+def _written(t):
+    """Bump the version counter of a tensor written in place by the library."""
+    if not t.is_inference():
+        _increment_version(t)
+
+
+class _NoDerivative(torch.autograd.Function):
+    """Without torch.library (torch < 2.4): run the call, and refuse a
+    backward pass through its results."""
+
+    @staticmethod
+    def forward(ctx, name, run, *inputs):
+        ctx.name = name
+        return run()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("%s: beammoe operations have no derivative (inference only)" % ctx.name)
+
+
+def _eager(fn, residual, inplace, ne, tensors, compute):
+    """(hidden, normalized) computed by compute(hidden, normalized) on new
+    tensors, or with hidden = residual when inplace."""
+    if inplace:
+        normalized = torch.empty_like(residual) if ne is not None else None
+        compute(residual, normalized)
+        _written(residual)
+        return residual, normalized
+    if not HAVE_TORCH_OPS and torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                              for t in tensors):
+        def run():
+            h = torch.empty_like(residual)
+            n = torch.empty_like(residual) if ne is not None else None
+            compute(h, n)
+            return (h, n) if n is not None else h
+        outs = _NoDerivative.apply(fn, run, *[t for t in tensors if t is not None])
+        return (outs[0], outs[1]) if ne is not None else (outs, None)
+    hidden = torch.empty_like(residual)
+    normalized = torch.empty_like(residual) if ne is not None else None
+    compute(hidden, normalized)
+    return hidden, normalized
+
+
+# ---- the operations ------------------------------------------------------------
 
 def beam_moe_finalize(expert_outputs, expert_weights, output, routed_scale=1.0, post_weight=None,
                       post_eps=None):
@@ -110,79 +271,69 @@ def beam_moe_finalize(expert_outputs, expert_weights, output, routed_scale=1.0, 
     post_eps None: no post-norm; post_weight None with an eps: no affine step.
     Returns output.
     """
-    fn = "beam_moe_finalize"
-    capacity, top_k, hidden = T.expert_arrays(fn, "expert_outputs", expert_outputs,
-                                              "expert_weights", expert_weights)
-    T.tensor(fn, "output", output, T.BF16, 2)
-    if output.shape[1] != hidden:
-        raise ValueError("%s: output has shape %s but the expert outputs have hidden=%d"
-                         % (fn, tuple(output.shape), hidden))
-    pw, pe = T.norm(fn, "post_weight", post_weight, "post_eps", post_eps, hidden)
-    scale = T.number(fn, "routed_scale", routed_scale)
-    dev = T.same_device(fn, [("expert_outputs", expert_outputs), ("expert_weights", expert_weights),
-                             ("output", output), ("post_weight", pw)])
-    lib = _lib.library()
-    with _device(dev) as stream:
-        st = lib.beam_moe_finalize(_ptr(expert_outputs), _ptr(expert_weights), capacity,
-                                   output.shape[0], top_k, hidden, scale, _norm_struct(pw, pe),
-                                   _ptr(output), stream)
-    _lib.check(st, fn)
+    fn = _FINALIZE
+    capacity, top_k, hidden, live, pw, pe, scale = check_finalize(
+        fn, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
+    tensors = (expert_outputs, expert_weights, output, pw)
+    dev, direct = placement(fn, _FINALIZE_NAMES, tensors)
+    _no_autograd_write(fn, "output", output, tensors)
+    if direct:
+        _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe, output)
+        _written(output)
+    else:
+        torch.ops.beammoe.moe_finalize(expert_outputs, expert_weights, output, scale, pw, pe)
     return output
 
 
-def _fused_args(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-                strategy):
-    """Checks shared by the local and the gathered fused operation."""
-    g, w, live = T.moe_output(fn, x)
-    capacity, top_k, hidden = T.expert_arrays(fn, "x.gemm2_permuted", g, "x.expert_weights", w)
-    T.tensor(fn, "residual", residual, T.BF16, 2)
-    if residual.shape[1] != hidden:
-        raise ValueError("%s: residual has shape %s but x.gemm2_permuted has hidden=%d"
-                         % (fn, tuple(residual.shape), hidden))
-    pw, pe = T.norm(fn, "post_weight", post_weight, "post_eps", post_eps, hidden)
-    nw, ne = T.norm(fn, "next_weight", next_weight, "next_eps", next_eps, hidden)
-    return dict(g=g, w=w, live=live, capacity=capacity, top_k=top_k, hidden=hidden, pw=pw, pe=pe,
-                nw=nw, ne=ne, scales=T.scales(fn, scales),
-                scale=T.number(fn, "routed_scale", routed_scale), strategy=_strategy(fn, strategy))
-
-
 def beam_moe_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                                         routed_scale=1.0, *, strategy=None):
+                                         routed_scale=1.0, *, strategy=None, inplace=False):
     """Finalize x, then add into the residual stream and normalize for the next layer.
 
     x           an MoEOutput (gemm2_permuted, expert_weights, live_tokens)
     residual    [tokens, hidden] BF16; tokens = x.live_tokens when given (it
-                must equal residual.shape[0]). hidden is written IN PLACE into
-                residual (the residual-stream update of inference engines).
+                must equal residual.shape[0]); read only, unless inplace
     post_*      the post-FFN norm of the finalized branch (post_eps None: none)
     next_*      the next layer's input norm (next_eps None: none)
     scales      (branch scale, residual scale) or None
     strategy    None/"auto", "fused" or "unfused" (identical bits)
-    Returns (hidden, normalized): hidden is residual itself, normalized a new
-    [tokens, hidden] BF16 tensor, or None when next_eps is None.
+    inplace     False: hidden is a new tensor (torch.empty_like(residual)) and
+                residual is unchanged. True: hidden is written into residual,
+                and the returned hidden is residual itself.
+    Returns (hidden, normalized): normalized a new [tokens, hidden] BF16
+    tensor, or None when next_eps is None.
     """
-    fn = "beam_moe_finalize_norm_residual_norm"
-    a = _fused_args(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-                    strategy)
+    fn = _FUSED
+    g, w, live = A.moe_output(fn, x)
+    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
+        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+        A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES))
+    A.flag(fn, "inplace", inplace)
     tokens = residual.shape[0]
-    if a["live"] is not None and a["live"] != tokens:
-        raise ValueError("%s: x.live_tokens=%d must equal residual.shape[0]=%d"
-                         % (fn, a["live"], tokens))
-    dev = T.same_device(fn, [("x.gemm2_permuted", a["g"]), ("x.expert_weights", a["w"]),
-                             ("residual", residual), ("post_weight", a["pw"]), ("next_weight", a["nw"])])
-    normalized = torch.empty_like(residual) if a["ne"] is not None else None
-    lib = _lib.library()
-    with _device(dev) as stream:
-        st = lib.beam_moe_finalize_norm_residual_norm(
-            _ptr(a["g"]), _ptr(a["w"]), a["capacity"], tokens, a["top_k"], a["hidden"],
-            a["scale"], _norm_struct(a["pw"], a["pe"]), _ptr(residual), _scales_array(a["scales"]),
-            _norm_struct(a["nw"], a["ne"]), _ptr(residual), _ptr(normalized), a["strategy"], stream)
-    _lib.check(st, fn)
-    return residual, normalized
+    if live is not None and live != tokens:
+        raise ValueError("%s: x.live_tokens=%d must equal residual.shape[0]=%d" % (fn, live, tokens))
+    tensors = (g, w, residual, pw, nw)
+    dev, direct = placement(fn, _FUSED_NAMES, tensors)
+    if inplace:
+        _no_autograd_write(fn, "residual", residual, tensors)
+    if direct:
+        if not inplace and HAVE_TORCH_OPS:  # the common eager call, written out
+            h = torch.empty_like(residual)
+            n = torch.empty_like(residual) if ne is not None else None
+            _run.fused(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st)
+            return h, n
+        return _eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.fused(
+            dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st))
+    sl = list(s) if s is not None else None
+    if inplace:
+        n = torch.ops.beammoe.moe_finalize_norm_residual_norm_(g, w, residual, pw, pe, nw, ne, sl, scale, st)
+        return residual, (n if ne is not None else None)
+    h, n = torch.ops.beammoe.moe_finalize_norm_residual_norm(g, w, residual, pw, pe, nw, ne, sl, scale, st)
+    return h, (n if ne is not None else None)
 
 
 def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_eps, next_weight, next_eps,
-                                                scales, workspace, routed_scale=1.0, *, strategy=None):
+                                                scales, workspace, routed_scale=1.0, *, strategy=None,
+                                                inplace=False):
     """The tensor-parallel version: finalize this rank's tokens, all-gather, add, normalize.
 
     Collective over the workspace's ranks: every rank calls it with the same
@@ -190,68 +341,68 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     of R owns L = ceil(T / R) tokens, global rows [r*L, min((r+1)*L, T)), and
     x holds only those (local row i = global row r*L + i; capacity >= L;
     x.live_tokens is not used). residual is the full replicated [T, hidden]
-    array; hidden is written IN PLACE into it, and every rank gets the same
-    bits. strategy: None/"auto", "oneshot", "twoshot" or "unfused".
-    Returns (hidden, normalized) as beam_moe_finalize_norm_residual_norm.
+    array, read only unless inplace; every rank gets the same bits.
+    strategy: None/"auto" (the workspace's rule), "oneshot", "twoshot" or
+    "unfused". Returns (hidden, normalized) as
+    beam_moe_finalize_norm_residual_norm.
     """
-    fn = "beam_moe_finalize_gather_norm_residual_norm"
-    from .workspace import Workspace  # a late import: workspace imports this module's helpers
-    if not isinstance(workspace, Workspace):
-        raise TypeError("%s: workspace must be a beammoe.Workspace, got %s" % (fn, type(workspace).__name__))
-    a = _fused_args(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-                    strategy)
-    dev = T.same_device(fn, [("x.gemm2_permuted", a["g"]), ("x.expert_weights", a["w"]),
-                             ("residual", residual), ("post_weight", a["pw"]), ("next_weight", a["nw"])])
-    if dev != workspace.device:
-        raise ValueError("%s: the tensors are on %s but the workspace is on %s"
-                         % (fn, dev, workspace.device))
-    handle = workspace.handle  # raises once closed
-    normalized = torch.empty_like(residual) if a["ne"] is not None else None
-    lib = _lib.library()
-    # The workspace holds its backend: no global backend switch here, so
-    # threads of a CPU group and other devices do not disturb each other.
-    with _device(dev, select_backend=False) as stream:
-        st = lib.beam_moe_finalize_gather_norm_residual_norm(
-            handle, _ptr(a["g"]), _ptr(a["w"]), a["capacity"], residual.shape[0], a["top_k"],
-            a["hidden"], a["scale"], _norm_struct(a["pw"], a["pe"]), _ptr(residual),
-            _scales_array(a["scales"]), _norm_struct(a["nw"], a["ne"]), _ptr(residual),
-            _ptr(normalized), a["strategy"], stream)
-    _lib.check(st, fn)
-    return residual, normalized
+    fn = _GATHER
+    g, w, _ = A.moe_output(fn, x)
+    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
+        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+        A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES))
+    A.flag(fn, "inplace", inplace)
+    tensors = (g, w, residual, pw, nw)
+    dev, direct = placement(fn, _FUSED_NAMES, tensors)
+    handle = check_workspace(fn, workspace, dev)
+    tokens = residual.shape[0]
+    if inplace:
+        _no_autograd_write(fn, "residual", residual, tensors)
+    if direct:
+        return _eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.gather(
+            dev, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st))
+    sl = list(s) if s is not None else None
+    if inplace:
+        n = torch.ops.beammoe.moe_finalize_gather_norm_residual_norm_(handle, g, w, residual, pw, pe, nw, ne, sl,
+                                                                      scale, st)
+        return residual, (n if ne is not None else None)
+    h, n = torch.ops.beammoe.moe_finalize_gather_norm_residual_norm(handle, g, w, residual, pw, pe, nw, ne, sl,
+                                                                    scale, st)
+    return h, (n if ne is not None else None)
 
 
-def norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, scales=None, next_weight=None,
-                       next_eps=None, *, out=None):
+def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
+                            scales=None, *, inplace=False):
     """hidden = bf16(bf16(N(x) * s0) + bf16(residual * s1)); normalized = N(hidden).
 
-    x, residual  [tokens, hidden] BF16; pre_*/next_* optional norms as above.
-    hidden goes to `out` when given (it may be residual itself), else to a
-    new tensor. Returns (hidden, normalized | None).
+    The reference's argument order: (x, residual, pre_weight, pre_eps,
+    next_weight, next_eps, scales). x, residual [tokens, hidden] BF16;
+    pre_*/next_* optional norms as above; scales None or a pair. hidden is a
+    new tensor, or residual itself with inplace=True. Returns
+    (hidden, normalized | None).
     """
-    fn = "beam_norm_residual_norm"
-    T.tensor(fn, "x", x, T.BF16, 2)
-    T.tensor(fn, "residual", residual, T.BF16, 2)
-    T.shape(fn, "residual", residual, tuple(x.shape))
-    tokens, hidden = x.shape
-    prw, pre = T.norm(fn, "pre_weight", pre_weight, "pre_eps", pre_eps, hidden)
-    nw, ne = T.norm(fn, "next_weight", next_weight, "next_eps", next_eps, hidden)
-    s = T.scales(fn, scales)
-    if out is None:
-        out = torch.empty_like(residual)
-    else:
-        T.tensor(fn, "out", out, T.BF16, 2)
-        T.shape(fn, "out", out, tuple(x.shape))
-    dev = T.same_device(fn, [("x", x), ("residual", residual), ("pre_weight", prw), ("next_weight", nw),
-                             ("out", out)])
-    normalized = torch.empty_like(residual) if ne is not None else None
-    lib = _lib.library()
-    with _device(dev) as stream:
-        st = lib.beam_norm_residual_norm(_ptr(x), _ptr(residual), tokens, hidden,
-                                         _norm_struct(prw, pre), _scales_array(s), _norm_struct(nw, ne),
-                                         _ptr(out), _ptr(normalized), stream)
-    _lib.check(st, fn)
-    return out, normalized
+    fn = _NRN
+    tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
+                                                    scales)
+    A.flag(fn, "inplace", inplace)
+    tensors = (x, residual, prw, nw)
+    dev, direct = placement(fn, _NRN_NAMES, tensors)
+    if inplace:
+        _no_autograd_write(fn, "residual", residual, tensors)
+    if direct:
+        return _eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.norm_residual_norm(
+            dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n))
+    sl = list(s) if s is not None else None
+    if inplace:
+        n = torch.ops.beammoe.norm_residual_norm_(x, residual, prw, pre, nw, ne, sl)
+        return residual, (n if ne is not None else None)
+    h, n = torch.ops.beammoe.norm_residual_norm(x, residual, prw, pre, nw, ne, sl)
+    return h, (n if ne is not None else None)
 
 
-# The C API's name for the same operation.
-beam_norm_residual_norm = norm_residual_norm
+# The same function under the short name.
+norm_residual_norm = beam_norm_residual_norm
+
+from . import _torch_ops  # noqa: E402  (registers torch.ops.beammoe.*; needs the checks above)
+
+HAVE_TORCH_OPS = _torch_ops.REGISTERED

@@ -1,43 +1,80 @@
 """The gather's workspace: collective over a torch.distributed group (CUDA,
 with its own NCCL communicator) or over an in-process CPU group (threads).
+
+The attributes are the reference's: world_size, rank, max_tokens,
+hidden_size, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens
+(None: AUTO never takes the unfused strategy) and device_group. AUTO takes
+ONESHOT for tokens <= moe_gather_oneshot_max_tokens, UNFUSED for tokens >=
+moe_gather_separate_norm_min_tokens, TWOSHOT otherwise. The library's own
+names stay as aliases: nranks, hidden, oneshot_max_tokens, twoshot_max_tokens
+(= moe_gather_separate_norm_min_tokens - 1, or 2**63 - 1 for None).
 """
 import ctypes
-import operator
 import os
 import threading
+import weakref
 
 import torch
 
 from . import _lib
 from . import _nccl
+from . import _tensors as A
+from ._errors import raise_for_status
 
 __all__ = ["CpuGroup", "Workspace"]
 
-
-def _int(fn, name, v):
-    try:
-        return operator.index(v)
-    except TypeError:
-        raise TypeError("%s: %s must be an int, got %s" % (fn, name, type(v).__name__)) from None
+_NEVER = 2 ** 63 - 1  # twoshot_max_tokens of "never unfused"
 
 
-def _overrides(fn, oneshot_max_tokens, twoshot_max_tokens, timeout_ms):
-    """The config fields given (checked as ints before anything collective)."""
-    given = {"oneshot_max_tokens": oneshot_max_tokens, "twoshot_max_tokens": twoshot_max_tokens,
-             "timeout_ms": timeout_ms}
-    return {k: _int(fn, k, v) for k, v in given.items() if v is not None}
+class _Unset:
+    def __repr__(self):
+        return "<unset>"
 
 
-def _config(overrides):
-    """A beam_workspace_config pointer, or None (the backend's defaults) when
-    nothing is overridden. Call with the workspace's backend held: the unset
-    fields come from its defaults."""
-    if not overrides:
-        return None
+_UNSET = _Unset()
+
+
+def _thresholds(fn, oneshot, separate, twoshot_alias, oneshot_alias, timeout_ms):
+    """The config fields, checked as ints before anything collective:
+    (oneshot_max_tokens or None for the default, twoshot_max_tokens or None,
+    timeout_ms or None). The reference's names and the library's aliases may
+    not both be given."""
+    if oneshot_alias is not None:
+        if oneshot is not None:
+            raise TypeError("%s: give moe_gather_oneshot_max_tokens or its alias oneshot_max_tokens, not both" % fn)
+        oneshot = oneshot_alias
+        name1 = "oneshot_max_tokens"
+    else:
+        name1 = "moe_gather_oneshot_max_tokens"
+    one = A.integer(fn, name1, oneshot, A.INT64) if oneshot is not None else None
+    if twoshot_alias is not None:
+        if separate is not _UNSET:
+            raise TypeError("%s: give moe_gather_separate_norm_min_tokens or its alias twoshot_max_tokens, "
+                            "not both" % fn)
+        two = A.integer(fn, "twoshot_max_tokens", twoshot_alias, A.INT64)
+    elif separate is _UNSET or separate is None:
+        two = None if separate is _UNSET else _NEVER
+    else:
+        m = A.integer(fn, "moe_gather_separate_norm_min_tokens", separate, A.INT64)
+        if m < 1:
+            raise ValueError("%s: moe_gather_separate_norm_min_tokens=%d must be >= 1 (None: never unfused)"
+                             % (fn, m))
+        two = m - 1
+    tmo = A.integer(fn, "timeout_ms", timeout_ms, A.INT32) if timeout_ms is not None else None
+    return one, two, tmo
+
+
+def _config(one, two, tmo):
+    """The full beam_workspace_config: the backend's defaults (call with the
+    workspace's backend selected in the dispatcher) with the given fields."""
     cfg = _lib.library().beam_workspace_config_default()
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    return ctypes.pointer(cfg)
+    if one is not None:
+        cfg.oneshot_max_tokens = one
+    if two is not None:
+        cfg.twoshot_max_tokens = two
+    if tmo is not None:
+        cfg.timeout_ms = tmo
+    return cfg
 
 
 class CpuGroup:
@@ -47,12 +84,16 @@ class CpuGroup:
 
     def __init__(self, nranks):
         fn = "beammoe.CpuGroup"
-        nranks = _int(fn, "nranks", nranks)
+        nranks = A.integer(fn, "nranks", nranks, A.INT32)
         lib = _lib.library()
         h = ctypes.c_void_p()
         _lib.check(lib.beam_cpu_group_create(nranks, ctypes.byref(h)), "beam_cpu_group_create")
         self._handle = h.value
         self.nranks = nranks
+
+    @property
+    def world_size(self):
+        return self.nranks
 
     @property
     def handle(self):
@@ -71,6 +112,9 @@ class CpuGroup:
     def __exit__(self, *exc):
         self.close()
 
+    def __repr__(self):
+        return "CpuGroup(nranks=%d%s)" % (self.nranks, ", closed" if self._handle is None else "")
+
 
 def _group_src(dist, group):
     """The global rank of the group's rank 0 (broadcast takes global ranks)."""
@@ -81,10 +125,13 @@ def _group_src(dist, group):
     return dist.distributed_c10d._get_global_rank(group, 0)  # torch < 2.0
 
 
-class Workspace:
-    """The gather's workspace for `max_tokens` tokens of `hidden` columns.
+_open = weakref.WeakValueDictionary()  # handle -> open Workspace (torch.ops.beammoe.* take the handle)
 
-    Workspace(group, max_tokens, hidden, ...) is collective over a
+
+class Workspace:
+    """The gather's workspace for `max_tokens` tokens of `hidden_size` columns.
+
+    Workspace(group, max_tokens, hidden_size, ...) is collective over a
     torch.distributed process group (None = the default group; any backend
     that can broadcast a Python object, e.g. nccl or gloo): it makes its OWN
     NCCL communicator on every rank's current CUDA device (rank 0 makes the
@@ -93,32 +140,39 @@ class Workspace:
     must be on that device. NCCL_NVLS_ENABLE defaults to 0 (the library
     never uses NVLink multicast; this keeps NCCL from reserving it).
 
-    Workspace.cpu(cpu_group, rank, max_tokens, hidden, ...) is the CPU
+    Workspace.cpu(cpu_group, rank, max_tokens, hidden_size, ...) is the CPU
     version over a CpuGroup, called by each rank's thread.
 
-    oneshot_max_tokens, twoshot_max_tokens: AUTO's thresholds; timeout_ms:
-    how long a rank waits for its peers before a BeamCommError. None keeps
-    the backend's default.
+    moe_gather_oneshot_max_tokens: AUTO takes ONESHOT up to this many tokens
+    (None: the backend's default, 64). moe_gather_separate_norm_min_tokens:
+    AUTO takes UNFUSED from this many tokens on (None, the default: never).
+    Between the two AUTO takes TWOSHOT. timeout_ms: how long a rank waits
+    for its peers before a BeamCommError (None: the backend's default).
+    oneshot_max_tokens and twoshot_max_tokens are the library's names for
+    the same thresholds (twoshot_max_tokens = separate_norm_min_tokens - 1).
 
     close() is collective too (destroys the workspace, then the
     communicator); it is not done by the garbage collector, since ranks
     would reach it at different times. The workspace is a context manager.
     """
 
-    def __init__(self, group, max_tokens, hidden, *, oneshot_max_tokens=None, twoshot_max_tokens=None,
-                 timeout_ms=None):
+    def __init__(self, group, max_tokens, hidden_size=None, *, moe_gather_oneshot_max_tokens=None,
+                 moe_gather_separate_norm_min_tokens=_UNSET, timeout_ms=None, hidden=None,
+                 oneshot_max_tokens=None, twoshot_max_tokens=None):
         import torch.distributed as dist
 
         fn = "beammoe.Workspace"
-        max_tokens = _int(fn, "max_tokens", max_tokens)
-        hidden = _int(fn, "hidden", hidden)
-        overrides = _overrides(fn, oneshot_max_tokens, twoshot_max_tokens, timeout_ms)
+        max_tokens = A.integer(fn, "max_tokens", max_tokens, A.INT64)
+        hidden_size = self._hidden(fn, hidden_size, hidden)
+        one, two, tmo = _thresholds(fn, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens,
+                                    twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("%s: torch.distributed is not initialized (call init_process_group first)" % fn)
         if not torch.cuda.is_available():
             raise RuntimeError("%s: needs CUDA (for the CPU backend use Workspace.cpu with a CpuGroup)" % fn)
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-        self._init_fields(max_tokens, hidden, torch.device("cuda", torch.cuda.current_device()))
+        self._init_fields(max_tokens, hidden_size, torch.device("cuda", torch.cuda.current_device()),
+                          group if group is not None else dist.group.WORLD)
         rank = dist.get_rank(group)
         nranks = dist.get_world_size(group)
 
@@ -131,67 +185,125 @@ class Workspace:
             h = ctypes.c_void_p()
             # The defaults and the creation both come from the CUDA backend.
             with _lib.backend("cuda"):
-                cfg = _config(overrides)
-                st = lib.beam_workspace_create_nccl(comm, max_tokens, hidden, cfg, ctypes.byref(h))
+                cfg = _config(one, two, tmo)
+                st = lib.beam_workspace_create_nccl(comm, max_tokens, hidden_size, ctypes.byref(cfg),
+                                                    ctypes.byref(h))
+                msg = _lib.last_error() if st != _lib.BEAM_OK else ""
             if st != _lib.BEAM_OK:
-                msg = _lib.last_error()
                 try:
                     _nccl.comm_destroy(comm)
                 except Exception:  # the workspace's error is the one to report
                     pass
-                from ._errors import raise_for_status
                 raise_for_status(st, msg or "beam_workspace_create_nccl failed")
         self._comm = comm
-        self._handle = h.value
-        self._query_info()
+        self._opened(h.value, cfg)
 
     @classmethod
-    def cpu(cls, group, rank, max_tokens, hidden, *, oneshot_max_tokens=None, twoshot_max_tokens=None,
-            timeout_ms=None):
+    def cpu(cls, group, rank, max_tokens, hidden_size=None, *, moe_gather_oneshot_max_tokens=None,
+            moe_gather_separate_norm_min_tokens=_UNSET, timeout_ms=None, hidden=None, oneshot_max_tokens=None,
+            twoshot_max_tokens=None):
         """Rank `rank`'s workspace over a CpuGroup (collective: every rank's
         thread calls it). The gather then takes CPU tensors."""
         fn = "beammoe.Workspace.cpu"
         if not isinstance(group, CpuGroup):
             raise TypeError("%s: group must be a beammoe.CpuGroup, got %s" % (fn, type(group).__name__))
+        rank = A.integer(fn, "rank", rank, A.INT32)
+        max_tokens = A.integer(fn, "max_tokens", max_tokens, A.INT64)
+        hidden_size = cls._hidden(fn, hidden_size, hidden)
+        one, two, tmo = _thresholds(fn, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens,
+                                    twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
         self = cls.__new__(cls)
-        self._init_fields(_int(fn, "max_tokens", max_tokens), _int(fn, "hidden", hidden), torch.device("cpu"))
+        self._init_fields(max_tokens, hidden_size, torch.device("cpu"), group)
         lib = _lib.library()
-        overrides = _overrides(fn, oneshot_max_tokens, twoshot_max_tokens, timeout_ms)
-        cfg = None
-        if overrides:
-            with _lib.backend("cpu"):  # the defaults of the backend that runs the workspace
-                cfg = _config(overrides)
+        with _lib.backend("cpu"):  # the defaults of the backend that runs the workspace
+            cfg = _config(one, two, tmo)
         h = ctypes.c_void_p()
-        _lib.check(lib.beam_workspace_create_cpu(group.handle, _int(fn, "rank", rank), self.max_tokens,
-                                                 self.hidden, cfg, ctypes.byref(h)),
+        _lib.check(lib.beam_workspace_create_cpu(group.handle, rank, max_tokens, hidden_size, ctypes.byref(cfg),
+                                                 ctypes.byref(h)),
                    "beam_workspace_create_cpu")
-        self._handle = h.value
-        self._group = group  # the group must outlive the workspace
-        self._query_info()
+        self._opened(h.value, cfg)
         return self
 
-    def _init_fields(self, max_tokens, hidden, device):
+    @staticmethod
+    def _hidden(fn, hidden_size, hidden):
+        if hidden is not None:
+            if hidden_size is not None:
+                raise TypeError("%s: give hidden_size or its alias hidden, not both" % fn)
+            return A.integer(fn, "hidden", hidden, A.INT32)
+        if hidden_size is None:
+            raise TypeError("%s: hidden_size is required" % fn)
+        return A.integer(fn, "hidden_size", hidden_size, A.INT32)
+
+    def _init_fields(self, max_tokens, hidden_size, device, group):
         self.max_tokens = max_tokens
-        self.hidden = hidden
+        self.hidden_size = hidden_size
         self.device = device
+        self.device_group = group
         self._handle = None
         self._comm = None
-        self._group = None
         self._lock = threading.Lock()
-        self.rank = self.nranks = None
+        self.rank = self.world_size = None
+        self._cfg = None
 
-    def _query_info(self):
+    def _opened(self, handle, cfg):
+        self._handle = handle
+        self._cfg = (cfg.oneshot_max_tokens, cfg.twoshot_max_tokens, cfg.timeout_ms)
         r, n = ctypes.c_int32(), ctypes.c_int32()
-        _lib.check(_lib.library().beam_workspace_info(self._handle, ctypes.byref(r), ctypes.byref(n)),
+        _lib.check(_lib.library().beam_workspace_info(handle, ctypes.byref(r), ctypes.byref(n)),
                    "beam_workspace_info")
-        self.rank, self.nranks = r.value, n.value
+        self.rank, self.world_size = r.value, n.value
+        _open[handle] = self
+
+    @staticmethod
+    def by_handle(handle):
+        """The open workspace with this handle, or None."""
+        return _open.get(handle)
+
+    # ---- the thresholds (read only: they were handed to the library) -------
+    @property
+    def moe_gather_oneshot_max_tokens(self):
+        return self._cfg[0]
+
+    @property
+    def moe_gather_separate_norm_min_tokens(self):
+        return None if self._cfg[1] >= _NEVER else self._cfg[1] + 1
+
+    @property
+    def oneshot_max_tokens(self):
+        return self._cfg[0]
+
+    @property
+    def twoshot_max_tokens(self):
+        return self._cfg[1]
+
+    @property
+    def timeout_ms(self):
+        return self._cfg[2]
+
+    @property
+    def nranks(self):
+        return self.world_size
+
+    @property
+    def hidden(self):
+        return self.hidden_size
+
+    def strategy_for(self, tokens):
+        """The strategy AUTO takes for `tokens` tokens: "oneshot", "twoshot" or "unfused"."""
+        tokens = A.integer("beammoe.Workspace.strategy_for", "tokens", tokens, A.INT64)
+        if tokens <= self._cfg[0]:
+            return "oneshot"
+        if tokens <= self._cfg[1]:
+            return "twoshot"
+        return "unfused"
 
     @property
     def handle(self):
         """The beam_workspace pointer (an int); ValueError once closed."""
-        if self._handle is None:
+        h = self._handle
+        if h is None:
             raise ValueError("beammoe.Workspace: the workspace is closed")
-        return self._handle
+        return h
 
     @property
     def closed(self):
@@ -204,6 +316,7 @@ class Workspace:
             comm, self._comm = self._comm, None
         if h is None:
             return
+        _open.pop(h, None)
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
                 st = _lib.library().beam_workspace_destroy(h)
@@ -214,7 +327,6 @@ class Workspace:
             st = _lib.library().beam_workspace_destroy(h)
             msg = _lib.last_error() if st != _lib.BEAM_OK else ""
         if st != _lib.BEAM_OK:
-            from ._errors import raise_for_status
             raise_for_status(st, msg or "beam_workspace_destroy failed")
 
     def __enter__(self):
@@ -224,6 +336,9 @@ class Workspace:
         self.close()
 
     def __repr__(self):
-        return "Workspace(rank=%s, nranks=%s, max_tokens=%d, hidden=%d, device=%s%s)" % (
-            self.rank, self.nranks, self.max_tokens, self.hidden, self.device,
-            ", closed" if self.closed else "")
+        if self._cfg is None:
+            return "Workspace(unopened)"
+        return ("Workspace(rank=%s, world_size=%s, max_tokens=%d, hidden_size=%d, "
+                "moe_gather_oneshot_max_tokens=%d, moe_gather_separate_norm_min_tokens=%r, device=%s%s)" % (
+                    self.rank, self.world_size, self.max_tokens, self.hidden_size, self._cfg[0],
+                    self.moe_gather_separate_norm_min_tokens, self.device, ", closed" if self.closed else ""))

@@ -50,13 +50,19 @@ def _check(ws, rank, nranks, cases, strategies, dev):
         lg, lw = _local(g, w, tokens, nranks, rank, top_k, hidden)
         lg, lw, pwc, nwc = lg.to(dev), lw.to(dev), pw.to(dev), nw.to(dev)
         for strategy in strategies:
-            res = residual.to(dev)
-            h, n = beammoe.beam_moe_finalize_gather_norm_residual_norm(
-                beammoe.MoEOutput(lg, lw), res, pwc, 1e-6, nwc, 1e-5, scales, ws, routed, strategy=strategy)
-            assert h is res
-            what = "rank %d/%d tokens %d strategy %s" % (rank, nranks, tokens, strategy)
-            assert_bits_equal(h, want_h, what + " hidden")
-            assert_bits_equal(n, want_n, what + " normalized")
+            for inplace in (False, True):
+                res = residual.to(dev)
+                h, n = beammoe.beam_moe_finalize_gather_norm_residual_norm(
+                    beammoe.MoEOutput(lg, lw), res, pwc, 1e-6, nwc, 1e-5, scales, ws, routed, strategy=strategy,
+                    inplace=inplace)
+                what = "rank %d/%d tokens %d strategy %s inplace=%s" % (rank, nranks, tokens, strategy, inplace)
+                if inplace:
+                    assert h is res
+                else:
+                    assert h is not res
+                    assert_bits_equal(res, residual, what + " residual left unchanged")
+                assert_bits_equal(h, want_h, what + " hidden")
+                assert_bits_equal(n, want_n, what + " normalized")
 
 
 def worker(rank, nranks, init_file):
@@ -69,9 +75,12 @@ def worker(rank, nranks, init_file):
 
         hidden = 2048
         cases = [0, 1, 3, 64, 700]
-        with beammoe.Workspace(None, 1024, hidden, oneshot_max_tokens=16, twoshot_max_tokens=256,
-                               timeout_ms=60000) as ws:
-            assert (ws.rank, ws.nranks, ws.device) == (rank, nranks, dev), ws
+        with beammoe.Workspace(None, 1024, hidden, moe_gather_oneshot_max_tokens=16,
+                               moe_gather_separate_norm_min_tokens=257, timeout_ms=60000) as ws:
+            assert (ws.rank, ws.world_size, ws.device) == (rank, nranks, dev), ws
+            assert (ws.max_tokens, ws.hidden_size, ws.moe_gather_oneshot_max_tokens,
+                    ws.moe_gather_separate_norm_min_tokens) == (1024, hidden, 16, 257), ws
+            assert ws.device_group is dist.group.WORLD
             _check(ws, rank, nranks, cases, (None, "oneshot", "twoshot", "unfused"), dev)
             # Tensors of another device than the workspace's are rejected.
             if rank == 0:
@@ -88,6 +97,7 @@ def worker(rank, nranks, init_file):
 
         gloo = dist.new_group(backend="gloo")
         with beammoe.Workspace(gloo, 64, hidden) as ws2:
+            assert ws2.device_group is gloo and ws2.moe_gather_separate_norm_min_tokens is None
             _check(ws2, rank, nranks, [5, 64], (None,), dev)
         dist.barrier()
     finally:

@@ -5,11 +5,15 @@ import sys
 
 import pytest
 
-# The package from this tree when it is not installed (run-pytest.sh sets
-# PYTHONPATH=python too).
+# reference.py and the workers beside this file; the package from this tree
+# only when none is importable (run-pytest.sh sets PYTHONPATH=python; an
+# installed package, e.g. `pip install ./python`, is tested as installed).
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(_here))
 sys.path.insert(0, _here)
+try:
+    import beammoe  # noqa: F401
+except ImportError:
+    sys.path.insert(1, os.path.dirname(_here))
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 

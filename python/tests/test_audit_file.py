@@ -2,6 +2,7 @@
 safetensors file (docs/safetensors.md), against files written by a tiny
 writer here and by the C tool's `beammoe run --output`, and agreeing with
 the C tool's `beammoe audit --input` on pass/fail."""
+import ctypes
 import importlib
 import json
 import os
@@ -19,7 +20,7 @@ import beammoe
 from reference import BF16, random_bf16, random_case
 
 _here = os.path.dirname(os.path.abspath(__file__))
-_pkg_root = os.path.dirname(_here)
+_pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(beammoe.__file__)))  # the package under test
 
 
 def save_file(path, tensors, metadata=None, header_edit=None, tail=b""):
@@ -31,7 +32,7 @@ def save_file(path, tensors, metadata=None, header_edit=None, tail=b""):
     for name, t in tensors.items():
         t = t.detach().contiguous().cpu()
         dtype = {torch.bfloat16: "BF16", torch.float32: "F32"}[t.dtype]
-        raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+        raw = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())  # little-endian host, no NumPy
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
@@ -383,8 +384,11 @@ def _strict_base(gen):
     """Header entries (name, JSON text) and data of a small finalize problem
     whose data_offsets tile the data section in the order given."""
     g, w = random_case(gen, 2, 2, 256)
-    tensors = [("expert_outputs", "BF16", [2, 2, 256], g.view(torch.int16).numpy().tobytes()),
-               ("expert_weights", "F32", [2, 2], w.numpy().tobytes())]
+    def raw(t):  # little-endian host, no NumPy (PyPI's torch does not bring it)
+        t = t.contiguous()
+        return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+    tensors = [("expert_outputs", "BF16", [2, 2, 256], raw(g)),
+               ("expert_weights", "F32", [2, 2], raw(w))]
     parts, data = [], b""
     for name, dt, shape, raw in tensors:
         parts.append((name, '{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'

@@ -39,7 +39,8 @@ def test_finalize_cuda_vs_cpu(gen, capacity, live, top_k, hidden, post):
 @pytest.mark.parametrize("tokens", [1, 7, 128, 1000])
 @pytest.mark.parametrize("strategy", [None, "fused", "unfused"])
 @pytest.mark.parametrize("scales", [None, (0.5, 2.0)])
-def test_fused_cuda_vs_cpu(gen, tokens, strategy, scales):
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fused_cuda_vs_cpu(gen, tokens, strategy, scales, inplace):
     top_k, hidden = 8, 4096
     g, w = random_case(gen, tokens + 3, top_k, hidden, tokens=tokens, specials=True)
     residual = random_bf16(gen, tokens, hidden, scale=3.0)
@@ -48,8 +49,11 @@ def test_fused_cuda_vs_cpu(gen, tokens, strategy, scales):
         beammoe.MoEOutput(g, w, tokens), residual.clone(), pw, 1e-6, nw, 1e-5, scales, 1.25)
     gc, wc, rc, pwc, nwc = _cuda(g, w, residual, pw, nw)
     h, n = beammoe.beam_moe_finalize_norm_residual_norm(
-        beammoe.MoEOutput(gc, wc, tokens), rc, pwc, 1e-6, nwc, 1e-5, scales, 1.25, strategy=strategy)
-    assert h is rc and n.device == rc.device
+        beammoe.MoEOutput(gc, wc, tokens), rc, pwc, 1e-6, nwc, 1e-5, scales, 1.25, strategy=strategy,
+        inplace=inplace)
+    assert (h is rc) == inplace and n.device == rc.device and h.device == rc.device
+    if not inplace:
+        assert_bits_equal(rc, residual, "residual left unchanged")
     assert_bits_equal(h, want_h, "cuda hidden")
     assert_bits_equal(n, want_n, "cuda normalized")
 
@@ -57,8 +61,8 @@ def test_fused_cuda_vs_cpu(gen, tokens, strategy, scales):
 def test_norm_residual_norm_cuda_vs_cpu(gen):
     x, r = random_bf16(gen, 50, 1024, scale=2.0), random_bf16(gen, 50, 1024)
     prw, nw = random_bf16(gen, 1024), random_bf16(gen, 1024)
-    want = beammoe.norm_residual_norm(x, r, prw, 1e-6, (1.5, 0.5), nw, 1e-6)
-    got = beammoe.norm_residual_norm(*_cuda(x, r, prw), 1e-6, (1.5, 0.5), nw.cuda(), 1e-6)
+    want = beammoe.beam_norm_residual_norm(x, r, prw, 1e-6, nw, 1e-6, (1.5, 0.5))
+    got = beammoe.beam_norm_residual_norm(*_cuda(x, r, prw), 1e-6, nw.cuda(), 1e-6, (1.5, 0.5))
     assert_bits_equal(got[0], want[0])
     assert_bits_equal(got[1], want[1])
 
@@ -85,12 +89,13 @@ def test_mixed_devices_rejected(gen):
 
 
 def test_cpu_after_cuda(gen):
-    """Switching devices between calls selects the backend each time."""
+    """Switching devices between calls runs each on its device's backend."""
     g, w = random_case(gen, 8, 2, 256)
     a = beammoe.beam_moe_finalize(g.cuda(), w.cuda(), torch.empty(8, 256, dtype=BF16, device="cuda"))
     b = beammoe.beam_moe_finalize(g, w, torch.empty(8, 256, dtype=BF16))
-    assert beammoe.backend_name() == "cpu"
+    c = beammoe.beam_moe_finalize(g.cuda(), w.cuda(), torch.empty(8, 256, dtype=BF16, device="cuda"))
     assert_bits_equal(a, b)
+    assert_bits_equal(c, b)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -108,7 +113,7 @@ def test_tensors_on_another_device(gen):
 
 def test_threads_on_both_backends(gen):
     """Threads calling with CPU and CUDA tensors at once: each call runs on
-    its own device's backend (the package serializes backend switches)."""
+    its own device's backend library, with no process-wide switch."""
     import threading
 
     g, w = random_case(gen, 256, 8, 4096)

@@ -1,6 +1,6 @@
-"""beam_moe_finalize_norm_residual_norm on CPU tensors: every strategy
-against the composition of the library's separate operations and against the
-torch-written SPEC reference."""
+"""beam_moe_finalize_norm_residual_norm on CPU tensors: every strategy, new
+hidden and in place, against the composition of the library's separate
+operations and against the torch-written SPEC reference."""
 import pytest
 import torch
 
@@ -33,7 +33,8 @@ def _norm(gen, hidden, spec):
 @pytest.mark.parametrize("norms", NORMS)
 @pytest.mark.parametrize("scales", [None, (0.5, 1.0), (1.25, 0.75)])
 @pytest.mark.parametrize("strategy", [None, "fused", "unfused"])
-def test_fused(gen, capacity, live, top_k, hidden, norms, scales, strategy):
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fused(gen, capacity, live, top_k, hidden, norms, scales, strategy, inplace):
     g, w = random_case(gen, capacity, top_k, hidden, tokens=live, specials=True)
     pw, pe = _norm(gen, hidden, norms[0])
     nw, ne = _norm(gen, hidden, norms[1])
@@ -43,14 +44,18 @@ def test_fused(gen, capacity, live, top_k, hidden, norms, scales, strategy):
     x = beammoe.MoEOutput(g, w, live_tokens=live)
 
     hidden_out, normalized = beammoe.beam_moe_finalize_norm_residual_norm(
-        x, residual, pw, pe, nw, ne, scales, routed_scale, strategy=strategy)
-    assert hidden_out is residual  # in place
+        x, residual, pw, pe, nw, ne, scales, routed_scale, strategy=strategy, inplace=inplace)
+    if inplace:
+        assert hidden_out is residual
+    else:
+        assert hidden_out is not residual and hidden_out.shape == residual.shape
+        assert_bits_equal(residual, residual_in, "residual left unchanged")
     assert (normalized is None) == (ne is None)
 
     # The composition of the library's separate operations.
     f = torch.empty(live, hidden, dtype=BF16)
     beammoe.beam_moe_finalize(g, w, f, routed_scale, pw, pe)
-    want_h, want_n = beammoe.norm_residual_norm(f, residual_in, None, None, scales, nw, ne)
+    want_h, want_n = beammoe.beam_norm_residual_norm(f, residual_in, None, None, nw, ne, scales)
     assert_bits_equal(hidden_out, want_h, "hidden vs composition")
     if ne is not None:
         assert_bits_equal(normalized, want_n, "normalized vs composition")
@@ -70,7 +75,8 @@ def test_live_tokens_defaults_to_residual_rows(gen):
     h1, n1 = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r1, None, None, None, 1e-6,
                                                          None)
     h2, n2 = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w, 6), r2, None, None, None,
-                                                         1e-6, None)
+                                                         1e-6, None, inplace=True)
+    assert h2 is r2
     assert_bits_equal(h1, h2)
     assert_bits_equal(n1, n2)
 
@@ -85,7 +91,7 @@ def test_any_object_with_the_attributes(gen):
     o.gemm2_permuted, o.expert_weights = g, w
     r = random_bf16(gen, capacity, hidden)
     want = nrn_spec(
-        beammoe.beam_moe_finalize(g, w, torch.empty(capacity, hidden, dtype=BF16)), r.clone(), None, None,
+        beammoe.beam_moe_finalize(g, w, torch.empty(capacity, hidden, dtype=BF16)), r, None, None,
         (2.0, 1.0), None, None)[0]
     h, n = beammoe.beam_moe_finalize_norm_residual_norm(o, r, None, None, None, None, [2.0, 1.0])
     assert n is None
@@ -97,12 +103,18 @@ def test_norm_residual_norm_pre_norm(gen):
     x = random_bf16(gen, t, hidden, scale=2.0)
     res = random_bf16(gen, t, hidden)
     prw, nw = random_bf16(gen, hidden), random_bf16(gen, hidden)
-    h, n = beammoe.norm_residual_norm(x, res, prw, 1e-6, (0.5, 2.0), nw, 1e-5)
-    sh, sn = nrn_spec(x, res, prw, 1e-6, (0.5, 2.0), nw, 1e-5)
+    res_in = res.clone()
+    h, n = beammoe.beam_norm_residual_norm(x, res, prw, 1e-6, nw, 1e-5, (0.5, 2.0))
+    sh, sn = nrn_spec(x, res_in, prw, 1e-6, (0.5, 2.0), nw, 1e-5)
     assert_bits_equal(h, sh, "hidden")
     assert_bits_equal(n, sn, "normalized")
+    assert_bits_equal(res, res_in, "residual left unchanged")
+    # the reference's positional order: (x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
+    h1, n1 = beammoe.norm_residual_norm(x, res, prw, 1e-6, nw, 1e-5, (0.5, 2.0))
+    assert_bits_equal(h1, sh)
+    assert_bits_equal(n1, sn)
     # in place
     r2 = res.clone()
-    h2, _ = beammoe.norm_residual_norm(x, r2, prw, 1e-6, (0.5, 2.0), out=r2)
-    assert h2 is r2
+    h2, n2 = beammoe.beam_norm_residual_norm(x, r2, prw, 1e-6, None, None, (0.5, 2.0), inplace=True)
+    assert h2 is r2 and n2 is None
     assert_bits_equal(r2, sh)

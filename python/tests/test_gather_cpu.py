@@ -58,18 +58,25 @@ def test_gather_matches_local_fused(gen, nranks, tokens):
 
     with beammoe.CpuGroup(nranks) as grp:
         def body(r):
-            ws = beammoe.Workspace.cpu(grp, r, 32, hidden, oneshot_max_tokens=4, twoshot_max_tokens=16)
+            ws = beammoe.Workspace.cpu(grp, r, 32, hidden, moe_gather_oneshot_max_tokens=4,
+                                       moe_gather_separate_norm_min_tokens=17)
             try:
-                assert (ws.rank, ws.nranks) == (r, nranks)
+                assert (ws.rank, ws.world_size, ws.nranks) == (r, nranks, nranks)
+                assert (ws.oneshot_max_tokens, ws.twoshot_max_tokens) == (4, 16)
                 lg, lw = local_rows(g, w, tokens, nranks, r, top_k, hidden)
                 out = []
                 for strategy in (None, "oneshot", "twoshot", "unfused"):
-                    res = residual.clone()
-                    h, n = beammoe.beam_moe_finalize_gather_norm_residual_norm(
-                        beammoe.MoEOutput(lg, lw), res, pw, 1e-6, nw, 1e-5, scales, ws, routed,
-                        strategy=strategy)
-                    assert h is res
-                    out.append((strategy, h, n))
+                    for inplace in (False, True):
+                        res = residual.clone()
+                        h, n = beammoe.beam_moe_finalize_gather_norm_residual_norm(
+                            beammoe.MoEOutput(lg, lw), res, pw, 1e-6, nw, 1e-5, scales, ws, routed,
+                            strategy=strategy, inplace=inplace)
+                        if inplace:
+                            assert h is res
+                        else:
+                            assert h is not res
+                            assert_bits_equal(res, residual, "residual left unchanged")
+                        out.append(("%s inplace=%s" % (strategy, inplace), h, n))
                 return out
             finally:
                 ws.close()

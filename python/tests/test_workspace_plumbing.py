@@ -6,6 +6,7 @@ then communicator). The real NCCL path runs in test_cuda_gather.py."""
 import contextlib
 import os
 import tempfile
+import time
 
 import pytest
 import torch
@@ -27,14 +28,22 @@ class _Lib:
         return getattr(self._real, name)
 
     def beam_workspace_create_nccl(self, comm, max_tokens, hidden, cfg, out):
+        c = cfg._obj  # ctypes.byref(config)
         self._calls.append(("create", comm, max_tokens, hidden,
-                            None if not cfg else (cfg.contents.oneshot_max_tokens,
-                                                  cfg.contents.twoshot_max_tokens, cfg.contents.timeout_ms)))
+                            (c.oneshot_max_tokens, c.twoshot_max_tokens, c.timeout_ms)))
         return self._real.beam_workspace_create_cpu(self._group.handle, 0, max_tokens, hidden, cfg, out)
 
     def beam_workspace_destroy(self, h):
         self._calls.append(("destroy",))
         return self._real.beam_workspace_destroy(h)
+
+
+def _settle():
+    """Let gloo's worker thread drop the tensors of its last broadcast before
+    a process group is destroyed: torch 2.4's ProcessGroupGloo destructor
+    joins that thread while holding the GIL, and the thread may still need
+    the GIL to free them (a hang seen once in this file with torch 2.4.1)."""
+    time.sleep(0.2)
 
 
 @pytest.fixture
@@ -64,6 +73,7 @@ def stubbed(monkeypatch):
         try:
             yield calls
         finally:
+            _settle()
             dist.destroy_process_group()
             monkeypatch.undo()
             grp.close()
@@ -71,9 +81,13 @@ def stubbed(monkeypatch):
 
 def test_workspace_collective_plumbing(stubbed):
     calls = stubbed
-    with beammoe.Workspace(None, 64, 512, oneshot_max_tokens=3, timeout_ms=1234) as ws:
-        assert (ws.rank, ws.nranks, ws.max_tokens, ws.hidden) == (0, 1, 64, 512)
+    with beammoe.Workspace(None, 64, 512, moe_gather_oneshot_max_tokens=3, timeout_ms=1234) as ws:
+        assert (ws.rank, ws.world_size, ws.max_tokens, ws.hidden_size) == (0, 1, 64, 512)
+        assert (ws.nranks, ws.hidden) == (1, 512)  # the library's names
         assert ws.device == torch.device("cuda", 0)
+        assert ws.device_group is dist.group.WORLD
+        assert ws.moe_gather_oneshot_max_tokens == 3 and ws.timeout_ms == 1234
+        assert ws.moe_gather_separate_norm_min_tokens is None  # never unfused (the default)
     assert ws.closed
     defaults = _lib._lib.beam_workspace_config_default()  # the real library (stub undone later)
     names = [c[0] for c in calls]
@@ -88,12 +102,26 @@ def test_workspace_collective_plumbing(stubbed):
 
 def test_workspace_on_a_subgroup(stubbed):
     sub = dist.new_group(ranks=[0], backend="gloo")
-    with beammoe.Workspace(sub, 16, 256) as ws:
-        assert ws.nranks == 1
-    assert stubbed[2][4] is None  # no override: the backend's defaults (NULL config)
+    defaults = _lib._lib.beam_workspace_config_default()
+    with beammoe.Workspace(sub, 16, 256, moe_gather_separate_norm_min_tokens=9) as ws:
+        assert ws.world_size == 1 and ws.device_group is sub
+        assert ws.moe_gather_separate_norm_min_tokens == 9 and ws.twoshot_max_tokens == 8
+    # no override of the others: the backend's defaults
+    assert stubbed[2][4] == (defaults.oneshot_max_tokens, 8, defaults.timeout_ms)
+    _settle()  # before the subgroup (also ws.device_group) is released
 
 
 def test_workspace_argument_types(stubbed):
     with pytest.raises(TypeError, match=r"beammoe.Workspace: timeout_ms must be an int, got float"):
         beammoe.Workspace(None, 16, 256, timeout_ms=1.5)
+    with pytest.raises(TypeError, match=r"beammoe.Workspace: max_tokens must be an int, got bool"):
+        beammoe.Workspace(None, True, 256)
+    with pytest.raises(ValueError, match=r"beammoe.Workspace: hidden_size=4294967552 is out of range"):
+        beammoe.Workspace(None, 16, 2 ** 32 + 256)
+    with pytest.raises(ValueError, match=r"timeout_ms=4294968296 is out of range"):
+        beammoe.Workspace(None, 16, 256, timeout_ms=2 ** 32 + 1000)
+    with pytest.raises(TypeError, match=r"moe_gather_oneshot_max_tokens must be an int, got str"):
+        beammoe.Workspace(None, 16, 256, moe_gather_oneshot_max_tokens="8")
+    with pytest.raises(TypeError, match=r"not both"):
+        beammoe.Workspace(None, 16, 256, moe_gather_separate_norm_min_tokens=8, twoshot_max_tokens=7)
     assert stubbed == []  # rejected before anything collective

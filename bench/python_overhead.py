@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""python_overhead.py - the Python-side cost of one beammoe call.
+
+Times a loop of calls of the fused operation (finalize with post norm, residual
+add, next norm; K = 8) through the Python package on tiny problems, next to a
+PyTorch op of the same tensors in the same run (torch.add of the residual to
+itself, and torch.empty_like), so the figures compare on any host.
+
+CPU tensors (default): tokens = 0 and tokens = 1. The library's own work at
+tokens = 0 is its argument checks, so that row is the wrapper's cost. With
+--device cuda (on a GPU host): an eager loop of CUDA calls, timed with one
+synchronization at the end; at tokens = 1 the kernel takes a few microseconds,
+so the loop's rate is the host's.
+
+    python3 bench/python_overhead.py [--device cpu|cuda] [--tokens 0,1] [--hidden 7168]
+                                     [--iters 20000] [--repeats 7]
+
+Run from a build tree with PYTHONPATH=python (and, if the package is not
+installed, nothing else: it finds ../.libs), or with the installed package.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_pkg = os.path.join(os.path.dirname(_here), "python")
+if os.path.isdir(os.path.join(_pkg, "beammoe")) and _pkg not in sys.path:
+    sys.path.append(_pkg)  # the source tree's package when none is installed
+
+import torch  # noqa: E402
+
+import beammoe  # noqa: E402
+
+
+def per_call_us(fn, iters, repeats, sync):
+    """(median, min) over `repeats` of the mean time of one call in a loop of
+    `iters` (the minimum is the better figure on a busy host)."""
+    for _ in range(max(10, iters // 20)):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / iters * 1e6)
+    return statistics.median(times), min(times)
+
+
+def c_call(g, w, T, K, H, residual, pw, nw):
+    """The library's own time: libbeammoe's fused entry point through ctypes
+    with every argument prepared once (CPU tensors; outputs preallocated)."""
+    import ctypes
+
+    from beammoe import _lib
+
+    lib = _lib.library()
+    _lib.set_backend("cpu")
+    hid, nrm = torch.empty_like(residual), torch.empty_like(residual)
+    spare_buf = (ctypes.c_uint64 * 2)()  # a non-NULL address for empty tensors
+
+    def p(t):
+        return t.data_ptr() or ctypes.addressof(spare_buf)
+
+    post = ctypes.pointer(_lib.BeamNorm(pw.data_ptr(), 1e-6))
+    nxt = ctypes.pointer(_lib.BeamNorm(nw.data_ptr(), 1e-6))
+    f = lib.beam_moe_finalize_norm_residual_norm
+    args = (p(g), p(w), max(T, 1), T, K, H, 2.5, post, p(residual), None, nxt, p(hid), p(nrm), 0, None)
+
+    keep = (hid, nrm, post, nxt, spare_buf)  # alive as long as the closure
+
+    def call():
+        if f(*args) != 0 or keep is None:
+            raise RuntimeError(_lib.last_error())
+    return call
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--tokens", default="0,1", help="comma-separated token counts (default 0,1)")
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("python_overhead.py: --device cuda but torch sees no CUDA device")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    K, H = args.top_k, args.hidden
+    print("python_overhead: torch %s, beammoe %s (%s), device %s, K=%d H=%d, %d iterations x %d"
+          % (torch.__version__, beammoe.version(), beammoe.library_path(), dev, K, H, args.iters,
+             args.repeats))
+    print("%-6s %-44s %10s %10s" % ("tokens", "call", "median us", "min us"))
+    rows = []
+    with torch.inference_mode():
+        for T in [int(t) for t in args.tokens.split(",")]:
+            g = torch.randn(max(T, 1) * K, H, device=dev).bfloat16()
+            w = torch.rand(max(T, 1), K, device=dev)
+            residual = torch.randn(T, H, device=dev).bfloat16()
+            pw = torch.ones(H, device=dev).bfloat16()
+            nw = torch.ones(H, device=dev).bfloat16()
+            x = beammoe.MoEOutput(g, w, T)
+            fused = beammoe.beam_moe_finalize_norm_residual_norm
+
+            cases = [
+                ("beam_moe_finalize_norm_residual_norm",
+                 lambda: fused(x, residual, pw, 1e-6, nw, 1e-6, None, 2.5)),
+                ("  same, scales=(0.5, 2.0)",
+                 lambda: fused(x, residual, pw, 1e-6, nw, 1e-6, (0.5, 2.0), 2.5)),
+            ]
+            try:  # the in-place form, where the package has it
+                fused(x, residual.clone(), pw, 1e-6, nw, 1e-6, None, 2.5, inplace=True)
+                cases.append(("  same, inplace=True",
+                              lambda: fused(x, residual, pw, 1e-6, nw, 1e-6, None, 2.5, inplace=True)))
+            except TypeError:
+                pass
+            out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+            if dev.type == "cpu":
+                cases.append(("  the C call alone (ctypes, arguments ready)",
+                              c_call(g, w, T, K, H, residual, pw, nw)))
+            cases += [
+                ("beam_moe_finalize", lambda: beammoe.beam_moe_finalize(g, w, out, 2.5, pw, 1e-6)),
+                ("torch.add(residual, residual)", lambda: torch.add(residual, residual)),
+                ("torch.empty_like(residual)", lambda: torch.empty_like(residual)),
+            ]
+            for name, fn in cases:
+                med, low = per_call_us(fn, args.iters, args.repeats, sync)
+                rows.append((T, name, med))
+                print("%-6d %-44s %10.2f %10.2f" % (T, name, med, low), flush=True)
+    by = {(t, n): us for t, n, us in rows}
+    print()
+    for T in sorted({t for t, _, _ in rows}):
+        f = by[(T, "beam_moe_finalize_norm_residual_norm")]
+        a = by[(T, "torch.add(residual, residual)")]
+        c = by.get((T, "  the C call alone (ctypes, arguments ready)"))
+        print("tokens=%d, medians: fused op %.2f us per call%s, torch.add %.2f us: %.2fx"
+              % (T, f, "" if c is None else " (Python side %.2f us, library %.2f us)" % (f - c, c), a, f / a))
+
+
+if __name__ == "__main__":
+    main()

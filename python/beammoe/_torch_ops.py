@@ -1,0 +1,219 @@
+"""The operations as torch operators: torch.ops.beammoe.* (torch >= 2.4).
+
+Registered with torch.library.custom_op, each with a fake implementation
+(shapes only, for torch.compile, torch.export and meta tensors) and the
+mutation annotations of its schema, so that torch.compile(fullgraph=True)
+traces a model through them without a graph break, functionalization knows
+what each writes, and CUDA graphs capture them (the calls are stream-ordered
+on torch's current stream, with no host synchronization).
+
+    moe_finalize(expert_outputs, expert_weights, output!, routed_scale, post_weight?, post_eps?) -> ()
+    moe_finalize_norm_residual_norm(gemm2, weights, residual, post_weight?, post_eps?, next_weight?,
+        next_eps?, scales?, routed_scale, strategy) -> (hidden, normalized)
+    moe_finalize_norm_residual_norm_(... residual! ...) -> normalized          (hidden written into residual)
+    norm_residual_norm(x, residual, pre_weight?, pre_eps?, next_weight?, next_eps?, scales?)
+        -> (hidden, normalized)
+    norm_residual_norm_(x, residual!, ...) -> normalized
+    moe_finalize_gather_norm_residual_norm(workspace, gemm2, weights, residual, ...) -> (hidden, normalized)
+    moe_finalize_gather_norm_residual_norm_(workspace, ... residual! ...) -> normalized
+
+`!` marks the tensor written in place; every other tensor is read only and
+every result is a new tensor. Without a next norm (next_eps None) the
+`normalized` result is an empty tensor (the functions of beammoe return
+None). `workspace` is the handle of an open beammoe.Workspace
+(Workspace.handle), `strategy` the library's enum value. The functional
+operations refuse a backward pass (the library has no derivative); the
+beammoe functions refuse an in-place write while autograd records.
+
+Call the functions of the beammoe package rather than these: they take the
+reference's arguments, check them, and skip the operator dispatch on plain
+eager calls.
+"""
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _run
+from . import _tensors as A
+from . import ops
+
+REGISTERED = False
+
+_FINALIZE = "beam_moe_finalize"
+_FUSED = "beam_moe_finalize_norm_residual_norm"
+_GATHER = "beam_moe_finalize_gather_norm_residual_norm"
+_NRN = "beam_norm_residual_norm"
+
+
+def _no_normalized(residual):
+    return residual.new_empty((0,))
+
+
+def _fused_impl(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, hidden_out, run):
+    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = ops.check_fused(
+        fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy)
+    dev = A.same_device(fn, ops._FUSED_NAMES, (g, w, residual, pw, nw))
+    normalized = torch.empty_like(residual) if ne is not None else None
+    out = hidden_out if hidden_out is not None else torch.empty_like(residual)
+    run(dev, g, w, capacity, residual.shape[0], top_k, hidden, scale, pw, pe, residual, s, nw, ne, out,
+        normalized, st)
+    return out, (normalized if normalized is not None else _no_normalized(residual))
+
+
+def _fake_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy):
+    ops.check_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy)
+    A.same_device(fn, ops._FUSED_NAMES, (g, w, residual, pw, nw))
+    return (torch.empty_like(residual),
+            torch.empty_like(residual) if ne is not None else _no_normalized(residual))
+
+
+def _workspace(fn, handle, dev):
+    from .workspace import Workspace
+    ws = Workspace.by_handle(handle)
+    if ws is None:
+        raise ValueError("%s: workspace=0x%x is not an open beammoe.Workspace" % (fn, handle))
+    return ops.check_workspace(fn, ws, dev)
+
+
+def _refuse_backward(name):
+    def backward(ctx, *grads):
+        raise RuntimeError("beammoe::%s: beammoe operations have no derivative (inference only); call them "
+                           "under torch.no_grad() or torch.inference_mode(), or on detached tensors" % name)
+    return backward
+
+
+def _setup_context(ctx, inputs, output):
+    pass
+
+
+def _register():
+    custom_op = torch.library.custom_op
+
+    @custom_op("beammoe::moe_finalize", mutates_args=("output",))
+    def moe_finalize(expert_outputs: Tensor, expert_weights: Tensor, output: Tensor, routed_scale: float,
+                     post_weight: Optional[Tensor], post_eps: Optional[float]) -> None:
+        capacity, top_k, hidden, live, pw, pe, scale = ops.check_finalize(
+            _FINALIZE, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
+        dev = A.same_device(_FINALIZE, ops._FINALIZE_NAMES, (expert_outputs, expert_weights, output, pw))
+        _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe, output)
+
+    @moe_finalize.register_fake
+    def _(expert_outputs, expert_weights, output, routed_scale, post_weight, post_eps):
+        ops.check_finalize(_FINALIZE, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
+        A.same_device(_FINALIZE, ops._FINALIZE_NAMES, (expert_outputs, expert_weights, output, post_weight))
+
+    # ---- the local fused operation
+    @custom_op("beammoe::moe_finalize_norm_residual_norm", mutates_args=())
+    def fused(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
+              post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
+              scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tuple[Tensor, Tensor]:
+        return _fused_impl(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                           routed_scale, strategy, None, _run.fused)
+
+    @fused.register_fake
+    def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy):
+        return _fake_fused(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                           routed_scale, strategy)
+
+    @custom_op("beammoe::moe_finalize_norm_residual_norm_", mutates_args=("residual",))
+    def fused_(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
+               post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
+               scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tensor:
+        return _fused_impl(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                           routed_scale, strategy, residual, _run.fused)[1]
+
+    @fused_.register_fake
+    def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy):
+        return _fake_fused(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                           routed_scale, strategy)[1]
+
+    # ---- norm_residual_norm
+    def nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, hidden_out):
+        tokens, hidden, prw, pre, nw, ne, s = ops.check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
+                                                            next_eps, scales)
+        dev = A.same_device(_NRN, ops._NRN_NAMES, (x, residual, prw, nw))
+        normalized = torch.empty_like(residual) if ne is not None else None
+        out = hidden_out if hidden_out is not None else torch.empty_like(residual)
+        _run.norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, out, normalized)
+        return out, (normalized if normalized is not None else _no_normalized(residual))
+
+    def nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
+        ops.check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
+        A.same_device(_NRN, ops._NRN_NAMES, (x, residual, pre_weight, next_weight))
+        return (torch.empty_like(residual),
+                torch.empty_like(residual) if next_eps is not None else _no_normalized(residual))
+
+    @custom_op("beammoe::norm_residual_norm", mutates_args=())
+    def nrn(x: Tensor, residual: Tensor, pre_weight: Optional[Tensor], pre_eps: Optional[float],
+            next_weight: Optional[Tensor], next_eps: Optional[float],
+            scales: Optional[List[float]]) -> Tuple[Tensor, Tensor]:
+        return nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, None)
+
+    @nrn.register_fake
+    def _(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
+        return nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
+
+    @custom_op("beammoe::norm_residual_norm_", mutates_args=("residual",))
+    def nrn_(x: Tensor, residual: Tensor, pre_weight: Optional[Tensor], pre_eps: Optional[float],
+             next_weight: Optional[Tensor], next_eps: Optional[float], scales: Optional[List[float]]) -> Tensor:
+        return nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, residual)[1]
+
+    @nrn_.register_fake
+    def _(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
+        return nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)[1]
+
+    # ---- the gather
+    def gather_run(handle):
+        def run(dev, *args):
+            _run.gather(dev, handle, *args)
+        return run
+
+    @custom_op("beammoe::moe_finalize_gather_norm_residual_norm", mutates_args=())
+    def gather(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
+               post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
+               scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tuple[Tensor, Tensor]:
+        handle = _workspace(_GATHER, workspace, residual.device)
+        return _fused_impl(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
+                           scales, routed_scale, strategy, None, gather_run(handle))
+
+    @gather.register_fake
+    def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+          strategy):
+        return _fake_fused(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                           routed_scale, strategy)
+
+    @custom_op("beammoe::moe_finalize_gather_norm_residual_norm_", mutates_args=("residual",))
+    def gather_(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
+                post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
+                scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tensor:
+        handle = _workspace(_GATHER, workspace, residual.device)
+        return _fused_impl(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
+                           scales, routed_scale, strategy, residual, gather_run(handle))[1]
+
+    @gather_.register_fake
+    def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+          strategy):
+        return _fake_fused(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                           routed_scale, strategy)[1]
+
+    # Autograd: the functional operations refuse a backward pass with a clear
+    # message (torch allows no formula on an operation that writes in place;
+    # the beammoe functions refuse those writes while autograd records).
+    for op, name in ((fused, "moe_finalize_norm_residual_norm"), (nrn, "norm_residual_norm"),
+                     (gather, "moe_finalize_gather_norm_residual_norm")):
+        op.register_autograd(_refuse_backward(name), setup_context=_setup_context)
+
+
+def _already_registered():
+    try:
+        torch.ops.beammoe.moe_finalize_norm_residual_norm
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
+    if not _already_registered():
+        _register()
+    REGISTERED = True

@@ -1,0 +1,78 @@
+"""setup.py - the package, with the C libraries that `make` built inside it.
+
+`pip install ./python` (from the top of a build tree, after `make`) copies
+the libraries of the build tree's .libs/ into the package as beammoe/_libs/:
+libbeammoe.so.0 (the dispatcher), libbeammoe_cpu.so.0 and, when the CUDA
+backend was built, libbeammoe_cuda.so.0. The dispatcher finds its backends
+beside itself, so the installed package works from any directory with no
+environment variable. The wheel is tagged for this platform (it carries
+native code) but holds no Python extension.
+
+Environment, at install time:
+  BEAMMOE_BUILD_DIR=DIR  the build tree (default: the directory above this
+                         file, i.e. an in-tree build); for VPATH builds
+  BEAMMOE_BUNDLE=0       install without the libraries: the package then
+                         finds an installed libbeammoe through pkg-config or
+                         the system loader (see beammoe/_lib.py)
+"""
+import os
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SONAMES = ("libbeammoe.so.0", "libbeammoe_cpu.so.0", "libbeammoe_cuda.so.0")
+REQUIRED = ("libbeammoe.so.0", "libbeammoe_cpu.so.0")
+
+
+def _libraries():
+    """[(path in the build tree, name in the package)]; [] with BEAMMOE_BUNDLE=0."""
+    if os.environ.get("BEAMMOE_BUNDLE", "1") == "0":
+        return []
+    build = os.path.abspath(os.environ.get("BEAMMOE_BUILD_DIR") or os.path.dirname(HERE))
+    libs = os.path.join(build, ".libs")
+    found = [(os.path.realpath(os.path.join(libs, n)), n) for n in SONAMES
+             if os.path.exists(os.path.join(libs, n))]
+    missing = [n for n in REQUIRED if n not in [name for _, name in found]]
+    if missing:
+        raise SystemExit(
+            "beammoe: %s not found in %s: build the libraries first (./configure && make in %s), or set "
+            "BEAMMOE_BUILD_DIR to the build tree, or BEAMMOE_BUNDLE=0 to install without them (then an "
+            "installed libbeammoe is used)" % (", ".join(missing), libs, build))
+    for path, name in found:
+        with open(path, "rb") as f:
+            if b"libasan.so" in f.read():
+                raise SystemExit("beammoe: %s is built with AddressSanitizer (configure --enable-sanitizers); "
+                                 "python cannot load it: install from a build without sanitizers" % path)
+    return found
+
+
+class BuildPyWithLibraries(build_py):
+    """build_py, then the libraries into beammoe/_libs/ of the build directory
+    (never into the source tree)."""
+
+    def run(self):
+        super().run()
+        dest = os.path.join(self.build_lib, "beammoe", "_libs")
+        if os.path.isdir(dest):
+            shutil.rmtree(dest)  # no library left over from an earlier build
+        libs = _libraries()
+        if not libs:
+            return
+        os.makedirs(dest)
+        for src, name in libs:
+            shutil.copyfile(src, os.path.join(dest, name))
+            os.chmod(os.path.join(dest, name), 0o755)
+            self.announce("beammoe: carrying %s as beammoe/_libs/%s" % (src, name), level=2)
+
+
+class BinaryDistribution(Distribution):
+    """Native libraries inside: a platform wheel, installed in platlib."""
+
+    def has_ext_modules(self):
+        return os.environ.get("BEAMMOE_BUNDLE", "1") != "0"
+
+
+setup(cmdclass={"build_py": BuildPyWithLibraries}, distclass=BinaryDistribution)

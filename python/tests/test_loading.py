@@ -1,0 +1,55 @@
+"""Where the libraries come from: the operations call the same copy of each
+backend library that the dispatcher loaded (one file per library in the
+process), and an installed package uses the libraries it carries."""
+import os
+
+import pytest
+import torch
+
+import beammoe
+from beammoe import _lib
+
+
+def _mapped():
+    """{library file name: set of paths} of the beammoe libraries mapped now."""
+    out = {}
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            name = os.path.basename(path)
+            if name.startswith("libbeammoe"):
+                out.setdefault(name.split(".so")[0], set()).add(os.path.realpath(path))
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
+def test_one_copy_of_each_library():
+    g = torch.zeros(2 * 8, 256, dtype=torch.bfloat16)
+    beammoe.beam_moe_finalize(g, torch.zeros(2, 8), torch.empty(2, 256, dtype=torch.bfloat16))
+    maps = _mapped()
+    assert "libbeammoe_cpu" in maps and "libbeammoe" in maps, maps
+    for name, paths in maps.items():
+        assert len(paths) == 1, "%s is mapped from %s" % (name, sorted(paths))
+    here = os.path.dirname(os.path.realpath(beammoe.library_path()))
+    assert os.path.dirname(next(iter(maps["libbeammoe_cpu"]))) == here, "the backend is not beside the dispatcher"
+
+
+def test_backend_library_is_the_backend():
+    assert _lib.backend_library("cpu").beam_backend_name() == b"cpu"
+
+
+@pytest.mark.skipif(not os.path.isdir(_lib._BUNDLED), reason="the package carries no libraries (not installed "
+                    "with pip install ./python)")
+@pytest.mark.skipif(bool(os.environ.get("BEAMMOE_LIBRARY")), reason="BEAMMOE_LIBRARY chooses the library")
+def test_installed_package_uses_its_libraries():
+    path = os.path.realpath(beammoe.library_path())
+    assert os.path.dirname(path) == os.path.realpath(_lib._BUNDLED), path
+    assert os.path.exists(os.path.join(_lib._BUNDLED, "libbeammoe_cpu.so.0"))
+
+
+def test_oldest_torch():
+    assert beammoe.MIN_TORCH == (1, 13)
+    assert beammoe._torch_release(torch.__version__) >= beammoe.MIN_TORCH
+    for v, want in (("1.13.0a0", (1, 13)), ("2.15.0+cu132", (2, 15)), ("2.4.1", (2, 4)), ("junk", (0, 0))):
+        assert beammoe._torch_release(v) == want
+    assert beammoe.HAVE_TORCH_OPS == (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"))
