@@ -8,12 +8,16 @@
  * library ran.
  *
  * Kernels (same bits on every path, SPEC.md section 2):
- *   avx512, avx2  the vector rows of cpu/rows_simd.h (x86-64, GCC): every
+ *   avx512bf16, avx512, avx2
+ *                 the vector rows of cpu/rows_simd.h (x86-64, GCC): every
  *                 configuration, each row streamed once from memory, its
- *                 intermediate rows kept in the thread's scratch;
+ *                 intermediate rows kept in the thread's scratch
+ *                 (avx512bf16: AVX-512 with BW, DQ and BF16, whose
+ *                 conversion rounds stored values where it gives SPEC's
+ *                 bits);
  *   portable      the C loops of cpu/rows.c, the ground truth (other
  *                 compilers and CPUs; -DBEAM_SCALAR_ROWS builds only them).
- * BEAM_CPU_ISA=portable|avx2|avx512 caps the choice (for tests and
+ * BEAM_CPU_ISA=portable|avx2|avx512|avx512bf16 caps the choice (for tests and
  * comparisons); unset, "auto" or anything else: the widest the CPU has.
  */
 #ifndef BEAMMOE_CPU_PATH_H
@@ -25,7 +29,7 @@
 #include <string.h>
 
 enum { BM_OP_FINALIZE = 0, BM_OP_NRN = 1, BM_OP_FUSED = 2 };
-enum { BM_ISA_PORTABLE = 0, BM_ISA_AVX2 = 1, BM_ISA_AVX512 = 2 };
+enum { BM_ISA_PORTABLE = 0, BM_ISA_AVX2 = 1, BM_ISA_AVX512 = 2, BM_ISA_AVX512BF16 = 3 };
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BEAM_NO_CLONES) && \
     !defined(BEAM_SCALAR_ROWS)
@@ -35,13 +39,17 @@ enum { BM_ISA_PORTABLE = 0, BM_ISA_AVX2 = 1, BM_ISA_AVX512 = 2 };
 /* The kernels for this process: the build, the CPU, then BEAM_CPU_ISA. */
 static inline int bm_cpu_pick_isa(void)
 {
-    int isa = BM_ISA_PORTABLE, cap = BM_ISA_AVX512;
+    int isa = BM_ISA_PORTABLE, cap = BM_ISA_AVX512BF16;
     const char *env = getenv("BEAM_CPU_ISA");
     if (env && !strcmp(env, "portable")) cap = BM_ISA_PORTABLE;
     if (env && !strcmp(env, "avx2")) cap = BM_ISA_AVX2;
+    if (env && !strcmp(env, "avx512")) cap = BM_ISA_AVX512;
 #ifdef BM_HAVE_SIMD
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16"))
+        isa = BM_ISA_AVX512BF16;
+    else if (__builtin_cpu_supports("avx512f"))
         isa = BM_ISA_AVX512;
     else if (__builtin_cpu_supports("avx2"))
         isa = BM_ISA_AVX2;
@@ -51,7 +59,10 @@ static inline int bm_cpu_pick_isa(void)
 
 static inline const char *bm_isa_name(int isa)
 {
-    return isa == BM_ISA_AVX512 ? "avx512" : isa == BM_ISA_AVX2 ? "avx2" : "portable";
+    return isa == BM_ISA_AVX512BF16 ? "avx512bf16"
+           : isa == BM_ISA_AVX512   ? "avx512"
+           : isa == BM_ISA_AVX2     ? "avx2"
+                                    : "portable";
 }
 
 /* A short description of the passes over one row that an op runs; pre is

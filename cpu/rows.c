@@ -228,16 +228,36 @@ static BM_CPU_CLONES void bm_fused_rows(const bm_args *a, int64_t t0, int64_t t1
 /* Software prefetch distance of the expert rows, in elements (512 bytes):
  * 128..512 measured alike, 0 and >= 768 slower. */
 #define BM_PF 256
+#ifndef BM_PF_HINT
+#define BM_PF_HINT 2
+#endif
+#ifndef BM_SUMS_PF_ALWAYS
+#define BM_SUMS_PF_ALWAYS 0
+#endif
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #define BM_W 8
+#define BM_TAG 8
 #include "rows_simd.h"
+#undef BM_TAG
 #undef BM_W
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 #define BM_W 16
+#define BM_TAG 16
 #include "rows_simd.h"
+#undef BM_TAG
+#undef BM_W
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512bf16")
+#define BM_W 16
+#define BM_TAG 16b
+#define BM_AVX512BF16 1
+#include "rows_simd.h"
+#undef BM_AVX512BF16
+#undef BM_TAG
 #undef BM_W
 #pragma GCC pop_options
 #endif
@@ -266,7 +286,9 @@ void bm_cpu_rows(const bm_args *a, int op, int64_t t0, int64_t t1, void *scratch
     if (isa != BM_ISA_PORTABLE) {
         /* the row's bits where the first widened row would be */
         const bm_rowbuf b = bm_rowbuf_of(scratch, a->hidden);
-        if (isa == BM_ISA_AVX512)
+        if (isa == BM_ISA_AVX512BF16)
+            bm_simd_rows_16b(a, op, t0, t1, b.r0, b.part);
+        else if (isa == BM_ISA_AVX512)
             bm_simd_rows_16(a, op, t0, t1, b.r0, b.part);
         else
             bm_simd_rows_8(a, op, t0, t1, b.r0, b.part);

@@ -32,10 +32,10 @@
 
 #define BM_CAT2(a, b) a##b
 #define BM_CAT(a, b) BM_CAT2(a, b)
-#define FN(name) BM_CAT(name, BM_W)
-#define VF BM_CAT(bm_vf, BM_W)
-#define VU BM_CAT(bm_vu, BM_W)
-#define VI BM_CAT(bm_vi, BM_W)
+#define FN(name) BM_CAT(name, BM_TAG)
+#define VF BM_CAT(bm_vf, BM_TAG)
+#define VU BM_CAT(bm_vu, BM_TAG)
+#define VI BM_CAT(bm_vi, BM_TAG)
 #define BM_U (2 * BM_W)   /* elements per unit */
 #define BM_BLK (8 * BM_W) /* elements per block: 4 units */
 #define BM_AI static inline __attribute__((always_inline))
@@ -181,7 +181,7 @@ BM_AI float FN(bm_inv_)(VF *partv, int32_t hs, float eps)
  * and o0..o3 (odd): a = +0.0, then a = a + w[k] * f(x[k][h]) for k in
  * order. A macro, so that the 8 sums are plain locals kept in registers
  * while the top_k rows stream in. */
-#define BM_SUMS(x, w, top_k, hs, h0)                                                               \
+#define BM_SUMS(x, w, top_k, hs, h0, ahead)                                                        \
     do {                                                                                           \
         int32_t k_, i_;                                                                            \
         e0 = e1 = e2 = e3 = o0 = o1 = o2 = o3 = (VF){0};                                           \
@@ -189,9 +189,11 @@ BM_AI float FN(bm_inv_)(VF *partv, int32_t hs, float eps)
             const uint16_t *xk_ = (x) + (size_t)k_ * (size_t)(hs) + (h0);                          \
             const float wk_ = (w)[k_];                                                             \
             VU u0_, u1_, u2_, u3_;                                                                 \
-            /* BM_PF elements ahead in every expert row: +15-25% measured                          \
-             * over the hardware prefetcher alone on 8 interleaved streams */                      \
-            for (i_ = 0; i_ < BM_BLK; i_ += 32) __builtin_prefetch(xk_ + BM_PF + i_, 0, 3);        \
+            /* BM_PF elements ahead in every expert row, unless the previous                       \
+             * row requested this one: +15-25% measured over the hardware                          \
+             * prefetcher alone on 8 interleaved streams */                                        \
+            if (ahead)                                                                             \
+                for (i_ = 0; i_ < BM_BLK; i_ += 32) __builtin_prefetch(xk_ + BM_PF + i_, 0, 3);    \
             u0_ = LOAD(xk_), u1_ = LOAD(xk_ + BM_U);                                               \
             u2_ = LOAD(xk_ + 2 * BM_U), u3_ = LOAD(xk_ + 3 * BM_U);                                \
             e0 = e0 + wk_ * EVEN(u0_);                                                             \
@@ -205,29 +207,50 @@ BM_AI float FN(bm_inv_)(VF *partv, int32_t hs, float eps)
         }                                                                                          \
     } while (0)
 
-/* The finalized row's bits from the sums: s = bf16(f(bf16(a)) * rs). */
-BM_AI void FN(bm_fin_)(const bm_args *a, VF e, VF o, VU *re, VU *ro)
+/* The finalize stage's last operation before its last rounding, from the
+ * sums a: s = bf16(f(bf16(a)) * rs), so the value to round is a when rs is
+ * 1 (that multiply is exact and skipped, like rows.c), else f(bf16(a)) * rs. */
+BM_AI void FN(bm_fin_raw_)(const bm_args *a, VF e, VF o, VF *re, VF *ro)
 {
-    *re = RND(e);
-    *ro = RND(o);
-    if (a->routed_scale != 1.0f) { /* exact when 1: skipped like rows.c */
-        *re = RND((VF)*re * a->routed_scale);
-        *ro = RND((VF)*ro * a->routed_scale);
+    if (a->routed_scale != 1.0f) {
+        e = (VF)RND(e) * a->routed_scale;
+        o = (VF)RND(o) * a->routed_scale;
     }
+    *re = e;
+    *ro = o;
 }
 
-/* A norm's last step on one unit u of bits: bf16(v * inv), then times the
- * weight (bf16 again) when there is one. */
-BM_AI void FN(bm_nrm_)(VU u, float inv, const uint16_t *w, VU *re, VU *ro)
+/* A norm's last step on one unit u of bits before its last rounding:
+ * v * inv without a weight, else f(bf16(v * inv)) * f(w). */
+BM_AI void FN(bm_nrm_raw_)(VU u, float inv, const uint16_t *w, VF *re, VF *ro)
 {
-    VU ue = RND(EVEN(u) * inv), uo = RND(ODD(u) * inv);
+    VF ue = EVEN(u) * inv, uo = ODD(u) * inv;
     if (w) {
         VU wu = LOAD(w);
-        ue = RND((VF)ue * EVEN(wu));
-        uo = RND((VF)uo * ODD(wu));
+        ue = (VF)RND(ue) * EVEN(wu);
+        uo = (VF)RND(uo) * ODD(wu);
     }
     *re = ue;
     *ro = uo;
+}
+
+/* bf16 of two vectors (even and odd elements of a unit), packed in the
+ * unit's natural order: what a row stores. */
+BM_AI VU FN(bm_rndpack_)(VF e, VF o)
+{
+#if BM_W == 16 && defined(BM_AVX512BF16)
+    /* VCVTNE2PS2BF16 rounds exactly as SPEC's formula for every input but
+     * NaN (it keeps the payload) and subnormals (it treats them as zero):
+     * vectors holding any of those take the integer formula. */
+    const __mmask16 odd_ones = _mm512_fpclass_ps_mask((__m512)e, 0xA1) | _mm512_fpclass_ps_mask((__m512)o, 0xA1);
+    if (__builtin_expect(odd_ones != 0, 0)) return PACK(RND(e), RND(o));
+    return (VU)_mm512_permutexvar_epi16(
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+                         19, 3, 18, 2, 17, 1, 16, 0),
+        (__m512i)_mm512_cvtne2ps_pbh((__m512)o, (__m512)e));
+#else
+    return PACK(RND(e), RND(o));
+#endif
 }
 
 /* The residual stage of one unit: branch x' (even xe, odd xo) and the
@@ -246,14 +269,39 @@ BM_AI void FN(bm_res_)(const bm_args *a, VU *xe, VU *xo, const uint16_t *res)
     }
 }
 
-/* Lines of the next token to request during a pass that loads nothing from
- * memory: pf[r * stride + ...] for r < rows, one line per unit, round
- * robin over the rows. pf NULL: none. */
-typedef struct FN(bm_pf_) {
-    const uint16_t *p;
-    int32_t rows;
-    size_t stride;
-} FN(bm_pf_);
+#ifndef BM_SIMD_PF
+#define BM_SIMD_PF
+/* The next token's inputs, requested a few lines per unit of work while the
+ * current token is computed, so that memory is busy during every pass (also
+ * those that load nothing) and the next token's passes find their rows in
+ * the cache: up to two contiguous spans (the expert rows [top_k, H] and the
+ * residual row, or the x and residual rows). */
+typedef struct bm_pfc {
+    const char *p[2];
+    size_t n[2];
+    size_t off;
+    int span, per_unit;
+} bm_pfc;
+
+static inline __attribute__((always_inline)) void bm_pfc_step(bm_pfc *c, int units)
+{
+    int i, n = units * c->per_unit;
+    if (c->span < 2 && c->off + 64 * (size_t)n <= c->n[c->span]) { /* the usual case: one span */
+        const char *p = c->p[c->span] + c->off;
+        for (i = 0; i < n; i++) __builtin_prefetch(p + 64 * i, 0, BM_PF_HINT);
+        c->off += 64 * (size_t)n;
+        return;
+    }
+    for (i = 0; i < n && c->span < 2; i++) {
+        __builtin_prefetch(c->p[c->span] + c->off, 0, BM_PF_HINT);
+        c->off += 64;
+        if (c->off >= c->n[c->span]) {
+            c->span++;
+            c->off = 0;
+        }
+    }
+}
+#endif
 
 /* One pass over the row's blocks (src, dst: BM_SRC_*, BM_DST_*).
  *   in, w:    SRC_FIN: the token's expert rows and weights; SRC_X: its x row
@@ -262,42 +310,44 @@ typedef struct FN(bm_pf_) {
  *   res, out: the residual row and the output row
  * src, dst and nt are constants at every call, so each call site compiles
  * to its own loop without tests on them. */
-BM_AI void FN(bm_pass_)(const bm_args *a, const int src, const int dst, const int keep,
+BM_AI void FN(bm_pass_)(const bm_args *a, const int src, const int dst, const int keep, const int ahead,
                         const uint16_t *in, const float *w, const int nrm, float inv,
                         const uint16_t *nw, VU *sb, VF *part, const uint16_t *res, uint16_t *out,
-                        FN(bm_pf_) pf, const int nt)
+                        bm_pfc *pf, const int nt)
 {
     const int32_t hs = a->hidden, top_k = a->top_k;
-    int32_t h0, b, i, j = 0;
+    int32_t h0, b, i;
 
     for (h0 = 0, b = 0; h0 < hs; h0 += BM_BLK, b++) {
         VU e[4], o[4];
+        VF fe[4], fo[4]; /* the values of the stage's last rounding */
         if (src == BM_SRC_FIN) {
             VF e0, e1, e2, e3, o0, o1, o2, o3;
-            BM_SUMS(in, w, top_k, hs, h0);
-            FN(bm_fin_)(a, e0, o0, &e[0], &o[0]);
-            FN(bm_fin_)(a, e1, o1, &e[1], &o[1]);
-            FN(bm_fin_)(a, e2, o2, &e[2], &o[2]);
-            FN(bm_fin_)(a, e3, o3, &e[3], &o[3]);
+            BM_SUMS(in, w, top_k, hs, h0, ahead);
+            FN(bm_fin_raw_)(a, e0, o0, &fe[0], &fo[0]);
+            FN(bm_fin_raw_)(a, e1, o1, &fe[1], &fo[1]);
+            FN(bm_fin_raw_)(a, e2, o2, &fe[2], &fo[2]);
+            FN(bm_fin_raw_)(a, e3, o3, &fe[3], &fo[3]);
         } else {
 #pragma GCC unroll 4
             for (i = 0; i < 4; i++) {
                 const VU u = src == BM_SRC_SCR ? sb[4 * b + i] : LOAD(in + h0 + i * BM_U);
                 if (src == BM_SRC_SCR || nrm) {
-                    FN(bm_nrm_)(u, inv, nw ? nw + h0 + i * BM_U : NULL, &e[i], &o[i]);
-                } else {
+                    FN(bm_nrm_raw_)(u, inv, nw ? nw + h0 + i * BM_U : NULL, &fe[i], &fo[i]);
+                } else { /* x itself: already BF16 values */
                     e[i] = u << 16;
                     o[i] = u & BM_HI16;
                 }
             }
         }
-        if (pf.p) {
+        if (dst != BM_DST_OUT && (src != BM_SRC_X || nrm)) {
 #pragma GCC unroll 4
-            for (i = 0; i < 4; i++, j++) {
-                const size_t line = (size_t)(j / pf.rows) * 32;
-                if (line < (size_t)hs) __builtin_prefetch(pf.p + (size_t)(j % pf.rows) * pf.stride + line, 0, 3);
+            for (i = 0; i < 4; i++) {
+                e[i] = RND(fe[i]);
+                o[i] = RND(fo[i]);
             }
         }
+        bm_pfc_step(pf, 4);
         if (dst == BM_DST_RES) {
 #pragma GCC unroll 4
             for (i = 0; i < 4; i++) {
@@ -306,7 +356,7 @@ BM_AI void FN(bm_pass_)(const bm_args *a, const int src, const int dst, const in
             }
         } else if (dst == BM_DST_OUT) {
 #pragma GCC unroll 4
-            for (i = 0; i < 4; i++) STORE(out + h0 + i * BM_U, PACK(e[i], o[i]), nt);
+            for (i = 0; i < 4; i++) STORE(out + h0 + i * BM_U, FN(bm_rndpack_)(fe[i], fo[i]), nt);
         }
         if (dst == BM_DST_KEEP || (dst == BM_DST_RES && keep)) {
 #pragma GCC unroll 4
@@ -322,37 +372,45 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
                            const int nt)
 {
     const int32_t hs = a->hidden, top_k = a->top_k;
-    const size_t H = (size_t)hs, KH = (size_t)top_k * H;
-    const FN(bm_pf_) none = {NULL, 0, 0};
+    const size_t H = (size_t)hs, KH = (size_t)top_k * H, units = H / BM_U;
+    /* passes over the row: the norms' first and last passes add one each */
+    const int passes = 1 + (op == BM_OP_NRN ? a->pre.on : a->post.on) + (op != BM_OP_FINALIZE && a->next.on);
     int64_t t;
 
     for (t = t0; t < t1; t++) {
         const size_t o = (size_t)t * H;
-        /* the next token's first lines (experts, or x for nrn) */
-        FN(bm_pf_) next = {NULL, 0, 0};
-        if (t + 1 < a->tokens) {
+        const int ahead = BM_SUMS_PF_ALWAYS || t == t0; /* not requested by the previous row */
+        bm_pfc pf;
+        memset(&pf, 0, sizeof pf);
+        if (t + 1 < t1) { /* the next token is this thread's too */
             if (op == BM_OP_NRN) {
-                next.p = a->x + o + H;
-                next.rows = 1;
+                pf.p[0] = (const char *)(a->x + o + H);
+                pf.n[0] = 2 * H;
             } else {
-                next.p = a->experts + (size_t)(t + 1) * KH;
-                next.rows = top_k;
-                next.stride = H;
+                pf.p[0] = (const char *)(a->experts + (size_t)(t + 1) * KH);
+                pf.n[0] = 2 * KH;
             }
+            if (op != BM_OP_FINALIZE) {
+                pf.p[1] = (const char *)(a->residual + o + H);
+                pf.n[1] = 2 * H;
+            }
+            pf.per_unit = (int)((pf.n[0] + pf.n[1] + 63) / 64 / (units * (size_t)passes)) + 1;
+        } else {
+            pf.span = 2;
         }
         if (op == BM_OP_FINALIZE) {
             const uint16_t *x = a->experts + (size_t)t * KH;
             const float *w = a->weights + (size_t)t * (size_t)top_k;
             if (!a->post.on) {
-                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_OUT, 0, x, w, 0, 0.0f, NULL, sb, part, NULL,
-                             a->output + o, none, nt);
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_OUT, 0, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL,
+                             a->output + o, &pf, nt);
             } else {
                 float inv;
-                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, x, w, 0, 0.0f, NULL, sb, part, NULL, NULL, none,
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL, NULL, &pf,
                              nt);
                 inv = FN(bm_inv_)(part, hs, a->post.eps);
-                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, NULL, NULL, 1, inv, a->post.weight, sb, part,
-                             NULL, a->output + o, next, nt);
+                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->post.weight, sb, part,
+                             NULL, a->output + o, &pf, nt);
             }
             continue;
         }
@@ -360,36 +418,36 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
             const uint16_t *x = a->experts + (size_t)t * KH;
             const float *w = a->weights + (size_t)t * (size_t)top_k;
             if (!a->post.on) {
-                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_RES, a->next.on, x, w, 0, 0.0f, NULL, sb, part,
-                             a->residual + o, a->hidden_out + o, none, nt);
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_RES, a->next.on, ahead, x, w, 0, 0.0f, NULL, sb, part,
+                             a->residual + o, a->hidden_out + o, &pf, nt);
             } else {
                 float inv;
-                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, x, w, 0, 0.0f, NULL, sb, part, NULL, NULL, none,
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL, NULL, &pf,
                              nt);
                 inv = FN(bm_inv_)(part, hs, a->post.eps);
-                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_RES, a->next.on, NULL, NULL, 1, inv, a->post.weight, sb,
-                             part, a->residual + o, a->hidden_out + o, none, nt);
+                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_RES, a->next.on, ahead, NULL, NULL, 1, inv, a->post.weight, sb,
+                             part, a->residual + o, a->hidden_out + o, &pf, nt);
             }
         } else { /* BM_OP_NRN */
             const uint16_t *x = a->x + o;
             if (!a->pre.on) {
-                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, x, NULL, 0, 0.0f, NULL, sb, part,
-                             a->residual + o, a->hidden_out + o, none, nt);
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, ahead, x, NULL, 0, 0.0f, NULL, sb, part,
+                             a->residual + o, a->hidden_out + o, &pf, nt);
             } else {
                 float inv;
                 /* the chunk sums first; the second read of x finds the row
                  * in the cache */
-                FN(bm_pass_)(a, BM_SRC_X, BM_DST_SUM, 0, x, NULL, 0, 0.0f, NULL, sb, part, NULL, NULL, none,
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_SUM, 0, ahead, x, NULL, 0, 0.0f, NULL, sb, part, NULL, NULL, &pf,
                              nt);
                 inv = FN(bm_inv_)(part, hs, a->pre.eps);
-                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, x, NULL, 1, inv, a->pre.weight, sb, part,
-                             a->residual + o, a->hidden_out + o, none, nt);
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, ahead, x, NULL, 1, inv, a->pre.weight, sb, part,
+                             a->residual + o, a->hidden_out + o, &pf, nt);
             }
         }
         if (a->next.on) {
             const float inv = FN(bm_inv_)(part, hs, a->next.eps);
-            FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, NULL, NULL, 1, inv, a->next.weight, sb, part, NULL,
-                         a->normalized + o, next, nt);
+            FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->next.weight, sb, part, NULL,
+                         a->normalized + o, &pf, nt);
         }
     }
 }

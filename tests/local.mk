@@ -26,7 +26,7 @@
 #                      written (skipped under AddressSanitizer)
 #   test_symbols.sh    the libraries export the same beam_* symbols
 #   test_isa.sh        golden, numerics, threads, edges and stack tests again
-#                      on the AVX2 kernels and the portable loops
+#                      on the AVX-512 (no BF16), AVX2 and portable kernels
 
 if HAVE_CUNIT
 

@@ -1,15 +1,17 @@
 #!/bin/sh
 # test_isa.sh - the CPU suite's bit-exact tests once more on each narrower
-# set of row kernels than this CPU picks by itself (BEAM_CPU_ISA=avx2, then
-# portable; cpu/path.h), so that the AVX2 kernels and the portable loops are
-# tested on an AVX-512 machine too. Every result must still equal the naive
+# set of row kernels than this CPU picks by itself (BEAM_CPU_ISA=avx512,
+# avx2, then portable; cpu/path.h), so that the AVX-512 kernels without the
+# BF16 conversion, the AVX2 kernels and the portable loops are tested on a
+# machine that has AVX512-BF16 too. Every result must still equal the naive
 # reference and the golden digests. Where the build has no vector kernels
 # (-DBEAM_SCALAR_ROWS, other compilers) every run is the portable path.
 #
 # Run from the top build directory (make check does).
 top=${top_builddir:-.}
 fail=0
-for isa in avx2 portable; do
+isas="avx512 avx2 portable"
+for isa in $isas; do
   for t in test_golden test_numerics_cpu test_threads test_edges test_stack; do
     prog=$top/tests/$t
     if ! test -x "$prog"; then
