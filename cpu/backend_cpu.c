@@ -33,11 +33,15 @@ static beam_status bm_cpu_available(void)
  * smaller chunks, so that every thread of the team gets rows. */
 #define BM_CPU_CHUNK 16
 
-/* Bytes a thread must have to move before a team is worth starting: an
- * OpenMP fork and join costs about as much as one thread moving this much
- * (measured on 2 and 16 cores, docs/PERF.md). */
+/* Bytes each thread of a team must have to move, else fewer threads (down
+ * to the calling thread alone, no team): a fork and join costs 1-2 us with
+ * the runtime's threads spinning and 5-10 us once they sleep, and the
+ * threads share one memory. Measured on a 2-core VM, back to back calls on
+ * cold rows: fused, K = 8, H = 7168, T = 2 (314 KB): 13.5 us on 2 threads,
+ * 16.9 us alone; norm_residual_norm T = 2 (115 KB): 10.0 us on 2 threads,
+ * 7.9 us alone. */
 #ifndef BM_CPU_BYTES_PER_THREAD
-#define BM_CPU_BYTES_PER_THREAD ((int64_t)256 * 1024)
+#define BM_CPU_BYTES_PER_THREAD ((int64_t)128 * 1024)
 #endif
 
 int bm_cpu_max_team(void)
