@@ -9,10 +9,13 @@
  * built block by block (8 * BM_W columns, sums in registers) and, when a
  * norm follows, its BF16 bits go to the thread's scratch (2 * hidden bytes,
  * in L1/L2) together with the norm's chunk sums; the norm's second pass
- * reads the scratch, not memory. Expert rows are prefetched BM_PF elements
- * ahead and, during passes that load nothing from memory, the next token's
- * first lines; large aligned outputs use streaming stores. Prefetches never
- * fault, so a prefetch past the live rows is harmless.
+ * reads the scratch, not memory. While a token's passes run, the next
+ * token's inputs (when the same thread takes it) are requested into L2 a
+ * few lines per unit of work, so memory stays busy through passes that load
+ * nothing and the next token finds its rows in the cache; the first token
+ * of a range prefetches its expert rows BM_PF elements ahead instead. Large
+ * aligned outputs use streaming stores. Prefetches never fault, so a
+ * prefetch past the live rows is harmless.
  *
  * Same IEEE operations in the same order per element as SPEC.md section 2
  * (and as the portable code of rows.c); only the placement of elements in
@@ -241,13 +244,15 @@ BM_AI VU FN(bm_rndpack_)(VF e, VF o)
 #if BM_W == 16 && defined(BM_AVX512BF16)
     /* VCVTNE2PS2BF16 rounds exactly as SPEC's formula for every input but
      * NaN (it keeps the payload) and subnormals (it treats them as zero):
-     * vectors holding any of those take the integer formula. */
-    const __mmask16 odd_ones = _mm512_fpclass_ps_mask((__m512)e, 0xA1) | _mm512_fpclass_ps_mask((__m512)o, 0xA1);
+     * vectors holding any of those (fpclass 0xA1: quiet NaN, signalling
+     * NaN, subnormal) take the integer formula. */
+    const __mmask16 odd_ones = _mm512_fpclass_ps_mask((__m512)e, 0xA1) |
+                               _mm512_fpclass_ps_mask((__m512)o, 0xA1);
+    /* the conversion puts e's 16 results below o's: interleave them */
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     if (__builtin_expect(odd_ones != 0, 0)) return PACK(RND(e), RND(o));
-    return (VU)_mm512_permutexvar_epi16(
-        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
-                         19, 3, 18, 2, 17, 1, 16, 0),
-        (__m512i)_mm512_cvtne2ps_pbh((__m512)o, (__m512)e));
+    return (VU)_mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh((__m512)o, (__m512)e));
 #else
     return PACK(RND(e), RND(o));
 #endif
@@ -406,10 +411,12 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
                              a->output + o, &pf, nt);
             } else {
                 float inv;
-                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL, NULL, &pf,
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL,
+                             NULL, &pf,
                              nt);
                 inv = FN(bm_inv_)(part, hs, a->post.eps);
-                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->post.weight, sb, part,
+                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->post.weight, sb,
+                             part,
                              NULL, a->output + o, &pf, nt);
             }
             continue;
@@ -422,10 +429,12 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
                              a->residual + o, a->hidden_out + o, &pf, nt);
             } else {
                 float inv;
-                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL, NULL, &pf,
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL,
+                             NULL, &pf,
                              nt);
                 inv = FN(bm_inv_)(part, hs, a->post.eps);
-                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_RES, a->next.on, ahead, NULL, NULL, 1, inv, a->post.weight, sb,
+                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_RES, a->next.on, ahead, NULL, NULL, 1, inv,
+                             a->post.weight, sb,
                              part, a->residual + o, a->hidden_out + o, &pf, nt);
             }
         } else { /* BM_OP_NRN */
@@ -437,16 +446,19 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
                 float inv;
                 /* the chunk sums first; the second read of x finds the row
                  * in the cache */
-                FN(bm_pass_)(a, BM_SRC_X, BM_DST_SUM, 0, ahead, x, NULL, 0, 0.0f, NULL, sb, part, NULL, NULL, &pf,
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_SUM, 0, ahead, x, NULL, 0, 0.0f, NULL, sb, part, NULL,
+                             NULL, &pf,
                              nt);
                 inv = FN(bm_inv_)(part, hs, a->pre.eps);
-                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, ahead, x, NULL, 1, inv, a->pre.weight, sb, part,
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, ahead, x, NULL, 1, inv, a->pre.weight,
+                             sb, part,
                              a->residual + o, a->hidden_out + o, &pf, nt);
             }
         }
         if (a->next.on) {
             const float inv = FN(bm_inv_)(part, hs, a->next.eps);
-            FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->next.weight, sb, part, NULL,
+            FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->next.weight, sb, part,
+                         NULL,
                          a->normalized + o, &pf, nt);
         }
     }
