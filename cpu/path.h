@@ -71,14 +71,14 @@ static inline void bm_cpu_path_text(int isa, int op, int pre, int next, char *bu
 {
     const char *p;
     if (op == BM_OP_FINALIZE)
-        p = pre ? "sum+chunks | post-norm" : "sum";
+        p = pre ? "sum+chunks -> post-norm" : "sum";
     else if (op == BM_OP_FUSED)
-        p = pre ? (next ? "sum+chunks | post-norm+residual+chunks | next-norm"
-                        : "sum+chunks | post-norm+residual")
-                : (next ? "sum+residual+chunks | next-norm" : "sum+residual");
+        p = pre ? (next ? "sum+chunks -> post-norm+residual+chunks -> next-norm"
+                        : "sum+chunks -> post-norm+residual")
+                : (next ? "sum+residual+chunks -> next-norm" : "sum+residual");
     else
-        p = pre ? (next ? "chunks | pre-norm+residual+chunks | next-norm" : "chunks | pre-norm+residual")
-                : (next ? "residual+chunks | next-norm" : "residual");
+        p = pre ? (next ? "chunks -> pre-norm+residual+chunks -> next-norm" : "chunks -> pre-norm+residual")
+                : (next ? "residual+chunks -> next-norm" : "residual");
     if (isa == BM_ISA_PORTABLE)
         snprintf(buf, n, "portable loops");
     else

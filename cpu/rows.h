@@ -5,8 +5,8 @@
  * fixed order of SPEC.md section 2, so the bits never depend on the thread
  * count or the schedule. A row's intermediate values live in a per-thread
  * scratch area that the caller provides (cpu/backend_cpu.c allocates it once
- * per call): the kernels keep only a few hundred bytes on the stack whatever
- * the hidden size, so they run on small caller and OpenMP thread stacks.
+ * per call): the kernels keep under 1 KiB on the stack whatever the hidden
+ * size, so they run on small caller and OpenMP thread stacks.
  */
 #ifndef BEAMMOE_CPU_ROWS_H
 #define BEAMMOE_CPU_ROWS_H
