@@ -339,7 +339,8 @@ static const char *bm_disagree(const bm_slot *s, const bm_slot *s0)
     return NULL;
 }
 
-static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn)
+static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn,
+                                 const bm_scratch *scr)
 {
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     bm_shared *sh = impl->sh;
@@ -354,18 +355,18 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
     switch (strategy) {
     case BEAM_STRATEGY_ONESHOT:
         b.output = sh->fin + (size_t)start * H;
-        if (owned) bm_cpu_finalize(&b);
+        if (owned) bm_cpu_run(&b, BM_OP_FINALIZE, scr);
         BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
         b = *a;
         b.x = sh->fin;
         b.pre.on = 0;
-        bm_cpu_norm_residual_norm(&b);
+        bm_cpu_run(&b, BM_OP_NRN, scr);
         break;
     case BEAM_STRATEGY_TWOSHOT:
         b.residual = a->residual + (size_t)start * H;
         b.hidden_out = sh->hid + (size_t)start * H;
         b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
-        if (owned) bm_cpu_fused(&b);
+        if (owned) bm_cpu_run(&b, BM_OP_FUSED, scr);
         BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
         memcpy(a->hidden_out, sh->hid, (size_t)T * row);
         if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
@@ -373,7 +374,7 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
     default: /* UNFUSED */
         b.output = sh->local[r];
         if (owned) {
-            bm_cpu_finalize(&b);
+            bm_cpu_run(&b, BM_OP_FINALIZE, scr);
             memcpy(sh->fin + (size_t)start * H, sh->local[r], (size_t)owned * row);
         }
         BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
@@ -382,7 +383,8 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
         b.x = sh->gathered[r];
         b.pre.on = 0;
         BM_CHECK(bm_barrier(impl->g, r, tmo, fn)); /* the stage is free again */
-        return bm_cpu_norm_residual_norm(&b);
+        bm_cpu_run(&b, BM_OP_NRN, scr);
+        return BEAM_OK;
     }
     /* Nobody may refill the stages for the next call before all have read. */
     return bm_barrier(impl->g, r, tmo, fn);
@@ -396,23 +398,30 @@ beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, b
     const int32_t R = ws->nranks;
     bm_slot *bank = g->slots + (size_t)(impl->calls++ & 1u) * (size_t)R;
     const char *what = NULL;
+    bm_scratch scr = {NULL, NULL, 0, 0};
+    beam_status st;
     int32_t r;
 
+    /* The rows' scratch before the agreement: a rank without memory fails
+     * its peers' calls too, and nobody writes anything. */
+    if (local == BEAM_OK && a->tokens > 0)
+        local = bm_cpu_scratch_alloc(&scr, bm_cpu_max_team(), a->hidden, fn);
     bm_post(&bank[ws->rank], a, strategy, local);
-    BM_CHECK(bm_barrier(g, ws->rank, ws->cfg.timeout_ms, fn));
-    for (r = 0; r < R; r++) {
+    st = bm_barrier(g, ws->rank, ws->cfg.timeout_ms, fn);
+    for (r = 0; r < R && st == BEAM_OK; r++) {
         if (bank[r].status != BEAM_OK) {
-            if (local != BEAM_OK) return local; /* this rank's own message is set */
-            return bm_fail(bank[r].status, "%s: rank %d failed its argument checks, so no rank wrote "
-                           "anything (see that rank's message)", fn, (int)r);
+            st = local != BEAM_OK ? local /* this rank's own message is set */
+                 : bm_fail(bank[r].status, "%s: rank %d failed its argument checks or had no memory, so "
+                           "no rank wrote anything (see that rank's message)", fn, (int)r);
         }
     }
-    for (r = 1; r < R && !what; r++) {
+    for (r = 1; r < R && !what && st == BEAM_OK; r++) {
         what = bm_disagree(&bank[r], &bank[0]);
         if (what)
-            return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s: "
-                           "every rank must pass the same", fn, (int)r, what);
+            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s: "
+                         "every rank must pass the same", fn, (int)r, what);
     }
-    if (a->tokens == 0) return BEAM_OK;
-    return bm_gather_run(ws, a, strategy, fn);
+    if (st == BEAM_OK && a->tokens > 0) st = bm_gather_run(ws, a, strategy, fn, &scr);
+    bm_cpu_scratch_free(&scr);
+    return st;
 }

@@ -1,14 +1,39 @@
 /*
  * ops.h - the CPU backend's local operations over all rows of a bm_args,
  * shared by the table (backend_cpu.c) and the group gather (group.c).
+ *
+ * The row kernels work in per-thread scratch from the heap (never on the
+ * stack: a library runs on its callers' threads, whose stacks may be
+ * small). It is allocated before anything is written, so an allocation
+ * failure is BEAM_ERR_OUT_OF_MEMORY with every output untouched.
  */
 #ifndef BEAMMOE_CPU_OPS_H
 #define BEAMMOE_CPU_OPS_H
 
 #include "backend.h"
+#include "path.h"
 
-beam_status bm_cpu_finalize(const bm_args *a);
-beam_status bm_cpu_norm_residual_norm(const bm_args *a);
-beam_status bm_cpu_fused(const bm_args *a);
+/* Scratch of one call: `slots` areas of `stride` bytes, 64-byte aligned. */
+typedef struct bm_scratch {
+    void *raw;
+    unsigned char *mem;
+    size_t stride;
+    int slots;
+} bm_scratch;
+
+/* The number of threads a call of op (BM_OP_*) over a's rows runs on: 1
+ * (the calling thread alone, no OpenMP team) when the work is too small to
+ * share, else at most the OpenMP thread count. */
+int bm_cpu_team(const bm_args *a, int op);
+/* The most threads any call may use (the scratch of a gather). */
+int bm_cpu_max_team(void);
+
+/* Scratch for `slots` threads of rows `hidden` wide; fn names the public
+ * function in the message when there is no memory. */
+beam_status bm_cpu_scratch_alloc(bm_scratch *s, int slots, int32_t hidden, const char *fn);
+void bm_cpu_scratch_free(bm_scratch *s);
+
+/* Every row of op over a, on at most s->slots threads; cannot fail. */
+void bm_cpu_run(const bm_args *a, int op, const bm_scratch *s);
 
 #endif

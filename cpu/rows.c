@@ -6,11 +6,14 @@
  * stages as FP32 arrays that hold exact BF16 values ("widened rows"), so a
  * BF16 result is rounded once and its bits are then a plain shift. All inner
  * loops run over h (or over chunks), so the compiler vectorizes them without
- * changing any element's order of operations. On x86-64 GCC the finalize and
- * fused rows without post-norm run hand-vectorized kernels instead
- * (cpu/rows_simd.h, about 2x faster), with the same operations per element;
- * the code here stays the portable path and the reference they are tested
- * against (build with -DBEAM_SCALAR_ROWS to run the suite on it alone).
+ * changing any element's order of operations. On x86-64 GCC every row runs
+ * hand-vectorized kernels instead (cpu/rows_simd.h, 2-4x faster), with the
+ * same operations per element; the code here stays the portable path and the
+ * reference they are tested against (build with -DBEAM_SCALAR_ROWS to run
+ * the suite on it alone, or set BEAM_CPU_ISA=portable, cpu/path.h).
+ *
+ * Intermediate rows live in the caller's per-thread scratch (rows.h), never
+ * on the stack.
  */
 #include <math.h>
 
@@ -18,10 +21,10 @@
 #include "check.h"
 #include "rows.h"
 
-/* x86-64 with GCC and glibc: the row kernels are compiled for AVX-512, AVX2
- * and the baseline, picked at load time (ifunc). Every variant performs the
- * same IEEE operations in the same order (no FMA: -ffp-contract=off), so the
- * bits do not depend on the machine. The clones are static (a hidden
+/* x86-64 with GCC and glibc: the portable kernels are compiled for AVX-512,
+ * AVX2 and the baseline, picked at load time (ifunc). Every variant performs
+ * the same IEEE operations in the same order (no FMA: -ffp-contract=off), so
+ * the bits do not depend on the machine. The clones are static (a hidden
  * non-static clone set does not link) behind plain wrappers. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
     !defined(BEAM_NO_CLONES)
@@ -35,6 +38,22 @@
 /* Columns per block of the finalize sum: divides every valid hidden (a
  * multiple of 256), and the block's sums stay in registers. */
 #define BM_FIN_BLOCK 64
+
+/* The chunk sums of the widest row: BM_MAX_HIDDEN / 8 floats. */
+#define BM_PART_BYTES ((size_t)BM_MAX_HIDDEN / 8 * sizeof(float))
+
+static size_t bm_round64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+/* Scratch of one thread: two widened rows (portable kernels; the vector
+ * kernels use the first hidden * 2 bytes for the row's bits) and the chunk
+ * sums, each part 64-byte aligned. */
+size_t bm_cpu_row_scratch(int32_t hidden)
+{
+    return 2 * bm_round64((size_t)hidden * sizeof(float)) + BM_PART_BYTES;
+}
 
 /* bf16 bits of a widened row element (exact: it already holds a BF16 value;
  * a NaN there is 0x7FFF0000, whose top half is 0x7FFF). */
@@ -52,12 +71,12 @@ BM_INLINE float bm_round(float v)
 }
 
 /* RMSNorm N(v, w, eps) of a widened row; writes the widened result to outf
- * and/or its bits to outb (either may be NULL). The reduction is SPEC's tree:
- * sequential sums of chunks of 8, zero padding to a power of two, strided
- * halving. */
-BM_INLINE void bm_rmsnorm(const float *v, int32_t hidden, const bm_norm *n, float *outf, uint16_t *outb)
+ * and/or its bits to outb (either may be NULL; outf may be v). The reduction
+ * is SPEC's tree: sequential sums of chunks of 8, zero padding to a power of
+ * two, strided halving; part holds BM_MAX_HIDDEN / 8 floats. */
+BM_INLINE void bm_rmsnorm(const float *v, int32_t hidden, const bm_norm *n, float *outf, uint16_t *outb,
+                          float *part)
 {
-    float part[BM_MAX_HIDDEN / 8];
     const int32_t chunks = hidden / 8;
     int32_t n2 = 1, c, j, s, h;
     float ms, inv;
@@ -76,22 +95,22 @@ BM_INLINE void bm_rmsnorm(const float *v, int32_t hidden, const bm_norm *n, floa
     inv = 1.0f / sqrtf(ms + n->eps);
     if (n->weight) {
         const uint16_t *w = n->weight;
-        if (outf)
-            for (h = 0; h < hidden; h++) outf[h] = bm_round(bm_round(v[h] * inv) * bm_f(w[h]));
         if (outb)
             for (h = 0; h < hidden; h++) outb[h] = bm_bf16(bm_round(v[h] * inv) * bm_f(w[h]));
-    } else {
         if (outf)
-            for (h = 0; h < hidden; h++) outf[h] = bm_round(v[h] * inv);
+            for (h = 0; h < hidden; h++) outf[h] = bm_round(bm_round(v[h] * inv) * bm_f(w[h]));
+    } else {
         if (outb)
             for (h = 0; h < hidden; h++) outb[h] = bm_bf16(v[h] * inv);
+        if (outf)
+            for (h = 0; h < hidden; h++) outf[h] = bm_round(v[h] * inv);
     }
 }
 
-/* The finalize stage of token `row` into a widened row s (post-norm done). */
-BM_INLINE void bm_finalize(const bm_args *a, int64_t row, float *s)
+/* The finalize stage of token `row` into a widened row s (post-norm done);
+ * tmp: a second row of scratch, used when there is a post-norm. */
+BM_INLINE void bm_finalize(const bm_args *a, int64_t row, float *s, float *tmp, float *part)
 {
-    float tmp[BM_MAX_HIDDEN];
     const int32_t hidden = a->hidden, top_k = a->top_k;
     const uint16_t *x = a->experts + (size_t)row * (size_t)top_k * (size_t)hidden;
     const float *w = a->weights + (size_t)row * (size_t)top_k;
@@ -117,16 +136,15 @@ BM_INLINE void bm_finalize(const bm_args *a, int64_t row, float *s)
         else
             for (h = 0; h < BM_FIN_BLOCK; h++) dst[h0 + h] = bm_round(bm_round(sum[h]) * rs);
     }
-    if (a->post.on) bm_rmsnorm(tmp, hidden, &a->post, s, NULL);
+    if (a->post.on) bm_rmsnorm(tmp, hidden, &a->post, s, NULL, part);
 }
 
-/* The residual stage from a widened branch row xf: hidden and normalized.
- * residual is read before hidden is written element by element, so hidden
- * may be the residual buffer. */
+/* The residual stage from a widened branch row xf: hidden and normalized,
+ * with v a row of scratch (not xf). residual is read before hidden is
+ * written element by element, so hidden may be the residual buffer. */
 BM_INLINE void bm_residual(const bm_args *a, const float *xf, const uint16_t *residual, uint16_t *hidden,
-                           uint16_t *normalized)
+                           uint16_t *normalized, float *v, float *part)
 {
-    float v[BM_MAX_HIDDEN];
     const int32_t hs = a->hidden;
     int32_t h;
 
@@ -137,48 +155,70 @@ BM_INLINE void bm_residual(const bm_args *a, const float *xf, const uint16_t *re
         for (h = 0; h < hs; h++) v[h] = bm_round(xf[h] + bm_f(residual[h]));
     }
     for (h = 0; h < hs; h++) hidden[h] = bm_top(v[h]);
-    if (a->next.on) bm_rmsnorm(v, hs, &a->next, NULL, normalized);
+    if (a->next.on) bm_rmsnorm(v, hs, &a->next, NULL, normalized, part);
 }
 
-static BM_CPU_CLONES void bm_finalize_row(const bm_args *a, int64_t row, uint16_t *out)
+/* The scratch of one thread as two widened rows and the chunk sums. */
+typedef struct bm_rowbuf {
+    float *r0, *r1, *part;
+} bm_rowbuf;
+
+static bm_rowbuf bm_rowbuf_of(void *scratch, int32_t hidden)
 {
-    float s[BM_MAX_HIDDEN];
-    int32_t h;
-    bm_finalize(a, row, s);
-    for (h = 0; h < a->hidden; h++) out[h] = bm_top(s[h]);
+    bm_rowbuf b;
+    size_t row = bm_round64((size_t)hidden * sizeof(float));
+    b.r0 = (float *)scratch;
+    b.r1 = (float *)(void *)((unsigned char *)scratch + row);
+    b.part = (float *)(void *)((unsigned char *)scratch + 2 * row);
+    return b;
 }
 
-static BM_CPU_CLONES void bm_residual_row(const bm_args *a, const uint16_t *x, const uint16_t *residual,
-                                          uint16_t *hidden, uint16_t *normalized)
+static BM_CPU_CLONES void bm_finalize_rows(const bm_args *a, int64_t t0, int64_t t1, void *scratch)
 {
-    float xf[BM_MAX_HIDDEN];
-    int32_t h;
-    for (h = 0; h < a->hidden; h++) xf[h] = bm_f(x[h]);
-    if (a->pre.on) bm_rmsnorm(xf, a->hidden, &a->pre, xf, NULL); /* in place: read fully first */
-    bm_residual(a, xf, residual, hidden, normalized);
+    const bm_rowbuf b = bm_rowbuf_of(scratch, a->hidden);
+    const size_t hs = (size_t)a->hidden;
+    int64_t t;
+    size_t h;
+    for (t = t0; t < t1; t++) {
+        uint16_t *out = a->output + (size_t)t * hs;
+        bm_finalize(a, t, b.r0, b.r1, b.part);
+        for (h = 0; h < hs; h++) out[h] = bm_top(b.r0[h]);
+    }
 }
 
-static BM_CPU_CLONES void bm_fused_row(const bm_args *a, int64_t row, const uint16_t *residual,
-                                       uint16_t *hidden, uint16_t *normalized)
+static BM_CPU_CLONES void bm_nrn_rows(const bm_args *a, int64_t t0, int64_t t1, void *scratch)
 {
-    float s[BM_MAX_HIDDEN];
-    bm_finalize(a, row, s);
-    bm_residual(a, s, residual, hidden, normalized);
+    const bm_rowbuf b = bm_rowbuf_of(scratch, a->hidden);
+    const size_t hs = (size_t)a->hidden;
+    int64_t t;
+    size_t h;
+    for (t = t0; t < t1; t++) {
+        const size_t o = (size_t)t * hs;
+        const uint16_t *x = a->x + o;
+        for (h = 0; h < hs; h++) b.r0[h] = bm_f(x[h]);
+        if (a->pre.on) bm_rmsnorm(b.r0, a->hidden, &a->pre, b.r0, NULL, b.part); /* in place */
+        bm_residual(a, b.r0, a->residual + o, a->hidden_out + o, a->normalized ? a->normalized + o : NULL,
+                    b.r1, b.part);
+    }
 }
 
-
-void bm_cpu_residual_row(const bm_args *a, const uint16_t *x, const uint16_t *residual, uint16_t *hidden,
-                         uint16_t *normalized)
+static BM_CPU_CLONES void bm_fused_rows(const bm_args *a, int64_t t0, int64_t t1, void *scratch)
 {
-    bm_residual_row(a, x, residual, hidden, normalized);
+    const bm_rowbuf b = bm_rowbuf_of(scratch, a->hidden);
+    const size_t hs = (size_t)a->hidden;
+    int64_t t;
+    for (t = t0; t < t1; t++) {
+        const size_t o = (size_t)t * hs;
+        bm_finalize(a, t, b.r0, b.r1, b.part);
+        bm_residual(a, b.r0, a->residual + o, a->hidden_out + o, a->normalized ? a->normalized + o : NULL,
+                    b.r1, b.part);
+    }
 }
 
-/* The vector kernels of the fused row (cpu/rows_simd.h), x86-64 GCC only;
- * -DBEAM_NO_CLONES or -DBEAM_SCALAR_ROWS builds the portable code alone
- * (how the fallback is tested). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BEAM_NO_CLONES) && \
-    !defined(BEAM_SCALAR_ROWS)
-#define BM_SIMD 1
+/* The vector kernels (cpu/rows_simd.h), x86-64 GCC only; -DBEAM_NO_CLONES
+ * or -DBEAM_SCALAR_ROWS builds the portable code alone (how the fallback is
+ * tested). */
+#ifdef BM_HAVE_SIMD
 #include <immintrin.h>
 /* Outputs of at least this many elements per array are stored with
  * streaming stores (4M BF16 = 8 MiB, past any per-core cache). */
@@ -188,51 +228,77 @@ void bm_cpu_residual_row(const bm_args *a, const uint16_t *x, const uint16_t *re
 /* Software prefetch distance of the expert rows, in elements (512 bytes):
  * 128..512 measured alike, 0 and >= 768 slower. */
 #define BM_PF 256
+#ifndef BM_PF_HINT
+#define BM_PF_HINT 2
+#endif
+#ifndef BM_SUMS_PF_ALWAYS
+#define BM_SUMS_PF_ALWAYS 0
+#endif
 #pragma GCC push_options
 #pragma GCC target("avx2")
 #define BM_W 8
+#define BM_TAG 8
 #include "rows_simd.h"
+#undef BM_TAG
 #undef BM_W
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 #define BM_W 16
+#define BM_TAG 16
 #include "rows_simd.h"
+#undef BM_TAG
+#undef BM_W
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512bf16")
+#define BM_W 16
+#define BM_TAG 16b
+#define BM_AVX512BF16 1
+#include "rows_simd.h"
+#undef BM_AVX512BF16
+#undef BM_TAG
 #undef BM_W
 #pragma GCC pop_options
 #endif
 
-void bm_cpu_finalize_row(const bm_args *a, int64_t row, uint16_t *out)
+/* Picked once: the CPU does not change, and BEAM_CPU_ISA is read once. A
+ * race between two first calls stores the same value twice. */
+int bm_cpu_rows_isa(void)
 {
-#ifdef BM_SIMD
-    if (!a->post.on) {
-        if (__builtin_cpu_supports("avx512f")) {
-            bm_simd_finalize_16(a, row, out);
-            return;
-        }
-        if (__builtin_cpu_supports("avx2")) {
-            bm_simd_finalize_8(a, row, out);
-            return;
-        }
+#ifdef BM_HAVE_SIMD
+    static int isa = -1;
+    int v = __atomic_load_n(&isa, __ATOMIC_RELAXED);
+    if (v < 0) {
+        v = bm_cpu_pick_isa();
+        __atomic_store_n(&isa, v, __ATOMIC_RELAXED);
     }
+    return v;
+#else
+    return BM_ISA_PORTABLE;
 #endif
-    bm_finalize_row(a, row, out);
 }
 
-void bm_cpu_fused_row(const bm_args *a, int64_t row, const uint16_t *residual, uint16_t *hidden,
-                      uint16_t *normalized)
+void bm_cpu_rows(const bm_args *a, int op, int64_t t0, int64_t t1, void *scratch)
 {
-#ifdef BM_SIMD
-    if (!a->post.on) {
-        if (__builtin_cpu_supports("avx512f")) {
-            bm_simd_fused_16(a, row, residual, hidden, normalized);
-            return;
-        }
-        if (__builtin_cpu_supports("avx2")) {
-            bm_simd_fused_8(a, row, residual, hidden, normalized);
-            return;
-        }
+#ifdef BM_HAVE_SIMD
+    const int isa = bm_cpu_rows_isa();
+    if (isa != BM_ISA_PORTABLE) {
+        /* the row's bits where the first widened row would be */
+        const bm_rowbuf b = bm_rowbuf_of(scratch, a->hidden);
+        if (isa == BM_ISA_AVX512BF16)
+            bm_simd_rows_16b(a, op, t0, t1, b.r0, b.part);
+        else if (isa == BM_ISA_AVX512)
+            bm_simd_rows_16(a, op, t0, t1, b.r0, b.part);
+        else
+            bm_simd_rows_8(a, op, t0, t1, b.r0, b.part);
+        return;
     }
 #endif
-    bm_fused_row(a, row, residual, hidden, normalized);
+    if (op == BM_OP_FINALIZE)
+        bm_finalize_rows(a, t0, t1, scratch);
+    else if (op == BM_OP_NRN)
+        bm_nrn_rows(a, t0, t1, scratch);
+    else
+        bm_fused_rows(a, t0, t1, scratch);
 }

@@ -3,25 +3,30 @@
  *
  * One row (one token) is processed by one thread from start to end, in the
  * fixed order of SPEC.md section 2, so the bits never depend on the thread
- * count. Rows are at most BM_MAX_HIDDEN wide; scratch lives on the stack.
+ * count or the schedule. A row's intermediate values live in a per-thread
+ * scratch area that the caller provides (cpu/backend_cpu.c allocates it once
+ * per call): the kernels keep under 1 KiB on the stack whatever the hidden
+ * size, so they run on small caller and OpenMP thread stacks.
  */
 #ifndef BEAMMOE_CPU_ROWS_H
 #define BEAMMOE_CPU_ROWS_H
 
 #include "backend.h"
+#include "path.h"
 
-/* The finalize stage of one token: out = post? N(s) : s. */
-void bm_cpu_finalize_row(const bm_args *a, int64_t row, uint16_t *out);
+/* Bytes of scratch one thread needs for rows of `hidden` elements (a
+ * multiple of 64; the area must be 64-byte aligned). */
+size_t bm_cpu_row_scratch(int32_t hidden);
 
-/* The residual stage of one token from its branch row x (already finalized,
- * or the caller's x, pre-normed when a->pre.on): writes hidden and
- * normalized rows. hidden may alias residual. */
-void bm_cpu_residual_row(const bm_args *a, const uint16_t *x, const uint16_t *residual,
-                         uint16_t *hidden, uint16_t *normalized);
+/* Rows [t0, t1) of one operation (BM_OP_*), all on the calling thread:
+ *  BM_OP_FINALIZE: output = finalize(experts, weights)
+ *  BM_OP_NRN:      hidden_out, normalized = norm_residual_norm(x, residual)
+ *  BM_OP_FUSED:    hidden_out, normalized = norm_residual_norm(finalize(..),
+ *                  residual) without storing the finalized row
+ * hidden_out may be the residual buffer. */
+void bm_cpu_rows(const bm_args *a, int op, int64_t t0, int64_t t1, void *scratch);
 
-/* finalize then the residual stage of token `row`, never storing the
- * finalized row. */
-void bm_cpu_fused_row(const bm_args *a, int64_t row, const uint16_t *residual, uint16_t *hidden,
-                      uint16_t *normalized);
+/* The kernels these rows run (BM_ISA_*), as picked once per process. */
+int bm_cpu_rows_isa(void);
 
 #endif

@@ -1,15 +1,21 @@
 /*
- * rows_simd.h - the fused row (post-norm off) in GCC vector extensions
- * (CPU, internal). Included by cpu/rows.c once per vector width BM_W (8:
- * AVX2, 16: AVX-512F) inside a `#pragma GCC target` region; it defines
- * bm_simd_fused_<BM_W> and bm_simd_finalize_<BM_W> (post-norm off only;
- * rows.c keeps the portable code for the rest and for other compilers).
+ * rows_simd.h - every row kernel of the CPU backend in GCC vector
+ * extensions (CPU, internal). Included by cpu/rows.c once per vector width
+ * BM_W (8: AVX2, 16: AVX-512F) inside a `#pragma GCC target` region; it
+ * defines bm_simd_rows_<BM_W>, which runs rows of any operation and any
+ * configuration (post, pre and next norms, scales, routed scale).
  *
- * Memory: every row is read once and written once; the expert rows are
- * prefetched BM_PF elements ahead and, during the norm pass (which loads
- * nothing), the next token's first lines; large aligned outputs use
- * streaming stores. Prefetches never fault, so a prefetch past the live
- * rows is harmless.
+ * Memory: each row is read once from memory and written once. A row is
+ * built block by block (8 * BM_W columns, sums in registers) and, when a
+ * norm follows, its BF16 bits go to the thread's scratch (2 * hidden bytes,
+ * in L1/L2) together with the norm's chunk sums; the norm's second pass
+ * reads the scratch, not memory. While a token's passes run, the next
+ * token's inputs (when the same thread takes it) are requested into L2 a
+ * few lines per unit of work, so memory stays busy through passes that load
+ * nothing and the next token finds its rows in the cache; the first token
+ * of a range prefetches its expert rows BM_PF elements ahead instead. Large
+ * aligned outputs use streaming stores. Prefetches never fault, so a
+ * prefetch past the live rows is harmless.
  *
  * Same IEEE operations in the same order per element as SPEC.md section 2
  * (and as the portable code of rows.c); only the placement of elements in
@@ -19,18 +25,23 @@
  *   (2*BM_W consecutive elements) is thus split into an even and an odd
  *   vector, and a rounded result packs back as (even >> 16) | odd.
  * - RMSNorm's chunk-of-8 sums need the 8 squares of one chunk in one lane:
- *   4 units hold BM_W chunks (chunk g of a unit = even and odd lanes
- *   4g..4g+3), and a 4x4 transpose inside every 128-bit lane puts element j
- *   of each of them in one vector, so the sequential sum
+ *   4 units (one block) hold 8*BM_W/8 = BM_W chunks (chunk g of a unit =
+ *   even and odd lanes 4g..4g+3), and a 4x4 transpose inside every 128-bit
+ *   lane puts element j of each of them in one vector, so the sequential sum
  *   ((q0 + q1) + q2) + ... + q7 is 7 vertical adds. One permute restores the
- *   chunks' natural order before SPEC's halving tree.
+ *   chunks' natural order before SPEC's halving tree. Every norm stage
+ *   (post, pre, next) uses this one routine.
  */
 
 #define BM_CAT2(a, b) a##b
 #define BM_CAT(a, b) BM_CAT2(a, b)
-#define VF BM_CAT(bm_vf, BM_W)
-#define VU BM_CAT(bm_vu, BM_W)
-#define VI BM_CAT(bm_vi, BM_W)
+#define FN(name) BM_CAT(name, BM_TAG)
+#define VF BM_CAT(bm_vf, BM_TAG)
+#define VU BM_CAT(bm_vu, BM_TAG)
+#define VI BM_CAT(bm_vi, BM_TAG)
+#define BM_U (2 * BM_W)   /* elements per unit */
+#define BM_BLK (8 * BM_W) /* elements per block: 4 units */
+#define BM_AI static inline __attribute__((always_inline))
 
 typedef float VF __attribute__((vector_size(BM_W * 4)));
 typedef uint32_t VU __attribute__((vector_size(BM_W * 4)));
@@ -54,7 +65,24 @@ typedef int32_t VI __attribute__((vector_size(BM_W * 4)));
 
 #define BM_HI16 0xFFFF0000u
 
-static inline __attribute__((always_inline)) VU BM_CAT(bm_load_, BM_W)(const uint16_t *p)
+/* Where a pass takes the branch values from, and what it does with them
+ * (defined once for both widths). */
+#ifndef BM_SIMD_ENUMS
+#define BM_SIMD_ENUMS
+enum {
+    BM_SRC_FIN, /* the finalize sums of the token's expert rows */
+    BM_SRC_SCR, /* the row's bits in scratch, through a norm's last step */
+    BM_SRC_X    /* a row of x in memory (through the pre-norm's last step when nrm) */
+};
+enum {
+    BM_DST_OUT,  /* store to out */
+    BM_DST_KEEP, /* bits to scratch, chunk sums */
+    BM_DST_RES,  /* residual stage: hidden to out (and bits + chunk sums when keep) */
+    BM_DST_SUM   /* chunk sums only */
+};
+#endif
+
+BM_AI VU FN(bm_load_)(const uint16_t *p)
 {
     VU u;
     memcpy(&u, p, sizeof u);
@@ -63,7 +91,7 @@ static inline __attribute__((always_inline)) VU BM_CAT(bm_load_, BM_W)(const uin
 
 /* nt: a streaming store (p aligned to the vector size), no read for
  * ownership of a line the row will not read again. */
-static inline __attribute__((always_inline)) void BM_CAT(bm_store_, BM_W)(uint16_t *p, VU u, const int nt)
+BM_AI void FN(bm_store_)(uint16_t *p, VU u, const int nt)
 {
     if (!nt)
         memcpy(p, &u, sizeof u);
@@ -77,12 +105,12 @@ static inline __attribute__((always_inline)) void BM_CAT(bm_store_, BM_W)(uint16
 }
 
 /* f(bf16(v)) as bits, every lane: SPEC's integer rounding, NaN -> 0x7FFF. */
-static inline __attribute__((always_inline)) VU BM_CAT(bm_rnd_, BM_W)(VF v)
+BM_AI VU FN(bm_rnd_)(VF v)
 {
 #if BM_W == 16
     /* the same formula with AVX-512 masks: u + 0x7FFF, plus 1 where bit 16
      * is set, top half kept where v is not NaN, else 0x7FFF0000 (5 vector
-     * operations instead of 8: this rounding dominates the norm pass) */
+     * operations instead of 8: this rounding dominates the norm passes) */
     const __m512i u = (__m512i)v;
     const __mmask16 odd = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000));
     const __mmask16 num = _mm512_cmp_ps_mask((__m512)v, (__m512)v, _CMP_ORD_Q);
@@ -97,14 +125,15 @@ static inline __attribute__((always_inline)) VU BM_CAT(bm_rnd_, BM_W)(VF v)
 #endif
 }
 
-#define LOAD BM_CAT(bm_load_, BM_W)
-#define STORE BM_CAT(bm_store_, BM_W)
-#define RND BM_CAT(bm_rnd_, BM_W)
+#define LOAD FN(bm_load_)
+#define STORE FN(bm_store_)
+#define RND FN(bm_rnd_)
 #define EVEN(u) ((VF)((u) << 16))
 #define ODD(u) ((VF)((u) & BM_HI16))
+#define PACK(e, o) (((e) >> 16) | (o))
 
 /* 4x4 transposes inside every 128-bit lane: t_j lane 4g+v = a_v lane 4g+j. */
-static inline __attribute__((always_inline)) void BM_CAT(bm_tr4_, BM_W)(VF a0, VF a1, VF a2, VF a3, VF *t)
+BM_AI void FN(bm_tr4_)(VF a0, VF a1, VF a2, VF a3, VF *t)
 {
     VF l01 = __builtin_shuffle(a0, a1, BM_UNPLO), l23 = __builtin_shuffle(a2, a3, BM_UNPLO);
     VF h01 = __builtin_shuffle(a0, a1, BM_UNPHI), h23 = __builtin_shuffle(a2, a3, BM_UNPHI);
@@ -114,11 +143,48 @@ static inline __attribute__((always_inline)) void BM_CAT(bm_tr4_, BM_W)(VF a0, V
     t[3] = __builtin_shuffle(h01, h23, BM_UNPHI64);
 }
 
+/* The chunk sums of one block (4 units of widened values, even e, odd o),
+ * in the chunks' natural order:
+ * ((((((q0 + q1) + q2) + q3) + q4) + q5) + q6) + q7 per chunk. */
+BM_AI VF FN(bm_chunks_)(const VU *e, const VU *o)
+{
+    VF te[4], to[4], p;
+    FN(bm_tr4_)((VF)e[0], (VF)e[1], (VF)e[2], (VF)e[3], te);
+    FN(bm_tr4_)((VF)o[0], (VF)o[1], (VF)o[2], (VF)o[3], to);
+    p = te[0] * te[0];
+    p = p + to[0] * to[0];
+    p = p + te[1] * te[1];
+    p = p + to[1] * to[1];
+    p = p + te[2] * te[2];
+    p = p + to[2] * to[2];
+    p = p + te[3] * te[3];
+    p = p + to[3] * to[3];
+    return __builtin_shuffle(p, BM_CHUNKS);
+}
+
+/* SPEC's tree over the chunk sums (hs / 8 of them, at least 32): zero
+ * padding to a power of two, strided halving (vertical adds while the
+ * stride spans whole vectors, the same additions per element), then
+ * inv = 1 / sqrt(P[0] / H + eps). */
+BM_AI float FN(bm_inv_)(VF *partv, int32_t hs, float eps)
+{
+    float *part = (float *)partv;
+    const int32_t chunks = hs / 8;
+    int32_t n2, s, c;
+    for (n2 = 1; n2 < chunks; n2 *= 2) continue;
+    for (c = chunks; c < n2; c++) part[c] = 0.0f;
+    for (s = n2 / 2; s >= BM_W; s /= 2)
+        for (c = 0; c < s / BM_W; c++) partv[c] = partv[c] + partv[c + s / BM_W];
+    for (; s >= 1; s /= 2)
+        for (c = 0; c < s; c++) part[c] = part[c] + part[c + s];
+    return 1.0f / sqrtf(part[0] / (float)hs + eps);
+}
+
 /* The finalize sums of the block of 8*W columns at h0 into e0..e3 (even)
  * and o0..o3 (odd): a = +0.0, then a = a + w[k] * f(x[k][h]) for k in
  * order. A macro, so that the 8 sums are plain locals kept in registers
  * while the top_k rows stream in. */
-#define BM_SUMS(x, w, top_k, hs, h0)                                                               \
+#define BM_SUMS(x, w, top_k, hs, h0, ahead)                                                        \
     do {                                                                                           \
         int32_t k_, i_;                                                                            \
         e0 = e1 = e2 = e3 = o0 = o1 = o2 = o3 = (VF){0};                                           \
@@ -126,11 +192,13 @@ static inline __attribute__((always_inline)) void BM_CAT(bm_tr4_, BM_W)(VF a0, V
             const uint16_t *xk_ = (x) + (size_t)k_ * (size_t)(hs) + (h0);                          \
             const float wk_ = (w)[k_];                                                             \
             VU u0_, u1_, u2_, u3_;                                                                 \
-            /* BM_PF elements ahead in every expert row: +15-25% measured                          \
-             * over the hardware prefetcher alone on 8 interleaved streams */                      \
-            for (i_ = 0; i_ < 8 * BM_W; i_ += 32) __builtin_prefetch(xk_ + BM_PF + i_, 0, 3);     \
-            u0_ = LOAD(xk_), u1_ = LOAD(xk_ + 2 * BM_W);                                           \
-            u2_ = LOAD(xk_ + 4 * BM_W), u3_ = LOAD(xk_ + 6 * BM_W);                                \
+            /* BM_PF elements ahead in every expert row, unless the previous                       \
+             * row requested this one: +15-25% measured over the hardware                          \
+             * prefetcher alone on 8 interleaved streams */                                        \
+            if (ahead)                                                                             \
+                for (i_ = 0; i_ < BM_BLK; i_ += 32) __builtin_prefetch(xk_ + BM_PF + i_, 0, 3);    \
+            u0_ = LOAD(xk_), u1_ = LOAD(xk_ + BM_U);                                               \
+            u2_ = LOAD(xk_ + 2 * BM_U), u3_ = LOAD(xk_ + 3 * BM_U);                                \
             e0 = e0 + wk_ * EVEN(u0_);                                                             \
             o0 = o0 + wk_ * ODD(u0_);                                                              \
             e1 = e1 + wk_ * EVEN(u1_);                                                             \
@@ -142,153 +210,274 @@ static inline __attribute__((always_inline)) void BM_CAT(bm_tr4_, BM_W)(VF a0, V
         }                                                                                          \
     } while (0)
 
-/* The finalized row's bits from the sums: s = bf16(f(bf16(a)) * rs). */
-static inline __attribute__((always_inline)) void BM_CAT(bm_fin_, BM_W)(const bm_args *a, VF e, VF o, VU *re,
-                                                                     VU *ro)
+/* The finalize stage's last operation before its last rounding, from the
+ * sums a: s = bf16(f(bf16(a)) * rs), so the value to round is a when rs is
+ * 1 (that multiply is exact and skipped, like rows.c), else f(bf16(a)) * rs. */
+BM_AI void FN(bm_fin_raw_)(const bm_args *a, VF e, VF o, VF *re, VF *ro)
 {
-    *re = RND(e);
-    *ro = RND(o);
-    if (a->routed_scale != 1.0f) { /* exact when 1: skipped like rows.c */
-        *re = RND((VF)*re * a->routed_scale);
-        *ro = RND((VF)*ro * a->routed_scale);
+    if (a->routed_scale != 1.0f) {
+        e = (VF)RND(e) * a->routed_scale;
+        o = (VF)RND(o) * a->routed_scale;
     }
+    *re = e;
+    *ro = o;
 }
 
-/* One unit: finalize sums (even e, odd o) -> residual stage. Writes hidden
- * and returns the widened hidden values in *ve, *vo. */
-static inline __attribute__((always_inline)) void BM_CAT(bm_unit_, BM_W)(const bm_args *a, VF e, VF o,
-                                                                      const uint16_t *res, uint16_t *hid,
-                                                                      VF *ve, VF *vo, const int nt)
+/* A norm's last step on one unit u of bits before its last rounding:
+ * v * inv without a weight, else f(bf16(v * inv)) * f(w). */
+BM_AI void FN(bm_nrm_raw_)(VU u, float inv, const uint16_t *w, VF *re, VF *ro)
 {
-    VU re, ro, r, he, ho;
-    BM_CAT(bm_fin_, BM_W)(a, e, o, &re, &ro);
-    r = LOAD(res); /* read before hid is written: hid may be res */
+    VF ue = EVEN(u) * inv, uo = ODD(u) * inv;
+    if (w) {
+        VU wu = LOAD(w);
+        ue = (VF)RND(ue) * EVEN(wu);
+        uo = (VF)RND(uo) * ODD(wu);
+    }
+    *re = ue;
+    *ro = uo;
+}
+
+/* bf16 of two vectors (even and odd elements of a unit), packed in the
+ * unit's natural order: what a row stores. */
+BM_AI VU FN(bm_rndpack_)(VF e, VF o)
+{
+#if BM_W == 16 && defined(BM_AVX512BF16)
+    /* VCVTNE2PS2BF16 rounds exactly as SPEC's formula for every input but
+     * NaN (it keeps the payload) and subnormals (it treats them as zero):
+     * vectors holding any of those (fpclass 0xA1: quiet NaN, signalling
+     * NaN, subnormal) take the integer formula. */
+    const __mmask16 odd_ones = _mm512_fpclass_ps_mask((__m512)e, 0xA1) |
+                               _mm512_fpclass_ps_mask((__m512)o, 0xA1);
+    /* the conversion puts e's 16 results below o's: interleave them */
+    const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                           23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    if (__builtin_expect(odd_ones != 0, 0)) return PACK(RND(e), RND(o));
+    return (VU)_mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh((__m512)o, (__m512)e));
+#else
+    return PACK(RND(e), RND(o));
+#endif
+}
+
+/* The residual stage of one unit: branch x' (even xe, odd xo) and the
+ * residual's bits at res -> hidden (widened, in place of xe, xo). res is
+ * read here, before the caller stores hidden, which may be res. */
+BM_AI void FN(bm_res_)(const bm_args *a, VU *xe, VU *xo, const uint16_t *res)
+{
+    VU r = LOAD(res);
     if (a->has_scales) {
         const float sx = a->scale_x, sr = a->scale_r;
-        he = RND((VF)RND((VF)re * sx) + (VF)RND(EVEN(r) * sr));
-        ho = RND((VF)RND((VF)ro * sx) + (VF)RND(ODD(r) * sr));
+        *xe = RND((VF)RND((VF)*xe * sx) + (VF)RND(EVEN(r) * sr));
+        *xo = RND((VF)RND((VF)*xo * sx) + (VF)RND(ODD(r) * sr));
     } else {
-        he = RND((VF)re + EVEN(r));
-        ho = RND((VF)ro + ODD(r));
+        *xe = RND((VF)*xe + EVEN(r));
+        *xo = RND((VF)*xo + ODD(r));
     }
-    STORE(hid, (he >> 16) | ho, nt);
-    *ve = (VF)he;
-    *vo = (VF)ho;
 }
 
-static inline __attribute__((always_inline)) void BM_CAT(bm_simd_fused_nt_, BM_W)(
-    const bm_args *a, int64_t row, const uint16_t *residual, uint16_t *hidden, uint16_t *normalized,
-    const int nt)
-{
-    enum { W = BM_W, U = 2 * BM_W, BLK = 8 * BM_W };
-    VU hb[BM_MAX_HIDDEN / 2 / BM_W];         /* the hidden row's bits, for the norm */
-    VF partv[BM_MAX_HIDDEN / 8 / BM_W];      /* chunk sums, natural order */
-    float *part = (float *)partv;
-    const int32_t hs = a->hidden, top_k = a->top_k, chunks = hs / 8;
-    const uint16_t *x = a->experts + (size_t)row * (size_t)top_k * (size_t)hs;
-    const float *w = a->weights + (size_t)row * (size_t)top_k;
-    const int norm = a->next.on;
-    int32_t h0, n2, s, c, i;
+#ifndef BM_SIMD_PF
+#define BM_SIMD_PF
+/* The next token's inputs, requested a few lines per unit of work while the
+ * current token is computed, so that memory is busy during every pass (also
+ * those that load nothing) and the next token's passes find their rows in
+ * the cache: up to two contiguous spans (the expert rows [top_k, H] and the
+ * residual row, or the x and residual rows). */
+typedef struct bm_pfc {
+    const char *p[2];
+    size_t n[2];
+    size_t off;
+    int span, per_unit;
+} bm_pfc;
 
-    for (h0 = 0; h0 < hs; h0 += BLK) {
-        VF e0, e1, e2, e3, o0, o1, o2, o3, ve[4], vo[4];
-        BM_SUMS(x, w, top_k, hs, h0);
-        BM_CAT(bm_unit_, BM_W)(a, e0, o0, residual + h0, hidden + h0, &ve[0], &vo[0], nt);
-        BM_CAT(bm_unit_, BM_W)(a, e1, o1, residual + h0 + U, hidden + h0 + U, &ve[1], &vo[1], nt);
-        BM_CAT(bm_unit_, BM_W)(a, e2, o2, residual + h0 + 2 * U, hidden + h0 + 2 * U, &ve[2], &vo[2], nt);
-        BM_CAT(bm_unit_, BM_W)(a, e3, o3, residual + h0 + 3 * U, hidden + h0 + 3 * U, &ve[3], &vo[3], nt);
-        if (norm) {
-            VF te[4], to[4], p;
-            for (i = 0; i < 4; i++) hb[h0 / U + i] = ((VU)ve[i] >> 16) | (VU)vo[i];
-            BM_CAT(bm_tr4_, BM_W)(ve[0], ve[1], ve[2], ve[3], te);
-            BM_CAT(bm_tr4_, BM_W)(vo[0], vo[1], vo[2], vo[3], to);
-            /* ((((((q0 + q1) + q2) + q3) + q4) + q5) + q6) + q7 per chunk */
-            p = te[0] * te[0];
-            p = p + to[0] * to[0];
-            p = p + te[1] * te[1];
-            p = p + to[1] * to[1];
-            p = p + te[2] * te[2];
-            p = p + to[2] * to[2];
-            p = p + te[3] * te[3];
-            p = p + to[3] * to[3];
-            partv[h0 / BLK] = __builtin_shuffle(p, BM_CHUNKS);
+static inline __attribute__((always_inline)) void bm_pfc_step(bm_pfc *c, int units)
+{
+    int i, n = units * c->per_unit;
+    if (c->span < 2 && c->off + 64 * (size_t)n <= c->n[c->span]) { /* the usual case: one span */
+        const char *p = c->p[c->span] + c->off;
+        for (i = 0; i < n; i++) __builtin_prefetch(p + 64 * i, 0, BM_PF_HINT);
+        c->off += 64 * (size_t)n;
+        return;
+    }
+    for (i = 0; i < n && c->span < 2; i++) {
+        __builtin_prefetch(c->p[c->span] + c->off, 0, BM_PF_HINT);
+        c->off += 64;
+        if (c->off >= c->n[c->span]) {
+            c->span++;
+            c->off = 0;
         }
     }
-    if (!norm) return;
+}
+#endif
 
-    /* SPEC's tree: zero padding to a power of two, strided halving */
-    for (n2 = 1; n2 < chunks; n2 *= 2) continue;
-    for (c = chunks; c < n2; c++) part[c] = 0.0f;
-    for (s = n2 / 2; s >= 1; s /= 2)
-        for (c = 0; c < s; c++) part[c] = part[c] + part[c + s];
-    {
-        const float inv = 1.0f / sqrtf(part[0] / (float)hs + a->next.eps);
-        const uint16_t *nw = a->next.weight;
-        const uint16_t *nx = x + (size_t)top_k * (size_t)hs; /* the next token's rows */
-        const int pf = row + 1 < a->tokens;
-        for (h0 = 0, i = 0; h0 < hs; h0 += U, i++) {
-            VU ue = RND(EVEN(hb[i]) * inv), uo = RND(ODD(hb[i]) * inv);
-            /* no loads from memory in this pass: start the next token's
-             * expert rows (one line per step, round robin over k) */
-            if (pf && (i / top_k) * 32 < hs)
-                __builtin_prefetch(nx + (size_t)(i % top_k) * (size_t)hs + (i / top_k) * 32, 0, 3);
-            if (nw) {
-                VU wu = LOAD(nw + h0);
-                ue = RND((VF)ue * EVEN(wu));
-                uo = RND((VF)uo * ODD(wu));
+/* One pass over the row's blocks (src, dst: BM_SRC_*, BM_DST_*).
+ *   in, w:    SRC_FIN: the token's expert rows and weights; SRC_X: its x row
+ *   nrm, inv, nw: a norm's last step on the source (always for SRC_SCR)
+ *   sb, part: the row's bits and chunk sums (scratch)
+ *   res, out: the residual row and the output row
+ * src, dst and nt are constants at every call, so each call site compiles
+ * to its own loop without tests on them. */
+BM_AI void FN(bm_pass_)(const bm_args *a, const int src, const int dst, const int keep, const int ahead,
+                        const uint16_t *in, const float *w, const int nrm, float inv,
+                        const uint16_t *nw, VU *sb, VF *part, const uint16_t *res, uint16_t *out,
+                        bm_pfc *pf, const int nt)
+{
+    const int32_t hs = a->hidden, top_k = a->top_k;
+    int32_t h0, b, i;
+
+    for (h0 = 0, b = 0; h0 < hs; h0 += BM_BLK, b++) {
+        VU e[4], o[4];
+        VF fe[4], fo[4]; /* the values of the stage's last rounding */
+        if (src == BM_SRC_FIN) {
+            VF e0, e1, e2, e3, o0, o1, o2, o3;
+            BM_SUMS(in, w, top_k, hs, h0, ahead);
+            FN(bm_fin_raw_)(a, e0, o0, &fe[0], &fo[0]);
+            FN(bm_fin_raw_)(a, e1, o1, &fe[1], &fo[1]);
+            FN(bm_fin_raw_)(a, e2, o2, &fe[2], &fo[2]);
+            FN(bm_fin_raw_)(a, e3, o3, &fe[3], &fo[3]);
+        } else {
+#pragma GCC unroll 4
+            for (i = 0; i < 4; i++) {
+                const VU u = src == BM_SRC_SCR ? sb[4 * b + i] : LOAD(in + h0 + i * BM_U);
+                if (src == BM_SRC_SCR || nrm) {
+                    FN(bm_nrm_raw_)(u, inv, nw ? nw + h0 + i * BM_U : NULL, &fe[i], &fo[i]);
+                } else { /* x itself: already BF16 values */
+                    e[i] = u << 16;
+                    o[i] = u & BM_HI16;
+                }
             }
-            STORE(normalized + h0, (ue >> 16) | uo, nt);
+        }
+        if (dst != BM_DST_OUT && (src != BM_SRC_X || nrm)) {
+#pragma GCC unroll 4
+            for (i = 0; i < 4; i++) {
+                e[i] = RND(fe[i]);
+                o[i] = RND(fo[i]);
+            }
+        }
+        bm_pfc_step(pf, 4);
+        if (dst == BM_DST_RES) {
+#pragma GCC unroll 4
+            for (i = 0; i < 4; i++) {
+                FN(bm_res_)(a, &e[i], &o[i], res + h0 + i * BM_U);
+                STORE(out + h0 + i * BM_U, PACK(e[i], o[i]), nt);
+            }
+        } else if (dst == BM_DST_OUT) {
+#pragma GCC unroll 4
+            for (i = 0; i < 4; i++) STORE(out + h0 + i * BM_U, FN(bm_rndpack_)(fe[i], fo[i]), nt);
+        }
+        if (dst == BM_DST_KEEP || (dst == BM_DST_RES && keep)) {
+#pragma GCC unroll 4
+            for (i = 0; i < 4; i++) sb[4 * b + i] = PACK(e[i], o[i]);
+        }
+        if (dst == BM_DST_KEEP || dst == BM_DST_SUM || (dst == BM_DST_RES && keep))
+            part[b] = FN(bm_chunks_)(e, o);
+    }
+}
+
+/* Rows [t0, t1) of one op; nt: streaming stores. */
+BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t1, VU *sb, VF *part,
+                           const int nt)
+{
+    const int32_t hs = a->hidden, top_k = a->top_k;
+    const size_t H = (size_t)hs, KH = (size_t)top_k * H, units = H / BM_U;
+    /* passes over the row: the norms' first and last passes add one each */
+    const int passes = 1 + (op == BM_OP_NRN ? a->pre.on : a->post.on) + (op != BM_OP_FINALIZE && a->next.on);
+    int64_t t;
+
+    for (t = t0; t < t1; t++) {
+        const size_t o = (size_t)t * H;
+        const int ahead = BM_SUMS_PF_ALWAYS || t == t0; /* not requested by the previous row */
+        bm_pfc pf;
+        memset(&pf, 0, sizeof pf);
+        if (t + 1 < t1) { /* the next token is this thread's too */
+            if (op == BM_OP_NRN) {
+                pf.p[0] = (const char *)(a->x + o + H);
+                pf.n[0] = 2 * H;
+            } else {
+                pf.p[0] = (const char *)(a->experts + (size_t)(t + 1) * KH);
+                pf.n[0] = 2 * KH;
+            }
+            if (op != BM_OP_FINALIZE) {
+                pf.p[1] = (const char *)(a->residual + o + H);
+                pf.n[1] = 2 * H;
+            }
+            pf.per_unit = (int)((pf.n[0] + pf.n[1] + 63) / 64 / (units * (size_t)passes)) + 1;
+        } else {
+            pf.span = 2;
+        }
+        if (op == BM_OP_FINALIZE) {
+            const uint16_t *x = a->experts + (size_t)t * KH;
+            const float *w = a->weights + (size_t)t * (size_t)top_k;
+            if (!a->post.on) {
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_OUT, 0, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL,
+                             a->output + o, &pf, nt);
+            } else {
+                float inv;
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL,
+                             NULL, &pf,
+                             nt);
+                inv = FN(bm_inv_)(part, hs, a->post.eps);
+                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->post.weight, sb,
+                             part,
+                             NULL, a->output + o, &pf, nt);
+            }
+            continue;
+        }
+        if (op == BM_OP_FUSED) {
+            const uint16_t *x = a->experts + (size_t)t * KH;
+            const float *w = a->weights + (size_t)t * (size_t)top_k;
+            if (!a->post.on) {
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_RES, a->next.on, ahead, x, w, 0, 0.0f, NULL, sb, part,
+                             a->residual + o, a->hidden_out + o, &pf, nt);
+            } else {
+                float inv;
+                FN(bm_pass_)(a, BM_SRC_FIN, BM_DST_KEEP, 1, ahead, x, w, 0, 0.0f, NULL, sb, part, NULL,
+                             NULL, &pf,
+                             nt);
+                inv = FN(bm_inv_)(part, hs, a->post.eps);
+                FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_RES, a->next.on, ahead, NULL, NULL, 1, inv,
+                             a->post.weight, sb,
+                             part, a->residual + o, a->hidden_out + o, &pf, nt);
+            }
+        } else { /* BM_OP_NRN */
+            const uint16_t *x = a->x + o;
+            if (!a->pre.on) {
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, ahead, x, NULL, 0, 0.0f, NULL, sb, part,
+                             a->residual + o, a->hidden_out + o, &pf, nt);
+            } else {
+                float inv;
+                /* the chunk sums first; the second read of x finds the row
+                 * in the cache */
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_SUM, 0, ahead, x, NULL, 0, 0.0f, NULL, sb, part, NULL,
+                             NULL, &pf,
+                             nt);
+                inv = FN(bm_inv_)(part, hs, a->pre.eps);
+                FN(bm_pass_)(a, BM_SRC_X, BM_DST_RES, a->next.on, ahead, x, NULL, 1, inv, a->pre.weight,
+                             sb, part,
+                             a->residual + o, a->hidden_out + o, &pf, nt);
+            }
+        }
+        if (a->next.on) {
+            const float inv = FN(bm_inv_)(part, hs, a->next.eps);
+            FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->next.weight, sb, part,
+                         NULL,
+                         a->normalized + o, &pf, nt);
         }
     }
 }
 
 /* Streaming stores when the outputs are large (they would only evict the
- * inputs' lines from the caches) and aligned to the vector size; a fence
- * orders them before anything the row's thread does next. */
-static void BM_CAT(bm_simd_fused_, BM_W)(const bm_args *a, int64_t row, const uint16_t *residual,
-                                         uint16_t *hidden, uint16_t *normalized)
+ * inputs' lines from the caches) and aligned to the vector size (every row
+ * then is: a row is a multiple of 512 bytes); a fence orders them before
+ * anything the thread does next. */
+static void FN(bm_simd_rows_)(const bm_args *a, int op, int64_t t0, int64_t t1, void *sb, void *part)
 {
-    const uintptr_t mis = (uintptr_t)hidden | (a->next.on ? (uintptr_t)normalized : 0);
+    const uintptr_t mis = op == BM_OP_FINALIZE
+                              ? (uintptr_t)a->output
+                              : (uintptr_t)a->hidden_out | (a->next.on ? (uintptr_t)a->normalized : 0);
     if ((uint64_t)a->tokens * (uint64_t)a->hidden >= BM_NT_MIN_ELEMS && mis % (4 * BM_W) == 0) {
-        BM_CAT(bm_simd_fused_nt_, BM_W)(a, row, residual, hidden, normalized, 1);
+        FN(bm_rows_nt_)(a, op, t0, t1, (VU *)sb, (VF *)part, 1);
         _mm_sfence();
     } else {
-        BM_CAT(bm_simd_fused_nt_, BM_W)(a, row, residual, hidden, normalized, 0);
-    }
-}
-
-/* The finalize stage alone (post-norm off) of token `row` into out. */
-static inline __attribute__((always_inline)) void BM_CAT(bm_simd_finalize_nt_, BM_W)(const bm_args *a,
-                                                                                  int64_t row,
-                                                                                  uint16_t *out,
-                                                                                  const int nt)
-{
-    const int32_t hs = a->hidden, top_k = a->top_k;
-    const uint16_t *x = a->experts + (size_t)row * (size_t)top_k * (size_t)hs;
-    const float *w = a->weights + (size_t)row * (size_t)top_k;
-    int32_t h0;
-    for (h0 = 0; h0 < hs; h0 += 8 * BM_W) {
-        VF e0, e1, e2, e3, o0, o1, o2, o3;
-        VU re, ro;
-        BM_SUMS(x, w, top_k, hs, h0);
-        BM_CAT(bm_fin_, BM_W)(a, e0, o0, &re, &ro);
-        STORE(out + h0, (re >> 16) | ro, nt);
-        BM_CAT(bm_fin_, BM_W)(a, e1, o1, &re, &ro);
-        STORE(out + h0 + 2 * BM_W, (re >> 16) | ro, nt);
-        BM_CAT(bm_fin_, BM_W)(a, e2, o2, &re, &ro);
-        STORE(out + h0 + 4 * BM_W, (re >> 16) | ro, nt);
-        BM_CAT(bm_fin_, BM_W)(a, e3, o3, &re, &ro);
-        STORE(out + h0 + 6 * BM_W, (re >> 16) | ro, nt);
-    }
-}
-
-static void BM_CAT(bm_simd_finalize_, BM_W)(const bm_args *a, int64_t row, uint16_t *out)
-{
-    if ((uint64_t)a->tokens * (uint64_t)a->hidden >= BM_NT_MIN_ELEMS && (uintptr_t)out % (4 * BM_W) == 0) {
-        BM_CAT(bm_simd_finalize_nt_, BM_W)(a, row, out, 1);
-        _mm_sfence();
-    } else {
-        BM_CAT(bm_simd_finalize_nt_, BM_W)(a, row, out, 0);
+        FN(bm_rows_nt_)(a, op, t0, t1, (VU *)sb, (VF *)part, 0);
     }
 }
 
@@ -298,14 +487,19 @@ static void BM_CAT(bm_simd_finalize_, BM_W)(const bm_args *a, int64_t row, uint1
 #undef RND
 #undef EVEN
 #undef ODD
+#undef PACK
 #undef BM_UNPLO
 #undef BM_UNPHI
 #undef BM_UNPLO64
 #undef BM_UNPHI64
 #undef BM_CHUNKS
 #undef BM_HI16
+#undef BM_U
+#undef BM_BLK
+#undef BM_AI
 #undef VF
 #undef VU
 #undef VI
+#undef FN
 #undef BM_CAT
 #undef BM_CAT2

@@ -20,7 +20,13 @@
 #   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks
 #   test_contract      every rule of docs/contract.md: status, message, no write
 #   test_dispatch      backend selection of libbeammoe
+#   test_stack         every op and the gather on 64 KiB thread stacks
+#                      (OMP_STACKSIZE=64K too)
+#   test_oom           no memory for the scratch: out of memory, nothing
+#                      written (skipped under AddressSanitizer)
 #   test_symbols.sh    the libraries export the same beam_* symbols
+#   test_isa.sh        golden, numerics, threads, edges and stack tests again
+#                      on the AVX-512 (no BF16), AVX2 and portable kernels
 
 if HAVE_CUNIT
 
@@ -36,10 +42,13 @@ BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
 
 BEAM_CPU_TESTS = tests/test_numerics tests/test_numerics_cpu tests/test_edges \
 	tests/test_golden tests/test_threads tests/test_group tests/test_contract \
-	tests/test_dispatch
-check_PROGRAMS += $(BEAM_CPU_TESTS)
-TESTS += $(BEAM_CPU_TESTS) tests/test_symbols.sh
-EXTRA_DIST += tests/test_symbols.sh tests/valgrind.supp
+	tests/test_dispatch tests/test_stack
+# test_oom replaces malloc, which valgrind replaces too: not in the valgrind
+# list (it skips itself there anyway).
+check_PROGRAMS += $(BEAM_CPU_TESTS) tests/test_oom
+TESTS += $(BEAM_CPU_TESTS) tests/test_oom tests/test_symbols.sh tests/test_isa.sh
+EXTRA_DIST += tests/test_symbols.sh tests/test_isa.sh tests/valgrind.supp
+CLEANFILES += tests/test_isa.*.out
 
 # test_symbols.sh looks for the libraries under $top_builddir/.libs.
 AM_TESTS_ENVIRONMENT = top_builddir='$(top_builddir)'; top_srcdir='$(top_srcdir)'; \
@@ -79,6 +88,19 @@ tests_test_contract_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_contract_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_contract_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_contract_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+
+# Runs itself again with OMP_STACKSIZE=64K; its own threads get 64 KiB.
+tests_test_stack_SOURCES = tests/test_stack.c
+tests_test_stack_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_stack_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_stack_LDFLAGS = $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_stack_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
+
+tests_test_oom_SOURCES = tests/test_oom.c
+tests_test_oom_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_oom_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_oom_LDFLAGS = $(PTHREAD_CFLAGS)
+tests_test_oom_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
 tests_test_dispatch_SOURCES = tests/test_dispatch.c
 tests_test_dispatch_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
