@@ -7,7 +7,8 @@
 #      the libraries, the test programs and the benchmark;
 #   2. copy into .devbuild/ (git-ignored): lib/ with libbeammoe.so,
 #      libbeammoe_cpu.so, libbeammoe_cuda.so, libcunit.so.1 (GPU hosts often
-#      lack CUnit), libcudart, libgomp and libnccl; bin/ with the real
+#      lack CUnit), libcudart and libgomp (not NCCL: 200 MiB, and a GPU host
+#      that runs the gather has it); bin/ with the real
 #      executables of tests/test_cuda, bench/cuda_bench, bench/shape_sweep,
 #      tests/test_gather_nccl and bench/gather_bench (libtool's .libs/
 #      binaries, not its wrapper scripts); the GPU host needs no libtool,
@@ -44,7 +45,7 @@ for l in libbeammoe libbeammoe_cpu libbeammoe_cuda; do
     cp -L ".libs/$l.so" ".devbuild/lib/$l.so.0"
 done
 # shared libraries the binaries need that a bare GPU host may lack
-for so in libcunit.so.1 libcudart.so.13 libgomp.so.1 libnccl.so.2 libjson-c.so.5; do
+for so in libcunit.so.1 libcudart.so.13 libgomp.so.1 libjson-c.so.5; do
     p=$(ldd tests/.libs/test_cuda tests/.libs/test_gather_nccl .libs/libbeammoe_cuda.so \
         .libs/libbeammoe_cpu.so 2>/dev/null |
         awk -v so="$so" '$1 == so { print $3; exit }')
