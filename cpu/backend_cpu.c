@@ -57,7 +57,7 @@ int bm_cpu_max_team(void)
 int bm_cpu_team(const bm_args *a, int op)
 {
     const int64_t H2 = 2 * (int64_t)a->hidden;
-    /* bytes read and written per row (TARGETS.md) */
+    /* bytes read and written per row (docs/PERF.md) */
     const int64_t row = op == BM_OP_NRN        ? 4 * H2
                         : op == BM_OP_FINALIZE ? ((int64_t)a->top_k + 1) * H2 + 4 * (int64_t)a->top_k
                                                : ((int64_t)a->top_k + 3) * H2 + 4 * (int64_t)a->top_k;

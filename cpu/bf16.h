@@ -1,5 +1,5 @@
 /*
- * bf16.h - BF16 <-> FP32 conversions of SPEC.md section 2 (CPU, internal).
+ * bf16.h - BF16 <-> FP32 conversions of docs/numerics.md (CPU, internal).
  *
  * Written with integer operations on the FP32 bits so that loops over them
  * vectorize; memcpy is the portable bit cast and compiles to nothing.

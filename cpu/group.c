@@ -10,7 +10,7 @@
  * fast rank starting the next call never overwrites what a slow rank still
  * reads.
  *
- * Strategies (same bits by construction, SPEC.md 1.4):
+ * Strategies (same bits by construction, docs/strategies.md):
  *   ONESHOT: finalize owned rows into the shared stage, then every rank runs
  *            norm_residual_norm over all T rows itself.
  *   TWOSHOT: each rank runs the fused pass over its owned rows into shared

@@ -7,13 +7,13 @@
  * BEAM_CPU_ISA environment variable), so what the bench prints is what the
  * library ran.
  *
- * Kernels (same bits on every path, SPEC.md section 2):
+ * Kernels (same bits on every path, docs/numerics.md):
  *   avx512bf16, avx512, avx2
  *                 the vector rows of cpu/rows_simd.h (x86-64, GCC): every
  *                 configuration, each row streamed once from memory, its
  *                 intermediate rows kept in the thread's scratch
  *                 (avx512bf16: AVX-512 with BW, DQ and BF16, whose
- *                 conversion rounds stored values where it gives SPEC's
+ *                 conversion rounds stored values where it gives docs/numerics.md's
  *                 bits);
  *   portable      the C loops of cpu/rows.c, the ground truth (other
  *                 compilers and CPUs; -DBEAM_SCALAR_ROWS builds only them).

@@ -1,5 +1,5 @@
 /*
- * rows.c - the exact per-row arithmetic of SPEC.md section 2 on the CPU.
+ * rows.c - the exact per-row arithmetic of docs/numerics.md on the CPU.
  *
  * Every float operation is a separate IEEE binary32 operation (the build
  * passes -ffp-contract=off and never fast-math). Rows travel between the
@@ -72,7 +72,7 @@ BM_INLINE float bm_round(float v)
 
 /* RMSNorm N(v, w, eps) of a widened row; writes the widened result to outf
  * and/or its bits to outb (either may be NULL; outf may be v). The reduction
- * is SPEC's tree: sequential sums of chunks of 8, zero padding to a power of
+ * is the tree of docs/numerics.md#halving-tree: sequential sums of chunks of 8, zero padding to a power of
  * two, strided halving; part holds BM_MAX_HIDDEN / 8 floats. */
 BM_INLINE void bm_rmsnorm(const float *v, int32_t hidden, const bm_norm *n, float *outf, uint16_t *outb,
                           float *part)

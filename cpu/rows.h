@@ -2,7 +2,7 @@
  * rows.h - the per-row kernels of the CPU backend (internal).
  *
  * One row (one token) is processed by one thread from start to end, in the
- * fixed order of SPEC.md section 2, so the bits never depend on the thread
+ * fixed order of docs/numerics.md, so the bits never depend on the thread
  * count or the schedule. A row's intermediate values live in a per-thread
  * scratch area that the caller provides (cpu/backend_cpu.c allocates it once
  * per call): the kernels keep under 1 KiB on the stack whatever the hidden

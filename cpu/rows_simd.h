@@ -17,7 +17,7 @@
  * aligned outputs use streaming stores. Prefetches never fault, so a
  * prefetch past the live rows is harmless.
  *
- * Same IEEE operations in the same order per element as SPEC.md section 2
+ * Same IEEE operations in the same order per element as docs/numerics.md
  * (and as the portable code of rows.c); only the placement of elements in
  * registers differs:
  * - a 32-bit load of two BF16 values widens without shuffles: u << 16 is the
@@ -29,7 +29,7 @@
  *   even and odd lanes 4g..4g+3), and a 4x4 transpose inside every 128-bit
  *   lane puts element j of each of them in one vector, so the sequential sum
  *   ((q0 + q1) + q2) + ... + q7 is 7 vertical adds. One permute restores the
- *   chunks' natural order before SPEC's halving tree. Every norm stage
+ *   chunks' natural order before the halving tree of docs/numerics.md. Every norm stage
  *   (post, pre, next) uses this one routine.
  */
 
@@ -104,7 +104,7 @@ BM_AI void FN(bm_store_)(uint16_t *p, VU u, const int nt)
 #endif
 }
 
-/* f(bf16(v)) as bits, every lane: SPEC's integer rounding, NaN -> 0x7FFF. */
+/* f(bf16(v)) as bits, every lane: the integer rounding of docs/numerics.md#bf16, NaN -> 0x7FFF. */
 BM_AI VU FN(bm_rnd_)(VF v)
 {
 #if BM_W == 16
@@ -162,7 +162,7 @@ BM_AI VF FN(bm_chunks_)(const VU *e, const VU *o)
     return __builtin_shuffle(p, BM_CHUNKS);
 }
 
-/* SPEC's tree over the chunk sums (hs / 8 of them, at least 32): zero
+/* the tree of docs/numerics.md#halving-tree over the chunk sums (hs / 8 of them, at least 32): zero
  * padding to a power of two, strided halving (vertical adds while the
  * stride spans whole vectors, the same additions per element), then
  * inv = 1 / sqrt(P[0] / H + eps). */
@@ -242,7 +242,7 @@ BM_AI void FN(bm_nrm_raw_)(VU u, float inv, const uint16_t *w, VF *re, VF *ro)
 BM_AI VU FN(bm_rndpack_)(VF e, VF o)
 {
 #if BM_W == 16 && defined(BM_AVX512BF16)
-    /* VCVTNE2PS2BF16 rounds exactly as SPEC's formula for every input but
+    /* VCVTNE2PS2BF16 rounds exactly as the formula of docs/numerics.md#bf16 for every input but
      * NaN (it keeps the payload) and subnormals (it treats them as zero):
      * vectors holding any of those (fpclass 0xA1: quiet NaN, signalling
      * NaN, subnormal) take the integer formula. */

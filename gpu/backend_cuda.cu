@@ -58,7 +58,7 @@ static const char *bm_mem_kind(cudaMemoryType t)
     return "unknown";
 }
 
-/* SPEC section 3: every pointer in device memory of the current device.
+/* docs/contract.md: every pointer in device memory of the current device.
  * Device and managed allocations of the current device pass; host memory
  * (pageable or pinned) and other devices' memory do not. Empty extents are
  * never touched and skipped, like lib's generic checks do. */
@@ -179,7 +179,7 @@ static beam_status bm_cuda_fused(const bm_args *a)
  *  - in place without a next norm: no output is free to hold the finalized
  *    rows (hidden_out still holds the residual). Then the fused kernel runs;
  *    it computes the same composition in one pass, with the same bits by
- *    construction (SPEC.md section 2). */
+ *    construction (docs/numerics.md). */
 static beam_status bm_cuda_unfused(const bm_args *a)
 {
     static const char fn[] = "beam_moe_finalize_norm_residual_norm";

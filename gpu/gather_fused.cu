@@ -42,7 +42,7 @@
  * The arithmetic is the row kernel's (gpu/numerics.cuh and the block tree
  * of gpu/row_kernel.cuh; the two row stages are restated here so that the
  * row kernel's tuning cannot break this file): same finalize order, same
- * RMSNorm tree, so the bits are those of SPEC.md
+ * RMSNorm tree, so the bits are those of docs/numerics.md
  * whatever the block shape. Rows pushed by peers are read with ld.global.cg
  * (L2, never a stale L1 line).
  */
@@ -53,7 +53,7 @@
 
 #define BM_TP_U 4 /* expert slots loaded ahead */
 
-/* The two row stages of SPEC.md section 2 in the row kernel's thread layout
+/* The two row stages of docs/numerics.md in the row kernel's thread layout
  * (thread t owns chunks t, t+NT, ...), written against numerics.cuh and the
  * row kernel's block tree (bm_block_tree) so that the bits are the same;
  * kept here so that the row kernel's own tuning cannot change this file's
@@ -64,7 +64,7 @@
  * With CS > 1
  * the tree runs over the thread's chunks, then across the cluster's blocks
  * for the same thread index (xred: NT floats of shared memory), then over
- * the block: the SPEC halving order, high index bits first. */
+ * the block: the halving order of docs/numerics.md, high index bits first. */
 template <int NT, int J, int CS, bool VEC>
 __device__ __forceinline__ void bm_tp_norm(float (&v)[J][8], const bm_pack8 (&wk)[J], bool w, float eps,
                                            int hidden, int C, int g0, float *red, float *xred)
@@ -327,7 +327,7 @@ __device__ __forceinline__ int bm_tp_poll_ll(const bm_tp_params &p, const unsign
     }
 }
 
-/* Stage B and norm B of SPEC (hidden = bf16(bx + br), normalized = N(hidden))
+/* Stage B and norm B of docs/numerics.md (hidden = bf16(bx + br), normalized = N(hidden))
  * on v in place; stores hidden and normalized of row g locally and, when
  * PUSH, into every peer's arrays 0 and 1. res: the residual chunks. */
 template <int NT, int J, int CS, bool VEC, bool PUSH>

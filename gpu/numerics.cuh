@@ -1,10 +1,10 @@
 /*
- * numerics.cuh - SPEC.md section 2 arithmetic on the device (internal).
+ * numerics.cuh - docs/numerics.md arithmetic on the device (internal).
  *
  * Every FP32 step is an explicit round-to-nearest intrinsic (__fmul_rn,
  * __fadd_rn, __fdiv_rn, __fsqrt_rn) so that no compiler flag or contraction
  * can change a bit; the build adds --fmad=false as a second guard. BF16
- * rounding is the SPEC's integer formula, with every NaN becoming 0x7FFF.
+ * rounding is the integer formula of docs/numerics.md#bf16, with every NaN becoming 0x7FFF.
  */
 #ifndef BEAMMOE_GPU_NUMERICS_CUH
 #define BEAMMOE_GPU_NUMERICS_CUH
@@ -123,7 +123,7 @@ __device__ __forceinline__ void bm_cp_async_wait()
     asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-/* P[c] of SPEC: ((((((q0 + q1) + q2) + q3) + q4) + q5) + q6) + q7. */
+/* P[c] of docs/numerics.md#chunk-sums: ((((((q0 + q1) + q2) + q3) + q4) + q5) + q6) + q7. */
 __device__ __forceinline__ float bm_chunk_sumsq(const float v[8])
 {
     float a = __fmul_rn(v[0], v[0]);

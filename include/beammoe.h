@@ -7,7 +7,7 @@
  * optionally fused with the residual add and the next layer's RMSNorm, and in
  * tensor parallelism with an all-gather of each rank's tokens.
  *
- * Every result follows one exact rounding order (the project's SPEC.md,
+ * Every result follows one exact rounding order (docs/numerics.md,
  * section 2), so all backends, strategies, thread counts and ranks give the
  * same bits.
  *

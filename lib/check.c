@@ -1,5 +1,5 @@
 /*
- * check.c - argument checks shared by every backend (SPEC.md section 3).
+ * check.c - argument checks shared by every backend (docs/contract.md).
  */
 #include <math.h>
 #include <stdint.h>
@@ -70,7 +70,7 @@ beam_status bm_check_scales(const char *fn, const float *scales, int *has, float
     *sx = 1.0f;
     *sr = 1.0f;
     if (!scales) return BEAM_OK;
-    /* An FP32 pointer like expert_weights (SPEC section 3); checked before
+    /* An FP32 pointer like expert_weights (docs/contract.md); checked before
      * the two values are read, since a misaligned float load is UB. */
     if ((uintptr_t)scales % 4 != 0)
         return bm_fail(BAD, "%s: scales=%p must be 4-byte aligned", fn, (const void *)scales);

@@ -1,5 +1,5 @@
 /*
- * check.h - the contract of SPEC.md section 3, checked once for every backend.
+ * check.h - the contract of docs/contract.md, checked once for every backend.
  *
  * Each helper returns BEAM_OK or sets the message "fn: argument=value rule"
  * and returns BEAM_ERR_INVALID_ARGUMENT. Nothing here writes user memory.

@@ -46,7 +46,7 @@ AC_DEFUN([BEAM_CUDA], [
   ])
   AS_IF([test -z "$NVCC_FLAGS"],
     [NVCC_FLAGS="-O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 --fmad=false --prec-div=true --prec-sqrt=true --ftz=false -Xcompiler -fvisibility=hidden"])
-  # The exact numerics (SPEC.md section 2) hold only without fast math: a
+  # The exact numerics (docs/numerics.md) hold only without fast math: a
   # user's NVCC_FLAGS may tune code generation, never the arithmetic.
   AS_CASE([" $NVCC_FLAGS "],
     [*use_fast_math*|*fmad=true*|*ftz=true*|*prec-div=false*|*prec-sqrt=false*],

@@ -1,6 +1,6 @@
 #!/bin/sh
 # exact-fp-check.sh - the exact numerics as the compilers see them
-# (m4/beam_exact_fp.m4 and SPEC.md section 2):
+# (m4/beam_exact_fp.m4 and docs/numerics.md):
 #
 #   scripts/exact-fp-check.sh refuse CC...   configure refuses, with each
 #       compiler CC, every flag below that would change the arithmetic

@@ -2,7 +2,7 @@
 
 A pure-Python front end (ctypes) to libbeammoe, the run-time dispatcher that
 runs each call on the CPU or CUDA backend according to the tensors' device.
-Every result follows SPEC.md's one rounding order, so CPU, CUDA, every
+Every result follows docs/numerics.md's one rounding order, so CPU, CUDA, every
 strategy and every world size give the same bits.
 
     beam_moe_finalize(expert_outputs, expert_weights, output, routed_scale=1.0,

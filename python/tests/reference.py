@@ -1,13 +1,13 @@
 """Torch-written eager references and test data.
 
-finalize_ref is the PyTorch eager formula of SPEC.md section 2 with its one
+finalize_ref is the PyTorch eager formula of docs/numerics.md with its one
 summation order made explicit: a per-k add in order, starting from +0, then
 the BF16 cast, then the routed scale and its rounding. Every step is one
 elementwise torch op on FP32 values (no reduction kernel whose order could
-vary, no FMA contraction across ops), so it gives SPEC's bits.
+vary, no FMA contraction across ops), so it gives the bits of docs/numerics.md.
 
 rmsnorm_hf is HF's RMSNorm (weight * (x.float() * rsqrt(var + eps)).to(bf16));
-its mean() reduction order is torch's, not SPEC's tree, so results that pass
+its mean() reduction order is torch's, not the tree of docs/numerics.md#halving-tree, so results that pass
 through a norm are checked against the C library instead (and against
 rmsnorm_hf only to within one BF16 step).
 """
@@ -19,7 +19,7 @@ NAN_BITS = 0x7FFF
 
 
 def bf16(v):
-    """FP32 -> BF16 round-to-nearest-even, every NaN as 0x7FFF (SPEC's bf16)."""
+    """FP32 -> BF16 round-to-nearest-even, every NaN as 0x7FFF (docs/numerics.md#bf16)."""
     r = v.to(BF16)
     nan = torch.isnan(v)
     if nan.any():
@@ -87,7 +87,7 @@ def random_bf16(gen, *shape, scale=1.0):
 
 
 def rmsnorm_spec(v, weight, eps):
-    """SPEC.md's RMSNorm with its tree order, written with elementwise torch
+    """The RMSNorm of docs/numerics.md with its tree order, written with elementwise torch
     ops on FP32 (chunks of 8 summed in order, then strided halving), as an
     independent check of the library's norm. v: [T, H] FP32 (widened BF16)."""
     t, h = v.shape
@@ -113,7 +113,7 @@ def rmsnorm_spec(v, weight, eps):
 
 
 def nrn_spec(x, residual, pre_weight, pre_eps, scales, next_weight, next_eps):
-    """SPEC's norm_residual_norm in torch: (hidden, normalized | None)."""
+    """The norm_residual_norm of docs/numerics.md in torch: (hidden, normalized | None)."""
     xp = rmsnorm_spec(x.float(), pre_weight, pre_eps) if pre_eps is not None else x
     if scales is not None:
         bx = bf16(xp.float() * torch.tensor(scales[0], dtype=F32))

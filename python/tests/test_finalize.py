@@ -1,6 +1,6 @@
 """beam_moe_finalize on CPU tensors: bit for bit against the torch eager
 reference for the finalize stage; the post-norm against the C library's own
-norm_residual_norm and the torch-written SPEC tree."""
+norm_residual_norm and the torch-written tree of docs/numerics.md."""
 import pytest
 import torch
 
@@ -67,8 +67,8 @@ def test_finalize_post_norm(gen, affine, routed_scale):
     via_nrn, _ = beammoe.norm_residual_norm(plain, minus_zero, pw, eps)
     assert_bits_equal(out, via_nrn, "post-norm vs norm_residual_norm's pre-norm")
 
-    # SPEC's tree in torch ops, bit for bit; HF's RMSNorm within one BF16 step.
-    assert_bits_equal(out, rmsnorm_spec(plain.float(), pw, eps), "post-norm vs torch SPEC tree")
+    # the tree of docs/numerics.md#halving-tree in torch ops, bit for bit; HF's RMSNorm within one BF16 step.
+    assert_bits_equal(out, rmsnorm_spec(plain.float(), pw, eps), "post-norm vs torch-written tree")
     hf = rmsnorm_hf(plain, pw, eps)
     step = (out.view(torch.int16).int() - hf.view(torch.int16).int()).abs()
     assert int(step.max()) <= 1

@@ -1,6 +1,6 @@
 """beam_moe_finalize_norm_residual_norm on CPU tensors: every strategy, new
 hidden and in place, against the composition of the library's separate
-operations and against the torch-written SPEC reference."""
+operations and against the torch-written reference."""
 import pytest
 import torch
 
@@ -60,11 +60,11 @@ def test_fused(gen, capacity, live, top_k, hidden, norms, scales, strategy, inpl
     if ne is not None:
         assert_bits_equal(normalized, want_n, "normalized vs composition")
 
-    # The torch-written SPEC reference.
+    # The torch-written reference.
     sh, sn = fused_spec(g, w, live, residual_in, pw, pe, nw, ne, scales, routed_scale)
-    assert_bits_equal(hidden_out, sh, "hidden vs torch SPEC")
+    assert_bits_equal(hidden_out, sh, "hidden vs the torch-written reference")
     if ne is not None:
-        assert_bits_equal(normalized, sn, "normalized vs torch SPEC")
+        assert_bits_equal(normalized, sn, "normalized vs the torch-written reference")
 
 
 def test_live_tokens_defaults_to_residual_rows(gen):
