@@ -29,6 +29,10 @@ top=$(pwd)
 test -x "$top/libtool" || { echo "$0: run from the top build directory (no ./libtool)" >&2; exit 99; }
 BEAM_TEST_EXEC_WRAPPER=$emu
 export BEAM_TEST_EXEC_WRAPPER
+# Every test on the smallest OpenMP stacks aarch64 allows (128 KiB): then
+# tests/test_stack finds its setting in place and need not run itself again.
+OMP_STACKSIZE=${OMP_STACKSIZE:-128K}
+export OMP_STACKSIZE
 
 t=$1
 shift

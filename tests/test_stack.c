@@ -26,7 +26,14 @@
 
 #include "suite.h"
 
-#define SMALL_STACK ((size_t)64 * 1024)
+/* 64 KiB, or the smallest stack the platform allows where that is more
+ * (128 KiB on aarch64 Linux, for pthreads and libgomp alike) */
+static size_t small_stack(void)
+{
+    const long min = sysconf(_SC_THREAD_STACK_MIN);
+    return min > 64 * 1024 ? (size_t)min : (size_t)64 * 1024;
+}
+#define SMALL_STACK small_stack()
 
 static uint64_t g_seed;
 
@@ -246,8 +253,10 @@ int main(int argc, char **argv)
                                     {"the CPU gather on 64 KiB stacks", test_gather},
                                     {NULL, NULL}};
     const char *ss = getenv("OMP_STACKSIZE");
+    char want[32];
     (void)argc;
-    if (!ss || strcmp(ss, "64K") != 0) {
+    snprintf(want, sizeof want, "%zuK", SMALL_STACK / 1024);
+    if (!ss || strcmp(ss, want) != 0) {
         /* the OpenMP runtime reads OMP_STACKSIZE once, at load: run this
          * program again with it set (by its path, which valgrind, for one,
          * reports as the program's and not its own) */
@@ -258,7 +267,16 @@ int main(int argc, char **argv)
             return 99;
         }
         self[n] = 0;
-        setenv("OMP_STACKSIZE", "64K", 1);
+        setenv("OMP_STACKSIZE", want, 1);
+        if (getenv("BEAM_TEST_EXEC_WRAPPER")) {
+            /* a foreign build under a user-mode emulator
+             * (scripts/emulate-test.sh): the emulated program cannot run
+             * itself again with the library path the emulator's loader
+             * needs, and the OpenMP runtime reads OMP_STACKSIZE only at
+             * start */
+            fprintf(stderr, "test_stack: not run under an emulator: skipped\n");
+            return 77;
+        }
         execv(self, argv);
         perror("test_stack: execv");
         return 99;
