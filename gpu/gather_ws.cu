@@ -23,12 +23,13 @@
 #include "gather_impl.h"
 
 /* AUTO's thresholds, from bench/gather_bench on two H200s over NVLink
- * (H = 7168, K = 8, graph replays; scripts/gather-run.sh): ONESHOT is best
- * up to T = 64 (T = 1: 6.5 us against UNFUSED's 11.8), TWOSHOT from
- * T = 128 on (1.4-1.6x UNFUSED; ONESHOT is 12% slower at 128, 15% at
- * 4096), and UNFUSED was never best on one host: AUTO takes it only
- * without peer memory (thresholds set to 0 at creation). */
-#define BM_TP_DEFAULT_ONESHOT 64
+ * (H = 7168, K = 8, graph replays; scripts/gather-run.sh, docs/PERF.md):
+ * with the hardware BF16 rounding ONESHOT is the fastest strategy at every
+ * measured T (T = 1: 5.9 us against UNFUSED's 11.0; T = 4096: 182.7 us
+ * against TWOSHOT's 207.4), so AUTO takes it for every T; UNFUSED was never
+ * best on one host: AUTO takes it only without peer memory (thresholds set
+ * to 0 at creation). */
+#define BM_TP_DEFAULT_ONESHOT INT64_MAX
 #define BM_TP_DEFAULT_TWOSHOT INT64_MAX
 #define BM_TP_DEFAULT_TIMEOUT_MS 10000
 

@@ -17,8 +17,10 @@ __device__ __forceinline__ float bm_f(uint32_t b16)
     return __uint_as_float(b16 << 16);
 }
 
-/* bf16(v): (u + 0x7FFF + ((u >> 16) & 1)) >> 16, NaN -> 0x7FFF. */
-__device__ __forceinline__ uint32_t bm_bf16(float v)
+/* bf16(v) as docs/numerics.md#bf16 writes it:
+ * (u + 0x7FFF + ((u >> 16) & 1)) >> 16, NaN -> 0x7FFF. The reference the
+ * hardware conversions below are checked against. */
+__device__ __forceinline__ uint32_t bm_bf16_formula(float v)
 {
     uint32_t u = __float_as_uint(v);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
@@ -26,11 +28,22 @@ __device__ __forceinline__ uint32_t bm_bf16(float v)
     return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
 }
 
+/* bf16(v) with the hardware conversion (cvt.rn.bf16.f32: one instruction,
+ * round to nearest even, subnormals kept, every NaN to 0x7FFF); equal to
+ * bm_bf16_formula for every FP32 input (`bench/shape_sweep check`). */
+__device__ __forceinline__ uint32_t bm_bf16(float v)
+{
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return (uint32_t)r;
+}
+
 /* bf16 of two values at once with the hardware conversion (cvt.rn.bf16x2.f32,
- * one instruction for what bm_bf16 does in six per value): round to nearest
- * even, overflow to infinity, subnormals kept (no .ftz), every NaN to the
- * canonical 0x7FFF. That this equals bm_bf16 for all 2^32 inputs is checked
- * on the device by `bench/shape_sweep check` (the GPU check script runs it).
+ * one instruction for what the formula does in six per value): round to
+ * nearest even, overflow to infinity, subnormals kept (no .ftz), every NaN to
+ * the canonical 0x7FFF. That this equals bm_bf16_formula for all 2^32 inputs
+ * is checked on the device by `bench/shape_sweep check` (scripts/gpu-run.sh
+ * runs it).
  * lo lands in the low half (the lower address in memory). */
 __device__ __forceinline__ uint32_t bm_bf16x2(float lo, float hi)
 {
@@ -59,7 +72,7 @@ __device__ __forceinline__ bm_pack8 bm_round8(const float v[8])
     bm_pack8 p;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
-        p.w[i] = bm_bf16(v[2 * i]) | (bm_bf16(v[2 * i + 1]) << 16);
+        p.w[i] = bm_bf16x2(v[2 * i], v[2 * i + 1]);
     return p;
 }
 

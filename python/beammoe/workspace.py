@@ -144,7 +144,7 @@ class Workspace:
     version over a CpuGroup, called by each rank's thread.
 
     moe_gather_oneshot_max_tokens: AUTO takes ONESHOT up to this many tokens
-    (None: the backend's default, 64). moe_gather_separate_norm_min_tokens:
+    (None: the backend's default: every tokens on CUDA, 64 on the CPU). moe_gather_separate_norm_min_tokens:
     AUTO takes UNFUSED from this many tokens on (None, the default: never).
     Between the two AUTO takes TWOSHOT. timeout_ms: how long a rank waits
     for its peers before a BeamCommError (None: the backend's default).
