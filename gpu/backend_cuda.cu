@@ -209,9 +209,9 @@ extern "C" const bm_backend bm_backend_table = {
     bm_cuda_fused,
     bm_cuda_unfused,
     bm_cuda_ws_default,
-    NULL, /* group_create: CPU groups are the CPU backend's */
-    NULL, /* group_destroy */
-    NULL, /* ws_create_cpu */
+    bm_cuda_group_create, /* an in-process group: ranks are threads (gather_group.cu) */
+    bm_cuda_group_destroy,
+    bm_cuda_ws_create_group,
     bm_cuda_ws_create_nccl,
     bm_cuda_ws_destroy,
     bm_cuda_gather,

@@ -9,19 +9,27 @@
  *      makes every later call fail with BEAM_ERR_COMM (the record lives in
  *      host-mapped memory: under graph replay it is seen by the next eager
  *      call or by beam_workspace_destroy);
- *   3. this rank's arguments failed lib's checks: for ONESHOT/TWOSHOT it
- *      still marks this epoch as "rejected" at every peer (a small kernel
- *      that touches no user memory and advances the epoch like a call), so
- *      their kernels stop waiting and their next call reports it. Not when
+ *   3. this rank's arguments failed lib's checks: it still tells its
+ *      peers, so that they fail too instead of waiting for it: ONESHOT and
+ *      TWOSHOT mark this epoch as "rejected" at every peer (a small kernel
+ *      that touches no user memory and advances the epoch like a call);
+ *      UNFUSED joins the all-gather with a "rejected" record (NCCL) or
+ *      runs the same reject kernel (in-process group). Not when
  *      tokens == 0 (lib passes the caller's tokens even when a check
  *      failed): the peers' call has tokens == 0 too and launches nothing,
  *      so a reject kernel here would put this rank one epoch ahead of them
  *      and kill the workspace; a call with no rows has nothing to
- *      withhold, so the rejection stays local. For UNFUSED it cannot take
- *      part in the NCCL all-gather, whose peers then wait inside NCCL
- *      (abort the communicator);
+ *      withhold, so the rejection stays local;
  *   4. tokens == 0: nothing to do, on every rank alike.
+ * Every launch carries the signature of the call's arguments
+ * (bm_tp_signature): ranks that disagree on a call fail it on the device.
+ * A failure found on the device (a timeout, a peer's rejection or other
+ * arguments, two overlapping calls) is reported by the next call on the
+ * workspace and by beam_workspace_destroy, and the workspace stays
+ * unusable; the outputs of the failed call are undefined.
  */
+#include <stdio.h>
+
 #include "error.h"
 #include "gather_impl.h"
 
@@ -39,19 +47,26 @@ extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy
                        fn, w->device, dev, w->device);
     BM_CHECK(bm_tp_check_failed(fn, w));
     const int fused = strategy == BEAM_STRATEGY_ONESHOT || strategy == BEAM_STRATEGY_TWOSHOT;
+    const uint32_t sig = bm_tp_signature(a, strategy);
     if (local_status != BEAM_OK) {
         /* lib sets a->tokens (the caller's value) before its checks; with
          * tokens == 0 the peers launch nothing, so neither may we (3.) */
-        if (fused && w->peers && w->nranks > 1 && a->tokens != 0) {
-            bm_tp_launch_reject(w, (cudaStream_t)a->stream);
+        if (w->nranks > 1 && a->tokens > 0) {
+            char msg[512]; /* lib's message, kept over a failed launch's */
+            snprintf(msg, sizeof msg, "%s", bm_last_error());
+            if (fused && w->peers)
+                bm_tp_launch_reject(w, (cudaStream_t)a->stream);
+            else if (strategy == BEAM_STRATEGY_UNFUSED)
+                bm_tp_unfused(fn, w, a, sig, local_status);
             cudaGetLastError(); /* best effort; the argument error is what we report */
+            return bm_fail(local_status, "%s", msg);
         }
         return local_status;
     }
     if (a->tokens == 0)
         return BEAM_OK;
     if (strategy == BEAM_STRATEGY_UNFUSED)
-        return bm_tp_unfused(fn, w, a);
+        return bm_tp_unfused(fn, w, a, sig, BEAM_OK);
     if (!fused)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: strategy=%d is not a gather strategy", fn, (int)strategy);
     if (!w->peers)
@@ -59,7 +74,7 @@ extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy
                        "%s: strategy %s needs peer memory, which this workspace lacks (ranks on several "
                        "hosts, or CUDA IPC failed); use UNFUSED or AUTO",
                        fn, strategy == BEAM_STRATEGY_ONESHOT ? "ONESHOT" : "TWOSHOT");
-    cudaError_t e = bm_tp_launch_fused(w, a, strategy == BEAM_STRATEGY_TWOSHOT, (cudaStream_t)a->stream);
+    cudaError_t e = bm_tp_launch_fused(w, a, strategy == BEAM_STRATEGY_TWOSHOT, sig, (cudaStream_t)a->stream);
     if (e != cudaSuccess)
         return bm_fail(BEAM_ERR_DEVICE, "%s: launching the %s kernel failed: %s", fn,
                        strategy == BEAM_STRATEGY_ONESHOT ? "ONESHOT" : "TWOSHOT", cudaGetErrorString(e));

@@ -26,8 +26,17 @@ beam_workspace_config bm_cuda_ws_default(void);
 
 /* Collective over comm (an ncclComm_t); the current device must be the
  * communicator's. ws->max_tokens, hidden and cfg are set by lib; this fills
- * ws->rank, nranks and impl. */
-beam_status bm_cuda_ws_create_nccl(void *comm, bm_ws *ws);
+ * ws->rank, nranks and impl. local_status != BEAM_OK (lib's checks failed):
+ * this rank still takes part in the exchange, so every rank fails. Ranks
+ * that pass different max_tokens, hidden or cfg all fail. */
+beam_status bm_cuda_ws_create_nccl(void *comm, bm_ws *ws, beam_status local_status);
+
+/* In-process groups (gather_group.cu): each rank a thread of this process,
+ * on the device current on its thread when it makes its workspace; ranks
+ * may share a device. */
+beam_status bm_cuda_group_create(int32_t nranks, beam_cpu_group **group);
+beam_status bm_cuda_group_destroy(beam_cpu_group *group);
+beam_status bm_cuda_ws_create_group(beam_cpu_group *group, int32_t rank, bm_ws *ws, beam_status local_status);
 
 /* Collective (device sync, barrier over the communicator, which must still
  * be alive); NULL impl is a no-op. Returns BEAM_ERR_COMM when a call on the

@@ -1,16 +1,22 @@
 /*
- * gather_fused.cu - the ONESHOT and TWOSHOT kernels of the tensor-parallel
- * gather over peer memory (internal).
+ * gather_fused.cu - the kernels of the tensor-parallel gather over peer
+ * memory (internal): ONESHOT and TWOSHOT, the kernel of a rank that
+ * rejected its arguments, the in-process all-gather of UNFUSED, and the
+ * record kernels of UNFUSED over NCCL. The flag protocol is
+ * gather_proto.cuh's; the arithmetic is the row stages of
+ * gpu/row_ops.cuh, the same functions every single-device kernel
+ * composes, so a change of arithmetic there reaches the gather too.
  *
- * One kernel per call on every rank, same grid G on every rank (it depends
- * on T, hidden and the caps agreed at workspace creation only). Block b of
- * rank r takes r's owned local rows i = b, b+G, ... and, for every peer s,
- * s's rows with the same local indices. So block b depends only on block b
- * of each peer: no grid-wide barrier, no co-residency requirement.
+ * One fused kernel per call on every rank, same grid G on every rank (it
+ * depends on T, hidden and the caps agreed at workspace creation only).
+ * Block b of rank r takes r's owned local rows i = b, b+G, ... and, for
+ * every peer s, s's rows with the same local indices. So block b depends
+ * only on block b of each peer: no grid-wide barrier.
  *
- *   arrival  block 0 stores E into arr[r] of every peer; before its first
- *            write into a peer, a block waits until every peer's arr >= E-1
- *            (the parity rule of gather_impl.h; normally true at once).
+ *   start    claim the workspace for this grid, announce the call's
+ *            signature at every peer (block 0: and its arrival at E);
+ *            before its first write into a peer, a block waits until every
+ *            peer's arr >= E-1 (the parity rule of gather_impl.h).
  *   phase 1  own rows: finalize (+ post-norm) and
  *              ONESHOT: push the finalized BF16 row to every peer, then
  *                       residual add + next norm locally;
@@ -18,383 +24,70 @@
  *                       push both to every peer.
  *   ONESHOT, decode sizes (L <= BM_TP_LL_MAX_L): the pushed rows are LL
  *            words (epoch tag beside every 32 data bits); phase 2 polls the
- *            words themselves: no fence, no flag, no wait for a peer that
- *            has no rows for this rank.
- *   otherwise:
- *   signal   __syncthreads, then thread 0: a release store (sys scope) of
- *            epoch E into flags[E & 1][r][b] of every peer.
- *   wait     thread s (s != r) polls its own flags[E & 1][s][b] == E
- *            (relaxed sys-scope loads, then one acquire fence).
+ *            words themselves; the peers' signatures are compared at the
+ *            end (a mismatch is recorded, the outputs are then undefined).
+ *   otherwise: signal (release the block's flag at every peer) and wait for
+ *            block b of every peer, whose signature is compared before any
+ *            of its rows is used.
  *   Every wait is bounded by the workspace timeout (%globaltimer) and ends
- *   early when errf[s] >= E (s rejected its arguments and pushed nothing).
- *   A failure goes to the host-mapped record; the block still runs phase 2
- *   (its cluster barriers) but stores nothing.
+ *   early when the peer rejected its arguments or passed different ones.
+ *   A failure goes to the host-mapped record; the block still runs the
+ *   rest (its cluster exchanges) but stores nothing.
  *   phase 2  peers' rows: ONESHOT: residual add + next norm of the pushed
  *            finalized row; TWOSHOT: copy the pushed hidden/normalized rows.
- *   epoch    every block advances its copies of the epoch (gather_impl.h).
+ *   end      advance the epoch copies, release the claim.
  *
  * Decode sizes spread each row over a cluster of CS blocks (as the row
- * kernel does): block B = b*CS + q takes chunk slice q of the rows of
- * group b; flags are per block B, so a block still waits only for the
- * same block of each peer, which pushed exactly the slice it reads. The
- * RMSNorm sum crosses the cluster through distributed shared memory.
- *
- * The arithmetic is the row kernel's (gpu/numerics.cuh and the block tree
- * of gpu/row_kernel.cuh; the two row stages are restated here so that the
- * row kernel's tuning cannot break this file): same finalize order, same
- * RMSNorm tree, so the bits are those of docs/numerics.md
- * whatever the block shape. Rows pushed by peers are read with ld.global.cg
- * (L2, never a stale L1 line).
+ * kernel does): block B = b*CS + q takes chunk slice q of the rows of group
+ * b; flags are per block B, so a block still waits only for the same block
+ * of each peer, which pushed exactly the slice it reads. The norm's tree
+ * crosses the cluster by the exchange of row_ops.cuh. Rows pushed by peers
+ * are read with ld.global.cg (L2, never a stale L1 line).
  */
 #include <stdint.h>
 
-#include "gather_impl.h"
+#include "gather_proto.cuh"
 #include "row_kernel.cuh"
 
-#define BM_TP_U 4 /* expert slots loaded ahead */
+#define BM_TP_U 4 /* expert slots loaded ahead (two chunks per thread) */
 
-/* The two row stages of docs/numerics.md in the row kernel's thread layout
- * (thread t owns chunks t, t+NT, ...), written against numerics.cuh and the
- * row kernel's block tree (bm_block_tree) so that the bits are the same;
- * kept here so that the row kernel's own tuning cannot change this file's
- * interface. */
-
-/* v <- f(N(v, w, eps)); padding chunks (c >= C) must hold +0; wk: the
- * thread's chunks of the weight, loaded at kernel start (w: there is one).
- * With CS > 1
- * the tree runs over the thread's chunks, then across the cluster's blocks
- * for the same thread index (xred: NT floats of shared memory), then over
- * the block: the halving order of docs/numerics.md, high index bits first. */
-template <int NT, int J, int CS, bool VEC>
-__device__ __forceinline__ void bm_tp_norm(float (&v)[J][8], const bm_pack8 (&wk)[J], bool w, float eps,
-                                           int hidden, int C, int g0, float *red, float *xred)
-{
-    float P[J];
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-        P[j] = bm_chunk_sumsq(v[j]);
-    bm_halving<J / 2>(P);
-    float q = P[0];
-    if (CS > 1) {
-        namespace cg = cooperative_groups;
-        cg::cluster_group cl = cg::this_cluster();
-        xred[threadIdx.x] = q;
-        cl.sync();
-        float qb[CS];
-#pragma unroll
-        for (int b = 0; b < CS; ++b)
-            qb[b] = cl.map_shared_rank(xred, b)[threadIdx.x];
-        bm_halving<CS / 2>(qb);
-        q = qb[0];
-    }
-    const float inv = bm_inv_rms(bm_block_tree<NT>(q, red), hidden, eps);
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * CS * NT;
-        if (c >= C)
-            continue;
-        float wf[8];
-        if (w)
-            bm_unpack8(wk[j], wf);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            uint32_t u = bm_bf16(__fmul_rn(v[j][e], inv));
-            if (w)
-                u = bm_bf16(__fmul_rn(bm_f(u), wf[e]));
-            v[j][e] = bm_f(u);
-        }
-    }
-}
-
-/* acc = acc + w[k] * f(x[k]) for U slots k.., every load issued first. */
-template <int NT, int J, int U, int CS, bool VEC>
-__device__ __forceinline__ void bm_tp_slots(float (&acc)[J][8], const uint16_t *xr, const float *wr,
-                                            int k, int hidden, int C, int g0)
-{
-    bm_pack8 ld[U][J];
-    float wk[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        wk[u] = wr[k + u];
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
-            if (c < C)
-                ld[u][j] = bm_load8_stream<VEC>(xr + (size_t)(k + u) * hidden + (size_t)c * 8);
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
-            if (c >= C)
-                continue;
-            float f[8];
-            bm_unpack8(ld[u][j], f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-                acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(wk[u], f[e]));
-        }
-}
-
-__device__ __forceinline__ unsigned long long bm_tp_now()
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ void bm_tp_st_release(unsigned long long *p, unsigned long long v)
-{
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ unsigned long long bm_tp_ld_acquire(const unsigned long long *p)
-{
-    unsigned long long v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-/* Polling: relaxed loads (no fence per poll), then one acquire fence. */
-__device__ __forceinline__ unsigned long long bm_tp_ld_relaxed(const unsigned long long *p)
-{
-    unsigned long long v;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void bm_tp_fence_acquire()
-{
-    asm volatile("fence.acq_rel.sys;" ::: "memory");
-}
-
-/* 16-byte load through L2 only (rows written by a peer during this kernel). */
-__device__ __forceinline__ bm_pack8 bm_tp_load8_cg(const uint16_t *p)
-{
-    bm_pack8 r;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
-                 : "l"(p)
-                 : "memory");
-    return r;
-}
-
-/* flags[par][src][blk] of a region */
-__device__ __forceinline__ unsigned long long *bm_tp_flag(char *region, size_t flags_off, int par, int src,
-                                                          int blk)
-{
-    return reinterpret_cast<unsigned long long *>(region + flags_off) +
-           ((size_t)par * BM_TP_MAX_RANKS + (size_t)src) * BM_TP_MAX_BLOCKS + blk;
-}
-
-__device__ __forceinline__ unsigned long long *bm_tp_word(char *region, size_t off, int idx)
-{
-    return reinterpret_cast<unsigned long long *>(region + off) + idx;
-}
-
-/* LL row g of parity par: H/2 words of (epoch tag << 32 | two BF16). */
-__device__ __forceinline__ unsigned long long *bm_tp_ll_row(char *region, const bm_tp_params &p, int par,
-                                                            int64_t g)
-{
-    return reinterpret_cast<unsigned long long *>(region + p.ll_off) +
-           ((size_t)par * (size_t)p.ll_rows + (size_t)g) * (size_t)(p.hidden / 2);
-}
-
-/* Record a failure in the host-mapped record (any one of several racing
- * writers wins; all describe a real failure of this call). */
-__device__ __forceinline__ void bm_tp_record(const bm_tp_params &p, int code, int peer, unsigned long long E)
-{
-    p.err->peer = peer;
-    p.err->epoch = E;
-    p.err->code = (uint32_t)code;
-    __threadfence_system();
-}
-
-/* Wait until *f >= want (relaxed polls, then an acquire fence), bounded by
- * the timeout; a peer that rejected its arguments in this epoch (errf[s]
- * >= E) ends the wait too. 0, BM_TP_TIMEOUT or BM_TP_PEER_REJECTED. */
-__device__ __forceinline__ int bm_tp_wait_ge(const bm_tp_params &p, const unsigned long long *f,
-                                             unsigned long long want, int s, unsigned long long E, int exact,
-                                             int acquire)
-{
-    const unsigned long long *ef = bm_tp_word(p.peer[p.rank], p.errf_off, s);
-    unsigned long long t0 = 0;
-    unsigned spins = 0;
-    for (;;) {
-        const unsigned long long v = bm_tp_ld_relaxed(f);
-        if (exact ? v == want : v >= want)
-            break;
-        if ((++spins & 255u) == 0) {
-            if (bm_tp_ld_relaxed(ef) >= E)
-                return BM_TP_PEER_REJECTED;
-            const unsigned long long now = bm_tp_now();
-            if (t0 == 0)
-                t0 = now;
-            else if (now - t0 > p.timeout_ns)
-                return BM_TP_TIMEOUT;
-        }
-    }
-    if (!acquire)
-        return bm_tp_ld_relaxed(ef) >= E ? BM_TP_PEER_REJECTED : 0;
-    bm_tp_fence_acquire();
-    return bm_tp_ld_acquire(ef) >= E ? BM_TP_PEER_REJECTED : 0;
-}
-
-/* Row g of array a (0, 1) of parity par in a region. */
-__device__ __forceinline__ uint16_t *bm_tp_slot(char *region, const bm_tp_params &p, int par, int a,
-                                                int64_t g)
-{
-    return reinterpret_cast<uint16_t *>(region + p.data_off + (size_t)(2 * par + a) * p.slot_bytes) +
-           (size_t)g * p.hidden;
-}
-
-/* Store 8 values of chunk c of row g into array a of every peer's region. */
-template <int NT, int J, int CS>
-__device__ __forceinline__ void bm_tp_push(const bm_tp_params &p, int par, int a, int64_t g,
-                                           const float (&v)[J][8], int C, int g0)
-{
-    for (int s = 0; s < p.nranks; ++s) {
-        if (s == p.rank)
-            continue;
-        uint16_t *dst = bm_tp_slot(p.peer[s], p, par, a, g);
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
-            if (c < C)
-                bm_store8<true>(dst + (size_t)c * 8, bm_round8(v[j]));
-        }
-    }
-}
-
-/* LL push of the finalized row: each 8-byte word holds 32 bits of data and
- * the epoch tag; an aligned 8-byte store is single-copy atomic, so a
- * reader that sees the tag sees the data (no fence, no separate flag). */
-template <int NT, int J, int CS>
-__device__ __forceinline__ void bm_tp_push_ll(const bm_tp_params &p, int par, int64_t g,
-                                              const float (&v)[J][8], int C, int g0, uint32_t tag)
-{
-    for (int s = 0; s < p.nranks; ++s) {
-        if (s == p.rank)
-            continue;
-        unsigned long long *dst = bm_tp_ll_row(p.peer[s], p, par, g);
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
-            if (c >= C)
-                continue;
-            const bm_pack8 q = bm_round8(v[j]);
-            const unsigned long long t = (unsigned long long)tag << 32;
-            asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst + (size_t)c * 4),
-                         "l"(t | q.w[0]), "l"(t | q.w[1])
-                         : "memory");
-            asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst + (size_t)c * 4 + 2),
-                         "l"(t | q.w[2]), "l"(t | q.w[3])
-                         : "memory");
-        }
-    }
-}
-
-/* Poll one LL chunk (4 words) until every tag is this epoch's. */
-__device__ __forceinline__ int bm_tp_poll_ll(const bm_tp_params &p, const unsigned long long *src, uint32_t tag,
-                                             int s, unsigned long long E, bm_pack8 &out)
-{
-    const unsigned long long *ef = bm_tp_word(p.peer[p.rank], p.errf_off, s);
-    unsigned long long t0 = 0;
-    unsigned spins = 0;
-    for (;;) {
-        unsigned long long a0, a1, a2, a3;
-        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a0), "=l"(a1) : "l"(src) : "memory");
-        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a2), "=l"(a3) : "l"(src + 2) : "memory");
-        if ((uint32_t)(a0 >> 32) == tag && (uint32_t)(a1 >> 32) == tag && (uint32_t)(a2 >> 32) == tag &&
-            (uint32_t)(a3 >> 32) == tag) {
-            out.w[0] = (uint32_t)a0;
-            out.w[1] = (uint32_t)a1;
-            out.w[2] = (uint32_t)a2;
-            out.w[3] = (uint32_t)a3;
-            return 0;
-        }
-        if ((++spins & 63u) == 0) {
-            if (bm_tp_ld_relaxed(ef) >= E)
-                return BM_TP_PEER_REJECTED;
-            const unsigned long long now = bm_tp_now();
-            if (t0 == 0)
-                t0 = now;
-            else if (now - t0 > p.timeout_ns)
-                return BM_TP_TIMEOUT;
-        }
-    }
-}
-
-/* Stage B and norm B of docs/numerics.md (hidden = bf16(bx + br), normalized = N(hidden))
- * on v in place; stores hidden and normalized of row g locally and, when
- * PUSH, into every peer's arrays 0 and 1. res: the residual chunks. */
+/* Stage B and norm B of docs/numerics.md on the thread's chunks of row g
+ * (v: f(finalized row) in; pk: its bits out, hidden then normalized):
+ * stores hidden and normalized when st, and pushes both to every peer when
+ * PUSH && push (TWOSHOT). */
 template <int NT, int J, int CS, bool VEC, bool PUSH>
-__device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[J][8],
-                                              const bm_pack8 (&res)[J], int64_t g, int par,
-                                              int C, int g0, float (*red)[NT], float (*xred)[CS > 1 ? NT : 1],
-                                              int &rp, bool st, bool push, const bm_pack8 (&wb)[J])
+__device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[J][8], bm_pack8 (&pk)[J],
+                                              const bm_pack8 (&res)[J], int64_t g, int par, int C, int g0,
+                                              bm_tree_ctx<NT, CS> &tc, bool st, bool push)
 {
+    constexpr int STRIDE = CS * NT;
     const int H = p.hidden;
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * CS * NT;
-        if (c >= C)
-            continue;
-        float r[8];
-        bm_unpack8(res[j], r);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            float bx = v[j][e], br = r[e];
-            if (p.has_scales) {
-                bx = bm_f(bm_bf16(__fmul_rn(bx, p.scale_x)));
-                br = bm_f(bm_bf16(__fmul_rn(br, p.scale_r)));
-            }
-            v[j][e] = bm_f(bm_bf16(__fadd_rn(bx, br)));
-        }
-        if (st)
-            bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, bm_round8(v[j]));
-    }
+    for (int j = 0; j < J; ++j)
+        if (g0 + j * STRIDE < C)
+            pk[j] = bm_residual8(v[j], res[j], p.has_scales, p.scale_x, p.scale_r);
+    if (st)
+        bm_store_row<J, VEC, STRIDE>(p.hidden_out + (size_t)g * H, pk, C, g0);
     if (PUSH && push)
-        bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
+        bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
     if (p.normB) {
-        bm_tp_norm<NT, J, CS, VEC>(v, wb, p.wB != nullptr, p.epsB, H, C, g0, red[rp], xred[rp]);
-        rp ^= 1;
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * CS * NT;
-            if (c < C && st)
-                bm_store8<VEC>(p.normalized + (size_t)g * H + (size_t)c * 8, bm_round8(v[j]));
-        }
+        bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, false);
+        if (st)
+            bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)g * H, pk, C, g0);
         if (PUSH && push)
-            bm_tp_push<NT, J, CS>(p, par, 1, g, v, C, g0);
-    }
-}
-
-/* The thread's chunks of a norm weight, loaded once per kernel (before the
- * first row) so that no norm waits for memory after its reduction. */
-template <int NT, int J, int CS, bool VEC>
-__device__ __forceinline__ void bm_tp_load_w(const uint16_t *w, bm_pack8 (&wk)[J], int C, int g0)
-{
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * CS * NT;
-        wk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
-        if (w && c < C)
-            wk[j] = bm_load8<VEC>(w + (size_t)c * 8);
+            bm_tp_push<J, STRIDE>(p, par, 1, g, pk, C, g0);
     }
 }
 
 /* The residual chunks of row g (loaded before the row source, so that both
  * latencies overlap). */
-template <int NT, int J, int CS, bool VEC>
-__device__ __forceinline__ void bm_tp_load_res_v(const bm_tp_params &p, bm_pack8 (&res)[J], int64_t g,
-                                                 int C, int g0)
+template <int J, int STRIDE, bool VEC>
+__device__ __forceinline__ void bm_tp_load_res(const bm_tp_params &p, bm_pack8 (&res)[J], int64_t g, int C,
+                                               int g0)
 {
 #pragma unroll
     for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * CS * NT;
+        const int c = g0 + j * STRIDE;
         if (c < C)
             res[j] = bm_load8<VEC>(p.residual + (size_t)g * p.hidden + (size_t)c * 8);
     }
@@ -404,57 +97,40 @@ template <int NT, int J, int CS, bool VEC, bool TWO>
 __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
 {
     __shared__ float red[2][NT];
-    __shared__ float xred[2][CS > 1 ? NT : 1];
-    int rp = 0;
+    __shared__ bm_xchg<NT, CS> xc[1];
+    constexpr int STRIDE = CS * NT;
     const int C = p.hidden >> 3;
     const int H = p.hidden;
     const int fb = (int)blockIdx.x;                     /* flag index */
     const int b = CS > 1 ? fb / CS : fb;                /* row group */
     const int G = CS > 1 ? (int)gridDim.x / CS : (int)gridDim.x;
     const int g0 = (CS > 1 ? (fb % CS) * NT : 0) + (int)threadIdx.x;
-    const bool ll = !TWO && p.ll;
+    /* the number of norms of a row is the same in every block of a cluster */
+    const bool xchg = CS > 1 && (p.normA || p.normB);
+    bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0};
 
+    if constexpr (CS > 1)
+        if (xchg)
+            bm_xchg_start<NT, CS>(xc[0]);
     /* Programmatic dependent launch: this grid may be scheduled while the
      * preceding kernel of the stream finishes; wait for it (its writes, the
-     * epoch included, are then visible) before touching memory, and let
-     * the next kernel's blocks be scheduled once all of ours have started
-     * (they wait the same way). No-ops without the launch attribute. */
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    /* Every thread reads the epoch itself (no barrier on the critical
-     * path); it changes only at the end of this kernel, after every thread
-     * has used it (the barrier before the block's count below). */
-    const unsigned long long E = *(volatile unsigned long long *)(p.epoch + fb) + 1ull;
+     * epoch included, are then visible) before touching memory. */
+    bm_pdl_wait();
+    bm_pdl_trigger();
+    bm_prefetch_weights<J, STRIDE>(p.normA ? p.wA : NULL, p.normB ? p.wB : NULL, C, g0);
+    /* Every thread reads the epoch itself; it changes only at the end of
+     * this kernel, after every thread has used it (bm_tp_finish). */
+    const unsigned long long E = bm_tp_epoch(p, fb);
     const int par = (int)(E & 1ull);
     const uint32_t tag = (uint32_t)E;
-    bm_pack8 wa[J], wb[J];
-    bm_tp_load_w<NT, J, CS, VEC>(p.normA ? p.wA : nullptr, wa, C, g0);
-    bm_tp_load_w<NT, J, CS, VEC>(p.normB ? p.wB : nullptr, wb, C, g0);
-
-    /* ---- arrival: this rank finished epoch E-1 (kernel order) ---- */
-    if (fb == 0 && threadIdx.x == 0)
-        for (int s = 0; s < p.nranks; ++s)
-            if (s != p.rank)
-                *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.arr_off, p.rank) = E;
-    /* Parity par was last read by the peers in epoch E-2: before its first
-     * write into a peer, a block waits until every peer arrived at E-1
-     * (normally true at once; called at block-uniform points). */
-    int bad = 0, arrived = p.nranks < 2;
-    auto arrive = [&]() {
-        if (arrived)
-            return;
-        arrived = 1;
-        int tb = 0;
-        if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
-            const int s = (int)threadIdx.x;
-            /* no acquire: nothing is read on the strength of it; the writes
-             * that follow depend on it through the barrier */
-            tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E - 1, s, E, 0, 0);
-            if (tb)
-                bm_tp_record(p, tb, s, E);
-        }
-        bad = __syncthreads_or(bad | tb);
-    };
+    const bool ll = !TWO && p.ll && !bm_tp_ll_clearing(E);
+    const int conc = bm_tp_claim(p, E);
+    int bad = conc;
+    if (!conc) {
+        bm_tp_ll_clear(p, E);
+        bm_tp_announce(p, E, fb);
+    }
+    int arrived = p.nranks < 2;
 
     /* ---- phase 1: own rows ---- */
     const int64_t own_lo = (int64_t)p.rank * p.L;
@@ -463,8 +139,8 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
     for (int64_t i = b; i < owned; i += G) {
         const int64_t g = own_lo + i;
         float v[J][8];
-        bm_pack8 res[J];
-        bm_tp_load_res_v<NT, J, CS, VEC>(p, res, g, C, g0);
+        bm_pack8 pk[J], res[J];
+        bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
 #pragma unroll
         for (int j = 0; j < J; ++j)
 #pragma unroll
@@ -478,59 +154,45 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
         constexpr int U = J == 1 ? 8 : BM_TP_U;
         int k = 0;
         for (; k + U <= K; k += U)
-            bm_tp_slots<NT, J, U, CS, VEC>(v, xr, wr, k, H, C, g0);
+            bm_finalize_slots<NT, J, U, CS, VEC>(v, xr, wr, k, H, C, g0);
         if (U > BM_TP_U && k + BM_TP_U <= K) {
-            bm_tp_slots<NT, J, BM_TP_U, CS, VEC>(v, xr, wr, k, H, C, g0);
+            bm_finalize_slots<NT, J, BM_TP_U, CS, VEC>(v, xr, wr, k, H, C, g0);
             k += BM_TP_U;
         }
         for (; k < K; ++k)
-            bm_tp_slots<NT, J, 1, CS, VEC>(v, xr, wr, k, H, C, g0);
+            bm_finalize_slots<NT, J, 1, CS, VEC>(v, xr, wr, k, H, C, g0);
 #pragma unroll
-        for (int j = 0; j < J; ++j)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const uint32_t r = bm_bf16(v[j][e]);
-                v[j][e] = g0 + j * CS * NT < C ? bm_f(bm_bf16(__fmul_rn(bm_f(r), p.routed_scale))) : 0.0f;
-            }
-        if (p.normA) {
-            bm_tp_norm<NT, J, CS, VEC>(v, wa, p.wA != nullptr, p.epsA, H, C, g0, red[rp], xred[rp]);
-            rp ^= 1;
+        for (int j = 0; j < J; ++j) {
+            pk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+            if (g0 + j * STRIDE < C)
+                pk[j] = bm_finalize8(v[j], p.routed_scale);
         }
-        arrive();
+        if (p.normA)
+            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
+        if (!arrived) {
+            bad = bm_tp_wait_arrivals(p, E - 1ull, E, bad);
+            arrived = 1;
+        }
         if (!TWO && !bad) {
             if (ll)
-                bm_tp_push_ll<NT, J, CS>(p, par, g, v, C, g0, tag);
+                bm_tp_push_ll<J, STRIDE>(p, par, g, pk, C, g0, tag);
             else
-                bm_tp_push<NT, J, CS>(p, par, 0, g, v, C, g0);
+                bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
         }
-        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, res, g, par, C, g0, red, xred, rp, true, !bad, wb);
+        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, pk, res, g, par, C, g0, tc, !bad, !bad);
     }
 
     if (!ll) {
-        /* ---- signal: every row of this block is pushed ---- */
-        arrive();
-        __syncthreads();
-        if (threadIdx.x == 0 && p.nranks > 1 && !bad) {
-            /* st.release.sys is cumulative: the block's pushes, ordered
-             * before it by the barrier, are visible to a peer that
-             * acquires the flag */
-            for (int s = 0; s < p.nranks; ++s)
-                if (s != p.rank)
-                    bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, fb), E);
+        /* a flag of parity par is written only after every peer left E-2 */
+        if (!arrived) {
+            bad = bm_tp_wait_arrivals(p, E - 1ull, E, bad);
+            arrived = 1;
         }
-        /* ---- wait for block fb of every peer (exactly epoch E: a peer
-         * out of step never matches, it times out) ---- */
-        if (!bad && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
-            const int s = (int)threadIdx.x;
-            bad = bm_tp_wait_ge(p, bm_tp_flag(p.peer[p.rank], p.flags_off, par, s, fb), E, s, E, 1, 1);
-            if (bad)
-                bm_tp_record(p, bad, s, E);
-        }
-        bad = __syncthreads_or(bad);
+        bad = bm_tp_signal_wait(p, E, fb, bad);
     }
 
     /* ---- phase 2: the peers' rows. Every block of a cluster runs the same
-     * rows and barriers; a failed block computes but stores nothing. ---- */
+     * rows and exchanges; a failed block computes but stores nothing. ---- */
     for (int s = 0; s < p.nranks; ++s) {
         if (s == p.rank)
             continue;
@@ -545,35 +207,31 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
                 bm_pack8 hv[J], nv[J];
 #pragma unroll
                 for (int j = 0; j < J; ++j) {
-                    const int c = g0 + j * CS * NT;
+                    const int c = g0 + j * STRIDE;
                     if (c < C && !bad) {
                         hv[j] = bm_tp_load8_cg(hs + (size_t)c * 8);
                         if (p.normB)
                             nv[j] = bm_tp_load8_cg(ns + (size_t)c * 8);
                     }
                 }
-#pragma unroll
-                for (int j = 0; j < J; ++j) {
-                    const int c = g0 + j * CS * NT;
-                    if (c < C && !bad) {
-                        bm_store8<VEC>(p.hidden_out + (size_t)g * H + (size_t)c * 8, hv[j]);
-                        if (p.normB)
-                            bm_store8<VEC>(p.normalized + (size_t)g * H + (size_t)c * 8, nv[j]);
-                    }
+                if (!bad) {
+                    bm_store_row<J, VEC, STRIDE>(p.hidden_out + (size_t)g * H, hv, C, g0);
+                    if (p.normB)
+                        bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)g * H, nv, C, g0);
                 }
             } else {
                 float v[J][8];
-                bm_pack8 res[J];
-                bm_tp_load_res_v<NT, J, CS, VEC>(p, res, g, C, g0);
+                bm_pack8 pk[J], res[J];
+                bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
                 int tbad = 0;
 #pragma unroll
                 for (int j = 0; j < J; ++j) {
-                    const int c = g0 + j * CS * NT;
+                    const int c = g0 + j * STRIDE;
                     bm_pack8 q = {{0u, 0u, 0u, 0u}};
                     if (c < C && !bad) {
                         if (ll) {
-                            tbad = bm_tp_poll_ll(p, bm_tp_ll_row(p.peer[p.rank], p, par, g) + (size_t)c * 4, tag, s,
-                                                 E, q);
+                            tbad = bm_tp_poll_ll(p, bm_tp_ll_row(p.peer[p.rank], p, par, g) + (size_t)c * 4, tag,
+                                                 s, E, q);
                             if (tbad)
                                 bm_tp_record(p, tbad, s, E);
                         } else {
@@ -584,58 +242,67 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
                 }
                 if (ll)
                     bad = __syncthreads_or(bad | tbad);
-                bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, res, g, par, C, g0, red, xred, rp, !bad, false, wb);
+                bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, pk, res, g, par, C, g0, tc, !bad, false);
             }
         }
     }
 
+    /* LL: the rows came without a fence; now that they are used, compare
+     * every peer's signature of this call (bounded wait until it shows) */
+    if (ll) {
+        int tb = 0;
+        if (!bad && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+            tb = bm_tp_wait_sig(p, (int)threadIdx.x, E);
+            if (tb)
+                bm_tp_record(p, tb, (int)threadIdx.x, E);
+        }
+        bad = __syncthreads_or(bad | tb);
+    }
+
     /* no block of a cluster may exit while a sibling can still read its
      * shared memory */
-    if (CS > 1)
-        cooperative_groups::this_cluster().sync();
-
-    /* ---- advance the epoch copies b, b + G, ...: every thread's read of
-     * copy b has returned (E is an operand of this barrier) first ---- */
-    __syncthreads_or(E == 0ull);
-    for (int k = (int)threadIdx.x; fb + k * (int)gridDim.x < BM_TP_MAX_BLOCKS; k += NT)
-        p.epoch[fb + k * (int)gridDim.x] = E;
+    if (xchg)
+        tc.finish();
+    if (!conc)
+        bm_tp_finish(p, E, fb, (int)gridDim.x);
 }
 
 /* A rank that rejected its arguments: its arrival at every peer, then a
- * bounded wait (as arrive() in bm_tp_kernel) until every peer has started
- * this epoch E, then errf[r] = E and every flags[E & 1][r][b] = E at every
- * peer, so that the peers' blocks of this epoch stop waiting and see the
- * rejection (LL pollers check errf); then the epoch advances as after a
- * normal call. The wait is for E, not E-1 as arrive() has it: flags of
- * parity E & 1 are safe once a peer started E-1, but errf[r] = E reads as
- * "rejected" to every wait of an epoch <= E, so a peer still in E-1 would
- * take r's valid call E-1 for a rejected one. A peer that started E has
- * finished E-1 (stream order); it stores its arrival before any wait of
- * its own, so two rejecting ranks never wait for each other. A timeout is
- * recorded and then nothing is written into the peers (as a timed-out
- * block pushes nothing): the workspace is dead either way. */
+ * bounded wait until every peer has started this epoch E, then errf[r] = E
+ * and every flags[E & 1][r][b] = E at every peer, so that the peers'
+ * blocks of this epoch stop waiting and see the rejection (LL pollers
+ * check errf); then the epoch advances as after a normal call. The wait is
+ * for E, not E-1 as the fused kernel's: flags of parity E & 1 are safe
+ * once a peer started E-1, but errf[r] = E reads as "rejected" to every
+ * wait of an epoch <= E, so a peer still in E-1 would take r's valid call
+ * E-1 for a rejected one. A peer that started E has finished E-1 (stream
+ * order); it stores its arrival before any wait of its own, so two
+ * rejecting ranks never wait for each other. A timeout is recorded and
+ * then nothing is written into the peers: the workspace is dead either
+ * way. No signature is announced (p.sig == 0 compares with nothing). */
 __global__ void bm_tp_reject_kernel(const bm_tp_params p)
 {
-    __shared__ unsigned long long s_epoch;
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    if (threadIdx.x == 0) {
-        s_epoch = *(volatile unsigned long long *)p.epoch + 1ull;
-        for (int s = 0; s < p.nranks; ++s)
-            if (s != p.rank)
-                bm_tp_st_release(bm_tp_word(p.peer[s], p.arr_off, p.rank), s_epoch);
+    bm_pdl_wait();
+    const unsigned long long E = bm_tp_epoch(p, 0);
+    const int par = (int)(E & 1ull);
+    const int conc = bm_tp_claim(p, E);
+    if (!conc) {
+        bm_tp_ll_clear(p, E);
+        if (threadIdx.x == 0)
+            for (int s = 0; s < p.nranks; ++s)
+                if (s != p.rank)
+                    *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.arr_off, p.rank) = E;
     }
     __syncthreads();
-    const unsigned long long E = s_epoch;
-    const int par = (int)(E & 1ull);
     int tb = 0;
-    if ((int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+    if (!conc && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
         const int s = (int)threadIdx.x;
         /* PEER_REJECTED: s rejected E too, so it started E (no harm) */
         tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E, s, E, 0, 0);
         if (tb)
             bm_tp_record(p, tb, s, E);
     }
-    const int late = __syncthreads_or(tb == BM_TP_TIMEOUT);
+    const int late = __syncthreads_or(conc | (tb == BM_TP_TIMEOUT));
     if (!late) {
         if (threadIdx.x == 0) {
             for (int s = 0; s < p.nranks; ++s)
@@ -650,9 +317,74 @@ __global__ void bm_tp_reject_kernel(const bm_tp_params p)
                 bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, b), E);
         }
     }
-    __syncthreads();
-    for (int k = (int)threadIdx.x; k < BM_TP_MAX_BLOCKS; k += (int)blockDim.x)
-        p.epoch[k] = E;
+    if (!conc)
+        bm_tp_finish(p, E, 0, 1);
+}
+
+/* UNFUSED in an in-process group: this rank's finalized rows (its slice
+ * [r*L, r*L + owned) of p.ag, written by the finalize kernel before) into
+ * the same rows of every peer's ag, then the flags as the fused kernels
+ * have them. A peer's ag is read by that peer's norm_residual_norm kernel
+ * of the previous call, so the pushes wait until every peer arrived at E
+ * (it started this call, so that kernel is done). Block b copies rows
+ * b, b + G, ... of every rank, as the fused kernels do. */
+__global__ void __launch_bounds__(256) bm_tp_allgather_kernel(const bm_tp_params p)
+{
+    const int fb = (int)blockIdx.x, G = (int)gridDim.x;
+    const int C = p.hidden >> 3;
+    bm_pdl_wait();
+    const unsigned long long E = bm_tp_epoch(p, fb);
+    const int conc = bm_tp_claim(p, E);
+    int bad = conc;
+    if (!conc) {
+        bm_tp_ll_clear(p, E);
+        bm_tp_announce(p, E, fb);
+    }
+    bad = bm_tp_wait_arrivals(p, E, E, bad);
+    const int64_t lo = (int64_t)p.rank * p.L;
+    int64_t owned = p.T - lo;
+    owned = owned < 0 ? 0 : (owned > p.L ? p.L : owned);
+    if (!bad)
+        for (int64_t i = fb; i < owned; i += G) {
+            const size_t row = (size_t)(lo + i) * p.hidden;
+            for (int c = (int)threadIdx.x; c < C; c += (int)blockDim.x) {
+                const bm_pack8 q = bm_load8<true>(p.ag + row + (size_t)c * 8);
+                for (int s = 0; s < p.nranks; ++s)
+                    if (s != p.rank)
+                        bm_store8<true>(p.peer_ag[s] + row + (size_t)c * 8, q);
+            }
+        }
+    bad = bm_tp_signal_wait(p, E, fb, bad);
+    if (!conc)
+        bm_tp_finish(p, E, fb, G);
+}
+
+/* UNFUSED over NCCL: this rank's record (status, signature) into its slot
+ * of the records that the all-gather replicates, and after it the check of
+ * every rank's record: a rank that rejected its arguments or passed other
+ * ones fails the call on every rank (recorded; reported by the next call). */
+__global__ void bm_tp_record_kernel(uint32_t *rec, int rank, uint32_t status, uint32_t sig)
+{
+    bm_pdl_wait();
+    if (threadIdx.x == 0) {
+        rec[2 * rank] = status;
+        rec[2 * rank + 1] = sig;
+    }
+}
+
+__global__ void bm_tp_check_kernel(const uint32_t *rec, int nranks, uint32_t sig, bm_tp_err *err)
+{
+    bm_pdl_wait();
+    const int s = (int)threadIdx.x;
+    if (s < nranks) {
+        const int why = rec[2 * s] != 0u ? BM_TP_PEER_REJECTED : rec[2 * s + 1] != sig ? BM_TP_MISMATCH : 0;
+        if (why) {
+            err->peer = s;
+            err->epoch = 0ull;
+            err->code = (uint32_t)why;
+            __threadfence_system();
+        }
+    }
 }
 
 /* ---- host side ----------------------------------------------------------- */
@@ -687,29 +419,53 @@ int bm_tp_shape_index(int64_t L, int hidden)
     return 5; /* not reached: every (nt, cs) above is listed */
 }
 
+/* Blocks of a launch shape (BM_TP_NSHAPES: the all-gather kernel) that
+ * are resident at once on this device, both fused kernels counted. */
 int bm_tp_occupancy_cap(int shape)
 {
-    int dev = 0, sms = 0, per = 0, cs = 1;
+    int dev = 0, sms = 0, per = 0, per2 = 0, cs = 1;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
         return 1;
-#define BM_OCC(I, NT, J, CS)                                                                          \
-    if (shape == I) {                                                                                 \
-        cs = CS;                                                                                      \
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false>, \
-                                                          NT, 0);                                     \
+    if (shape == BM_TP_NSHAPES) {
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_allgather_kernel, 256, 0);
+        per2 = per;
+    }
+#define BM_OCC(I, NT, J, CS)                                                                           \
+    if (shape == I) {                                                                                  \
+        cs = CS;                                                                                       \
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false>,  \
+                                                          NT, 0);                                      \
+        if (e == cudaSuccess)                                                                          \
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, bm_tp_kernel<NT, J, CS, true, true>, \
+                                                              NT, 0);                                  \
     }
     BM_TP_SHAPES(BM_OCC)
 #undef BM_OCC
     cudaGetLastError();
+    if (per2 < per)
+        per = per2;
     if (e != cudaSuccess || per < 1)
         per = 1;
     long cap = (long)sms * per / cs;
     if (cap * cs > BM_TP_MAX_BLOCKS)
         cap = BM_TP_MAX_BLOCKS / cs;
     return (int)(cap < 1 ? 1 : cap);
+}
+
+/* share ranks run their kernels on this device at once (an in-process
+ * group may put several ranks on one device): each gets 1/share of what is
+ * resident, so that every rank's blocks are resident together and a block
+ * waiting for a peer's block never keeps it from being scheduled. The
+ * arithmetic does not depend on the grid. */
+void bm_tp_caps(int share, int32_t *caps)
+{
+    for (int i = 0; i <= BM_TP_NSHAPES; ++i) {
+        const int c = bm_tp_occupancy_cap(i) / (share < 1 ? 1 : share);
+        caps[i] = c < 1 ? 1 : c;
+    }
 }
 
 template <int NT, int J, int CS, bool VEC, bool TWO>
@@ -752,6 +508,7 @@ static void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
     p->flags_off = w->flags_off;
     p->errf_off = w->errf_off;
     p->arr_off = w->arr_off;
+    p->sig_off = w->sig_off;
     p->ll_off = w->ll_off;
     p->ll_rows = w->ll_rows;
     p->data_off = w->data_off;
@@ -762,10 +519,12 @@ static void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
     p->hidden = w->hidden;
 }
 
-cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, cudaStream_t stream)
+cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
+                               cudaStream_t stream)
 {
     bm_tp_params p = {};
     bm_tp_fill(w, &p);
+    p.sig = sig;
     p.experts = a->experts;
     p.weights = a->weights;
     p.top_k = a->top_k;
@@ -814,4 +573,54 @@ cudaError_t bm_tp_launch_reject(const bm_tp_ws *w, cudaStream_t stream)
     bm_tp_fill(w, &p);
     bm_tp_reject_kernel<<<1, 256, 0, stream>>>(p);
     return cudaGetLastError();
+}
+
+cudaError_t bm_tp_launch_allgather(const bm_tp_ws *w, int64_t T, uint32_t sig, cudaStream_t stream)
+{
+    bm_tp_params p = {};
+    bm_tp_fill(w, &p);
+    p.sig = sig;
+    p.T = T;
+    p.L = (T + w->nranks - 1) / w->nranks;
+    p.ag = w->ag;
+    for (int s = 0; s < BM_TP_MAX_RANKS; ++s)
+        p.peer_ag[s] = s < w->nranks ? w->peer_ag[s] : nullptr;
+    const int64_t want = p.L < 1 ? 1 : p.L;
+    const unsigned grid = (unsigned)(want < w->gcap[BM_TP_NSHAPES] ? want : w->gcap[BM_TP_NSHAPES]);
+    bm_tp_allgather_kernel<<<grid, 256, 0, stream>>>(p);
+    return cudaGetLastError();
+}
+
+cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig, cudaStream_t stream)
+{
+    bm_tp_record_kernel<<<1, 32, 0, stream>>>(w->rec, w->rank, status, sig);
+    return cudaGetLastError();
+}
+
+cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, cudaStream_t stream)
+{
+    bm_tp_check_kernel<<<1, BM_TP_MAX_RANKS, 0, stream>>>(w->rec, w->nranks, sig, w->err_d);
+    return cudaGetLastError();
+}
+
+/* FNV-1a over what every rank must pass alike; 0 is kept for "none". */
+static uint32_t bm_tp_fnv(uint32_t h, const void *v, size_t n)
+{
+    const unsigned char *c = (const unsigned char *)v;
+    for (size_t i = 0; i < n; ++i)
+        h = (h ^ c[i]) * 16777619u;
+    return h;
+}
+
+uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy)
+{
+    const int32_t ints[] = {(int32_t)strategy, a->top_k, a->hidden, a->post.on, a->post.weight != nullptr,
+                            a->has_scales, a->next.on, a->next.weight != nullptr};
+    const float floats[] = {a->routed_scale, a->post.on ? a->post.eps : 0.0f, a->has_scales ? a->scale_x : 0.0f,
+                            a->has_scales ? a->scale_r : 0.0f, a->next.on ? a->next.eps : 0.0f};
+    uint32_t h = 2166136261u;
+    h = bm_tp_fnv(h, &a->tokens, sizeof a->tokens);
+    h = bm_tp_fnv(h, ints, sizeof ints);
+    h = bm_tp_fnv(h, floats, sizeof floats);
+    return h ? h : 1u;
 }

@@ -12,6 +12,10 @@
  *         its arguments (then it pushed nothing)
  *   arr   [BM_TP_MAX_RANKS] u64    the epoch rank s last started (so it
  *         finished the one before: its reads of the parity before are done)
+ *   sig   [2][BM_TP_MAX_RANKS] u64  sig[p][s]: (low 32 bits of the epoch
+ *         << 32) | the signature of rank s's arguments in that epoch of
+ *         parity p (bm_tp_signature), so that ranks that disagree on a call
+ *         fail it instead of mixing rows of different calls
  *   ll    [2][ll_rows][hidden/2] u64  ONESHOT decode rows as LL words
  *         (epoch tag << 32 | two BF16), no flags needed
  *   data  [2 parities][2 arrays][max_tokens][hidden] BF16: rows pushed by
@@ -34,7 +38,24 @@
  * running two calls ahead. So no flag is ever reset and no row is
  * overwritten while a peer reads it. Waiters want exactly their epoch in a
  * flag or LL tag: a rank out of step ends in a timeout, never in a wrong
- * row.
+ * row. The epoch is 64 bits (it cannot wrap); LL tags carry its low 32
+ * bits, and every 2^30 epochs two calls run without LL words and zero the
+ * LL rows of their parity, so no tag older than 2^31 epochs survives to be
+ * mistaken for a current one (gather_fused.cu).
+ *
+ * Concurrency: every kernel that advances the epoch first claims the
+ * workspace's state for its grid (the claim word holds the grid's
+ * %gridid + 1, released by the grid's last block). A kernel that finds
+ * another grid's claim (two calls on one workspace not ordered on one
+ * stream) computes nothing, records BM_TP_CONCURRENT, and the workspace is
+ * dead: overlapping calls are refused, never computed.
+ *
+ * Ranks: the workspace is made either over an NCCL communicator (one rank
+ * per process and device) or over an in-process group (gather_group.cu:
+ * each rank a thread, on its thread's device; several ranks may share one
+ * device, so that every world size runs on one GPU). Both run the same
+ * kernels over the same flags; only UNFUSED's all-gather differs (NCCL, or
+ * a kernel over the peers' buffers).
  */
 #ifndef BEAMMOE_GPU_GATHER_IMPL_H
 #define BEAMMOE_GPU_GATHER_IMPL_H
@@ -67,15 +88,29 @@
 
 /* Failure record in host-mapped memory, written by a kernel, read by the
  * host at the start of the next call (a plain load, no synchronization). */
-enum { BM_TP_OK = 0, BM_TP_TIMEOUT = 1, BM_TP_PEER_REJECTED = 2 };
+enum {
+    BM_TP_OK = 0,
+    BM_TP_TIMEOUT = 1,       /* waited longer than timeout_ms for peer */
+    BM_TP_PEER_REJECTED = 2, /* peer rejected its arguments */
+    BM_TP_MISMATCH = 3,      /* peer passed arguments that differ from ours */
+    BM_TP_CONCURRENT = 4     /* two calls on this workspace overlapped */
+};
 struct bm_tp_err {
     volatile uint32_t code;
     volatile int32_t peer;
     volatile unsigned long long epoch;
 };
 
+
+
+/* Words of a rank's own device state after the BM_TP_MAX_BLOCKS epoch
+ * copies: the claim of the grid that runs (0: none) and the count of its
+ * blocks that finished. */
+enum { BM_TP_CLAIM = BM_TP_MAX_BLOCKS, BM_TP_DONE = BM_TP_MAX_BLOCKS + 1, BM_TP_STATE_WORDS = BM_TP_MAX_BLOCKS + 2 };
+
 struct bm_tp_ws {
-    ncclComm_t comm;
+    ncclComm_t comm;          /* NULL for an in-process group */
+    beam_cpu_group *group;    /* an in-process group (gather_group.cu); NULL for NCCL */
     int device;
     int rank, nranks;
     int peers; /* 1: every rank's region is mapped (fused strategies work) */
@@ -84,14 +119,19 @@ struct bm_tp_ws {
 
     char *base;                    /* own peer-visible region */
     char *peer[BM_TP_MAX_RANKS];   /* every rank's region, mapped here */
-    size_t flags_off, errf_off, arr_off, ll_off, data_off, slot_bytes, region_bytes;
+    uint16_t *peer_ag[BM_TP_MAX_RANKS]; /* in-process group: every rank's ag */
+    size_t flags_off, errf_off, arr_off, sig_off, ll_off, data_off, slot_bytes, region_bytes;
     int64_t ll_rows;
 
-    unsigned long long *epoch;     /* device: [BM_TP_MAX_BLOCKS] copies of the epoch */
+    unsigned long long *epoch;     /* device: [BM_TP_STATE_WORDS]: the epoch copies, claim, done */
     uint16_t *ag;                  /* UNFUSED all-gather rows */
     size_t ag_rows;
+    uint32_t *rec;                 /* NCCL UNFUSED: [2 * BM_TP_MAX_RANKS] records (status, signature) */
     bm_tp_err *err_h, *err_d;      /* host-mapped failure record */
-    int gcap[BM_TP_NSHAPES];       /* blocks per launch, agreed by all ranks */
+    /* blocks per launch, agreed by all ranks ([BM_TP_NSHAPES]: the in-process
+     * all-gather kernel); divided among the ranks that share a device, so
+     * that every rank's kernel is resident at once */
+    int gcap[BM_TP_NSHAPES + 1];
     cudaStream_t side;             /* create/destroy collectives only */
     uint32_t timeout_ms;
 };
@@ -123,19 +163,47 @@ struct bm_tp_params {
     unsigned long long *epoch;
     bm_tp_err *err;
     unsigned long long timeout_ns;
+    uint32_t sig; /* bm_tp_signature of this call */
+    size_t sig_off;
+    uint16_t *ag;                        /* all-gather kernel: own rows */
+    uint16_t *peer_ag[BM_TP_MAX_RANKS];  /* all-gather kernel: every rank's ag */
 };
+
+/* The signature of a call's arguments: what every rank must pass alike
+ * (tokens, top_k, hidden, routed_scale, norms, scales, strategy). Never 0. */
+uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy);
 
 /* gather_fused.cu */
 int bm_tp_shape_index(int64_t L, int hidden);
 int bm_tp_occupancy_cap(int shape); /* row groups of the shape resident on this device */
-cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
+cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
                                cudaStream_t stream);
 /* A rank whose arguments failed: mark its flags for this epoch as "rejected"
  * at every peer so that they stop waiting and report it. */
 cudaError_t bm_tp_launch_reject(const bm_tp_ws *w, cudaStream_t stream);
+/* In-process group, UNFUSED: push this rank's L finalized rows (in w->ag)
+ * into every peer's ag and wait for theirs, over the flags. */
+cudaError_t bm_tp_launch_allgather(const bm_tp_ws *w, int64_t T, uint32_t sig, cudaStream_t stream);
+/* Every rank's occupancy cap of every fused shape, divided by share. */
+void bm_tp_caps(int share, int32_t *caps); /* [BM_TP_NSHAPES + 1] */
 
-/* gather_unfused.cu: finalize, ncclAllGather, norm_residual_norm. */
-beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a);
+/* gather_unfused.cu: finalize, all-gather (NCCL or the kernel above),
+ * norm_residual_norm. local_status != BEAM_OK: this rank only tells its
+ * peers (it joins the all-gather with a "rejected" record). */
+beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, uint32_t sig,
+                          beam_status local_status);
+/* NCCL UNFUSED records (gather_fused.cu): write this rank's, check all. */
+cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig, cudaStream_t stream);
+cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, cudaStream_t stream);
+
+/* gather_ws.cu: the layout of the peer-visible region and the allocations
+ * every workspace has (any transport); the release of what they hold. */
+const char *bm_tp_alloc(bm_tp_ws *w, const bm_ws *ws, int R);
+void bm_tp_release(bm_tp_ws *w);
+
+/* gather_group.cu: an in-process group's destruction (collective); st: the
+ * status to return when it succeeds. */
+beam_status bm_tp_group_destroy(bm_tp_ws *w, beam_status st);
 
 /* gather_ws.cu: the failure record as a status + message (BEAM_OK if none). */
 beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w);

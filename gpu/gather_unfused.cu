@@ -1,12 +1,22 @@
 /*
  * gather_unfused.cu - the UNFUSED gather: the library's own row kernel
- * finalizes this rank's rows into the workspace's all-gather buffer,
- * ncclAllGather (in place) replicates them, and the row kernel runs
- * norm_residual_norm over all T rows (internal).
+ * finalizes this rank's rows into the workspace's all-gather buffer, an
+ * all-gather replicates them, and the row kernel runs norm_residual_norm
+ * over all T rows (internal).
  *
- * It needs no peer memory, so it is also the path across nodes. The
- * all-gather moves L = ceil(T/R) rows from every rank, the last rank's rows
- * past T included (whatever the buffer holds there; never read after).
+ * The all-gather: over NCCL (ncclAllGather in place), which needs no peer
+ * memory, so it is also the path across nodes; in an in-process group, the
+ * all-gather kernel of gather_fused.cu over the peers' buffers. It moves
+ * L = ceil(T/R) rows from every rank, the last rank's rows past T included
+ * (whatever the buffer holds there; never read after).
+ *
+ * Over NCCL every rank's status and call signature travel with its rows
+ * (a second all-gather of two words per rank in the same NCCL group), and
+ * a check kernel compares them, so a rank that rejected its arguments, or
+ * passed other ones, fails the call on every rank instead of leaving them
+ * waiting inside NCCL. NCCL itself needs the same byte count on every
+ * rank: ranks that disagree on tokens itself are outside what it can
+ * check (docs/contract.md).
  */
 #include "error.h"
 #include "gather_impl.h"
@@ -19,9 +29,11 @@ static beam_status bm_tp_launched(const char *fn, const char *what, cudaError_t 
     return bm_fail(BEAM_ERR_DEVICE, "%s: %s failed: %s", fn, what, cudaGetErrorString(e));
 }
 
-beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a)
+beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, uint32_t sig,
+                          beam_status local_status)
 {
-    const int64_t T = a->tokens;
+    /* a rejecting rank's tokens may be out of range: the count it joins with */
+    const int64_t T = a->tokens < 0 ? 0 : (a->tokens > w->max_tokens ? w->max_tokens : a->tokens);
     const int64_t L = (T + w->nranks - 1) / w->nranks;
     const int H = w->hidden;
     int64_t owned = T - (int64_t)w->rank * L;
@@ -30,25 +42,42 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a)
     uint16_t *mine = w->ag + (size_t)w->rank * (size_t)L * H;
 
     /* finalize (+ post-norm) of the owned rows */
-    bm_row_params f = {};
-    f.experts = a->experts;
-    f.weights = a->weights;
-    f.top_k = a->top_k;
-    f.routed_scale = a->routed_scale;
-    f.normA = a->post.on;
-    f.wA = a->post.on ? a->post.weight : nullptr;
-    f.epsA = a->post.eps;
-    f.out = mine;
-    f.rows = owned;
-    f.hidden = H;
-    BM_CHECK(bm_tp_launched(fn, "the finalize kernel",
-                            bm_launch_rows(f, bm_pick_shape(f), bm_params_vec_ok(f), stream)));
+    if (local_status == BEAM_OK) {
+        bm_row_params f = {};
+        f.experts = a->experts;
+        f.weights = a->weights;
+        f.top_k = a->top_k;
+        f.routed_scale = a->routed_scale;
+        f.normA = a->post.on;
+        f.wA = a->post.on ? a->post.weight : nullptr;
+        f.epsA = a->post.eps;
+        f.out = mine;
+        f.rows = owned;
+        f.hidden = H;
+        BM_CHECK(bm_tp_launched(fn, "the finalize kernel",
+                                bm_launch_rows(f, bm_pick_shape(f), bm_params_vec_ok(f), stream)));
+    }
 
-    if (w->nranks > 1) {
-        ncclResult_t r = ncclAllGather(mine, w->ag, (size_t)L * H * sizeof(uint16_t), ncclChar, w->comm,
-                                       stream);
+    if (w->nranks > 1 && w->group) {
+        if (local_status != BEAM_OK)
+            return bm_tp_launched(fn, "the reject kernel", bm_tp_launch_reject(w, stream));
+        BM_CHECK(bm_tp_launched(fn, "the all-gather kernel", bm_tp_launch_allgather(w, T, sig, stream)));
+    } else if (w->nranks > 1) {
+        BM_CHECK(bm_tp_launched(fn, "the record kernel",
+                                bm_tp_launch_record(w, local_status != BEAM_OK, sig, stream)));
+        ncclResult_t r = ncclGroupStart();
+        if (r == ncclSuccess)
+            r = ncclAllGather(w->rec + 2 * w->rank, w->rec, 2, ncclUint32, w->comm, stream);
+        if (r == ncclSuccess)
+            r = ncclAllGather(mine, w->ag, (size_t)L * H * sizeof(uint16_t), ncclChar, w->comm, stream);
+        const ncclResult_t r2 = ncclGroupEnd();
+        if (r == ncclSuccess)
+            r = r2;
         if (r != ncclSuccess)
             return bm_fail(BEAM_ERR_COMM, "%s: ncclAllGather failed: %s", fn, ncclGetErrorString(r));
+        if (local_status != BEAM_OK)
+            return local_status;
+        BM_CHECK(bm_tp_launched(fn, "the record check kernel", bm_tp_launch_check(w, sig, stream)));
     }
 
     /* norm_residual_norm over every row */

@@ -47,19 +47,31 @@ struct bm_tp_rec {
     cudaIpcMemHandle_t handle;
     unsigned long long host;
     int32_t ok;
-    int32_t gcap[BM_TP_NSHAPES];
+    int32_t gcap[BM_TP_NSHAPES + 1];
+    /* what every rank must pass alike (compared after the exchange) */
+    int64_t max_tokens, oneshot, twoshot;
+    int32_t hidden, timeout_ms;
 };
 
+/* Which host this rank runs on: ranks with equal ids map each other's
+ * memory. BEAM_GATHER_HOST, when set, replaces the host's name: ranks
+ * given different values act as if on different hosts (the fused
+ * strategies off, AUTO takes UNFUSED), which is how the path between nodes
+ * is tested on one host (with NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL
+ * takes its network transport too). */
 static unsigned long long bm_tp_host_id(void)
 {
     char name[256];
+    const char *env = getenv("BEAM_GATHER_HOST");
     unsigned long long h = 1469598103934665603ull;
     memset(name, 0, sizeof name);
-    if (gethostname(name, sizeof name - 1) != 0)
+    if (env && *env)
+        strncpy(name, env, sizeof name - 1);
+    else if (gethostname(name, sizeof name - 1) != 0)
         return 0;
     for (const char *c = name; *c; ++c)
         h = (h ^ (unsigned char)*c) * 1099511628211ull;
-    return h ^ (unsigned long long)gethostid();
+    return env && *env ? (h | 1ull) : h ^ (unsigned long long)gethostid();
 }
 
 static size_t bm_tp_round(size_t n)
@@ -67,18 +79,60 @@ static size_t bm_tp_round(size_t n)
     return (n + 255u) & ~(size_t)255u;
 }
 
-/* Free everything a workspace holds (any part may be missing). */
-static void bm_tp_release(bm_tp_ws *w)
+/* Free everything a workspace holds (any part may be missing). Peer
+ * regions are unmapped only for NCCL workspaces (an in-process group's
+ * peers are the other ranks' own allocations). */
+void bm_tp_release(bm_tp_ws *w)
 {
-    for (int s = 0; s < w->nranks && s < BM_TP_MAX_RANKS; ++s)
+    for (int s = 0; s < w->nranks && s < BM_TP_MAX_RANKS && !w->group; ++s)
         if (w->peer[s] && w->peer[s] != w->base)
             cudaIpcCloseMemHandle(w->peer[s]);
     if (w->base) cudaFree(w->base);
     if (w->ag) cudaFree(w->ag);
+    if (w->rec) cudaFree(w->rec);
     if (w->epoch) cudaFree(w->epoch);
     if (w->err_h) cudaFreeHost(w->err_h);
     if (w->side) cudaStreamDestroy(w->side);
     free(w);
+}
+
+/* The layout of the peer-visible region (gather_impl.h) and every
+ * allocation a workspace has on its device, flags zeroed. Returns NULL, or
+ * what could not be allocated. */
+const char *bm_tp_alloc(bm_tp_ws *w, const bm_ws *ws, int R)
+{
+    const size_t row_bytes = (size_t)ws->hidden * sizeof(uint16_t);
+    w->flags_off = 0;
+    w->errf_off = bm_tp_round((size_t)2 * BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
+    w->arr_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
+    w->sig_off = bm_tp_round(w->arr_off + BM_TP_MAX_RANKS * 8u);
+    w->ll_off = bm_tp_round(w->sig_off + 2u * BM_TP_MAX_RANKS * 8u);
+    w->ll_rows = (int64_t)R * BM_TP_LL_MAX_L;
+    if (w->ll_rows > ws->max_tokens) w->ll_rows = ws->max_tokens;
+    if (R < 2) w->ll_rows = 0;
+    /* LL rows take twice a row's bytes (a tag beside every 32 data bits);
+     * they are zeroed with the flags: tag 0 is no epoch */
+    w->data_off = bm_tp_round(w->ll_off + 2u * (size_t)w->ll_rows * 2u * row_bytes);
+    w->slot_bytes = R > 1 ? bm_tp_round((size_t)ws->max_tokens * row_bytes) : 0;
+    w->region_bytes = w->data_off + 4u * w->slot_bytes;
+    w->ag_rows = (size_t)R * (size_t)((ws->max_tokens + R - 1) / R);
+
+    const char *what = nullptr;
+    if (cudaMalloc(&w->base, w->region_bytes) != cudaSuccess) { what = "the peer-visible buffers"; w->base = nullptr; }
+    else if (cudaMalloc(&w->ag, (w->ag_rows ? w->ag_rows : 1) * row_bytes) != cudaSuccess) { what = "the all-gather buffer"; w->ag = nullptr; }
+    else if (cudaMalloc(&w->rec, 2u * BM_TP_MAX_RANKS * sizeof(uint32_t)) != cudaSuccess) { what = "the all-gather records"; w->rec = nullptr; }
+    else if (cudaMalloc(&w->epoch, BM_TP_STATE_WORDS * sizeof(unsigned long long)) != cudaSuccess) { what = "the epoch counters"; w->epoch = nullptr; }
+    else if (cudaHostAlloc(&w->err_h, sizeof(bm_tp_err), cudaHostAllocMapped) != cudaSuccess) { what = "the failure record"; w->err_h = nullptr; }
+    else if (cudaHostGetDevicePointer(&w->err_d, w->err_h, 0) != cudaSuccess) what = "the failure record";
+    cudaGetLastError(); /* a failed allocation must not stick to later launches */
+    if (what)
+        return what;
+    memset((void *)w->err_h, 0, sizeof(bm_tp_err));
+    if (cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
+        cudaMemset(w->epoch, 0, BM_TP_STATE_WORDS * sizeof(unsigned long long)) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
+        return "zeroing the flags";
+    return nullptr;
 }
 
 /* A barrier: a one-int all-reduce (min), waited for on the side stream.
@@ -96,9 +150,9 @@ static ncclResult_t bm_tp_allmin(bm_tp_ws *w, int *v, int *dbuf)
 /* Why this rank cannot make its workspace (told to the peers as ok = 0;
  * the message is written after the exchange, so that bm_fail's is the
  * last). */
-enum { BM_TP_WHY_NONE, BM_TP_WHY_DEVICE, BM_TP_WHY_STREAM, BM_TP_WHY_HOST, BM_TP_WHY_ALLOC };
+enum { BM_TP_WHY_NONE, BM_TP_WHY_DEVICE, BM_TP_WHY_STREAM, BM_TP_WHY_HOST, BM_TP_WHY_ALLOC, BM_TP_WHY_ARGS };
 
-extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
+extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_status local_status)
 {
     static const char fn[] = "beam_workspace_create_nccl";
     ncclComm_t comm = (ncclComm_t)comm_ptr;
@@ -128,10 +182,14 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
      * still joins the exchange below, so that its peers fail with it
      * instead of waiting for it in NCCL forever. A wrong current device:
      * the exchange runs on the communicator's device, then it is restored. */
+    if (local_status != BEAM_OK) { /* lib's checks failed: join, allocate nothing */
+        ok = 0;
+        why = BM_TP_WHY_ARGS;
+    }
     if (cudaGetDevice(&dev) != cudaSuccess || dev != cudev) {
         cudaGetLastError();
+        if (ok) why = BM_TP_WHY_DEVICE;
         ok = 0;
-        why = BM_TP_WHY_DEVICE;
         if (cudaSetDevice(cudev) != cudaSuccess) /* cannot even reach it: no exchange possible */
             return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
                            "%s: the current device (%d) must be the communicator's device (%d)", fn, dev,
@@ -164,40 +222,9 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
         w->hidden = ws->hidden;
         w->timeout_ms = (uint32_t)ws->cfg.timeout_ms;
         w->side = side;
-
-        /* Layout of the peer-visible region (gather_impl.h). */
-        const size_t row_bytes = (size_t)ws->hidden * sizeof(uint16_t);
-        w->flags_off = 0;
-        w->errf_off = bm_tp_round((size_t)2 * BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
-        w->arr_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
-        w->ll_off = bm_tp_round(w->arr_off + BM_TP_MAX_RANKS * 8u);
-        w->ll_rows = (int64_t)R * BM_TP_LL_MAX_L;
-        if (w->ll_rows > ws->max_tokens) w->ll_rows = ws->max_tokens;
-        if (R < 2) w->ll_rows = 0;
-        /* LL rows take twice a row's bytes (a tag beside every 32 data bits);
-         * they are zeroed with the flags: tag 0 is no epoch */
-        w->data_off = bm_tp_round(w->ll_off + 2u * (size_t)w->ll_rows * 2u * row_bytes);
-        w->slot_bytes = R > 1 ? bm_tp_round((size_t)ws->max_tokens * row_bytes) : 0;
-        w->region_bytes = w->data_off + 4u * w->slot_bytes;
-        w->ag_rows = (size_t)R * (size_t)((ws->max_tokens + R - 1) / R);
-
-        /* Allocations; a failure is remembered and told to the peers. */
         why = BM_TP_WHY_ALLOC;
-        if (cudaMalloc(&w->base, w->region_bytes) != cudaSuccess) { ok = 0; what = "the peer-visible buffers"; w->base = nullptr; }
-        else if (cudaMalloc(&w->ag, (w->ag_rows ? w->ag_rows : 1) * row_bytes) != cudaSuccess) { ok = 0; what = "the all-gather buffer"; w->ag = nullptr; }
-        else if (cudaMalloc(&w->epoch, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess) { ok = 0; what = "the epoch counters"; w->epoch = nullptr; }
-        else if (cudaHostAlloc(&w->err_h, sizeof(bm_tp_err), cudaHostAllocMapped) != cudaSuccess) { ok = 0; what = "the failure record"; w->err_h = nullptr; }
-        else if (cudaHostGetDevicePointer(&w->err_d, w->err_h, 0) != cudaSuccess) { ok = 0; what = "the failure record"; }
-        cudaGetLastError(); /* a failed allocation must not stick to later launches */
-        if (ok) {
-            memset((void *)w->err_h, 0, sizeof(bm_tp_err));
-            if (cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
-                cudaMemset(w->epoch, 0, BM_TP_MAX_BLOCKS * sizeof(unsigned long long)) != cudaSuccess ||
-                cudaDeviceSynchronize() != cudaSuccess) {
-                ok = 0;
-                what = "zeroing the flags";
-            }
-        }
+        if ((what = bm_tp_alloc(w, ws, R)) != nullptr)
+            ok = 0;
         if (ok)
             why = BM_TP_WHY_NONE;
     }
@@ -208,12 +235,20 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     memset(&mine, 0, sizeof mine);
     mine.host = bm_tp_host_id();
     mine.ok = ok;
+    mine.max_tokens = ws->max_tokens;
+    mine.oneshot = ws->cfg.oneshot_max_tokens;
+    mine.twoshot = ws->cfg.twoshot_max_tokens;
+    mine.hidden = ws->hidden;
+    mine.timeout_ms = ws->cfg.timeout_ms;
     if (ok && R > 1 && cudaIpcGetMemHandle(&mine.handle, w->base) != cudaSuccess) {
         cudaGetLastError();
         mine.host = 0; /* cannot export: nobody maps us, the fused paths are off */
     }
-    for (int i = 0; i < BM_TP_NSHAPES; ++i)
-        mine.gcap[i] = ok ? bm_tp_occupancy_cap(i) : 1;
+    if (ok)
+        bm_tp_caps(1, mine.gcap); /* NCCL: one rank per device */
+    else
+        for (int i = 0; i <= BM_TP_NSHAPES; ++i)
+            mine.gcap[i] = 1;
     nr = ncclSuccess;
     /* on the side stream: a pageable cudaMemcpy may return before its DMA
      * lands, and the side stream does not wait for the legacy stream */
@@ -232,6 +267,9 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
     }
     if (!ok) {
         switch (why) {
+        case BM_TP_WHY_ARGS:
+            st = local_status; /* lib's message stands */
+            break;
         case BM_TP_WHY_DEVICE:
             st = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
                          "%s: the current device (%d) must be the communicator's device (%d)", fn, dev, cudev);
@@ -252,7 +290,19 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws)
             st = bm_fail(BEAM_ERR_COMM, "%s: rank %d could not make its workspace", fn, s);
             goto fail;
         }
-        for (int i = 0; i < BM_TP_NSHAPES; ++i)
+        if (recs[s].max_tokens != mine.max_tokens || recs[s].hidden != mine.hidden ||
+            recs[s].oneshot != mine.oneshot || recs[s].twoshot != mine.twoshot ||
+            recs[s].timeout_ms != mine.timeout_ms) {
+            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                         "%s: rank %d passed max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d} but this rank "
+                         "max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d}: every rank must pass the same",
+                         fn, s, (long long)recs[s].max_tokens, (int)recs[s].hidden, (long long)recs[s].oneshot,
+                         (long long)recs[s].twoshot, (int)recs[s].timeout_ms, (long long)mine.max_tokens,
+                         (int)mine.hidden, (long long)mine.oneshot, (long long)mine.twoshot,
+                         (int)mine.timeout_ms);
+            goto fail;
+        }
+        for (int i = 0; i <= BM_TP_NSHAPES; ++i)
             if (s == 0 || recs[s].gcap[i] < w->gcap[i])
                 w->gcap[i] = recs[s].gcap[i] < 1 ? 1 : recs[s].gcap[i];
     }
@@ -313,6 +363,18 @@ beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w)
     const uint32_t code = w->err_h->code;
     if (code == BM_TP_OK)
         return BEAM_OK;
+    if (code == BM_TP_CONCURRENT)
+        return bm_fail(BEAM_ERR_COMM,
+                       "%s: two calls on this workspace (rank %d) ran at the same time on the device (calls on "
+                       "one workspace must be ordered on one stream, or by events); the later one computed "
+                       "nothing; the workspace is unusable, destroy it",
+                       fn, w->rank);
+    if (code == BM_TP_MISMATCH)
+        return bm_fail(BEAM_ERR_COMM,
+                       "%s: in an earlier call on this workspace rank %d passed arguments that differ from rank "
+                       "%d's (tokens, top_k, hidden, routed_scale, norms, scales and strategy must be the same on "
+                       "every rank), so that call's outputs are undefined; the workspace is unusable, destroy it",
+                       fn, (int)w->err_h->peer, w->rank);
     if (code == BM_TP_TIMEOUT)
         return bm_fail(BEAM_ERR_COMM,
                        "%s: an earlier call on this workspace (rank %d, call %llu) timed out after %u ms "
@@ -320,9 +382,9 @@ beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w)
                        fn, w->rank, (unsigned long long)w->err_h->epoch, (unsigned)w->timeout_ms,
                        (int)w->err_h->peer);
     return bm_fail(BEAM_ERR_COMM,
-                   "%s: in an earlier call on this workspace (call %llu) rank %d rejected its arguments, "
-                   "so this rank's outputs of that call are incomplete; the workspace is unusable, destroy it",
-                   fn, (unsigned long long)w->err_h->epoch, (int)w->err_h->peer);
+                   "%s: in an earlier call on this workspace rank %d rejected its arguments, so this rank's "
+                   "outputs of that call are incomplete; the workspace is unusable, destroy it",
+                   fn, (int)w->err_h->peer);
 }
 
 extern "C" beam_status bm_cuda_ws_destroy(bm_ws *ws)
@@ -339,6 +401,14 @@ extern "C" beam_status bm_cuda_ws_destroy(bm_ws *ws)
      * then every rank's (barrier), before the mappings go. */
     cudaDeviceSynchronize();
     beam_status st = bm_tp_check_failed(fn, w);
+    if (w->group) {
+        const int dev = w->device;
+        st = bm_tp_group_destroy(w, st);
+        ws->impl = nullptr; /* released, or kept for peers that never came */
+        if (cur != dev && cur >= 0)
+            cudaSetDevice(cur);
+        return st;
+    }
     int *dint = nullptr;
     if (w->nranks > 1 && cudaMalloc(&dint, sizeof(int)) == cudaSuccess) {
         int one = 1;

@@ -344,9 +344,11 @@ BEAM_API beam_status beam_workspace_create_nccl(void *nccl_comm, int64_t max_tok
     if (!nccl_comm) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: nccl_comm must not be NULL", fn);
     w = (struct beam_workspace *)calloc(1, sizeof *w);
     if (!w) return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    /* A rank whose arguments fail still joins the collective creation, so
+     * that its peers fail with it instead of waiting for it. */
     st = bm_check_ws_shape(fn, max_tokens, hidden, &w->ws);
     if (st == BEAM_OK) st = bm_check_config(fn, cfg, &w->ws);
-    if (st == BEAM_OK) st = BE->ws_create_nccl(nccl_comm, &w->ws);
+    st = BE->ws_create_nccl(nccl_comm, &w->ws, st);
     if (st != BEAM_OK) {
         free(w);
         return st;

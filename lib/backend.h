@@ -106,7 +106,8 @@ typedef struct bm_backend {
      * backend still joins its peers so that every rank fails together. */
     beam_status (*ws_create_cpu)(beam_cpu_group *group, int32_t rank, bm_ws *ws,
                                  beam_status local_status);
-    beam_status (*ws_create_nccl)(void *comm, bm_ws *ws);
+    /* Collective, like ws_create_cpu: local_status != BEAM_OK still joins. */
+    beam_status (*ws_create_nccl)(void *comm, bm_ws *ws, beam_status local_status);
     beam_status (*ws_destroy)(bm_ws *ws);
     /* Collective. a->experts/weights hold this rank's owned rows; a->tokens is
      * the global T; residual/hidden_out/normalized are [T, hidden].

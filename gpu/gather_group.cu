@@ -1,0 +1,287 @@
+/*
+ * gather_group.cu - in-process groups of the CUDA backend (internal):
+ * beam_cpu_group_create / beam_workspace_create_cpu on this backend.
+ *
+ * Each rank is a thread of this process and runs on the device current on
+ * its thread when it makes its workspace. Ranks may share a device: R
+ * ranks on one GPU run the real gather (the same kernels, flags and epochs
+ * as R GPUs over NCCL, each rank with its own stream and buffers, its
+ * peers' regions being buffers of the same device), which is how every
+ * world size is tested on one GPU. Ranks on different devices need peer
+ * access between them (cudaDeviceEnablePeerAccess). UNFUSED's all-gather
+ * is a kernel over the peers' buffers instead of NCCL.
+ *
+ * Launch sizes: each rank's grid is capped at what is resident on its
+ * device divided by the number of ranks that share the device (the caps
+ * are agreed by all ranks), so that every rank's blocks are resident at
+ * once and a block that waits for a peer never keeps it from running.
+ *
+ * Creation and destruction meet the other ranks on the host (a barrier
+ * with the workspace's timeout): a rank that fails still meets them, so
+ * every rank fails together; a rank that never comes makes the others fail
+ * at the timeout (BEAM_ERR_COMM).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "gather_impl.h"
+
+/* What a rank tells the others at creation (values: nothing points into
+ * another rank's host state). */
+struct bm_tp_post {
+    int ok;
+    int device;
+    int mapped; /* second meeting: every peer reachable from this rank */
+    char *base;
+    uint16_t *ag;
+    int32_t gcap[BM_TP_NSHAPES + 1];
+    int64_t max_tokens;
+    int32_t hidden;
+    beam_workspace_config cfg;
+};
+
+struct beam_cpu_group {
+    int32_t nranks;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned long long gen; /* meetings completed */
+    int32_t count;          /* ranks waiting in the current meeting */
+    int32_t live;           /* workspaces alive on the group */
+    char joined[BM_TP_MAX_RANKS];
+    bm_tp_post post[BM_TP_MAX_RANKS];
+};
+
+extern "C" beam_status bm_cuda_group_create(int32_t nranks, beam_cpu_group **group)
+{
+    static const char fn[] = "beam_cpu_group_create";
+    if (nranks < 1 || nranks > BM_TP_MAX_RANKS)
+        return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: nranks=%d: the CUDA backend's groups hold 1 to %d ranks", fn,
+                       (int)nranks, BM_TP_MAX_RANKS);
+    beam_cpu_group *g = (beam_cpu_group *)calloc(1, sizeof *g);
+    if (!g)
+        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    pthread_condattr_t attr;
+    g->nranks = nranks;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&g->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    *group = g;
+    return BEAM_OK;
+}
+
+extern "C" beam_status bm_cuda_group_destroy(beam_cpu_group *g)
+{
+    pthread_mutex_lock(&g->mu);
+    const int32_t live = g->live;
+    pthread_mutex_unlock(&g->mu);
+    if (live)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                       "beam_cpu_group_destroy: group still has %d live workspaces: destroy them first", (int)live);
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+    free(g);
+    return BEAM_OK;
+}
+
+/* Wait until every rank of the group has come (the group's mutex held by
+ * the caller, released while waiting). A rank that gives up at the timeout
+ * withdraws, so a later meeting still counts right. */
+static beam_status bm_grp_meet(beam_cpu_group *g, int timeout_ms, const char *fn)
+{
+    const unsigned long long gen = g->gen;
+    if (++g->count == g->nranks) {
+        g->count = 0;
+        ++g->gen;
+        pthread_cond_broadcast(&g->cv);
+        return BEAM_OK;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec += 1;
+        until.tv_nsec -= 1000000000L;
+    }
+    while (g->gen == gen)
+        if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && g->gen == gen) {
+            --g->count;
+            return bm_fail(BEAM_ERR_COMM, "%s: waited %d ms for the other ranks of the group; not all came", fn,
+                           timeout_ms);
+        }
+    return BEAM_OK;
+}
+
+extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_status local)
+{
+    static const char fn[] = "beam_workspace_create_cpu";
+    const int R = g->nranks;
+    if (rank < 0 || rank >= R) /* no slot to tell the others in: they time out */
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d must be in [0, %d) of the group", fn, (int)rank, R);
+    const int timeout_ms = local == BEAM_OK ? ws->cfg.timeout_ms : 30000;
+    bm_tp_ws *w = nullptr;
+    const char *what = nullptr;
+    bm_tp_post mine;
+    memset(&mine, 0, sizeof mine);
+    mine.device = -1;
+
+    pthread_mutex_lock(&g->mu);
+    if (local == BEAM_OK && g->joined[rank])
+        local = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                        "%s: rank=%d already holds a workspace on this group (one per rank: destroy it first)", fn,
+                        (int)rank);
+    pthread_mutex_unlock(&g->mu);
+    if (local == BEAM_OK && cudaGetDevice(&mine.device) != cudaSuccess) {
+        cudaGetLastError();
+        local = bm_fail(BEAM_ERR_DEVICE, "%s: no current CUDA device", fn);
+    }
+    if (local == BEAM_OK && !(w = (bm_tp_ws *)calloc(1, sizeof *w)))
+        local = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    if (local == BEAM_OK) {
+        w->group = g;
+        w->device = mine.device;
+        w->rank = rank;
+        w->nranks = R;
+        w->max_tokens = ws->max_tokens;
+        w->hidden = ws->hidden;
+        w->timeout_ms = (uint32_t)ws->cfg.timeout_ms;
+        if ((what = bm_tp_alloc(w, ws, R)) != nullptr)
+            local = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: allocating %s on device %d failed", fn, what,
+                            mine.device);
+    }
+    mine.ok = local == BEAM_OK;
+    if (mine.ok) {
+        mine.base = w->base;
+        mine.ag = w->ag;
+        bm_tp_caps(1, mine.gcap);
+        mine.max_tokens = ws->max_tokens;
+        mine.hidden = ws->hidden;
+        mine.cfg = ws->cfg;
+    }
+
+    /* first meeting: every rank's record */
+    beam_status st = BEAM_OK;
+    bm_tp_post all[BM_TP_MAX_RANKS];
+    pthread_mutex_lock(&g->mu);
+    g->post[rank] = mine;
+    st = bm_grp_meet(g, timeout_ms, fn);
+    memcpy(all, g->post, sizeof all);
+    pthread_mutex_unlock(&g->mu);
+    if (local != BEAM_OK) {
+        st = local; /* its message stands */
+        goto fail;
+    }
+    if (st != BEAM_OK)
+        goto fail;
+    for (int s = 0; s < R; ++s) {
+        if (!all[s].ok) {
+            st = bm_fail(BEAM_ERR_COMM, "%s: rank %d could not make its workspace", fn, s);
+            goto fail;
+        }
+        if (all[s].max_tokens != mine.max_tokens || all[s].hidden != mine.hidden ||
+            all[s].cfg.oneshot_max_tokens != mine.cfg.oneshot_max_tokens ||
+            all[s].cfg.twoshot_max_tokens != mine.cfg.twoshot_max_tokens ||
+            all[s].cfg.timeout_ms != mine.cfg.timeout_ms) {
+            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                         "%s: rank %d passed max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d} but rank %d "
+                         "max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d}: every rank must pass the same",
+                         fn, s, (long long)all[s].max_tokens, (int)all[s].hidden,
+                         (long long)all[s].cfg.oneshot_max_tokens, (long long)all[s].cfg.twoshot_max_tokens,
+                         (int)all[s].cfg.timeout_ms, (int)rank, (long long)mine.max_tokens, (int)mine.hidden,
+                         (long long)mine.cfg.oneshot_max_tokens, (long long)mine.cfg.twoshot_max_tokens,
+                         (int)mine.cfg.timeout_ms);
+            goto fail;
+        }
+    }
+
+    /* launch caps: each rank's share of its device, the smallest over all */
+    for (int i = 0; i <= BM_TP_NSHAPES; ++i)
+        w->gcap[i] = BM_TP_MAX_BLOCKS;
+    for (int s = 0; s < R; ++s) {
+        int share = 0;
+        for (int t = 0; t < R; ++t)
+            share += all[t].device == all[s].device;
+        for (int i = 0; i <= BM_TP_NSHAPES; ++i) {
+            int c = all[s].gcap[i] / share;
+            c = c < 1 ? 1 : c;
+            if (c < w->gcap[i])
+                w->gcap[i] = c;
+        }
+    }
+    /* peers: the same device, or one this device may access */
+    mine.mapped = 1;
+    for (int s = 0; s < R; ++s) {
+        if (all[s].device != mine.device) {
+            int can = 0;
+            if (cudaDeviceCanAccessPeer(&can, mine.device, all[s].device) != cudaSuccess || !can) {
+                mine.mapped = 0;
+            } else {
+                const cudaError_t e = cudaDeviceEnablePeerAccess(all[s].device, 0);
+                if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+                    mine.mapped = 0;
+            }
+            cudaGetLastError();
+        }
+        w->peer[s] = all[s].base;
+        w->peer_ag[s] = all[s].ag;
+    }
+    /* second meeting: every rank reaches every peer, or all fail */
+    pthread_mutex_lock(&g->mu);
+    g->post[rank].mapped = mine.mapped;
+    st = bm_grp_meet(g, timeout_ms, fn);
+    memcpy(all, g->post, sizeof all);
+    if (st == BEAM_OK)
+        for (int s = 0; s < R; ++s)
+            if (!all[s].mapped) {
+                st = bm_fail(BEAM_ERR_UNSUPPORTED,
+                             "%s: rank %d (device %d) cannot access the memory of every other rank's device "
+                             "(no peer access between them)",
+                             fn, s, all[s].device);
+                break;
+            }
+    if (st == BEAM_OK) {
+        g->joined[rank] = 1;
+        ++g->live;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (st != BEAM_OK)
+        goto fail;
+    w->peers = 1;
+    ws->rank = rank;
+    ws->nranks = R;
+    ws->impl = w;
+    return BEAM_OK;
+
+fail:
+    if (w)
+        bm_tp_release(w);
+    return st;
+}
+
+/* Collective: every kernel of this rank's device has ended (a waiting one
+ * ends at its timeout), then every rank meets, then the buffers go, so no
+ * peer still writes into them. A rank whose peers never come keeps its
+ * buffers (a peer might still write into them) and reports it. */
+beam_status bm_tp_group_destroy(bm_tp_ws *w, beam_status st)
+{
+    static const char fn[] = "beam_workspace_destroy";
+    beam_cpu_group *g = w->group;
+    cudaDeviceSynchronize();
+    pthread_mutex_lock(&g->mu);
+    const beam_status met = bm_grp_meet(g, (int)w->timeout_ms < 1000 ? 1000 : (int)w->timeout_ms, fn);
+    if (met == BEAM_OK) {
+        g->joined[w->rank] = 0;
+        --g->live;
+    }
+    pthread_mutex_unlock(&g->mu);
+    if (met != BEAM_OK)
+        return met;
+    bm_tp_release(w);
+    return st;
+}

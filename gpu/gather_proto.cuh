@@ -1,0 +1,396 @@
+/*
+ * gather_proto.cuh - the device side of the gather's flag protocol
+ * (internal): the memory-model primitives, where flags, words, LL rows and
+ * pushed rows live in a rank's peer-visible region, bounded waits, the
+ * claim of a workspace by one grid, the argument signature and the LL
+ * wrap-around clearing. Every kernel that advances the epoch (the fused
+ * kernels, the reject kernel, the in-process all-gather) is built from
+ * these; gather_impl.h describes the protocol.
+ */
+#ifndef BEAMMOE_GPU_GATHER_PROTO_CUH
+#define BEAMMOE_GPU_GATHER_PROTO_CUH
+
+#include <stdint.h>
+
+#include "gather_impl.h"
+#include "numerics.cuh"
+
+/* ---- memory-model primitives ----------------------------------------------- */
+
+__device__ __forceinline__ unsigned long long bm_tp_now()
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void bm_tp_st_release(unsigned long long *p, unsigned long long v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ unsigned long long bm_tp_ld_acquire(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Polling: relaxed loads (no fence per poll), then one acquire fence. */
+__device__ __forceinline__ unsigned long long bm_tp_ld_relaxed(const unsigned long long *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void bm_tp_fence_acquire()
+{
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
+/* 16-byte load through L2 only (rows written by a peer during this kernel). */
+__device__ __forceinline__ bm_pack8 bm_tp_load8_cg(const uint16_t *p)
+{
+    bm_pack8 r;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                 : "l"(p)
+                 : "memory");
+    return r;
+}
+
+/* ---- addresses in a region ---------------------------------------------------- */
+
+/* flags[par][src][blk] of a region */
+__device__ __forceinline__ unsigned long long *bm_tp_flag(char *region, size_t flags_off, int par, int src,
+                                                          int blk)
+{
+    return reinterpret_cast<unsigned long long *>(region + flags_off) +
+           ((size_t)par * BM_TP_MAX_RANKS + (size_t)src) * BM_TP_MAX_BLOCKS + blk;
+}
+
+__device__ __forceinline__ unsigned long long *bm_tp_word(char *region, size_t off, int idx)
+{
+    return reinterpret_cast<unsigned long long *>(region + off) + idx;
+}
+
+/* LL row g of parity par: H/2 words of (epoch tag << 32 | two BF16). */
+__device__ __forceinline__ unsigned long long *bm_tp_ll_row(char *region, const bm_tp_params &p, int par,
+                                                            int64_t g)
+{
+    return reinterpret_cast<unsigned long long *>(region + p.ll_off) +
+           ((size_t)par * (size_t)p.ll_rows + (size_t)g) * (size_t)(p.hidden / 2);
+}
+
+/* Row g of array a (0, 1) of parity par in a region. */
+__device__ __forceinline__ uint16_t *bm_tp_slot(char *region, const bm_tp_params &p, int par, int a,
+                                                int64_t g)
+{
+    return reinterpret_cast<uint16_t *>(region + p.data_off + (size_t)(2 * par + a) * p.slot_bytes) +
+           (size_t)g * p.hidden;
+}
+
+/* ---- failures ------------------------------------------------------------------ */
+
+/* Record a failure in the host-mapped record (any one of several racing
+ * writers wins; all describe a real failure of this call). */
+__device__ __forceinline__ void bm_tp_record(const bm_tp_params &p, int code, int peer, unsigned long long E)
+{
+    p.err->peer = peer;
+    p.err->epoch = E;
+    p.err->code = (uint32_t)code;
+    __threadfence_system();
+}
+
+/* The signature word of epoch E: its low 32 bits beside the signature. */
+__device__ __forceinline__ unsigned long long bm_tp_sig_word(unsigned long long E, uint32_t sig)
+{
+    return ((E & 0xFFFFFFFFull) << 32) | sig;
+}
+
+/* Peer s's signature in epoch E as this rank sees it: 0 not known yet, 1
+ * equal to ours, -1 different (then s passed other arguments). */
+__device__ __forceinline__ int bm_tp_sig_seen(const bm_tp_params &p, int s, unsigned long long E, int acquire)
+{
+    const unsigned long long *w = bm_tp_word(p.peer[p.rank], p.sig_off, (int)(E & 1ull) * BM_TP_MAX_RANKS + s);
+    const unsigned long long v = acquire ? bm_tp_ld_acquire(w) : bm_tp_ld_relaxed(w);
+    if ((v >> 32) != (E & 0xFFFFFFFFull))
+        return 0;
+    /* the reject kernel has no signature of its own: it compares nothing */
+    return p.sig == 0u || (uint32_t)v == p.sig ? 1 : -1;
+}
+
+/* The slow path of every wait for peer s in epoch E: s rejected its
+ * arguments (errf[s] >= E), passed different ones, or the wait ran past the
+ * timeout. 0 while none of these holds. */
+__device__ __forceinline__ int bm_tp_wait_check(const bm_tp_params &p, int s, unsigned long long E,
+                                                unsigned long long &t0)
+{
+    if (bm_tp_ld_relaxed(bm_tp_word(p.peer[p.rank], p.errf_off, s)) >= E)
+        return BM_TP_PEER_REJECTED;
+    if (bm_tp_sig_seen(p, s, E, 0) < 0)
+        return BM_TP_MISMATCH;
+    const unsigned long long now = bm_tp_now();
+    if (t0 == 0)
+        t0 = now;
+    else if (now - t0 > p.timeout_ns)
+        return BM_TP_TIMEOUT;
+    return 0;
+}
+
+/* Wait until *f >= want (exact: == want), relaxed polls, bounded by the
+ * slow path above; acquire: one acquire fence after the wait, and the
+ * rejection and signature of s read after it. 0 or a BM_TP_* code. */
+__device__ __forceinline__ int bm_tp_wait_ge(const bm_tp_params &p, const unsigned long long *f,
+                                             unsigned long long want, int s, unsigned long long E, int exact,
+                                             int acquire)
+{
+    unsigned long long t0 = 0;
+    unsigned spins = 0;
+    for (;;) {
+        const unsigned long long v = bm_tp_ld_relaxed(f);
+        if (exact ? v == want : v >= want)
+            break;
+        if ((++spins & 255u) == 0) {
+            const int why = bm_tp_wait_check(p, s, E, t0);
+            if (why)
+                return why;
+        }
+    }
+    const unsigned long long *ef = bm_tp_word(p.peer[p.rank], p.errf_off, s);
+    if (!acquire)
+        return bm_tp_ld_relaxed(ef) >= E ? BM_TP_PEER_REJECTED : 0;
+    bm_tp_fence_acquire();
+    if (bm_tp_ld_acquire(ef) >= E)
+        return BM_TP_PEER_REJECTED;
+    /* s released this flag after it stored its signature of epoch E */
+    return bm_tp_sig_seen(p, s, E, 1) == 1 ? 0 : BM_TP_MISMATCH;
+}
+
+/* After the LL words of epoch E from s arrived (no fence on that path):
+ * wait, bounded, until s's signature of E is visible and compare it. */
+__device__ __forceinline__ int bm_tp_wait_sig(const bm_tp_params &p, int s, unsigned long long E)
+{
+    unsigned long long t0 = 0;
+    unsigned spins = 0;
+    for (;;) {
+        const int seen = bm_tp_sig_seen(p, s, E, (spins & 15u) == 15u);
+        if (seen)
+            return seen > 0 ? 0 : BM_TP_MISMATCH;
+        if ((++spins & 63u) == 0) {
+            const int why = bm_tp_wait_check(p, s, E, t0);
+            if (why)
+                return why;
+        }
+    }
+}
+
+/* ---- pushes --------------------------------------------------------------------- */
+
+/* Store the thread's packed chunks of row g into array a of every peer's
+ * region. */
+template <int J, int STRIDE>
+__device__ __forceinline__ void bm_tp_push(const bm_tp_params &p, int par, int a, int64_t g,
+                                           const bm_pack8 (&pk)[J], int C, int g0)
+{
+    for (int s = 0; s < p.nranks; ++s) {
+        if (s == p.rank)
+            continue;
+        uint16_t *dst = bm_tp_slot(p.peer[s], p, par, a, g);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * STRIDE;
+            if (c < C)
+                bm_store8<true>(dst + (size_t)c * 8, pk[j]);
+        }
+    }
+}
+
+/* LL push of row g: each 8-byte word holds 32 bits of data and the epoch
+ * tag; an aligned 8-byte store is single-copy atomic, so a reader that
+ * sees the tag sees the data (no fence, no separate flag). */
+template <int J, int STRIDE>
+__device__ __forceinline__ void bm_tp_push_ll(const bm_tp_params &p, int par, int64_t g,
+                                              const bm_pack8 (&pk)[J], int C, int g0, uint32_t tag)
+{
+    const unsigned long long t = (unsigned long long)tag << 32;
+    for (int s = 0; s < p.nranks; ++s) {
+        if (s == p.rank)
+            continue;
+        unsigned long long *dst = bm_tp_ll_row(p.peer[s], p, par, g);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * STRIDE;
+            if (c >= C)
+                continue;
+            asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst + (size_t)c * 4),
+                         "l"(t | pk[j].w[0]), "l"(t | pk[j].w[1])
+                         : "memory");
+            asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst + (size_t)c * 4 + 2),
+                         "l"(t | pk[j].w[2]), "l"(t | pk[j].w[3])
+                         : "memory");
+        }
+    }
+}
+
+/* Poll one LL chunk (4 words) until every tag is this epoch's. */
+__device__ __forceinline__ int bm_tp_poll_ll(const bm_tp_params &p, const unsigned long long *src, uint32_t tag,
+                                             int s, unsigned long long E, bm_pack8 &out)
+{
+    unsigned long long t0 = 0;
+    unsigned spins = 0;
+    for (;;) {
+        unsigned long long a0, a1, a2, a3;
+        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a0), "=l"(a1) : "l"(src) : "memory");
+        asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a2), "=l"(a3) : "l"(src + 2) : "memory");
+        if ((uint32_t)(a0 >> 32) == tag && (uint32_t)(a1 >> 32) == tag && (uint32_t)(a2 >> 32) == tag &&
+            (uint32_t)(a3 >> 32) == tag) {
+            out.w[0] = (uint32_t)a0;
+            out.w[1] = (uint32_t)a1;
+            out.w[2] = (uint32_t)a2;
+            out.w[3] = (uint32_t)a3;
+            return 0;
+        }
+        if ((++spins & 63u) == 0) {
+            const int why = bm_tp_wait_check(p, s, E, t0);
+            if (why)
+                return why;
+        }
+    }
+}
+
+/* ---- the start and end of every epoch-advancing kernel -------------------------- */
+
+/* This block's epoch: copy fb of the epoch, plus one. */
+__device__ __forceinline__ unsigned long long bm_tp_epoch(const bm_tp_params &p, int fb)
+{
+    return *(volatile unsigned long long *)(p.epoch + fb) + 1ull;
+}
+
+/* Claim the workspace for this grid (block-uniform result; a barrier). The
+ * claim word holds %gridid + 1 of the grid that runs; the first block of a
+ * grid sets it, the others find their own grid's id. Another grid's id
+ * means two calls on this workspace overlap on the device (they were not
+ * ordered on one stream): this block then computes nothing, and the
+ * failure is recorded, which makes the workspace dead. Must follow the
+ * programmatic-launch wait (the previous grid has completed). */
+__device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long long E)
+{
+    int conc = 0;
+    if (threadIdx.x == 0) {
+        unsigned long long gid;
+        asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
+        const unsigned long long me = gid + 1ull;
+        const unsigned long long old = atomicCAS(p.epoch + BM_TP_CLAIM, 0ull, me);
+        conc = old != 0ull && old != me;
+        if (conc)
+            bm_tp_record(p, BM_TP_CONCURRENT, p.rank, E);
+    }
+    return __syncthreads_or(conc);
+}
+
+/* At the end of a block that claimed: advance its epoch copies (fb,
+ * fb + grid, ...: every copy is advanced by every call whatever its grid),
+ * and the grid's last block releases the claim. */
+__device__ __forceinline__ void bm_tp_finish(const bm_tp_params &p, unsigned long long E, int fb, int grid)
+{
+    /* every thread's read of copy fb has returned (E is an operand) */
+    __syncthreads_or(E == 0ull);
+    for (int k = (int)threadIdx.x; fb + k * grid < BM_TP_MAX_BLOCKS; k += (int)blockDim.x)
+        p.epoch[fb + k * grid] = E;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(p.epoch + BM_TP_DONE, 1ull) == (unsigned long long)grid - 1ull) {
+            p.epoch[BM_TP_DONE] = 0ull;
+            __threadfence();
+            atomicExch(p.epoch + BM_TP_CLAIM, 0ull);
+        }
+    }
+}
+
+/* LL tags hold the low 32 bits of the epoch. Epochs k * 2^30 and
+ * k * 2^30 + 1 (k >= 1) send no LL words and clear this rank's LL rows of
+ * their parity: no peer writes them then (every rank is in the same epoch,
+ * and a peer reaches the same parity again only in E + 2, after this rank
+ * arrived at E + 1), so a tag can survive at most 2^30 + 1 epochs and never
+ * equals a later epoch's low 32 bits. */
+__device__ __forceinline__ bool bm_tp_ll_clearing(unsigned long long E)
+{
+    return E >= (1ull << 30) && (E & ((1ull << 30) - 1ull)) <= 1ull;
+}
+
+__device__ __forceinline__ void bm_tp_ll_clear(const bm_tp_params &p, unsigned long long E)
+{
+    if (!bm_tp_ll_clearing(E) || p.ll_rows == 0)
+        return;
+    unsigned long long *base = bm_tp_ll_row(p.peer[p.rank], p, (int)(E & 1ull), 0);
+    const size_t n = (size_t)p.ll_rows * (size_t)(p.hidden / 2);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        base[i] = 0ull;
+}
+
+/* Block fb's start, after the claim: its signature of epoch E at every
+ * peer (thread 0), and block 0 stores its arrival at E there. The barrier
+ * that follows in the caller orders both before any push of the block. */
+__device__ __forceinline__ void bm_tp_announce(const bm_tp_params &p, unsigned long long E, int fb)
+{
+    if (threadIdx.x != 0)
+        return;
+    const int par = (int)(E & 1ull);
+    const unsigned long long sw = bm_tp_sig_word(E, p.sig);
+    for (int s = 0; s < p.nranks; ++s)
+        if (s != p.rank)
+            *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.sig_off, par * BM_TP_MAX_RANKS + p.rank) = sw;
+    if (fb == 0) {
+        __threadfence_system(); /* the signature before the arrival */
+        for (int s = 0; s < p.nranks; ++s)
+            if (s != p.rank)
+                *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.arr_off, p.rank) = E;
+    }
+}
+
+/* Before its first write into a peer, a block waits until every peer
+ * arrived at epoch want (block-uniform; a barrier). */
+__device__ __forceinline__ int bm_tp_wait_arrivals(const bm_tp_params &p, unsigned long long want,
+                                                   unsigned long long E, int bad)
+{
+    int tb = 0;
+    if (!bad && p.nranks > 1 && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+        const int s = (int)threadIdx.x;
+        /* no acquire: nothing is read on the strength of it; the writes
+         * that follow depend on it through the barrier */
+        tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), want, s, E, 0, 0);
+        if (tb)
+            bm_tp_record(p, tb, s, E);
+    }
+    return __syncthreads_or(bad | tb);
+}
+
+/* Block fb's rows are pushed: release its flag of epoch E at every peer
+ * (after the barrier, thread 0), then wait for block fb of every peer
+ * (exactly E: a peer out of step never matches, it times out).
+ * Block-uniform. */
+__device__ __forceinline__ int bm_tp_signal_wait(const bm_tp_params &p, unsigned long long E, int fb, int bad)
+{
+    const int par = (int)(E & 1ull);
+    __syncthreads();
+    if (threadIdx.x == 0 && p.nranks > 1 && !bad) {
+        /* st.release.sys is cumulative: the block's pushes, ordered before
+         * it by the barrier, are visible to a peer that acquires the flag */
+        for (int s = 0; s < p.nranks; ++s)
+            if (s != p.rank)
+                bm_tp_st_release(bm_tp_flag(p.peer[s], p.flags_off, par, p.rank, fb), E);
+    }
+    int tb = 0;
+    if (!bad && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+        const int s = (int)threadIdx.x;
+        tb = bm_tp_wait_ge(p, bm_tp_flag(p.peer[p.rank], p.flags_off, par, s, fb), E, s, E, 1, 1);
+        if (tb)
+            bm_tp_record(p, tb, s, E);
+    }
+    return __syncthreads_or(bad | tb);
+}
+
+#endif
