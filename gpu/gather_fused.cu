@@ -47,6 +47,7 @@
 #include <stdint.h>
 
 #include "gather_proto.cuh"
+#include "launch.h"
 #include "row_kernel.cuh"
 
 #define BM_TP_U 4 /* expert slots loaded ahead (two chunks per thread) */
@@ -114,9 +115,13 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
             bm_xchg_start<NT, CS>(xc[0]);
     /* Programmatic dependent launch: this grid may be scheduled while the
      * preceding kernel of the stream finishes; wait for it (its writes, the
-     * epoch included, are then visible) before touching memory. */
+     * epoch included, are then visible) before touching memory. Let the
+     * next kernel be scheduled early only where no peer shares this device:
+     * its blocks would sit on multiprocessors that a peer's kernel, which
+     * this one waits for, may need. */
     bm_pdl_wait();
-    bm_pdl_trigger();
+    if (p.early)
+        bm_pdl_trigger();
     bm_prefetch_weights<J, STRIDE>(p.normA ? p.wA : NULL, p.normB ? p.wB : NULL, C, g0);
     /* Every thread reads the epoch itself; it changes only at the end of
      * this kernel, after every thread has used it (bm_tp_finish). */
@@ -188,7 +193,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
             bad = bm_tp_wait_arrivals(p, E - 1ull, E, bad);
             arrived = 1;
         }
-        bad = bm_tp_signal_wait(p, E, fb, bad);
+        bad = bm_tp_signal_wait(p, E, fb, bad, conc);
     }
 
     /* ---- phase 2: the peers' rows. Every block of a cluster runs the same
@@ -233,7 +238,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
                             tbad = bm_tp_poll_ll(p, bm_tp_ll_row(p.peer[p.rank], p, par, g) + (size_t)c * 4, tag,
                                                  s, E, q);
                             if (tbad)
-                                bm_tp_record(p, tbad, s, E);
+                                bm_tp_fail(p, tbad, s, E);
                         } else {
                             q = bm_tp_load8_cg(bm_tp_slot(p.peer[p.rank], p, par, 0, g) + (size_t)c * 8);
                         }
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
         if (!bad && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
             tb = bm_tp_wait_sig(p, (int)threadIdx.x, E);
             if (tb)
-                bm_tp_record(p, tb, (int)threadIdx.x, E);
+                bm_tp_fail(p, tb, (int)threadIdx.x, E);
         }
         bad = __syncthreads_or(bad | tb);
     }
@@ -300,7 +305,7 @@ __global__ void bm_tp_reject_kernel(const bm_tp_params p)
         /* PEER_REJECTED: s rejected E too, so it started E (no harm) */
         tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E, s, E, 0, 0);
         if (tb)
-            bm_tp_record(p, tb, s, E);
+            bm_tp_fail(p, tb, s, E);
     }
     const int late = __syncthreads_or(conc | (tb == BM_TP_TIMEOUT));
     if (!late) {
@@ -354,7 +359,7 @@ __global__ void __launch_bounds__(256) bm_tp_allgather_kernel(const bm_tp_params
                         bm_store8<true>(p.peer_ag[s] + row + (size_t)c * 8, q);
             }
         }
-    bad = bm_tp_signal_wait(p, E, fb, bad);
+    bad = bm_tp_signal_wait(p, E, fb, bad, conc);
     if (!conc)
         bm_tp_finish(p, E, fb, G);
 }
@@ -456,16 +461,52 @@ int bm_tp_occupancy_cap(int shape)
 }
 
 /* share ranks run their kernels on this device at once (an in-process
- * group may put several ranks on one device): each gets 1/share of what is
- * resident, so that every rank's blocks are resident together and a block
- * waiting for a peer's block never keeps it from being scheduled. The
- * arithmetic does not depend on the grid. */
+ * group may put several ranks on one device). One rank per device: what is
+ * resident. Several: a block waiting for a peer must never keep the peer's
+ * own kernels from running, and those need whole multiprocessors (a
+ * multiprocessor's shared-memory carveout changes only when it is idle, so
+ * a pipelined kernel cannot start beside a gather block). Each rank then
+ * gets at most one block per multiprocessor of 1/(2 share) of them, so that
+ * at least half the multiprocessors hold no gather block. The arithmetic
+ * does not depend on the grid. */
 void bm_tp_caps(int share, int32_t *caps)
 {
+    int dev = 0, sms = 1;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 1;
+    cudaGetLastError();
     for (int i = 0; i <= BM_TP_NSHAPES; ++i) {
-        const int c = bm_tp_occupancy_cap(i) / (share < 1 ? 1 : share);
+        int c = bm_tp_occupancy_cap(i);
+        if (share > 1) {
+            int cs = 1;
+#define BM_CS(I, NT, J, CS) \
+    if (i == I) cs = CS;
+            BM_TP_SHAPES(BM_CS)
+#undef BM_CS
+            const int half = sms / (2 * share * cs);
+            c = half < c ? half : c;
+        }
         caps[i] = c < 1 ? 1 : c;
     }
+}
+
+/* Load every kernel a gather call can launch (see bm_preload_rows). */
+cudaError_t bm_tp_preload(void)
+{
+    cudaFuncAttributes fa;
+    cudaError_t e = bm_preload_rows(), r;
+#define BM_PRE(I, NT, J, CS)                                                                            \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, false>)) != cudaSuccess) e = r;  \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, false>)) != cudaSuccess) e = r; \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, true>)) != cudaSuccess) e = r;   \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, true>)) != cudaSuccess) e = r;
+    BM_TP_SHAPES(BM_PRE)
+#undef BM_PRE
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_reject_kernel)) != cudaSuccess) e = r;
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_allgather_kernel)) != cudaSuccess) e = r;
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_record_kernel)) != cudaSuccess) e = r;
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_check_kernel)) != cudaSuccess) e = r;
+    return e;
 }
 
 template <int NT, int J, int CS, bool VEC, bool TWO>
@@ -509,6 +550,7 @@ static void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
     p->errf_off = w->errf_off;
     p->arr_off = w->arr_off;
     p->sig_off = w->sig_off;
+    p->fail_off = w->fail_off;
     p->ll_off = w->ll_off;
     p->ll_rows = w->ll_rows;
     p->data_off = w->data_off;
@@ -517,6 +559,7 @@ static void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
     p->err = w->err_d;
     p->timeout_ns = (unsigned long long)w->timeout_ms * 1000000ull;
     p->hidden = w->hidden;
+    p->early = !w->shared;
 }
 
 cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,

@@ -11,10 +11,12 @@
  * access between them (cudaDeviceEnablePeerAccess). UNFUSED's all-gather
  * is a kernel over the peers' buffers instead of NCCL.
  *
- * Launch sizes: each rank's grid is capped at what is resident on its
- * device divided by the number of ranks that share the device (the caps
- * are agreed by all ranks), so that every rank's blocks are resident at
- * once and a block that waits for a peer never keeps it from running.
+ * Launch sizes: where ranks share a device, each rank's grid is capped so
+ * that every rank's blocks are resident at once and half the device stays
+ * free for the ranks' other kernels (bm_tp_caps; the caps are agreed by all
+ * ranks), so a block that waits for a peer never keeps the peer from
+ * running. Every kernel is loaded at creation (bm_tp_preload): a lazily
+ * loaded kernel can wait for the device to be idle.
  *
  * Creation and destruction meet the other ranks on the host (a barrier
  * with the workspace's timeout): a rank that fails still meets them, so
@@ -159,7 +161,6 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     if (mine.ok) {
         mine.base = w->base;
         mine.ag = w->ag;
-        bm_tp_caps(1, mine.gcap);
         mine.max_tokens = ws->max_tokens;
         mine.hidden = ws->hidden;
         mine.cfg = ws->cfg;
@@ -200,19 +201,14 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
         }
     }
 
-    /* launch caps: each rank's share of its device, the smallest over all */
-    for (int i = 0; i <= BM_TP_NSHAPES; ++i)
-        w->gcap[i] = BM_TP_MAX_BLOCKS;
-    for (int s = 0; s < R; ++s) {
+    /* launch caps for the ranks that share this device (bm_tp_caps), agreed
+     * at the second meeting */
+    {
         int share = 0;
         for (int t = 0; t < R; ++t)
-            share += all[t].device == all[s].device;
-        for (int i = 0; i <= BM_TP_NSHAPES; ++i) {
-            int c = all[s].gcap[i] / share;
-            c = c < 1 ? 1 : c;
-            if (c < w->gcap[i])
-                w->gcap[i] = c;
-        }
+            share += all[t].device == mine.device;
+        bm_tp_caps(share, mine.gcap);
+        w->shared = share > 1;
     }
     /* peers: the same device, or one this device may access */
     mine.mapped = 1;
@@ -234,8 +230,15 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     /* second meeting: every rank reaches every peer, or all fail */
     pthread_mutex_lock(&g->mu);
     g->post[rank].mapped = mine.mapped;
+    memcpy(g->post[rank].gcap, mine.gcap, sizeof mine.gcap);
     st = bm_grp_meet(g, timeout_ms, fn);
     memcpy(all, g->post, sizeof all);
+    for (int i = 0; i <= BM_TP_NSHAPES; ++i) {
+        w->gcap[i] = mine.gcap[i];
+        for (int s = 0; s < R; ++s)
+            if (all[s].gcap[i] < w->gcap[i])
+                w->gcap[i] = all[s].gcap[i];
+    }
     if (st == BEAM_OK)
         for (int s = 0; s < R; ++s)
             if (!all[s].mapped) {

@@ -93,7 +93,8 @@ enum {
     BM_TP_TIMEOUT = 1,       /* waited longer than timeout_ms for peer */
     BM_TP_PEER_REJECTED = 2, /* peer rejected its arguments */
     BM_TP_MISMATCH = 3,      /* peer passed arguments that differ from ours */
-    BM_TP_CONCURRENT = 4     /* two calls on this workspace overlapped */
+    BM_TP_CONCURRENT = 4,    /* two calls on this workspace overlapped */
+    BM_TP_PEER_FAILED = 5    /* peer gave the call up (it found a failure) */
 };
 struct bm_tp_err {
     volatile uint32_t code;
@@ -114,13 +115,14 @@ struct bm_tp_ws {
     int device;
     int rank, nranks;
     int peers; /* 1: every rank's region is mapped (fused strategies work) */
+    int shared; /* 1: another rank runs on this device (an in-process group) */
     int64_t max_tokens;
     int hidden;
 
     char *base;                    /* own peer-visible region */
     char *peer[BM_TP_MAX_RANKS];   /* every rank's region, mapped here */
     uint16_t *peer_ag[BM_TP_MAX_RANKS]; /* in-process group: every rank's ag */
-    size_t flags_off, errf_off, arr_off, sig_off, ll_off, data_off, slot_bytes, region_bytes;
+    size_t flags_off, errf_off, arr_off, sig_off, fail_off, ll_off, data_off, slot_bytes, region_bytes;
     int64_t ll_rows;
 
     unsigned long long *epoch;     /* device: [BM_TP_STATE_WORDS]: the epoch copies, claim, done */
@@ -160,11 +162,12 @@ struct bm_tp_params {
     size_t flags_off, errf_off, arr_off, ll_off, data_off, slot_bytes;
     int64_t ll_rows;
     int ll; /* ONESHOT through LL words */
+    int early; /* trigger the next kernel's launch at the start (no peer on this device) */
     unsigned long long *epoch;
     bm_tp_err *err;
     unsigned long long timeout_ns;
     uint32_t sig; /* bm_tp_signature of this call */
-    size_t sig_off;
+    size_t sig_off, fail_off;
     uint16_t *ag;                        /* all-gather kernel: own rows */
     uint16_t *peer_ag[BM_TP_MAX_RANKS];  /* all-gather kernel: every rank's ag */
 };
@@ -186,6 +189,8 @@ cudaError_t bm_tp_launch_reject(const bm_tp_ws *w, cudaStream_t stream);
 cudaError_t bm_tp_launch_allgather(const bm_tp_ws *w, int64_t T, uint32_t sig, cudaStream_t stream);
 /* Every rank's occupancy cap of every fused shape, divided by share. */
 void bm_tp_caps(int share, int32_t *caps); /* [BM_TP_NSHAPES + 1] */
+/* Load every kernel a gather call can launch (lazy module loading). */
+cudaError_t bm_tp_preload(void);
 
 /* gather_unfused.cu: finalize, all-gather (NCCL or the kernel above),
  * norm_residual_norm. local_status != BEAM_OK: this rank only tells its

@@ -103,6 +103,20 @@ __device__ __forceinline__ void bm_tp_record(const bm_tp_params &p, int code, in
     __threadfence_system();
 }
 
+/* A failure this rank found in epoch E (a timeout, a peer's rejection or
+ * other arguments): recorded here, and published at every peer as
+ * fail[r] = E, so that a peer waiting for this rank's rows or flags in E
+ * stops at once instead of at its timeout, and a peer that already has this
+ * rank's flag sees that the rows behind it are incomplete. */
+__device__ __forceinline__ void bm_tp_fail(const bm_tp_params &p, int code, int peer, unsigned long long E)
+{
+    bm_tp_record(p, code, peer, E);
+    for (int s = 0; s < p.nranks; ++s)
+        if (s != p.rank)
+            *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.fail_off, p.rank) = E;
+    __threadfence_system();
+}
+
 /* The signature word of epoch E: its low 32 bits beside the signature. */
 __device__ __forceinline__ unsigned long long bm_tp_sig_word(unsigned long long E, uint32_t sig)
 {
@@ -129,6 +143,8 @@ __device__ __forceinline__ int bm_tp_wait_check(const bm_tp_params &p, int s, un
 {
     if (bm_tp_ld_relaxed(bm_tp_word(p.peer[p.rank], p.errf_off, s)) >= E)
         return BM_TP_PEER_REJECTED;
+    if (bm_tp_ld_relaxed(bm_tp_word(p.peer[p.rank], p.fail_off, s)) >= E)
+        return BM_TP_PEER_FAILED;
     if (bm_tp_sig_seen(p, s, E, 0) < 0)
         return BM_TP_MISMATCH;
     const unsigned long long now = bm_tp_now();
@@ -164,6 +180,9 @@ __device__ __forceinline__ int bm_tp_wait_ge(const bm_tp_params &p, const unsign
     bm_tp_fence_acquire();
     if (bm_tp_ld_acquire(ef) >= E)
         return BM_TP_PEER_REJECTED;
+    /* a block of s that failed still releases its flag, after fail[s] */
+    if (bm_tp_ld_acquire(bm_tp_word(p.peer[p.rank], p.fail_off, s)) >= E)
+        return BM_TP_PEER_FAILED;
     /* s released this flag after it stored its signature of epoch E */
     return bm_tp_sig_seen(p, s, E, 1) == 1 ? 0 : BM_TP_MISMATCH;
 }
@@ -363,20 +382,23 @@ __device__ __forceinline__ int bm_tp_wait_arrivals(const bm_tp_params &p, unsign
          * that follow depend on it through the barrier */
         tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), want, s, E, 0, 0);
         if (tb)
-            bm_tp_record(p, tb, s, E);
+            bm_tp_fail(p, tb, s, E);
     }
     return __syncthreads_or(bad | tb);
 }
 
 /* Block fb's rows are pushed: release its flag of epoch E at every peer
  * (after the barrier, thread 0), then wait for block fb of every peer
- * (exactly E: a peer out of step never matches, it times out).
- * Block-uniform. */
-__device__ __forceinline__ int bm_tp_signal_wait(const bm_tp_params &p, unsigned long long E, int fb, int bad)
+ * (exactly E: a peer out of step never matches, it times out). A block
+ * that failed still releases its flag (after its failure was published,
+ * bm_tp_fail), so that no peer waits for it; a block of a grid that lost
+ * the claim (conc) writes nothing. Block-uniform. */
+__device__ __forceinline__ int bm_tp_signal_wait(const bm_tp_params &p, unsigned long long E, int fb, int bad,
+                                                 int conc)
 {
     const int par = (int)(E & 1ull);
     __syncthreads();
-    if (threadIdx.x == 0 && p.nranks > 1 && !bad) {
+    if (threadIdx.x == 0 && p.nranks > 1 && !conc) {
         /* st.release.sys is cumulative: the block's pushes, ordered before
          * it by the barrier, are visible to a peer that acquires the flag */
         for (int s = 0; s < p.nranks; ++s)
@@ -388,7 +410,7 @@ __device__ __forceinline__ int bm_tp_signal_wait(const bm_tp_params &p, unsigned
         const int s = (int)threadIdx.x;
         tb = bm_tp_wait_ge(p, bm_tp_flag(p.peer[p.rank], p.flags_off, par, s, fb), E, s, E, 1, 1);
         if (tb)
-            bm_tp_record(p, tb, s, E);
+            bm_tp_fail(p, tb, s, E);
     }
     return __syncthreads_or(bad | tb);
 }

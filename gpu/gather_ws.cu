@@ -106,7 +106,8 @@ const char *bm_tp_alloc(bm_tp_ws *w, const bm_ws *ws, int R)
     w->errf_off = bm_tp_round((size_t)2 * BM_TP_MAX_RANKS * BM_TP_MAX_BLOCKS * 8u);
     w->arr_off = bm_tp_round(w->errf_off + BM_TP_MAX_RANKS * 8u);
     w->sig_off = bm_tp_round(w->arr_off + BM_TP_MAX_RANKS * 8u);
-    w->ll_off = bm_tp_round(w->sig_off + 2u * BM_TP_MAX_RANKS * 8u);
+    w->fail_off = bm_tp_round(w->sig_off + 2u * BM_TP_MAX_RANKS * 8u);
+    w->ll_off = bm_tp_round(w->fail_off + BM_TP_MAX_RANKS * 8u);
     w->ll_rows = (int64_t)R * BM_TP_LL_MAX_L;
     if (w->ll_rows > ws->max_tokens) w->ll_rows = ws->max_tokens;
     if (R < 2) w->ll_rows = 0;
@@ -118,6 +119,7 @@ const char *bm_tp_alloc(bm_tp_ws *w, const bm_ws *ws, int R)
     w->ag_rows = (size_t)R * (size_t)((ws->max_tokens + R - 1) / R);
 
     const char *what = nullptr;
+    if (bm_tp_preload() != cudaSuccess) { cudaGetLastError(); return "loading the kernels"; }
     if (cudaMalloc(&w->base, w->region_bytes) != cudaSuccess) { what = "the peer-visible buffers"; w->base = nullptr; }
     else if (cudaMalloc(&w->ag, (w->ag_rows ? w->ag_rows : 1) * row_bytes) != cudaSuccess) { what = "the all-gather buffer"; w->ag = nullptr; }
     else if (cudaMalloc(&w->rec, 2u * BM_TP_MAX_RANKS * sizeof(uint32_t)) != cudaSuccess) { what = "the all-gather records"; w->rec = nullptr; }
@@ -128,11 +130,21 @@ const char *bm_tp_alloc(bm_tp_ws *w, const bm_ws *ws, int R)
     if (what)
         return what;
     memset((void *)w->err_h, 0, sizeof(bm_tp_err));
-    if (cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
-        cudaMemset(w->epoch, 0, BM_TP_STATE_WORDS * sizeof(unsigned long long)) != cudaSuccess ||
-        cudaDeviceSynchronize() != cudaSuccess)
-        return "zeroing the flags";
-    return nullptr;
+    /* BEAM_GATHER_EPOCH: the epoch before the first call (0 unless set; a
+     * test knob, the same on every rank, so that the LL tag's 32-bit wrap
+     * and the clearing epochs are reached in a few calls) */
+    const char *env = getenv("BEAM_GATHER_EPOCH");
+    const unsigned long long first = env ? strtoull(env, nullptr, 0) : 0ull;
+    unsigned long long *e0 = (unsigned long long *)calloc(BM_TP_STATE_WORDS, sizeof *e0);
+    if (!e0)
+        return "host memory for the epoch counters";
+    for (int i = 0; i < BM_TP_MAX_BLOCKS; ++i)
+        e0[i] = first;
+    const int bad = cudaMemset(w->base, 0, w->data_off) != cudaSuccess ||
+                    cudaMemcpy(w->epoch, e0, BM_TP_STATE_WORDS * sizeof *e0, cudaMemcpyHostToDevice) != cudaSuccess ||
+                    cudaDeviceSynchronize() != cudaSuccess;
+    free(e0);
+    return bad ? "zeroing the flags" : nullptr;
 }
 
 /* A barrier: a one-int all-reduce (min), waited for on the side stream.
@@ -369,6 +381,12 @@ beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w)
                        "one workspace must be ordered on one stream, or by events); the later one computed "
                        "nothing; the workspace is unusable, destroy it",
                        fn, w->rank);
+    if (code == BM_TP_PEER_FAILED)
+        return bm_fail(BEAM_ERR_COMM,
+                       "%s: in an earlier call on this workspace rank %d gave that call up (it timed out, or found "
+                       "a peer that failed, rejected its arguments or passed other ones), so this rank's outputs "
+                       "of that call are undefined; the workspace is unusable, destroy it",
+                       fn, (int)w->err_h->peer);
     if (code == BM_TP_MISMATCH)
         return bm_fail(BEAM_ERR_COMM,
                        "%s: in an earlier call on this workspace rank %d passed arguments that differ from rank "

@@ -277,3 +277,34 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
 #undef BM_GO
     return cudaErrorInvalidConfiguration;
 }
+
+/* Load every row kernel now. Under CUDA's lazy module loading (the default
+ * since CUDA 12) the first launch of a kernel loads it, and loading can wait
+ * until the device is idle; a gather rank whose peer on the same device is
+ * spinning in a gather kernel, waiting for this rank's next kernel, would
+ * then wait for the peer's timeout. Gather workspaces call this at creation
+ * (cudaFuncGetAttributes loads a function). */
+cudaError_t bm_preload_rows(void)
+{
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaSuccess, r;
+#define BM_PRE_ROW(NT, J, U, CS)                                                      \
+    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, true, true>)) != cudaSuccess)   \
+        e = r;                                                                        \
+    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, false, true>)) != cudaSuccess)  \
+        e = r;                                                                        \
+    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, true, false>)) != cudaSuccess)  \
+        e = r;                                                                        \
+    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, false, false>)) != cudaSuccess) \
+        e = r;
+#define BM_PRE_PIPE(NT, J, D, MB)                                                     \
+    if ((r = cudaFuncGetAttributes(&fa, bm_pipe_kernel<NT, J, D, MB, true>)) != cudaSuccess)  \
+        e = r;                                                                        \
+    if ((r = cudaFuncGetAttributes(&fa, bm_pipe_kernel<NT, J, D, MB, false>)) != cudaSuccess) \
+        e = r;
+    BM_SHAPES(BM_PRE_ROW)
+    BM_PIPES(BM_PRE_PIPE)
+#undef BM_PRE_ROW
+#undef BM_PRE_PIPE
+    return e;
+}

@@ -55,6 +55,10 @@ int bm_shape_list(bm_shape *out, int max);
 /* 1 when every BF16 base of p is 16-byte aligned (the vector path). */
 int bm_params_vec_ok(const bm_row_params &p);
 
+/* Load every row kernel (lazy module loading would otherwise load one at
+ * its first launch, which can wait for the device to be idle). */
+cudaError_t bm_preload_rows(void);
+
 /* Launch on stream; returns cudaGetLastError() of the launch. rows == 0
  * launches nothing. */
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,

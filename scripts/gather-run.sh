@@ -7,14 +7,16 @@
 #
 # Runs, logging into $OUT (default .devbuild/out):
 #   topo.txt         nvidia-smi topo -m (how the GPUs are linked)
-#   gather-test.log  tests/test_gather_nccl, each part (sweep, stress, bad,
-#                    timeout) in processes of its own, so that one failure
-#                    hides no other; the program runs one process per GPU
+#   gather-test.log  tests/test_gather_nccl, each part (sweep, large, stress,
+#                    bad, mismatch, concurrent, wrap, timeout, hosts) in
+#                    processes of its own, so that one failure hides no
+#                    other; the program runs one process per GPU
 #   gather-bench.log bench/gather_bench: every strategy side by side
 # Exit status: 0 when every part and the benchmark passed.
 #
-# Environment: OUT, GATHER_PARTS (the parts to run, default "sweep stress bad
-# timeout"), GATHER_DEADLINE (seconds each part may take, default 120),
+# Environment: OUT, GATHER_PARTS (the parts to run, default all of them),
+# GATHER_RANKS (ranks, default 2; at most the GPUs), GATHER_DEADLINE
+# (seconds each part may take, default 180),
 # GATHER_NO_BENCH (set: leave the benchmark out).
 # NVLink multicast stays off: NCCL_NVLS_ENABLE=0 (the programs set it too).
 B=${B:-.devbuild}
@@ -46,9 +48,9 @@ fi
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1 || true
 st=0
 : > "$OUT/gather-test.log"
-for part in ${GATHER_PARTS:-sweep stress bad timeout}; do
+for part in ${GATHER_PARTS:-sweep large stress bad mismatch concurrent wrap timeout hosts}; do
     pst=0
-    BEAM_TEST_ONLY=$part BEAM_TEST_DEADLINE=${GATHER_DEADLINE:-120} \
+    BEAM_TEST_RANKS=${GATHER_RANKS:-2} BEAM_TEST_ONLY=$part BEAM_TEST_DEADLINE=${GATHER_DEADLINE:-180} \
         "$B/bin/test_gather_nccl" >> "$OUT/gather-test.log" 2>&1 || pst=$?
     echo "test_gather_nccl $part: exit $pst"
     test $pst -eq 0 || st=1

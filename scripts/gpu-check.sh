@@ -10,7 +10,8 @@
 #      lack CUnit), libcudart and libgomp (not NCCL: 200 MiB, and a GPU host
 #      that runs the gather has it); bin/ with the real
 #      executables of tests/test_cuda, bench/cuda_bench, bench/shape_sweep,
-#      tests/test_gather_nccl and bench/gather_bench (libtool's .libs/
+#      tests/test_gather_group, tests/test_gather_nccl and bench/gather_bench
+#      (libtool's .libs/
 #      binaries, not its wrapper scripts); the GPU host needs no libtool,
 #      CUnit or build. Every program is built by the makefiles; this script
 #      compiles nothing itself.
@@ -35,7 +36,7 @@ if ! grep -q '^libbeammoe_cuda_la' Makefile; then
     exit 1
 fi
 make -j"$jobs"
-progs="tests/test_cuda bench/cuda_bench bench/shape_sweep tests/test_gather_nccl bench/gather_bench"
+progs="tests/test_cuda bench/cuda_bench bench/shape_sweep tests/test_gather_group tests/test_gather_nccl bench/gather_bench"
 make -j"$jobs" $progs
 
 rm -rf .devbuild/lib .devbuild/bin

@@ -10,6 +10,11 @@
 #   memcheck.log    the same test (BEAM_TEST_QUICK=1) under compute-sanitizer
 #                   --tool memcheck
 #   racecheck.log   ... under --tool racecheck (shared-memory hazards)
+#   group.log       tests/test_gather_group: the tensor-parallel gather at
+#                   R = 2, 3, 4, 5, 8 ranks on this one GPU (every part)
+#   group-memcheck.log, group-racecheck.log
+#                   the same at R = 2 and R = 5 (fewer stress calls, no large
+#                   part) under compute-sanitizer memcheck / racecheck
 #   bench.txt       bench/cuda_bench: copy bandwidth, each op per shape
 #   python.log      the Python suite (python/tests) on the GPU: CUDA tensors,
 #                   torch.ops.beammoe under torch.compile and CUDA graphs
@@ -22,7 +27,7 @@
 #
 # Environment: OUT, STEP_TIMEOUT (seconds per step, default 240), SKIP (a
 # space-separated list of steps to leave out: test shapes memcheck racecheck
-# bench python compare overhead).
+# group group-memcheck group-racecheck bench python compare overhead).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -59,6 +64,19 @@ step memcheck memcheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool memcheck --error-
     --leak-check full "$B/bin/test_cuda"
 step racecheck racecheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 1 \
     "$B/bin/test_cuda"
+step group group.log "$B/bin/test_gather_group"
+# under the sanitizers: two world sizes, fewer calls (each kernel runs many
+# times slower there); every part but the large one
+sanitize_group() { # tool
+    for r in 2 5; do
+        for part in sweep stress bad mismatch concurrent wrap timeout; do
+            BEAM_TEST_RANKS=$r BEAM_TEST_ONLY=$part BEAM_TEST_STRESS=200 "$SAN" --tool "$1" \
+                --error-exitcode 1 "$B/bin/test_gather_group" || return 1
+        done
+    done
+}
+step group-memcheck group-memcheck.log sanitize_group memcheck
+step group-racecheck group-racecheck.log sanitize_group racecheck
 step bench bench.txt "$B/bin/cuda_bench"
 if python3 -c 'import torch' >/dev/null 2>&1; then
     BEAMMOE_LIBRARY=$B/lib/libbeammoe.so
@@ -72,7 +90,9 @@ else
 fi
 tail -4 "$OUT/test_cuda.log" 2>/dev/null
 tail -2 "$OUT/shapes.log" 2>/dev/null
-grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" 2>/dev/null
+tail -2 "$OUT/group.log" 2>/dev/null
+grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/group-memcheck.log" \
+    "$OUT/group-racecheck.log" 2>/dev/null | sort | uniq -c
 cat "$OUT/bench.txt" 2>/dev/null
 tail -3 "$OUT/python.log" 2>/dev/null
 cat "$OUT/compare.txt" "$OUT/overhead.txt" 2>/dev/null

@@ -1,23 +1,35 @@
-# tests/gather.mk - the NCCL tensor-parallel gather: its test and its
-# benchmark (both need libbeammoe_cuda, NCCL and two or more GPUs). Included
-# by the top Makefile.am inside `if BEAM_WITH_CUDA`, after tests/cuda.mk;
-# paths relative to the top directory.
+# tests/gather.mk - the tensor-parallel gather: its tests and its benchmark.
+# Included by the top Makefile.am inside `if BEAM_WITH_CUDA`, after
+# tests/cuda.mk; paths relative to the top directory.
 #
-#   make check                    runs tests/test_gather_nccl: one process per
-#                                 GPU; exits 77 (skipped) with fewer than 2
+#   make check                    runs tests/test_gather_group (every world
+#                                 size as threads on one GPU; exits 77 with
+#                                 no GPU) and tests/test_gather_nccl (one
+#                                 process per GPU over NCCL; exits 77 with
+#                                 fewer than 2)
 #   make bench-gather             bench/gather_bench: TP=2, H=7168, K=8, every
 #                                 strategy side by side (docs/PERF.md)
-# Both set NCCL_NVLS_ENABLE=0 themselves (NVLink multicast is never used).
+# Both tests share their parts (tests/gather_parts.c) and set
+# NCCL_NVLS_ENABLE=0 where NCCL runs (NVLink multicast is never used).
 # On a GPU host without the build (no libtool there): scripts/gpu-check.sh
-# bundles both programs, scripts/gather-run.sh runs them.
+# bundles the programs, scripts/gpu-run.sh and scripts/gather-run.sh run them.
 
-check_PROGRAMS += tests/test_gather_nccl
-TESTS += tests/test_gather_nccl
+BEAM_GATHER_TEST_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS) -I$(top_srcdir)/tests
+BEAM_GATHER_TEST_LIBS = harness/libharness.la libbeammoe_cuda.la $(CUDA_LIBS) -lm
+
+check_PROGRAMS += tests/test_gather_nccl tests/test_gather_group
+TESTS += tests/test_gather_group tests/test_gather_nccl
 # The naive reference comes from the harness (harness/local.mk).
-tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c
-tests_test_gather_nccl_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
+tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/gather_parts.c tests/gather_parts.h
+tests_test_gather_nccl_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
 tests_test_gather_nccl_LDFLAGS = $(CUDA_LDFLAGS)
-tests_test_gather_nccl_LDADD = harness/libharness.la libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS) -lm
+tests_test_gather_nccl_LDADD = $(BEAM_GATHER_TEST_LIBS) $(NCCL_LIBS)
+
+tests_test_gather_group_SOURCES = tests/test_gather_group.c tests/gather_parts.c tests/gather_parts.h
+tests_test_gather_group_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
+tests_test_gather_group_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_gather_group_LDFLAGS = $(CUDA_LDFLAGS) $(PTHREAD_CFLAGS)
+tests_test_gather_group_LDADD = $(BEAM_GATHER_TEST_LIBS)
 
 noinst_PROGRAMS += bench/gather_bench
 bench_gather_bench_SOURCES = bench/gather_bench.c

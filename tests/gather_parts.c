@@ -1,0 +1,870 @@
+/*
+ * gather_parts.c - the parts of the tensor-parallel gather's test, shared
+ * by its two transports: tests/test_gather_nccl.c (one process per GPU
+ * over NCCL) and tests/test_gather_group.c (ranks as threads of one
+ * process, any number of them on one GPU). Every part runs on every rank,
+ * against harness/naive_ref.c (the model of docs/numerics.md that the CPU
+ * backend's tests also check against, bit for bit).
+ *
+ * The reference does not depend on T: rank r's owned rows are the
+ * contiguous slice [r*L, r*L + L) of one global expert array, so the result
+ * of a call with T tokens is the first T rows of the fused op over all rows.
+ * One reference per problem and weight set therefore checks every T,
+ * strategy and replay.
+ *
+ * Parts: unfused (UNFUSED alone from a workspace's first call), sweep
+ * (every strategy x T x problem, outputs past T untouched,
+ * NaN rows past T), large (T up to 16384), stress (calls with random T and
+ * strategy, eager and as CUDA graph replays, cycling 3 weight sets so that
+ * consecutive calls differ, outputs reset to a NaN sentinel the library
+ * never writes before every checked call), bad input (mismatched hidden,
+ * T > max_tokens, wrong device, one rank rejecting a call with T = 0 then a
+ * normal call, one rank rejecting its arguments under every strategy),
+ * mismatch (one rank passing other arguments, every strategy: every rank
+ * fails, without waiting for the timeout), concurrent (two calls of one
+ * rank on two unordered streams: refused on the device), wrap (epochs
+ * across the LL tag's 32-bit wrap and the clearing epochs), timeout (a peer
+ * that never comes).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gather_parts.h"
+#include "naive_ref.h"
+
+__thread int g_rank, g_R, g_dev;
+__thread cudaStream_t g_stream;
+int g_ndev, g_threads;
+gp_make_fn g_make;
+
+/* ---- deterministic data (same on every rank) ----------------------------- */
+
+static __thread uint64_t rng_s;
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static uint16_t rbf16(int special)
+{
+    static const uint16_t sp[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0000, 0x8000,
+                                  0x0001, 0x8001, 0x007F, 0x7F7F, 0xFF7F, 0x0080};
+    if (special && rnd() % 64 == 0) return sp[rnd() % (sizeof sp / sizeof sp[0])];
+    {
+        uint32_t sign = (uint32_t)(rnd() & 1), ex = 121 + (uint32_t)(rnd() % 10), man = (uint32_t)(rnd() & 0x7F);
+        return (uint16_t)((sign << 15) | (ex << 7) | man);
+    }
+}
+
+static float rweight(int special)
+{
+    if (special && rnd() % 128 == 0) {
+        static const float sp[] = {0.0f, -0.0f, 1e-40f, 3.0e38f};
+        return sp[rnd() % 4];
+    }
+    return (float)((double)(rnd() % 2000001) / 1000000.0 - 1.0);
+}
+
+/* ---- one problem ---------------------------------------------------------- */
+
+typedef struct problem {
+    const char *name;
+    int H, K;
+    int post, next;   /* 0 none, 1 norm without weight, 2 with weight */
+    int scales, special, inplace, unaligned;
+    float rs;
+} problem;
+
+/* Weight sets of a problem: calls of the stress part cycle through them,
+ * so that a stale row (from an earlier call) differs from the right one. */
+enum { NV = 3 };
+
+typedef struct data {
+    problem pb;
+    int64_t maxt, rows; /* rows = maxt + R (NaN padding rows past maxt) */
+    int nv;             /* weight sets made (1 or NV) */
+    uint16_t *x, *res, *pw, *nw, *ref_h, *ref_n; /* ref_*: of the set in use */
+    float *w;
+    float *wv[NV], *dwv[NV];
+    uint16_t *rh[NV], *rn[NV];
+    float sc[2];
+    beam_norm post, next;
+    /* device */
+    uint16_t *dx0, *dres0, *dpw, *dnw, *dh0, *dn0, *dx, *dres, *dh, *dn;
+    float *dw;
+} data;
+
+/* Output sentinel: a NaN pattern the library never writes (its NaN is
+ * 0x7FFF), so that a skipped store cannot pass for a result. */
+static const uint16_t SENT = 0xFFFF;
+
+/* Use weight set v (< d->nv) in the next calls and checks. */
+static void use_set(data *d, int v)
+{
+    d->w = d->wv[v];
+    d->dw = d->dwv[v];
+    d->ref_h = d->rh[v];
+    d->ref_n = d->rn[v];
+}
+
+/* The host side of a problem: inputs and references (the same on every
+ * rank: the generator is seeded alike). */
+static void make_host(data *d, const problem *pb, int64_t maxt, uint64_t seed, int nv)
+{
+    int64_t i;
+    int v;
+    const int H = pb->H, K = pb->K;
+    nr_norm npost, nnext;
+    rng_s = seed;
+    d->x = malloc((size_t)d->rows * K * H * 2);
+    d->res = malloc((size_t)maxt * H * 2);
+    d->pw = malloc((size_t)H * 2);
+    d->nw = malloc((size_t)H * 2);
+    if (!d->x || !d->res || !d->pw || !d->nw) FAIL("out of host memory");
+    for (v = 0; v < nv; ++v) {
+        d->wv[v] = malloc((size_t)d->rows * K * 4);
+        d->rh[v] = malloc((size_t)maxt * H * 2);
+        d->rn[v] = malloc((size_t)maxt * H * 2);
+        if (!d->wv[v] || !d->rh[v] || !d->rn[v]) FAIL("out of host memory");
+    }
+    d->w = d->wv[0];
+    for (i = 0; i < maxt * K * H; ++i) d->x[i] = rbf16(pb->special);
+    for (i = 0; i < maxt * K; ++i) d->w[i] = rweight(pb->special);
+    for (i = maxt * K * H; i < d->rows * K * H; ++i) d->x[i] = 0xFFFF; /* NaN padding rows */
+    for (i = maxt * K; i < d->rows * K; ++i) d->w[i] = __builtin_nanf("");
+    for (i = 0; i < maxt * H; ++i) d->res[i] = rbf16(pb->special);
+    for (i = 0; i < H; ++i) {
+        d->pw[i] = rbf16(0);
+        d->nw[i] = rbf16(0);
+    }
+    d->sc[0] = 0.75f;
+    d->sc[1] = 1.5f;
+    d->post.weight = pb->post == 2 ? d->pw : NULL;
+    d->post.eps = 1e-6f;
+    d->next.weight = pb->next == 2 ? d->nw : NULL;
+    d->next.eps = 1e-5f;
+    npost.on = pb->post != 0;
+    npost.weight = d->post.weight;
+    npost.eps = d->post.eps;
+    nnext.on = pb->next != 0;
+    nnext.weight = d->next.weight;
+    nnext.eps = d->next.eps;
+    /* sets 1.. drawn after everything else: set 0 is what it always was */
+    for (v = 1; v < nv; ++v) {
+        for (i = 0; i < maxt * K; ++i) d->wv[v][i] = rweight(pb->special);
+        for (i = maxt * K; i < d->rows * K; ++i) d->wv[v][i] = __builtin_nanf("");
+    }
+    for (v = 0; v < nv; ++v) {
+        memset(d->rn[v], 0, (size_t)maxt * H * 2);
+        nr_finalize_norm_residual_norm(d->x, d->wv[v], maxt, K, H, pb->rs, &npost, d->res,
+                                       pb->scales ? d->sc : NULL, &nnext, d->rh[v], d->rn[v]);
+    }
+}
+
+/* Ranks that are threads share the host side of the problem they all make
+ * (computed once, by the first of them; parts end with a barrier after
+ * free_data, so one problem at a time is alive). */
+static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    const char *name;
+    int64_t maxt;
+    uint64_t seed;
+    int nv, R, users;
+    data host;
+} g_cache;
+
+static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, int nv)
+{
+    int v;
+    const int H = pb->H, K = pb->K, off = pb->unaligned ? 1 : 0;
+    memset(d, 0, sizeof *d);
+    d->pb = *pb;
+    d->maxt = maxt;
+    d->rows = maxt + g_R;
+    d->nv = nv;
+    if (!g_threads) {
+        make_host(d, pb, maxt, seed, nv);
+    } else {
+        pthread_mutex_lock(&g_cache_mu);
+        if (g_cache.users > 0 && (g_cache.name != pb->name || g_cache.maxt != maxt || g_cache.seed != seed ||
+                                  g_cache.nv != nv || g_cache.R != g_R))
+            FAIL("test: two problems alive at once (%s, %s)", g_cache.name, pb->name);
+        if (g_cache.users == 0) {
+            make_host(d, pb, maxt, seed, nv);
+            g_cache.name = pb->name;
+            g_cache.maxt = maxt;
+            g_cache.seed = seed;
+            g_cache.nv = nv;
+            g_cache.R = g_R;
+            g_cache.host = *d;
+        } else {
+            *d = g_cache.host;
+        }
+        ++g_cache.users;
+        pthread_mutex_unlock(&g_cache_mu);
+    }
+
+    /* device copies; the unaligned problem offsets every row base by one
+     * element (2-byte aligned only) */
+    CK(cudaMalloc((void **)&d->dx0, ((size_t)d->rows * K * H + 8) * 2));
+    for (v = 0; v < nv; ++v) CK(cudaMalloc((void **)&d->dwv[v], (size_t)d->rows * K * 4));
+    CK(cudaMalloc((void **)&d->dres0, ((size_t)maxt * H + 8) * 2));
+    CK(cudaMalloc((void **)&d->dh0, ((size_t)maxt * H + 8) * 2));
+    CK(cudaMalloc((void **)&d->dn0, ((size_t)maxt * H + 8) * 2));
+    CK(cudaMalloc((void **)&d->dpw, (size_t)H * 2));
+    CK(cudaMalloc((void **)&d->dnw, (size_t)H * 2));
+    d->dx = d->dx0 + off;
+    d->dres = d->dres0 + off;
+    d->dh = d->dh0 + off;
+    d->dn = d->dn0 + off;
+    CK(cudaMemcpy(d->dx, d->x, (size_t)d->rows * K * H * 2, cudaMemcpyHostToDevice));
+    for (v = 0; v < nv; ++v)
+        CK(cudaMemcpy(d->dwv[v], d->wv[v], (size_t)d->rows * K * 4, cudaMemcpyHostToDevice));
+    use_set(d, 0);
+    CK(cudaMemcpy(d->dres, d->res, (size_t)maxt * H * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->dpw, d->pw, (size_t)H * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->dnw, d->nw, (size_t)H * 2, cudaMemcpyHostToDevice));
+    d->post.weight = pb->post == 2 ? d->dpw : NULL;
+    d->next.weight = pb->next == 2 ? d->dnw : NULL;
+    /* the copies ran on the legacy stream, which the ranks' own
+     * (non-blocking) streams do not wait for */
+    CK(cudaStreamSynchronize(0));
+}
+
+static void free_data(data *d)
+{
+    int v;
+    cudaFree(d->dx0);
+    cudaFree(d->dres0);
+    cudaFree(d->dh0);
+    cudaFree(d->dn0);
+    cudaFree(d->dpw);
+    cudaFree(d->dnw);
+    for (v = 0; v < d->nv; ++v) cudaFree(d->dwv[v]);
+    if (g_threads) {
+        int last;
+        pthread_mutex_lock(&g_cache_mu);
+        last = --g_cache.users == 0;
+        pthread_mutex_unlock(&g_cache_mu);
+        if (!last) return;
+    }
+    free(d->x);
+    free(d->res);
+    free(d->pw);
+    free(d->nw);
+    for (v = 0; v < d->nv; ++v) {
+        free(d->wv[v]);
+        free(d->rh[v]);
+        free(d->rn[v]);
+    }
+}
+
+/* One call of this rank with T tokens (hidden_arg: the hidden passed). */
+static __thread double g_call_ms; /* when the last call was made (for messages) */
+static double now_ms(void);
+
+static beam_status call(beam_workspace *ws, data *d, int64_t T, int32_t hidden_arg, beam_strategy st,
+                        cudaStream_t stream)
+{
+    g_call_ms = now_ms();
+    const int H = d->pb.H, K = d->pb.K;
+    const int64_t L = (T + g_R - 1) / g_R;
+    const int64_t lo = (int64_t)g_rank * L;
+    uint16_t *hid = d->pb.inplace ? d->dres : d->dh;
+    return beam_moe_finalize_gather_norm_residual_norm(
+        ws, d->dx + (size_t)lo * K * H, d->dw + (size_t)lo * K, L, T, K, hidden_arg, d->pb.rs,
+        d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->sc : NULL, d->pb.next ? &d->next : NULL, hid,
+        d->pb.next ? d->dn : NULL, st, stream);
+}
+
+/* Reset the outputs to the sentinel (and the in-place residual). */
+static void reset_outputs(data *d, cudaStream_t s)
+{
+    const size_t n = (size_t)d->maxt * d->pb.H * 2;
+    CK(cudaMemsetAsync(d->dh, 0xFF, n, s));
+    CK(cudaMemsetAsync(d->dn, 0xFF, n, s));
+    if (d->pb.inplace) CK(cudaMemcpyAsync(d->dres, d->res, n, cudaMemcpyHostToDevice, s));
+}
+
+__thread uint16_t *g_hbuf, *g_nbuf;
+
+/* Rows < T equal the reference; rows >= T untouched (sentinel, or the
+ * residual for the in-place problem). what: for the message. */
+static void verify(data *d, int64_t T, int64_t untouched_from, const char *what)
+{
+    const int H = d->pb.H;
+    const size_t n = (size_t)d->maxt * H;
+    int64_t i;
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaMemcpy(g_hbuf, d->pb.inplace ? d->dres : d->dh, n * 2, cudaMemcpyDeviceToHost));
+    if (d->pb.next) CK(cudaMemcpy(g_nbuf, d->dn, n * 2, cudaMemcpyDeviceToHost));
+    for (i = 0; i < T * H; ++i) {
+        if (g_hbuf[i] != d->ref_h[i])
+            FAIL("%s [%s] T=%lld: hidden[%lld][%lld] = 0x%04x, reference 0x%04x (%.0f ms after the call)", what,
+                 d->pb.name, (long long)T, (long long)(i / H), (long long)(i % H), g_hbuf[i], d->ref_h[i],
+                 now_ms() - g_call_ms);
+        if (d->pb.next && g_nbuf[i] != d->ref_n[i])
+            FAIL("%s [%s] T=%lld: normalized[%lld][%lld] = 0x%04x, reference 0x%04x", what, d->pb.name,
+                 (long long)T, (long long)(i / H), (long long)(i % H), g_nbuf[i], d->ref_n[i]);
+    }
+    if (untouched_from < 0) return;
+    for (i = untouched_from * H; i < (int64_t)n; ++i) {
+        const uint16_t want_h = d->pb.inplace ? d->res[i] : SENT;
+        if (g_hbuf[i] != want_h)
+            FAIL("%s [%s] T=%lld: hidden[%lld] past T was written (0x%04x)", what, d->pb.name, (long long)T,
+                 (long long)(i / H), g_hbuf[i]);
+        if (d->pb.next && g_nbuf[i] != SENT)
+            FAIL("%s [%s] T=%lld: normalized[%lld] past T was written", what, d->pb.name, (long long)T,
+                 (long long)(i / H));
+    }
+}
+
+static beam_workspace *make_ws(data *d, int64_t one, int64_t two, int32_t timeout_ms)
+{
+    beam_workspace *ws = NULL;
+    beam_workspace_config c = beam_workspace_config_default();
+    int32_t r = -1, n = -1;
+    if (one >= 0) c.oneshot_max_tokens = one;
+    if (two >= 0) c.twoshot_max_tokens = two;
+    if (timeout_ms > 0) c.timeout_ms = timeout_ms;
+    BK(g_make(d->maxt, d->pb.H, &c, &ws));
+    BK(beam_workspace_info(ws, &r, &n));
+    if (r != g_rank || n != g_R) FAIL("beam_workspace_info: rank %d of %d, expected %d of %d", r, n, g_rank, g_R);
+    return ws;
+}
+
+static const beam_strategy STRATS[4] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
+                                        BEAM_STRATEGY_UNFUSED};
+static const char *const SNAMES[4] = {"AUTO", "ONESHOT", "TWOSHOT", "UNFUSED"};
+
+/* ---- parts ----------------------------------------------------------------- */
+
+static void part_sweep(uint64_t seed)
+{
+    static const problem pbs[] = {
+        {"H7168 K8 post+w next+w scales rs2.5", 7168, 8, 2, 2, 1, 0, 0, 0, 2.5f},
+        {"H256 K1 plain", 256, 1, 0, 0, 0, 0, 0, 0, 1.0f},
+        {"H2304 K3 post next+w scales special", 2304, 3, 1, 2, 1, 1, 0, 0, 1.0f},
+        {"H8192 K32 next special", 8192, 32, 0, 1, 0, 1, 0, 0, 0.5f},
+        {"H1024 K6 in-place all", 1024, 6, 2, 2, 1, 0, 1, 0, 1.25f},
+        {"H512 K8 unaligned all special", 512, 8, 2, 2, 1, 1, 0, 1, 1.0f},
+        {"H4096 K2 next only", 4096, 2, 0, 2, 0, 0, 0, 0, 1.0f},
+    };
+    const int64_t maxt = 333;
+    int64_t Ts[16];
+    int nT = 0, p, t, s, calls = 0;
+    Ts[nT++] = 0; Ts[nT++] = 1; Ts[nT++] = g_R - 1; Ts[nT++] = g_R; Ts[nT++] = g_R + 1;
+    Ts[nT++] = 2 * g_R + 1; Ts[nT++] = 63; Ts[nT++] = 64; Ts[nT++] = 65; Ts[nT++] = 129;
+    Ts[nT++] = 200; Ts[nT++] = maxt - 1; Ts[nT++] = maxt;
+    for (p = 0; p < (int)(sizeof pbs / sizeof pbs[0]); ++p) {
+        data d;
+        beam_workspace *ws;
+        make_data(&d, &pbs[p], maxt, seed + (uint64_t)p, 1);
+        /* AUTO: ONESHOT up to 64, TWOSHOT up to 200, then UNFUSED */
+        ws = make_ws(&d, 64, 200, 0);
+        for (t = 0; t < nT; ++t)
+            for (s = 0; s < 4; ++s) {
+                reset_outputs(&d, g_stream);
+                BK(call(ws, &d, Ts[t], d.pb.H, STRATS[s], g_stream));
+                verify(&d, Ts[t], Ts[t], SNAMES[s]);
+                ++calls;
+            }
+        /* rows past T hold NaN (expert rows and weights): no effect */
+        {
+            const int64_t T = 2 * g_R + 1;
+            const size_t kh = (size_t)d.pb.K * d.pb.H;
+            CK(cudaMemsetAsync(d.dx + (size_t)T * kh, 0xFF, (size_t)(d.rows - T) * kh * 2, g_stream));
+            CK(cudaMemsetAsync(d.dw + (size_t)T * d.pb.K, 0xFF, (size_t)(d.rows - T) * d.pb.K * 4, g_stream));
+            for (s = 0; s < 4; ++s) {
+                reset_outputs(&d, g_stream);
+                BK(call(ws, &d, T, d.pb.H, STRATS[s], g_stream));
+                verify(&d, T, T, "NaN rows past T");
+                ++calls;
+            }
+        }
+        BK(beam_workspace_destroy(ws));
+        free_data(&d);
+        host_barrier();
+    }
+    if (g_rank == 0) printf("sweep: %d calls per rank, every output bit-identical to the reference\n", calls);
+}
+
+static int64_t pick_T(int64_t maxt)
+{
+    uint64_t u = rnd() % 8;
+    if (u == 0) return 0;
+    if (u < 4) return 1 + (int64_t)(rnd() % 16);
+    return (int64_t)(rnd() % (uint64_t)(maxt + 1));
+}
+
+/* Rows written by a sequence of calls (call c: tokens Tc[c], weight set
+ * vc[c]): row i holds the set of the last call with i < Tc[c]; rows past
+ * every call still hold the sentinel (the outputs were reset before). */
+static void verify_seq(data *d, int n, const int64_t *Tc, const int *vc, const char *what)
+{
+    const int H = d->pb.H;
+    int64_t i, lo = 0, tmax = 0;
+    int c;
+    for (c = 0; c < n; ++c)
+        if (Tc[c] > tmax) tmax = Tc[c];
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaMemcpy(g_hbuf, d->dh, (size_t)d->maxt * H * 2, cudaMemcpyDeviceToHost));
+    if (d->pb.next) CK(cudaMemcpy(g_nbuf, d->dn, (size_t)d->maxt * H * 2, cudaMemcpyDeviceToHost));
+    /* rows [lo, Tc[c]) are last written by call c when no later call
+     * reaches past lo: walk the calls from the last one */
+    for (c = n - 1; c >= 0; --c) {
+        const uint16_t *rh = d->rh[vc[c]], *rn = d->rn[vc[c]];
+        for (i = lo * H; i < Tc[c] * H; ++i) {
+            if (g_hbuf[i] != rh[i])
+                FAIL("%s [%s] call %d of %d (T=%lld, set %d): hidden[%lld][%lld] = 0x%04x, reference 0x%04x",
+                     what, d->pb.name, c + 1, n, (long long)Tc[c], vc[c], (long long)(i / H), (long long)(i % H),
+                     g_hbuf[i], rh[i]);
+            if (d->pb.next && g_nbuf[i] != rn[i])
+                FAIL("%s [%s] call %d of %d (T=%lld, set %d): normalized[%lld][%lld] = 0x%04x, reference 0x%04x",
+                     what, d->pb.name, c + 1, n, (long long)Tc[c], vc[c], (long long)(i / H), (long long)(i % H),
+                     g_nbuf[i], rn[i]);
+        }
+        if (Tc[c] > lo) lo = Tc[c];
+    }
+    for (i = tmax * H; i < d->maxt * H; ++i)
+        if (g_hbuf[i] != SENT || (d->pb.next && g_nbuf[i] != SENT))
+            FAIL("%s [%s]: row %lld past every call's T (%lld) was written", what, d->pb.name, (long long)(i / H),
+                 (long long)tmax);
+}
+
+/* Whether a call launches a fused kernel (the stress workspace's AUTO
+ * thresholds: ONESHOT up to 48, TWOSHOT up to 160). */
+static int launches_fused(int s, int64_t T)
+{
+    if (T == 0) return 0;
+    if (STRATS[s] == BEAM_STRATEGY_AUTO) return T <= 160;
+    return STRATS[s] != BEAM_STRATEGY_UNFUSED;
+}
+
+/* The weight set of the next call: neither of the last two fused calls'
+ * (last[0] the latest), so that rows left over from epoch E-1 or E-2 (the
+ * other parity, the same parity) cannot pass for this call's. */
+static int next_set(int last[2], int s, int64_t T)
+{
+    const int v = last[0] != last[1] ? 3 - last[0] - last[1] : (last[0] + 1) % NV;
+    if (launches_fused(s, T)) {
+        last[1] = last[0];
+        last[0] = v;
+    }
+    return v;
+}
+
+static void part_stress(uint64_t seed, int n)
+{
+    static const problem pb = {"stress H2048 K8 post+w next+w scales", 2048, 8, 2, 2, 1, 1, 0, 0, 1.0f};
+    const int check_every = 97;
+    data d;
+    beam_workspace *ws;
+    cudaStream_t st;
+    int i, g, last[2] = {0, 1};
+    make_data(&d, &pb, 333, seed, NV);
+    ws = make_ws(&d, 48, 160, 0);
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+    /* eager: the same random sequence on every rank; the weight set changes
+     * from call to call, and a checked call starts from the sentinel, so
+     * that a stale row or a skipped store fails */
+    rng_s = seed * 31 + 7;
+    for (i = 1; i <= n; ++i) {
+        const int64_t T = pick_T(d.maxt);
+        const int s = (int)(rnd() % 4);
+        const int v = next_set(last, s, T);
+        use_set(&d, v);
+        if (i % check_every == 0) reset_outputs(&d, st);
+        BK(call(ws, &d, T, d.pb.H, STRATS[s], st));
+        if (i % check_every == 0) {
+            CK(cudaStreamSynchronize(st));
+            verify(&d, T, T, "stress eager");
+        }
+    }
+    CK(cudaStreamSynchronize(st));
+    if (g_rank == 0) printf("stress: %d eager calls (%d weight sets), checked every %d\n", n, NV, check_every);
+
+    /* graphs of 3 calls each (different weight sets), replayed in a random
+     * order; the outputs reset to the sentinel (outside the graph) before a
+     * checked replay */
+    {
+        enum { NG = 8 };
+        cudaGraphExec_t ex[NG];
+        int64_t gT[NG][3];
+        int gv[NG][3];
+        for (g = 0; g < NG; ++g) {
+            cudaGraph_t graph;
+            int c;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (c = 0; c < 3; ++c) {
+                int64_t T = pick_T(d.maxt);
+                const int s = (int)(rnd() % 4);
+                if (c == 2 && T == 0) T = 1;
+                gT[g][c] = T;
+                gv[g][c] = next_set(last, s, T);
+                use_set(&d, gv[g][c]);
+                BK(call(ws, &d, T, d.pb.H, STRATS[s], st));
+            }
+            CK(cudaStreamEndCapture(st, &graph));
+            CK(cudaGraphInstantiate(&ex[g], graph, 0));
+            CK(cudaGraphDestroy(graph));
+        }
+        for (i = 1; i <= n; ++i) {
+            g = (int)(rnd() % NG);
+            if (i % check_every == 0) reset_outputs(&d, st);
+            CK(cudaGraphLaunch(ex[g], st));
+            if (i % check_every == 0) {
+                CK(cudaStreamSynchronize(st));
+                verify_seq(&d, 3, gT[g], gv[g], "stress graph");
+            }
+        }
+        CK(cudaStreamSynchronize(st));
+        for (g = 0; g < NG; ++g) CK(cudaGraphExecDestroy(ex[g]));
+    }
+    /* the workspace is still in step: one more eager call of each kind */
+    for (i = 0; i < 4; ++i) {
+        use_set(&d, i % NV);
+        reset_outputs(&d, st);
+        BK(call(ws, &d, d.maxt, d.pb.H, STRATS[i], st));
+        CK(cudaStreamSynchronize(st));
+        verify(&d, d.maxt, d.maxt, "after stress");
+    }
+    if (g_rank == 0) printf("stress: %d graph replays (3 calls each), checked every %d\n", n, check_every);
+    BK(beam_workspace_destroy(ws));
+    CK(cudaStreamDestroy(st));
+    free_data(&d);
+    host_barrier();
+}
+
+static void expect(beam_status got, beam_status want, const char *needle, const char *what)
+{
+    if (got != want)
+        FAIL("%s: status %s, expected %s (%s)", what, beam_status_string(got), beam_status_string(want),
+             beam_last_error());
+    if (needle && !strstr(beam_last_error(), needle))
+        FAIL("%s: message \"%s\" lacks \"%s\"", what, beam_last_error(), needle);
+    if (g_rank == 0 && want != BEAM_OK) printf("  %s -> %s: %s\n", what, beam_status_string(got), beam_last_error());
+}
+
+static void part_bad(uint64_t seed)
+{
+    static const problem pb = {"bad H512 K4", 512, 4, 2, 2, 1, 0, 0, 0, 1.0f};
+    data d;
+    beam_workspace *ws;
+    int s;
+    make_data(&d, &pb, 100, seed, 1);
+    ws = make_ws(&d, -1, -1, 0);
+
+    /* every rank makes the same mistake: all fail, the workspace stays in step */
+    for (s = 0; s < 4; ++s) {
+        expect(call(ws, &d, 10, 768, STRATS[s], g_stream), BEAM_ERR_INVALID_ARGUMENT, "hidden", "mismatched hidden");
+        expect(call(ws, &d, 101, 512, STRATS[s], g_stream), BEAM_ERR_INVALID_ARGUMENT, "max_tokens", "T > max_tokens");
+    }
+    if (g_ndev > 1) {
+        int other = (g_dev + 1) % g_ndev;
+        CK(cudaSetDevice(other));
+        expect(call(ws, &d, 10, 512, BEAM_STRATEGY_ONESHOT, g_stream), BEAM_ERR_INVALID_ARGUMENT, "device",
+               "workspace used from another device");
+        CK(cudaSetDevice(g_dev));
+    }
+    for (s = 0; s < 4; ++s) {
+        reset_outputs(&d, g_stream);
+        BK(call(ws, &d, 77, 512, STRATS[s], g_stream));
+        verify(&d, 77, 77, "after collective bad input");
+    }
+
+    /* one rank rejects a call with T == 0 while its peers' (valid) call has
+     * no rows and launches nothing: the rejecting rank must launch nothing
+     * either, so the workspace stays in step and the next call succeeds */
+    for (s = 0; s < 4; ++s) {
+        if (g_rank == g_R - 1)
+            expect(call(ws, &d, 0, 768, STRATS[s], g_stream), BEAM_ERR_INVALID_ARGUMENT, "hidden",
+                   "one rank rejecting a call with T = 0");
+        else
+            BK(call(ws, &d, 0, 512, STRATS[s], g_stream));
+        reset_outputs(&d, g_stream);
+        BK(call(ws, &d, 77, 512, STRATS[s], g_stream));
+        verify(&d, 77, 77, "after one rank rejected a call with T = 0");
+    }
+
+    /* one rank rejects its arguments: the others learn it at their next call */
+    host_barrier();
+    if (g_rank == g_R - 1) {
+        expect(call(ws, &d, 10, 768, BEAM_STRATEGY_ONESHOT, g_stream), BEAM_ERR_INVALID_ARGUMENT, "hidden",
+               "one rank with mismatched hidden");
+        CK(cudaStreamSynchronize(g_stream));
+        host_barrier();
+        BK(beam_workspace_destroy(ws));
+    } else {
+        BK(call(ws, &d, 10, 512, BEAM_STRATEGY_ONESHOT, g_stream));
+        CK(cudaStreamSynchronize(g_stream));
+        host_barrier();
+        expect(call(ws, &d, 10, 512, BEAM_STRATEGY_ONESHOT, g_stream), BEAM_ERR_COMM, "rejected",
+               "next call after a peer rejected its arguments");
+        expect(beam_workspace_destroy(ws), BEAM_ERR_COMM, "rejected", "destroy after a peer rejected");
+    }
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0)
+        printf("bad input: clear errors, workspace in step after collective errors and a lone T = 0 reject\n");
+}
+
+static void part_timeout(uint64_t seed)
+{
+    static const problem pb = {"timeout H512 K4", 512, 4, 2, 2, 1, 0, 0, 0, 1.0f};
+    data d;
+    beam_workspace *ws;
+    struct timespec t0, t1;
+    make_data(&d, &pb, 64, seed, 1);
+    ws = make_ws(&d, -1, -1, 300);
+    host_barrier();
+    if (g_rank == 0) {
+        double ms;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        BK(call(ws, &d, 5, 512, BEAM_STRATEGY_ONESHOT, g_stream)); /* the peers never come */
+        CK(cudaStreamSynchronize(g_stream));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (ms < 250 || ms > 5000) FAIL("timeout: the kernel returned after %.0f ms, expected about 300", ms);
+        printf("  the waiting kernel gave up after %.0f ms (timeout 300 ms)\n", ms);
+        expect(call(ws, &d, 5, 512, BEAM_STRATEGY_ONESHOT, g_stream), BEAM_ERR_COMM, "timed out",
+               "next call after a timeout");
+        expect(call(ws, &d, 5, 512, BEAM_STRATEGY_UNFUSED, g_stream), BEAM_ERR_COMM, "timed out",
+               "any later call after a timeout");
+    }
+    host_barrier();
+    expect(beam_workspace_destroy(ws), g_rank == 0 ? BEAM_ERR_COMM : BEAM_OK, g_rank == 0 ? "timed out" : NULL,
+           "destroy after a timeout");
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0) printf("timeout: reported as BEAM_ERR_COMM, no hang\n");
+}
+
+/* T up to 16384 (one problem, every strategy; AUTO: ONESHOT to 64, TWOSHOT
+ * to 200, then UNFUSED), T not divisible by R among them. */
+static void part_large(uint64_t seed)
+{
+    static const problem pb = {"H4096 K8 post+w next+w scales, T to 16384", 4096, 8, 2, 2, 1, 0, 0, 0, 1.5f};
+    const int64_t Ts[] = {1, 4095, 4096, 8191, 16383, 16384};
+    data d;
+    beam_workspace *ws;
+    int t, s, calls = 0;
+    make_data(&d, &pb, 16384, seed + 101, 1);
+    ws = make_ws(&d, 64, 200, 0);
+    for (t = 0; t < (int)(sizeof Ts / sizeof Ts[0]); ++t)
+        for (s = 0; s < 4; ++s) {
+            reset_outputs(&d, g_stream);
+            BK(call(ws, &d, Ts[t], d.pb.H, STRATS[s], g_stream));
+            verify(&d, Ts[t], Ts[t], SNAMES[s]);
+            ++calls;
+        }
+    BK(beam_workspace_destroy(ws));
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0) printf("large: %d calls per rank up to T = 16384, bit-identical\n", calls);
+}
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+/* One rank (the last) passes another routed_scale, or rejects its
+ * arguments (bad hidden), under each strategy and both ONESHOT paths (LL
+ * rows at T = 5, flags when ceil(T/R) > 64): every other rank's next call
+ * and destroy fail with BEAM_ERR_COMM naming it, well before the timeout
+ * (5 s) where the failure is seen on the device. */
+static void part_mismatch(uint64_t seed)
+{
+    static const problem pb = {"mismatch H512 K4", 512, 4, 2, 2, 1, 0, 0, 0, 1.0f};
+    const beam_strategy st[4] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
+                                 BEAM_STRATEGY_UNFUSED};
+    const char *const names[4] = {"ONESHOT (LL)", "ONESHOT (flags)", "TWOSHOT", "UNFUSED"};
+    data d;
+    int kind, s;
+    make_data(&d, &pb, 65 * 8 + 8, seed + 7, 1);
+    for (kind = 0; kind < 2; ++kind)
+        for (s = 0; s < 4; ++s) {
+            const int64_t T = s == 1 ? 65 * g_R : (s == 0 ? 5 : 40);
+            const int odd = g_rank == g_R - 1;
+            char what[96];
+            beam_workspace *ws = make_ws(&d, -1, -1, 5000);
+            double t0;
+            beam_status got;
+            snprintf(what, sizeof what, "%s: %s", kind ? "one rank rejects" : "one rank differs", names[s]);
+            host_barrier();
+            t0 = now_ms();
+            if (kind == 0) {
+                const float rs = d.pb.rs;
+                if (odd) d.pb.rs = 2.0f * rs;
+                BK(call(ws, &d, T, d.pb.H, st[s], g_stream));
+                d.pb.rs = rs;
+            } else if (odd) {
+                expect(call(ws, &d, T, 768, st[s], g_stream), BEAM_ERR_INVALID_ARGUMENT, "hidden", what);
+            } else {
+                BK(call(ws, &d, T, d.pb.H, st[s], g_stream));
+            }
+            CK(cudaStreamSynchronize(g_stream));
+            if (now_ms() - t0 > 2500) FAIL("%s: the call took %.0f ms (timeout 5000): not seen in-band", what, now_ms() - t0);
+            host_barrier();
+            if (kind == 1 && odd) {
+                /* the rejecting rank reported its own error; nothing recorded */
+                BK(beam_workspace_destroy(ws));
+            } else {
+                /* the rank's own finding, or a peer's that gave the call up
+                 * (with three ranks or more) */
+                got = call(ws, &d, T, d.pb.H, st[s], g_stream);
+                expect(got, BEAM_ERR_COMM, NULL, what);
+                if (!strstr(beam_last_error(), kind ? "rejected" : "differ") && !strstr(beam_last_error(), "gave"))
+                    FAIL("%s: message \"%s\" names neither the cause nor a peer that gave up", what,
+                         beam_last_error());
+                expect(beam_workspace_destroy(ws), BEAM_ERR_COMM, NULL, what);
+            }
+            host_barrier();
+        }
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0) printf("mismatch: a rank that differs or rejects fails every rank, in-band, every strategy\n");
+}
+
+/* Rank 0 makes two calls on two streams with nothing ordering them while
+ * its peers have not called yet: the second kernel finds the first one's
+ * claim, computes nothing, and the workspace reports it; the first call
+ * completes with the peers' (their bits are right). */
+static void part_concurrent(uint64_t seed)
+{
+    static const problem pb = {"concurrent H512 K4", 512, 4, 2, 2, 1, 0, 0, 0, 1.0f};
+    data d;
+    beam_workspace *ws;
+    cudaStream_t a, b;
+    make_data(&d, &pb, 64, seed + 11, 1);
+    ws = make_ws(&d, -1, -1, 2000);
+    CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+    reset_outputs(&d, g_stream);
+    CK(cudaStreamSynchronize(g_stream));
+    if (g_rank == 0) {
+        BK(call(ws, &d, 20, d.pb.H, BEAM_STRATEGY_ONESHOT, a));
+        BK(call(ws, &d, 20, d.pb.H, BEAM_STRATEGY_ONESHOT, b));
+        usleep(20000); /* both kernels on the device, the first one waiting */
+        host_barrier();
+        CK(cudaStreamSynchronize(a));
+        CK(cudaStreamSynchronize(b));
+        expect(call(ws, &d, 20, d.pb.H, BEAM_STRATEGY_ONESHOT, a), BEAM_ERR_COMM, "same time",
+               "a call after two overlapping calls");
+        host_barrier();
+        expect(beam_workspace_destroy(ws), BEAM_ERR_COMM, "same time", "destroy after overlapping calls");
+    } else {
+        host_barrier();
+        BK(call(ws, &d, 20, d.pb.H, BEAM_STRATEGY_ONESHOT, a));
+        CK(cudaStreamSynchronize(a));
+        verify(&d, 20, 20, "the peers of two overlapping calls");
+        host_barrier();
+        BK(beam_workspace_destroy(ws));
+    }
+    CK(cudaStreamDestroy(a));
+    CK(cudaStreamDestroy(b));
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0) printf("concurrent: overlapping calls on one workspace refused on the device\n");
+}
+
+/* Epochs across the LL tag's 32-bit wrap and the epochs that clear the LL
+ * rows (k * 2^30, k * 2^30 + 1): the workspace starts at a given epoch
+ * (BEAM_GATHER_EPOCH, read at creation), calls alternate LL and flag sizes
+ * and the weight sets, every call checked. */
+static void part_wrap(uint64_t seed)
+{
+    static const problem pb = {"wrap H1024 K4", 1024, 4, 2, 2, 1, 0, 0, 0, 1.0f};
+    static const char *const starts[2] = {"0xFFFFFFF9", "0x3FFFFFFD"};
+    data d;
+    int k, i;
+    make_data(&d, &pb, 65 * 8 + 8, seed + 13, NV);
+    for (k = 0; k < 2; ++k) {
+        beam_workspace *ws;
+        if (!g_threads || g_rank == 0) setenv("BEAM_GATHER_EPOCH", starts[k], 1);
+        host_barrier();
+        ws = make_ws(&d, -1, -1, 0);
+        host_barrier();
+        if (!g_threads || g_rank == 0) unsetenv("BEAM_GATHER_EPOCH");
+        for (i = 0; i < 14; ++i) {
+            const int64_t T = i % 3 == 2 ? 65 * g_R : 1 + i;
+            const beam_strategy s = i % 4 == 3 ? BEAM_STRATEGY_TWOSHOT : BEAM_STRATEGY_ONESHOT;
+            use_set(&d, i % NV);
+            reset_outputs(&d, g_stream);
+            BK(call(ws, &d, T, d.pb.H, s, g_stream));
+            verify(&d, T, T, "across the epoch wrap");
+        }
+        BK(beam_workspace_destroy(ws));
+        host_barrier();
+    }
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0) printf("wrap: calls across the LL tag wrap and the clearing epochs, bit-identical\n");
+}
+
+/* UNFUSED alone, from the workspace's first call (a quick look at the
+ * all-gather on its own; the sweep mixes every strategy). */
+static void part_unfused(uint64_t seed)
+{
+    static const problem pb = {"unfused H1024 K4", 1024, 4, 2, 2, 1, 0, 0, 0, 1.0f};
+    const int64_t Ts[] = {1, 5, 64, 333};
+    data d;
+    beam_workspace *ws;
+    int t;
+    make_data(&d, &pb, 333, seed + 17, 1);
+    ws = make_ws(&d, -1, -1, 2000);
+    for (t = 0; t < 4; ++t) {
+        reset_outputs(&d, g_stream);
+        BK(call(ws, &d, Ts[t], d.pb.H, BEAM_STRATEGY_UNFUSED, g_stream));
+        CK(cudaStreamSynchronize(g_stream));
+        /* a call with no rows reports what the device recorded, if anything
+         * (every rank says what it saw before any fails) */
+        {
+            const beam_status got = call(ws, &d, 0, d.pb.H, BEAM_STRATEGY_UNFUSED, g_stream);
+            if (got != BEAM_OK) fprintf(stderr, "rank %d: UNFUSED alone, T=%lld: %s\n", g_rank, (long long)Ts[t], beam_last_error());
+            host_barrier();
+            if (got != BEAM_OK) FAIL("UNFUSED alone failed");
+        }
+        verify(&d, Ts[t], Ts[t], "UNFUSED alone");
+    }
+    BK(beam_workspace_destroy(ws));
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0) printf("unfused: UNFUSED alone, bit-identical\n");
+}
+
+void gp_run_parts(uint64_t seed, int stress, const char *only)
+{
+    /* the largest outputs: part_large's 16384 x 4096 */
+    g_hbuf = malloc((size_t)16384 * 4096 * 2);
+    g_nbuf = malloc((size_t)16384 * 4096 * 2);
+    if (!g_hbuf || !g_nbuf) FAIL("out of host memory");
+    /* each rank its own stream: ranks that are threads must never share
+     * the legacy default stream, which would serialize their kernels */
+    CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    if (!only || !strcmp(only, "unfused")) part_unfused(seed);
+    if (!only || !strcmp(only, "sweep")) part_sweep(seed);
+    if (!only || !strcmp(only, "large")) part_large(seed);
+    if (!only || !strcmp(only, "stress")) part_stress(seed, stress);
+    if (!only || !strcmp(only, "bad")) part_bad(seed);
+    if (!only || !strcmp(only, "mismatch")) part_mismatch(seed);
+    if (!only || !strcmp(only, "concurrent")) part_concurrent(seed);
+    if (!only || !strcmp(only, "wrap")) part_wrap(seed);
+    if (!only || !strcmp(only, "timeout")) part_timeout(seed);
+    CK(cudaStreamDestroy(g_stream));
+    free(g_hbuf);
+    free(g_nbuf);
+}

@@ -1,0 +1,138 @@
+/*
+ * test_gather_group.c - the CUDA tensor-parallel gather with every world
+ * size on the GPUs this host has, one GPU included: R ranks as threads of
+ * this process in an in-process group of the CUDA backend
+ * (beam_cpu_group_create + beam_workspace_create_cpu), all on one device
+ * by default, each with its own stream and buffers. The same kernels and
+ * flags run as on R GPUs over NCCL; UNFUSED's all-gather is a kernel over
+ * the peers' buffers instead of NCCL. Runs the parts of
+ * tests/gather_parts.c for R = 2, 3, 4, 5 and 8 in turn.
+ *
+ * Environment: BEAM_TEST_RANKS (one world size instead of the list),
+ * BEAM_TEST_DEVICES (spread the ranks over this many devices, rank r on
+ * device r % n; default 1), BEAM_TEST_SEED, BEAM_TEST_STRESS (calls per
+ * stress part, default 10000), BEAM_TEST_ONLY (one part), BEAM_TEST_DEADLINE
+ * (seconds for the whole run, default 1800: past it the process ends with
+ * a failure, so nothing hangs).
+ * Exit 0 pass, 1 fail, 77 skip (no GPU).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "beammoe.h"
+#include "gather_parts.h"
+
+static pthread_barrier_t g_bar;
+static beam_cpu_group *g_group;
+static int g_ndev_used;
+static uint64_t g_seed;
+static int g_stress;
+static const char *g_only;
+
+void host_barrier(void)
+{
+    pthread_barrier_wait(&g_bar);
+}
+
+static beam_status make_group(int64_t max_tokens, int32_t hidden, const beam_workspace_config *cfg,
+                              beam_workspace **ws)
+{
+    return beam_workspace_create_cpu(g_group, g_rank, max_tokens, hidden, cfg, ws);
+}
+
+struct rank_arg {
+    int rank, R;
+};
+
+static void *rank_main(void *p)
+{
+    const struct rank_arg *a = (const struct rank_arg *)p;
+    g_rank = a->rank;
+    g_R = a->R;
+    g_dev = a->rank % g_ndev_used;
+    CK(cudaSetDevice(g_dev));
+    gp_run_parts(g_seed, g_stress, g_only);
+    return NULL;
+}
+
+static void on_deadline(int sig)
+{
+    static const char msg[] = "test_gather_group: deadline passed: a rank hangs\n";
+    (void)sig;
+    if (write(2, msg, sizeof msg - 1) < 0) _exit(1);
+    _exit(1);
+}
+
+static void run_world(int R)
+{
+    pthread_t th[8];
+    struct rank_arg args[8];
+    int r;
+    if (beam_cpu_group_create(R, &g_group) != BEAM_OK) {
+        fprintf(stderr, "beam_cpu_group_create(%d): %s\n", R, beam_last_error());
+        exit(1);
+    }
+    pthread_barrier_init(&g_bar, NULL, (unsigned)R);
+    printf("test_gather_group: %d ranks on %d device(s), seed %llu\n", R, g_ndev_used,
+           (unsigned long long)g_seed);
+    fflush(stdout);
+    for (r = 0; r < R; ++r) {
+        args[r].rank = r;
+        args[r].R = R;
+        if (pthread_create(&th[r], NULL, rank_main, &args[r]) != 0) {
+            perror("pthread_create");
+            exit(1);
+        }
+    }
+    for (r = 0; r < R; ++r) pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&g_bar);
+    if (beam_cpu_group_destroy(g_group) != BEAM_OK) {
+        fprintf(stderr, "beam_cpu_group_destroy: %s\n", beam_last_error());
+        exit(1);
+    }
+}
+
+int main(void)
+{
+    static const int worlds[] = {2, 3, 4, 5, 8};
+    const char *rs = getenv("BEAM_TEST_RANKS");
+    const char *ds = getenv("BEAM_TEST_DEVICES");
+    const int deadline_s = getenv("BEAM_TEST_DEADLINE") ? atoi(getenv("BEAM_TEST_DEADLINE")) : 1800;
+    int ndev = 0, i;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("test_gather_group: no GPU visible: skipped\n");
+        return 77;
+    }
+    g_ndev = ndev;
+    g_threads = 1;
+    g_make = make_group;
+    g_ndev_used = ds ? atoi(ds) : 1;
+    if (g_ndev_used < 1) g_ndev_used = 1;
+    if (g_ndev_used > ndev) g_ndev_used = ndev;
+    g_seed = getenv("BEAM_TEST_SEED") ? strtoull(getenv("BEAM_TEST_SEED"), NULL, 0) : 20261201ull;
+    g_stress = getenv("BEAM_TEST_STRESS") ? atoi(getenv("BEAM_TEST_STRESS")) : 10000;
+    g_only = getenv("BEAM_TEST_ONLY");
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGALRM, on_deadline);
+    alarm((unsigned)deadline_s);
+    if (rs) {
+        const int R = atoi(rs);
+        if (R < 2 || R > 8) {
+            fprintf(stderr, "test_gather_group: BEAM_TEST_RANKS=%s must be in [2, 8]\n", rs);
+            return 1;
+        }
+        run_world(R);
+    } else {
+        for (i = 0; i < (int)(sizeof worlds / sizeof worlds[0]); ++i) run_world(worlds[i]);
+    }
+    printf("test_gather_group: PASS\n");
+    return 0;
+}
