@@ -361,6 +361,10 @@ BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace)
     bm_clear_error();
     if (!workspace) return BEAM_OK;
     st = BE->ws_destroy ? BE->ws_destroy(&workspace->ws) : BEAM_OK;
+    /* An argument error changes nothing (the CPU group refuses to destroy a
+     * workspace while a call on it is in progress): the handle stays valid.
+     * Any other failure has released the workspace all the same. */
+    if (st == BEAM_ERR_INVALID_ARGUMENT) return st;
     free(workspace);
     return st;
 }

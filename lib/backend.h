@@ -107,6 +107,8 @@ typedef struct bm_backend {
     beam_status (*ws_create_cpu)(beam_cpu_group *group, int32_t rank, bm_ws *ws,
                                  beam_status local_status);
     beam_status (*ws_create_nccl)(void *comm, bm_ws *ws);
+    /* BEAM_ERR_INVALID_ARGUMENT: refused, nothing released, the handle
+     * stays valid (lib/ does not free it); any other status: released. */
     beam_status (*ws_destroy)(bm_ws *ws);
     /* Collective. a->experts/weights hold this rank's owned rows; a->tokens is
      * the global T; residual/hidden_out/normalized are [T, hidden].

@@ -358,6 +358,9 @@ BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace)
     bm_clear_error();
     if (!workspace) return BEAM_OK;
     st = bm_ret(workspace->be, workspace->be->beam_workspace_destroy(workspace->inner));
+    /* The backend refused (an argument error: a call on the workspace is
+     * still in progress) and kept its handle: keep ours too. */
+    if (st == BEAM_ERR_INVALID_ARGUMENT) return st;
     free(workspace);
     return st;
 }
