@@ -17,6 +17,34 @@
  *            hidden/normalized stages; every rank copies all rows out.
  *   UNFUSED: finalize into a rank-local buffer, all-gather it (copy in,
  *            barrier, copy out), then norm_residual_norm over all rows.
+ *
+ * Threads. A barrier counts arrivals, not ranks: it is only right while each
+ * rank has at most one thread in it. Two threads of one rank would complete
+ * a barrier between themselves, read a peer's slot or rows before the peer
+ * posted them, and return BEAM_OK with wrong bits. So:
+ *   - a workspace admits one call at a time (bm_cpu_ws.busy, taken with an
+ *     atomic compare-and-swap): a call that finds another in progress is
+ *     refused before it posts, allocates or waits, and writes nothing; the
+ *     same flag makes a destroy during a call a refusal, not a free under
+ *     the call's feet;
+ *   - one rank holds at most one live workspace of the group (joined[]),
+ *     and at most one thread of a rank is inside workspace creation
+ *     (making[]): a second one is refused without joining;
+ *   - creation and the gathers meet at separate rendezvous (make_rdv,
+ *     call_rdv), so a creation on one rank can never complete a barrier of
+ *     a gather in progress on another (and the other way round).
+ * With that, the k-th call that joins on each rank meets the k-th call that
+ * joins on every other rank: every call of an agreed pair passes the same
+ * number of barriers (the agreement's verdict is computed from the same
+ * slots on every rank), so the generations stay aligned, one arrival per
+ * rank each. A call refused on one rank does not shift its peers: their
+ * call meets whichever call of that rank joins next. If the two carry
+ * different collective arguments the agreement fails every rank with
+ * nothing written; if they carry the same ones the result is computed from
+ * the rows of the calls that met, like ranks that pass different residual
+ * contents (docs/contract.md: calls of one rank must come in the same order
+ * as on its peers). No interleaving of the library's own state yields
+ * BEAM_OK with bits other than those of the calls that met.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -48,15 +76,28 @@ typedef struct bm_shared {
     uint16_t **gathered; /* [nranks][max_tokens, hidden] UNFUSED receive     */
 } bm_shared;
 
+/* A rendezvous: a generation completes when nranks threads have arrived.
+ * gen is 64-bit and only ever compared for equality: even at one
+ * generation per nanosecond (a real one costs a mutex and a wake-up, well
+ * over a microsecond) it would take 584 years to wrap, so it cannot wrap
+ * within a deployment's life, and a waiter never mistakes a later
+ * generation for its own. */
+typedef struct bm_rdv {
+    uint64_t gen;
+    int32_t arrived;
+} bm_rdv;
+
 struct beam_cpu_group {
     int32_t nranks;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t gen;     /* barrier generation */
-    int32_t arrived;
+    bm_rdv call_rdv;  /* the gathers' barriers */
+    bm_rdv make_rdv;  /* workspace creation's barriers */
     int broken;       /* a barrier timed out: the group can only be destroyed */
     int32_t live_ws;
+    int32_t making_n; /* creations in progress (the group cannot go then) */
     char *joined;     /* [nranks]: the rank holds a workspace */
+    char *making;     /* [nranks]: a thread of the rank is creating one */
     bm_slot *slots;   /* [3][nranks]: two banks for calls, one for creation */
     bm_shared *shared;
     beam_status create_status;
@@ -65,7 +106,15 @@ struct beam_cpu_group {
 typedef struct bm_cpu_ws {
     beam_cpu_group *g;
     bm_shared *sh;
+    /* Calls that joined, each on every rank alike: its parity picks the
+     * slot bank. 64-bit for the same reason as bm_rdv.gen (and 2^64 is even,
+     * so even a wrap would keep the ranks' parities equal). Only the thread
+     * holding busy touches it. */
     uint64_t calls;
+    /* 1 while a call (or a destroy) holds the workspace; taken with an
+     * acquire compare-and-swap, given back with a release store, so the
+     * next holder, on any thread, sees calls as the last one left it. */
+    int busy;
 } bm_cpu_ws;
 
 /* ---- barrier with timeout ---------------------------------------------- */
@@ -81,7 +130,12 @@ static void bm_deadline(struct timespec *ts, int32_t timeout_ms)
     }
 }
 
-static beam_status bm_barrier(beam_cpu_group *g, int32_t rank, int32_t timeout_ms, const char *fn)
+/* Wait at rendezvous v until all nranks arrive. A timeout breaks the whole
+ * group, both rendezvous: the timed-out one's count no longer says who is
+ * where, and one rule (destroy everything) is simpler than a half-broken
+ * group. */
+static beam_status bm_barrier(beam_cpu_group *g, bm_rdv *v, int32_t rank, int32_t timeout_ms,
+                              const char *fn)
 {
     struct timespec ts;
     uint64_t gen;
@@ -89,21 +143,21 @@ static beam_status bm_barrier(beam_cpu_group *g, int32_t rank, int32_t timeout_m
 
     bm_deadline(&ts, timeout_ms);
     pthread_mutex_lock(&g->mu);
-    gen = g->gen;
+    gen = v->gen;
     if (g->broken) {
         st = BEAM_ERR_COMM;
-    } else if (++g->arrived == g->nranks) {
-        g->arrived = 0;
-        g->gen++;
+    } else if (++v->arrived == g->nranks) {
+        v->arrived = 0;
+        v->gen++;
         pthread_cond_broadcast(&g->cv);
     } else {
-        while (gen == g->gen && !g->broken) {
-            if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && gen == g->gen) {
+        while (gen == v->gen && !g->broken) {
+            if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && gen == v->gen) {
                 g->broken = 1;
                 pthread_cond_broadcast(&g->cv);
             }
         }
-        if (gen == g->gen) st = BEAM_ERR_COMM;
+        if (gen == v->gen) st = BEAM_ERR_COMM;
     }
     pthread_mutex_unlock(&g->mu);
     if (st != BEAM_OK)
@@ -120,11 +174,13 @@ beam_status bm_cpu_group_create(int32_t nranks, beam_cpu_group **group)
     beam_cpu_group *g = (beam_cpu_group *)calloc(1, sizeof *g);
     if (g) {
         g->joined = (char *)calloc((size_t)nranks, 1);
+        g->making = (char *)calloc((size_t)nranks, 1);
         g->slots = (bm_slot *)calloc(3 * (size_t)nranks, sizeof *g->slots);
     }
-    if (!g || !g->joined || !g->slots) {
+    if (!g || !g->joined || !g->making || !g->slots) {
         if (g) {
             free(g->joined);
+            free(g->making);
             free(g->slots);
         }
         free(g);
@@ -142,16 +198,22 @@ beam_status bm_cpu_group_create(int32_t nranks, beam_cpu_group **group)
 
 beam_status bm_cpu_group_destroy(beam_cpu_group *g)
 {
-    int32_t live;
+    int32_t live, making;
     pthread_mutex_lock(&g->mu);
     live = g->live_ws;
+    making = g->making_n;
     pthread_mutex_unlock(&g->mu);
     if (live)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_cpu_group_destroy: group still has %d live "
                        "workspaces: destroy them first", (int)live);
+    /* A creation waiting at the rendezvous would wake on freed memory. */
+    if (making)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_cpu_group_destroy: a beam_workspace_create_cpu call "
+                       "on this group is in progress on another thread: destroy the group after it returns");
     pthread_cond_destroy(&g->cv);
     pthread_mutex_destroy(&g->mu);
     free(g->joined);
+    free(g->making);
     free(g->slots);
     free(g);
     return BEAM_OK;
@@ -200,20 +262,44 @@ static bm_shared *bm_shared_alloc(int32_t nranks, int64_t max_tokens, int32_t hi
     return sh;
 }
 
+/* This thread no longer stands for its rank in a creation. */
+static void bm_make_leave(beam_cpu_group *g, int32_t rank)
+{
+    pthread_mutex_lock(&g->mu);
+    g->making[rank] = 0;
+    g->making_n--;
+    pthread_mutex_unlock(&g->mu);
+}
+
 beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_status local)
 {
     static const char fn[] = "beam_workspace_create_cpu";
     bm_slot *mine, *all, s_bad, s_0;
     bm_cpu_ws *impl = NULL;
+    bm_shared *made = NULL; /* rank 0: the buffers it allocated in this round */
     beam_status st;
-    int32_t r, bad = -1;
+    int32_t r, bad = -1, tmo;
 
+    /* Out of range, the rank cannot stand in the rendezvous for any rank:
+     * its peers wait for the rank they lack and time out. */
     if (rank < 0 || rank >= g->nranks)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d must be in [0, %d) of the group", fn,
                        (int)rank, (int)g->nranks);
     all = g->slots + 2 * (size_t)g->nranks;
     mine = all + rank;
     pthread_mutex_lock(&g->mu);
+    if (g->making[rank]) {
+        pthread_mutex_unlock(&g->mu);
+        /* The other thread already stands for this rank in the rendezvous:
+         * joining as well would count the rank twice. Its peers still meet
+         * that thread, so nobody waits for this one. */
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d: another %s call for this rank is in "
+                       "progress on another thread (one at a time per rank)", fn, (int)rank, fn);
+    }
+    g->making[rank] = 1;
+    g->making_n++;
+    /* This one joins (with the failure), so that peers creating now fail at
+     * once with it instead of waiting for this rank. */
     if (local == BEAM_OK && g->joined[rank])
         local = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d already holds a workspace on this group "
                         "(one per rank: destroy it first)", fn, (int)rank);
@@ -227,8 +313,10 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
         impl = (bm_cpu_ws *)calloc(1, sizeof *impl);
         if (!impl) local = mine->status = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     }
+    /* A rank whose own arguments failed has no valid timeout of its own. */
+    tmo = local == BEAM_OK ? ws->cfg.timeout_ms : 30000;
 
-    st = bm_barrier(g, rank, local == BEAM_OK ? ws->cfg.timeout_ms : 30000, fn);
+    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn);
     if (st != BEAM_OK) goto fail;
     for (r = 0; r < g->nranks && bad < 0; r++)
         if (all[r].status != BEAM_OK || all[r].tokens != all[0].tokens || all[r].hidden != all[0].hidden ||
@@ -240,14 +328,27 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
         s_bad = all[bad];
         s_0 = all[0];
     }
+    /* No rank holds a workspace here (it would have failed the round), so
+     * the buffers of any earlier set are gone and g->shared is free. */
     if (bad < 0 && rank == 0) {
-        g->shared = bm_shared_alloc(g->nranks, ws->max_tokens, ws->hidden);
-        g->create_status = g->shared ? BEAM_OK : BEAM_ERR_OUT_OF_MEMORY;
+        made = bm_shared_alloc(g->nranks, ws->max_tokens, ws->hidden);
+        g->shared = made;
+        g->create_status = made ? BEAM_OK : BEAM_ERR_OUT_OF_MEMORY;
     }
     /* Second barrier: nobody re-posts a creation slot before all have read,
      * and rank 0's allocation is visible to all. */
-    st = bm_barrier(g, rank, local == BEAM_OK ? ws->cfg.timeout_ms : 30000, fn);
-    if (st != BEAM_OK) goto fail;
+    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn);
+    if (st != BEAM_OK) {
+        /* A generation completes for every rank or for none, and after a
+         * failure it never completes: no rank took these buffers. */
+        if (made) {
+            pthread_mutex_lock(&g->mu);
+            if (g->shared == made) g->shared = NULL;
+            pthread_mutex_unlock(&g->mu);
+            bm_shared_free(made);
+        }
+        goto fail;
+    }
     if (bad >= 0) {
         st = local != BEAM_OK ? local
              : s_bad.status != BEAM_OK
@@ -267,6 +368,8 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     pthread_mutex_lock(&g->mu);
     g->joined[rank] = 1;
     g->live_ws++;
+    g->making[rank] = 0;
+    g->making_n--;
     impl->sh = g->shared;
     pthread_mutex_unlock(&g->mu);
     impl->g = g;
@@ -275,6 +378,7 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     ws->impl = impl;
     return BEAM_OK;
 fail:
+    bm_make_leave(g, rank);
     free(impl);
     return st;
 }
@@ -284,6 +388,14 @@ beam_status bm_cpu_ws_destroy(bm_ws *ws)
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     beam_cpu_group *g = impl->g;
     bm_shared *drop = NULL;
+    int idle = 0;
+    /* Taken for good: the workspace goes. A call in progress on another
+     * thread still uses it (and the shared buffers), so that is a refusal
+     * that changes nothing; lib/ keeps the handle on an argument error. */
+    if (!__atomic_compare_exchange_n(&impl->busy, &idle, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_workspace_destroy: a call on this workspace is in "
+                       "progress on another thread (calls on one workspace must not overlap): nothing was "
+                       "destroyed; destroy it after that call returns");
     pthread_mutex_lock(&g->mu);
     g->joined[ws->rank] = 0;
     g->live_ws--;
@@ -356,7 +468,7 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
     case BEAM_STRATEGY_ONESHOT:
         b.output = sh->fin + (size_t)start * H;
         if (owned) bm_cpu_run(&b, BM_OP_FINALIZE, scr);
-        BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn));
         b = *a;
         b.x = sh->fin;
         b.pre.on = 0;
@@ -367,7 +479,7 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
         b.hidden_out = sh->hid + (size_t)start * H;
         b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
         if (owned) bm_cpu_run(&b, BM_OP_FUSED, scr);
-        BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn));
         memcpy(a->hidden_out, sh->hid, (size_t)T * row);
         if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
         break;
@@ -377,22 +489,23 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
             bm_cpu_run(&b, BM_OP_FINALIZE, scr);
             memcpy(sh->fin + (size_t)start * H, sh->local[r], (size_t)owned * row);
         }
-        BM_CHECK(bm_barrier(impl->g, r, tmo, fn));
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn));
         memcpy(sh->gathered[r], sh->fin, (size_t)T * row);
         b = *a;
         b.x = sh->gathered[r];
         b.pre.on = 0;
-        BM_CHECK(bm_barrier(impl->g, r, tmo, fn)); /* the stage is free again */
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn)); /* the stage is free again */
         bm_cpu_run(&b, BM_OP_NRN, scr);
         return BEAM_OK;
     }
     /* Nobody may refill the stages for the next call before all have read. */
-    return bm_barrier(impl->g, r, tmo, fn);
+    return bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn);
 }
 
-beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
+/* One call that holds the workspace (busy). */
+static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local,
+                                  const char *fn)
 {
-    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     beam_cpu_group *g = impl->g;
     const int32_t R = ws->nranks;
@@ -407,7 +520,7 @@ beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, b
     if (local == BEAM_OK && a->tokens > 0)
         local = bm_cpu_scratch_alloc(&scr, bm_cpu_max_team(), a->hidden, fn);
     bm_post(&bank[ws->rank], a, strategy, local);
-    st = bm_barrier(g, ws->rank, ws->cfg.timeout_ms, fn);
+    st = bm_barrier(g, &g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn);
     for (r = 0; r < R && st == BEAM_OK; r++) {
         if (bank[r].status != BEAM_OK) {
             st = local != BEAM_OK ? local /* this rank's own message is set */
@@ -423,5 +536,23 @@ beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, b
     }
     if (st == BEAM_OK && a->tokens > 0) st = bm_gather_run(ws, a, strategy, fn, &scr);
     bm_cpu_scratch_free(&scr);
+    return st;
+}
+
+beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
+{
+    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
+    bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
+    beam_status st;
+    int idle = 0;
+    /* Refused before anything: this call neither allocates, posts nor
+     * waits, so the call in progress and its peers go on as if it had never
+     * been made, and its outputs are untouched. (Its own argument errors,
+     * if any, are not reported: it did not take part.) */
+    if (!__atomic_compare_exchange_n(&impl->busy, &idle, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: another call on this workspace is in progress on "
+                       "another thread (calls on one workspace must not overlap)", fn);
+    st = bm_gather_held(ws, a, strategy, local, fn);
+    __atomic_store_n(&impl->busy, 0, __ATOMIC_RELEASE);
     return st;
 }

@@ -306,21 +306,31 @@ BEAM_API beam_status beam_workspace_create_cpu(beam_cpu_group *group, int32_t ra
                                                beam_workspace **workspace)
 {
     static const char fn[] = "beam_workspace_create_cpu";
-    struct beam_workspace *w;
-    beam_status local, st;
+    struct beam_workspace *w = NULL;
+    bm_ws none; /* what the backend sees when there is no handle to fill */
+    beam_status local = BEAM_OK, st;
     bm_clear_error();
-    if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
-    *workspace = NULL;
+    if (workspace)
+        *workspace = NULL;
+    else
+        local = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
+    /* Without a group (or a backend with groups) there is nobody to tell. */
+    if (local != BEAM_OK && (!group || !BE->ws_create_cpu)) return local;
     if (!group) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: group must not be NULL", fn);
     if (!BE->ws_create_cpu)
         return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend has no CPU group", fn, BE->name);
-    w = (struct beam_workspace *)calloc(1, sizeof *w);
-    if (!w) return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-    /* The rank and group are checked by the backend (it knows the group);
-     * a failure here still joins the peers so that they fail with us. */
-    local = bm_check_ws_shape(fn, max_tokens, hidden, &w->ws);
+    if (local == BEAM_OK) {
+        w = (struct beam_workspace *)calloc(1, sizeof *w);
+        if (!w) local = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    }
+    memset(&none, 0, sizeof none);
+    /* The rank is checked by the backend (it knows the group). Every other
+     * failure here (no out-parameter, no memory for the handle, a bad size
+     * or cfg) still joins the peers, so that they fail with us at once
+     * instead of waiting for this rank until their timeout. */
+    if (local == BEAM_OK) local = bm_check_ws_shape(fn, max_tokens, hidden, &w->ws);
     if (local == BEAM_OK) local = bm_check_config(fn, cfg, &w->ws);
-    st = BE->ws_create_cpu(group, rank, &w->ws, local);
+    st = BE->ws_create_cpu(group, rank, w ? &w->ws : &none, local);
     if (st != BEAM_OK) {
         free(w);
         return st;
@@ -363,6 +373,10 @@ BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace)
     bm_clear_error();
     if (!workspace) return BEAM_OK;
     st = BE->ws_destroy ? BE->ws_destroy(&workspace->ws) : BEAM_OK;
+    /* An argument error changes nothing (the CPU group refuses to destroy a
+     * workspace while a call on it is in progress): the handle stays valid.
+     * Any other failure has released the workspace all the same. */
+    if (st == BEAM_ERR_INVALID_ARGUMENT) return st;
     free(workspace);
     return st;
 }

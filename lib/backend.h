@@ -108,6 +108,8 @@ typedef struct bm_backend {
                                  beam_status local_status);
     /* Collective, like ws_create_cpu: local_status != BEAM_OK still joins. */
     beam_status (*ws_create_nccl)(void *comm, bm_ws *ws, beam_status local_status);
+    /* BEAM_ERR_INVALID_ARGUMENT: refused, nothing released, the handle
+     * stays valid (lib/ does not free it); any other status: released. */
     beam_status (*ws_destroy)(bm_ws *ws);
     /* Collective. a->experts/weights hold this rank's owned rows; a->tokens is
      * the global T; residual/hidden_out/normalized are [T, hidden].

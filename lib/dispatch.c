@@ -327,14 +327,30 @@ BEAM_API beam_status beam_workspace_create_cpu(beam_cpu_group *group, int32_t ra
     static const char fn[] = "beam_workspace_create_cpu";
     const bm_api *be;
     beam_workspace *inner = NULL;
+    struct beam_workspace *w = NULL;
     beam_status st;
     bm_clear_error();
-    if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
-    *workspace = NULL;
+    if (workspace) *workspace = NULL;
     be = bm_cpu_be(fn);
-    if (!be) return BEAM_ERR_UNSUPPORTED;
-    st = be->beam_workspace_create_cpu(group, rank, max_tokens, hidden, cfg, &inner);
-    return bm_wrap(be, st, inner, workspace, fn);
+    if (!be)
+        return workspace ? BEAM_ERR_UNSUPPORTED
+                         : bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
+    /* The wrapper before the collective call: a rank that has no out-
+     * parameter or no memory for it still joins its peers (the backend
+     * takes a NULL out-parameter as this rank's failure), so that every
+     * rank fails at once instead of the others waiting for it, or holding
+     * workspaces this rank does not. */
+    if (workspace) w = (struct beam_workspace *)malloc(sizeof *w);
+    st = be->beam_workspace_create_cpu(group, rank, max_tokens, hidden, cfg, w ? &inner : NULL);
+    if (workspace && !w) return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    if (st != BEAM_OK || !w) {
+        free(w);
+        return bm_ret(be, st);
+    }
+    w->be = be;
+    w->inner = inner;
+    *workspace = w;
+    return BEAM_OK;
 }
 
 BEAM_API beam_status beam_workspace_create_nccl(void *nccl_comm, int64_t max_tokens, int32_t hidden,
@@ -358,6 +374,9 @@ BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace)
     bm_clear_error();
     if (!workspace) return BEAM_OK;
     st = bm_ret(workspace->be, workspace->be->beam_workspace_destroy(workspace->inner));
+    /* The backend refused (an argument error: a call on the workspace is
+     * still in progress) and kept its handle: keep ours too. */
+    if (st == BEAM_ERR_INVALID_ARGUMENT) return st;
     free(workspace);
     return st;
 }

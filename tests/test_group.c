@@ -20,6 +20,15 @@
  * rank that never arrives makes its peers return BEAM_ERR_COMM after the
  * workspace's timeout; a hang is caught by alarm().
  *
+ * Threads: two caller threads on each of two ranks, calling the gather on
+ * their rank's one workspace at once, thousands of times: every call ends
+ * with BEAM_OK and the reference's bits, or refused, or failing the
+ * agreement, with nothing written. A gather, destroy or creation that
+ * overlaps another on the same workspace (rank) is refused with a message
+ * that names the rule. A rank whose own creation arguments fail (sizes,
+ * cfg, a NULL out-parameter, a workspace it already holds) fails its peers
+ * at once; a rank out of range leaves them to time out.
+ *
  * Links the dispatcher (backend "cpu"). CUnit asserts run on the main
  * thread only; rank threads just record what they got.
  */
@@ -247,6 +256,9 @@ typedef struct gcase {
     int post, next; /* 0 off, 1 plain, 2 weight */
     int scales, rs_one, inplace;
     int64_t pad;    /* NaN rows past L in every rank's expert buffer */
+    int nonzero;    /* no +-0 in the expert rows and the residual */
+    int rs_set;     /* routed_scale = rs instead of a random one */
+    float rs;
 } gcase;
 
 typedef struct gdata {
@@ -277,6 +289,17 @@ static uint16_t *rand_norm_w(hu_rng *r, int choice, int32_t H)
     return w;
 }
 
+/* +-0 becomes +-1, so that the inputs are non-zero: a row that a gather
+ * took from the wrong call, or never brought, cannot match the reference
+ * by both being zero. */
+static void no_zeros(uint16_t *p, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if ((p[i] & 0x7FFFu) == 0)
+            p[i] = (uint16_t)(p[i] | 0x3F80u);
+}
+
 static void gdata_make(gdata *d, const gcase *c, int R, uint64_t seed)
 {
     hu_rng rng;
@@ -295,12 +318,16 @@ static void gdata_make(gdata *d, const gcase *c, int R, uint64_t seed)
         d->ex[r] = (uint16_t *)hu_alloc(2 * KH * (size_t)(cap ? cap : 1), 0);
         d->wt[r] = (float *)hu_alloc(4 * (size_t)c->K * (size_t)(cap ? cap : 1), 0);
         hu_fill_bf16(&rng, d->ex[r], KH * (size_t)own);
+        if (c->nonzero)
+            no_zeros(d->ex[r], KH * (size_t)own);
         hu_fill_weight(&rng, d->wt[r], (size_t)c->K * (size_t)own);
         hu_fill_bf16_nan(d->ex[r] + KH * (size_t)own, KH * (size_t)(cap - own));
         hu_fill_f32_nan(d->wt[r] + (size_t)c->K * (size_t)own, (size_t)c->K * (size_t)(cap - own));
     }
     d->residual = (uint16_t *)hu_alloc(2 * TH, 0);
     hu_fill_bf16(&rng, d->residual, TH);
+    if (c->nonzero)
+        no_zeros(d->residual, TH);
     d->wpost = rand_norm_w(&rng, c->post, c->H);
     d->wnext = rand_norm_w(&rng, c->next, c->H);
     d->post.weight = d->wpost;
@@ -316,6 +343,8 @@ static void gdata_make(gdata *d, const gcase *c, int R, uint64_t seed)
     d->scales[0] = hu_rand_scale(&rng);
     d->scales[1] = hu_rand_scale(&rng);
     d->rs = c->rs_one ? 1.0f : hu_rand_scale(&rng);
+    if (c->rs_set)
+        d->rs = c->rs;
 
     d->want_h = (uint16_t *)hu_alloc(2 * TH, 0);
     d->want_n = (uint16_t *)hu_alloc(2 * TH, 0);
@@ -791,6 +820,555 @@ static void test_timeout(void)
     group_stop(&G);
 }
 
+/* ---- two caller threads per rank ---------------------------------------- */
+
+/* Two ranks, two caller threads on each, both threads of a rank calling the
+ * gather on that rank's one workspace at the same time. Thread p of rank 0
+ * and thread p of rank 1 form "pair p"; iteration i of pair p is one logical
+ * call with its own fresh inputs (both ranks generate the same case from the
+ * same seed and take their part) and its own routed_scale, which no other
+ * logical call uses. Which call of rank 1 a call of rank 0 meets is decided
+ * by the order in which they join, so a call of pair 0 may meet one of pair
+ * 1: their routed_scale (and often tokens or the strategy) differ and the
+ * agreement must fail both. Every call must end as one of:
+ *   BEAM_OK:   outputs bit-identical to the naive reference of its own
+ *              inputs, guard rows untouched;
+ *   refused:   "another call on this workspace is in progress", nothing
+ *              written;
+ *   disagreed: "passed different ...", nothing written.
+ * A refused or disagreed call is made again (after a short random pause,
+ * so that neither thread of a rank keeps winning) until it succeeds: pair
+ * p's threads then move through their calls in step, every logical call is
+ * checked once it succeeds, and no rank is left waiting at the end. A
+ * timeout, another status, wrong bits or a written byte is a failure. */
+#define TT_THREADS 2
+#define TT_STRATS 3
+
+typedef struct tt_stats {
+    long ok[TT_STRATS], wrong, refused, disagreed, other, wrote;
+    char first[320];
+} tt_stats;
+
+typedef struct tt_arg {
+    beam_workspace *ws;
+    int r, p, n;
+    uint64_t seed;
+    tt_stats s;
+} tt_arg;
+
+static const beam_strategy TT_STRAT[TT_STRATS] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
+                                                  BEAM_STRATEGY_UNFUSED};
+
+static void tt_note(tt_arg *a, const char *what, int64_t i, beam_status st)
+{
+    if (a->s.first[0] == '\0')
+        snprintf(a->s.first, sizeof a->s.first, "rank %d thread %d call %lld: %s (status %d: %s)", a->r,
+                 a->p, (long long)i, what, (int)st, st == BEAM_OK ? "" : beam_last_error());
+}
+
+static void *tt_main(void *p)
+{
+    tt_arg *a = (tt_arg *)p;
+    const int r = a->r;
+    hu_rng pause;
+    int i;
+    hu_rng_init(&pause, a->seed + 17u * (uint64_t)(2 * a->p + r + 1));
+    for (i = 0; i < a->n; i++) {
+        /* the same key on both ranks of a pair: the same case */
+        uint64_t key = (uint64_t)a->p * (uint64_t)a->n + (uint64_t)i;
+        hu_rng rng;
+        gcase c;
+        gdata d;
+        size_t TH, ob;
+        uint16_t *keep;
+        int si = (i + a->p) % TT_STRATS, tries;
+        beam_status st;
+        hu_rng_init(&rng, a->seed + 0x9E3779B97F4A7C15ull * (key + 1));
+        memset(&c, 0, sizeof c);
+        c.T = 1 + (int64_t)hu_below(&rng, 16);
+        c.K = 1 + (int32_t)hu_below(&rng, 4);
+        c.H = 256;
+        c.post = (int)hu_below(&rng, 3);
+        c.next = (int)hu_below(&rng, 3);
+        c.scales = (int)hu_below(&rng, 2);
+        c.inplace = hu_below(&rng, 4) == 0;
+        c.pad = hu_below(&rng, 2);
+        c.nonzero = 1;
+        /* unique per logical call and exact: 1 + k/8192, k < 8192 */
+        c.rs_set = 1;
+        c.rs = 1.0f + (float)(key + 1) * (1.0f / 8192.0f);
+        gdata_make(&d, &c, 2, hu_next(&rng));
+        TH = (size_t)c.T * (size_t)c.H;
+        ob = 2 * (TH + GUARD * (size_t)c.H);
+        /* what a call that fails must leave in hidden_out (poison, or the
+         * residual when in place); normalized stays poison */
+        keep = (uint16_t *)hu_alloc(ob, 0);
+        memcpy(keep, d.hid[r], ob);
+        for (tries = 0;; tries++) {
+            struct timespec ts = {0, 0};
+            int refused;
+            st = beam_moe_finalize_gather_norm_residual_norm(
+                a->ws, d.ex[r], d.wt[r], d.L + c.pad, c.T, c.K, c.H, d.rs, c.post ? &d.post : NULL,
+                d.res[r], c.scales ? d.scales : NULL, c.next ? &d.next : NULL, d.hid[r], d.nrm[r],
+                TT_STRAT[si], NULL);
+            if (st == BEAM_OK)
+                break;
+            if (memcmp(keep, d.hid[r], ob) != 0 || (d.nrm[r] && !hu_is_poison(d.nrm[r], ob))) {
+                a->s.wrote++;
+                tt_note(a, "a failed call wrote its outputs", i, st);
+                memcpy(d.hid[r], keep, ob);
+                if (d.nrm[r])
+                    hu_poison(d.nrm[r], ob);
+            }
+            refused = strstr(beam_last_error(), "another call on this workspace is in progress") != NULL;
+            if (st != BEAM_ERR_INVALID_ARGUMENT ||
+                (!refused && !strstr(beam_last_error(), "passed different"))) {
+                a->s.other++;
+                tt_note(a, "unexpected failure", i, st);
+                break;
+            }
+            if (refused)
+                a->s.refused++;
+            else
+                a->s.disagreed++;
+            /* Each try meets the right call about one time in two; a
+             * thousand misses in a row means the calls no longer pair up
+             * (this thread then stops, and its partner times out). */
+            if (tries == 1000) {
+                a->s.other++;
+                tt_note(a, "a thousand tries without meeting its partner's call", i, st);
+                break;
+            }
+            ts.tv_nsec = 1000L * (1 + (long)hu_below(&pause, 40));
+            nanosleep(&ts, NULL);
+        }
+        if (st == BEAM_OK) {
+            a->s.ok[si]++;
+            if (memcmp(d.hid[r], d.want_h, 2 * TH) != 0 || !hu_is_poison(d.hid[r] + TH, ob - 2 * TH) ||
+                (c.next && (memcmp(d.nrm[r], d.want_n, 2 * TH) != 0 ||
+                            !hu_is_poison(d.nrm[r] + TH, ob - 2 * TH)))) {
+                a->s.wrong++;
+                tt_note(a, "BEAM_OK with wrong bits", i, st);
+            }
+        }
+        hu_free(keep);
+        gdata_free(&d);
+        if (st != BEAM_OK)
+            break;
+    }
+    return NULL;
+}
+
+static void test_two_callers(void)
+{
+    group G;
+    beam_workspace_config cfg = beam_workspace_config_default();
+    tt_arg args[2 * TT_THREADS];
+    pthread_t th[2 * TT_THREADS];
+    tt_stats sum;
+    struct timespec t0, t1;
+    double secs;
+    int k, si;
+    if (!group_start(&G, 2)) {
+        CU_FAIL("group create");
+        return;
+    }
+    /* no wait may time out when every call is accounted for; a short
+     * timeout only bounds how long a broken run takes */
+    cfg.timeout_ms = 5000;
+    if (!ws_create(&G, 16, 256, &cfg)) {
+        group_stop(&G);
+        return;
+    }
+    memset(&sum, 0, sizeof sum);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (k = 0; k < 2 * TT_THREADS; k++) {
+        memset(&args[k], 0, sizeof args[k]);
+        args[k].r = k % 2;
+        args[k].p = k / 2;
+        args[k].ws = G.ws[k % 2];
+        args[k].n = hu_quick() ? 60 : 1500;
+        args[k].seed = g_seed + 4242u;
+        pthread_create(&th[k], NULL, tt_main, &args[k]);
+    }
+    for (k = 0; k < 2 * TT_THREADS; k++) {
+        pthread_join(th[k], NULL);
+        for (si = 0; si < TT_STRATS; si++)
+            sum.ok[si] += args[k].s.ok[si];
+        sum.wrong += args[k].s.wrong;
+        sum.refused += args[k].s.refused;
+        sum.disagreed += args[k].s.disagreed;
+        sum.other += args[k].s.other;
+        sum.wrote += args[k].s.wrote;
+        if (args[k].s.first[0])
+            fprintf(stderr, "  first failure: %s\n", args[k].s.first);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fprintf(stderr,
+            "  (%d calls to make: OK %ld ONESHOT, %ld TWOSHOT, %ld UNFUSED; %ld OK with wrong "
+            "bits; %ld refused and made again; %ld failed the agreement and made again; %ld other "
+            "failures; %ld failed calls wrote; %.2f s)\n",
+            2 * TT_THREADS * args[0].n, sum.ok[0], sum.ok[1], sum.ok[2], sum.wrong, sum.refused,
+            sum.disagreed, sum.other, sum.wrote, secs);
+    CU_ASSERT_EQUAL(sum.wrong, 0);
+    CU_ASSERT_EQUAL(sum.wrote, 0);
+    CU_ASSERT_EQUAL(sum.other, 0);
+    /* every logical call succeeded in the end, on both ranks (each one is
+     * counted once per rank) */
+    CU_ASSERT_EQUAL(sum.ok[0] + sum.ok[1] + sum.ok[2], 2 * TT_THREADS * args[0].n);
+    ws_destroy(&G);
+    group_stop(&G);
+}
+
+/* ---- refusals and creation failures ------------------------------------- */
+
+/* One beam_workspace_create_cpu call on its own thread. */
+typedef struct mk_call {
+    beam_cpu_group *g;
+    int32_t rank, hidden;
+    int64_t max_tokens;
+    const beam_workspace_config *cfg;
+    int null_out; /* pass NULL as the out-parameter */
+    beam_workspace *ws;
+    beam_status st;
+    char msg[256];
+    int done;
+} mk_call;
+
+static void *mk_main(void *p)
+{
+    mk_call *c = (mk_call *)p;
+    c->st = beam_workspace_create_cpu(c->g, c->rank, c->max_tokens, c->hidden, c->cfg,
+                                      c->null_out ? NULL : &c->ws);
+    snprintf(c->msg, sizeof c->msg, "%s", c->st == BEAM_OK ? "" : beam_last_error());
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* One gather of rank r of case d on its own thread, into its own outputs. */
+typedef struct ga_call {
+    beam_workspace *ws;
+    gdata *d;
+    int r;
+    beam_strategy s;
+    beam_status st;
+    char msg[256];
+    int done;
+} ga_call;
+
+static beam_status ga_run(beam_workspace *ws, gdata *d, int r, beam_strategy s)
+{
+    return beam_moe_finalize_gather_norm_residual_norm(
+        ws, d->ex[r], d->wt[r], d->L + d->c.pad, d->c.T, d->c.K, d->c.H, d->rs,
+        d->c.post ? &d->post : NULL, d->res[r], d->c.scales ? d->scales : NULL,
+        d->c.next ? &d->next : NULL, d->hid[r], d->nrm[r], s, NULL);
+}
+
+static void *ga_main(void *p)
+{
+    ga_call *c = (ga_call *)p;
+    c->st = ga_run(c->ws, c->d, c->r, c->s);
+    snprintf(c->msg, sizeof c->msg, "%s", c->st == BEAM_OK ? "" : beam_last_error());
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Index of the first of n calls whose done flag is set, waiting up to 10 s;
+ * -1 if none. */
+static int first_done(int *const *done, int n)
+{
+    int k, t;
+    for (t = 0; t < 10000; t++) {
+        struct timespec ts = {0, 1000000L};
+        for (k = 0; k < n; k++)
+            if (__atomic_load_n(done[k], __ATOMIC_ACQUIRE))
+                return k;
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+static int outputs_untouched(const gdata *d, int r)
+{
+    size_t TH = (size_t)d->c.T * (size_t)d->c.H, ob = 2 * (TH + GUARD * (size_t)d->c.H);
+    return hu_is_poison(d->hid[r], ob) && (!d->nrm[r] || hu_is_poison(d->nrm[r], ob));
+}
+
+static int outputs_exact(const gdata *d, int r)
+{
+    size_t TH = (size_t)d->c.T * (size_t)d->c.H, gb = 2 * GUARD * (size_t)d->c.H;
+    return memcmp(d->hid[r], d->want_h, 2 * TH) == 0 && hu_is_poison(d->hid[r] + TH, gb) &&
+           (!d->c.next ||
+            (memcmp(d->nrm[r], d->want_n, 2 * TH) == 0 && hu_is_poison(d->nrm[r] + TH, gb)));
+}
+
+/* Two threads call the gather on rank 0's workspace while rank 1 has not
+ * called yet: one of them waits for rank 1, the other is refused at once
+ * with a message that names the rule, and writes nothing. While the first
+ * waits, a gather and a destroy on that workspace from a third thread are
+ * refused too (the workspace stays usable); then rank 1 calls and the
+ * waiting call completes with the reference's bits. */
+static void test_refusal(void)
+{
+    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
+    static const char rule[] = "calls on one workspace must not overlap";
+    group G;
+    gcase c;
+    gdata d[3]; /* the same case three times: two callers on rank 0, one more */
+    beam_workspace_config cfg = beam_workspace_config_default();
+    ga_call call[2];
+    pthread_t th[2];
+    int *done[2];
+    int k, win, lose;
+    int32_t rk = -1, nr = -1;
+    beam_status st;
+    if (!group_start(&G, 2)) {
+        CU_FAIL("group create");
+        return;
+    }
+    cfg.timeout_ms = 20000;
+    if (!ws_create(&G, 16, 256, &cfg)) {
+        group_stop(&G);
+        return;
+    }
+    memset(&c, 0, sizeof c);
+    c.T = 7;
+    c.K = 3;
+    c.H = 256;
+    c.post = 2;
+    c.next = 2;
+    c.scales = 1;
+    c.nonzero = 1;
+    for (k = 0; k < 3; k++)
+        gdata_make(&d[k], &c, 2, g_seed + 777);
+    for (k = 0; k < 2; k++) {
+        memset(&call[k], 0, sizeof call[k]);
+        call[k].ws = G.ws[0];
+        call[k].d = &d[k];
+        call[k].r = 0;
+        call[k].s = BEAM_STRATEGY_TWOSHOT;
+        done[k] = &call[k].done;
+        pthread_create(&th[k], NULL, ga_main, &call[k]);
+    }
+    lose = first_done(done, 2);
+    CU_ASSERT(lose >= 0);
+    if (lose < 0) {
+        fprintf(stderr, "refusal: neither caller on rank 0 returned within 10 s\n");
+        lose = 1; /* rank 1's call below lets the waiting ones end */
+    }
+    win = 1 - lose;
+    CU_ASSERT_EQUAL(call[lose].st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(call[lose].msg, fn));
+    CU_ASSERT_PTR_NOT_NULL(strstr(call[lose].msg, rule));
+    CU_ASSERT_PTR_NOT_NULL(strstr(call[lose].msg, "in progress on another thread"));
+    if (!strstr(call[lose].msg, rule))
+        fprintf(stderr, "refusal message: status %d: %s\n", (int)call[lose].st, call[lose].msg);
+    CU_ASSERT(outputs_untouched(&d[lose], 0));
+    /* the winner still waits for rank 1: this thread is a third caller */
+    CU_ASSERT_FALSE(__atomic_load_n(done[win], __ATOMIC_ACQUIRE));
+    st = ga_run(G.ws[0], &d[2], 0, BEAM_STRATEGY_TWOSHOT);
+    CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), rule));
+    CU_ASSERT(outputs_untouched(&d[2], 0));
+    st = beam_workspace_destroy(G.ws[0]);
+    CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_workspace_destroy"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), rule));
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "nothing was destroyed"));
+    /* refused: the handle is still valid */
+    CU_ASSERT_EQUAL(beam_workspace_info(G.ws[0], &rk, &nr), BEAM_OK);
+    CU_ASSERT_EQUAL(rk, 0);
+    CU_ASSERT_EQUAL(nr, 2);
+    /* rank 1 meets the waiting call */
+    st = ga_run(G.ws[1], &d[win], 1, BEAM_STRATEGY_TWOSHOT);
+    if (st != BEAM_OK)
+        fprintf(stderr, "refusal: rank 1: status %d: %s\n", (int)st, beam_last_error());
+    CU_ASSERT_EQUAL(st, BEAM_OK);
+    for (k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    CU_ASSERT_EQUAL(call[win].st, BEAM_OK);
+    if (call[win].st != BEAM_OK)
+        fprintf(stderr, "refusal: the waiting call: status %d: %s\n", (int)call[win].st, call[win].msg);
+    CU_ASSERT(outputs_exact(&d[win], 0));
+    CU_ASSERT(outputs_exact(&d[win], 1));
+    CU_ASSERT(outputs_untouched(&d[lose], 0));
+    /* and the workspace goes on: one more call, from the rank threads */
+    gdata_free(&d[2]);
+    gdata_make(&d[2], &c, 2, g_seed + 778);
+    job_from(&G, &d[2], BEAM_STRATEGY_ONESHOT);
+    run_job(&G);
+    for (k = 0; k < 2; k++) {
+        CU_ASSERT_EQUAL(G.j.st[k], BEAM_OK);
+        CU_ASSERT(outputs_exact(&d[2], k));
+    }
+    for (k = 0; k < 3; k++)
+        gdata_free(&d[k]);
+    ws_destroy(&G);
+    group_stop(&G);
+}
+
+/* Two threads create rank 0's workspace at once: one is refused without
+ * joining, and the group cannot be destroyed while the other waits; rank
+ * 1 then meets the waiting one. */
+static void test_create_refusal(void)
+{
+    beam_cpu_group *g = NULL;
+    beam_workspace_config cfg = beam_workspace_config_default();
+    mk_call mk[3];
+    pthread_t th[2];
+    int *done[2];
+    int k, win, lose;
+    cfg.timeout_ms = 20000;
+    CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
+    memset(mk, 0, sizeof mk);
+    for (k = 0; k < 3; k++) {
+        mk[k].g = g;
+        mk[k].rank = k == 2 ? 1 : 0;
+        mk[k].max_tokens = 8;
+        mk[k].hidden = 256;
+        mk[k].cfg = &cfg;
+    }
+    for (k = 0; k < 2; k++) {
+        done[k] = &mk[k].done;
+        pthread_create(&th[k], NULL, mk_main, &mk[k]);
+    }
+    lose = first_done(done, 2);
+    CU_ASSERT(lose >= 0);
+    if (lose < 0)
+        lose = 1;
+    win = 1 - lose;
+    CU_ASSERT_EQUAL(mk[lose].st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NULL(mk[lose].ws);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mk[lose].msg, "beam_workspace_create_cpu"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mk[lose].msg, "in progress on another thread"));
+    if (!strstr(mk[lose].msg, "in progress on another thread"))
+        fprintf(stderr, "create refusal: status %d: %s\n", (int)mk[lose].st, mk[lose].msg);
+    CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "in progress"));
+    mk_main(&mk[2]); /* rank 1, on this thread */
+    for (k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    CU_ASSERT_EQUAL(mk[2].st, BEAM_OK);
+    CU_ASSERT_EQUAL(mk[win].st, BEAM_OK);
+    CU_ASSERT_EQUAL(beam_workspace_destroy(mk[win].ws), BEAM_OK);
+    CU_ASSERT_EQUAL(beam_workspace_destroy(mk[2].ws), BEAM_OK);
+    CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+}
+
+/* Rank 1 fails its own creation checks (or has no out-parameter, or
+ * already holds a workspace) while rank 0's arguments are fine and its
+ * timeout is the default 30 s: both fail at once, nobody waits, and the
+ * group still works. A rank out of range cannot join at all: its peer
+ * times out (here after 300 ms) and the group is broken. */
+static void test_create_failures(void)
+{
+    static const struct {
+        const char *what;
+        int64_t max_tokens;
+        int32_t hidden, timeout_ms;
+        int null_out;
+        const char *arg;
+    } bad[] = {{"hidden 300", 8, 300, 1000, 0, "hidden"},
+               {"max_tokens -1", -1, 256, 1000, 0, "max_tokens"},
+               {"timeout_ms 0", 8, 256, 0, 0, "timeout_ms"},
+               {"NULL workspace", 8, 256, 1000, 1, "workspace must not be NULL"}};
+    beam_cpu_group *g = NULL;
+    beam_workspace_config bcfg = beam_workspace_config_default();
+    mk_call mk[2];
+    pthread_t th[2];
+    struct timespec t0, t1;
+    double secs;
+    size_t b;
+    int k;
+    CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
+    for (b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        memset(mk, 0, sizeof mk);
+        bcfg.timeout_ms = bad[b].timeout_ms;
+        for (k = 0; k < 2; k++) {
+            mk[k].g = g;
+            mk[k].rank = k;
+            mk[k].max_tokens = k ? bad[b].max_tokens : 8;
+            mk[k].hidden = k ? bad[b].hidden : 256;
+            mk[k].cfg = k ? &bcfg : NULL; /* rank 0: the defaults, 30 s */
+            mk[k].null_out = k ? bad[b].null_out : 0;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (k = 0; k < 2; k++)
+            pthread_create(&th[k], NULL, mk_main, &mk[k]);
+        for (k = 0; k < 2; k++)
+            pthread_join(th[k], NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, bad[b].arg));
+        CU_ASSERT_EQUAL(mk[0].st, BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(mk[0].msg, "rank 1 failed its own checks"));
+        CU_ASSERT_PTR_NULL(mk[0].ws);
+        CU_ASSERT_PTR_NULL(mk[1].ws);
+        /* at once: well before rank 0's 30 s */
+        CU_ASSERT(secs < 10.0);
+        if (mk[0].st != BEAM_ERR_INVALID_ARGUMENT || mk[1].st != BEAM_ERR_INVALID_ARGUMENT || secs >= 10.0)
+            fprintf(stderr, "create failure '%s' on rank 1: %.2f s; rank 0: %d %s; rank 1: %d %s\n",
+                    bad[b].what, secs, (int)mk[0].st, mk[0].msg, (int)mk[1].st, mk[1].msg);
+    }
+    /* the group still works, and a rank that already holds a workspace
+     * joins a new creation only to fail it on every rank */
+    memset(mk, 0, sizeof mk);
+    for (k = 0; k < 2; k++) {
+        mk[k].g = g;
+        mk[k].rank = k;
+        mk[k].max_tokens = 8;
+        mk[k].hidden = 256;
+        pthread_create(&th[k], NULL, mk_main, &mk[k]);
+    }
+    for (k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    CU_ASSERT_EQUAL(mk[0].st, BEAM_OK);
+    CU_ASSERT_EQUAL(mk[1].st, BEAM_OK);
+    {
+        mk_call again[2];
+        beam_workspace *keep0 = mk[0].ws;
+        memset(again, 0, sizeof again);
+        CU_ASSERT_EQUAL(beam_workspace_destroy(mk[1].ws), BEAM_OK);
+        for (k = 0; k < 2; k++) {
+            again[k].g = g;
+            again[k].rank = k;
+            again[k].max_tokens = 8;
+            again[k].hidden = 256;
+            pthread_create(&th[k], NULL, mk_main, &again[k]);
+        }
+        for (k = 0; k < 2; k++)
+            pthread_join(th[k], NULL);
+        CU_ASSERT_EQUAL(again[0].st, BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(again[0].msg, "already holds a workspace"));
+        CU_ASSERT_EQUAL(again[1].st, BEAM_ERR_INVALID_ARGUMENT);
+        CU_ASSERT_PTR_NOT_NULL(strstr(again[1].msg, "rank 0 failed its own checks"));
+        CU_ASSERT_EQUAL(beam_workspace_destroy(keep0), BEAM_OK);
+    }
+    CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+
+    /* rank out of range: the peer has nobody to meet and times out */
+    CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
+    memset(mk, 0, sizeof mk);
+    bcfg.timeout_ms = 300;
+    for (k = 0; k < 2; k++) {
+        mk[k].g = g;
+        mk[k].rank = k ? 2 : 0;
+        mk[k].max_tokens = 8;
+        mk[k].hidden = 256;
+        mk[k].cfg = &bcfg;
+        pthread_create(&th[k], NULL, mk_main, &mk[k]);
+    }
+    for (k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "rank=2 must be in [0, 2)"));
+    CU_ASSERT_EQUAL(mk[0].st, BEAM_ERR_COMM);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mk[0].msg, "timeout_ms=300"));
+    CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+}
+
 /* Non-collective argument errors of the group and workspace calls. */
 static void test_group_args(void)
 {
@@ -859,6 +1437,10 @@ int main(void)
                                     {"back-to-back gathers", test_burst},
                                     {"invalid gathers fail on every rank", test_invalid},
                                     {"absent peer: timeout, not a hang", test_timeout},
+                                    {"two caller threads per rank", test_two_callers},
+                                    {"overlapping calls are refused", test_refusal},
+                                    {"overlapping creations are refused", test_create_refusal},
+                                    {"a failed creation fails its peers at once", test_create_failures},
                                     {NULL, NULL}};
     g_seed = hu_seed("test_group");
     /* a hang is a failure: SIGALRM ends the program (default action) */
