@@ -52,6 +52,7 @@ from ._lib import backend_name, library_path, version
 from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
+from ._prepared import PreparedCall, prepare_finalize_norm_residual_norm
 from .audit import AuditReport, AuditRow, audit_file
 
 
@@ -71,6 +72,8 @@ __all__ = [
     "beam_moe_finalize_gather_norm_residual_norm",
     "norm_residual_norm",
     "beam_norm_residual_norm",
+    "prepare_finalize_norm_residual_norm",
+    "PreparedCall",
     "Workspace",
     "CpuGroup",
     "BeamError",

@@ -178,6 +178,20 @@ def _placement(fn, names, tensors):
     torch.compile, dispatch mode or torch.jit.trace (or no torch.library to
     go through); and whether autograd records it (a tensor requires grad
     and grad mode is on)."""
+    grad = False
+    for t in tensors:  # the common case first: plain CPU tensors
+        if t is not None:
+            if not t.is_cpu or (type(t) is not Tensor and type(t) is not _Parameter):
+                return _placement_any(fn, names, tensors)
+            if t.requires_grad:
+                grad = True
+    recording = grad and torch.is_grad_enabled()
+    if _tracing() or not HAVE_TORCH_OPS or _compiling() or (_dispatch_modes is not None and _dispatch_modes()):
+        return _placement_any(fn, names, tensors)
+    return _CPU, True, recording
+
+
+def _placement_any(fn, names, tensors):
     dev = None
     plain = True
     grad = False
