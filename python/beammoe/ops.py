@@ -3,10 +3,14 @@
 Every function checks its arguments (_tensors.py), then either calls the
 library at once (eager calls on plain CPU or CUDA tensors: the short path,
 _run.py) or goes through the registered torch operation torch.ops.beammoe.*
-(_torch_ops.py): under torch.compile, on tensor subclasses or meta tensors,
-under a dispatch mode, and when autograd records (so that it refuses a
-backward pass). Both paths check the same rules, give the same bits and
-write the same tensors.
+(_torch_ops.py): under torch.compile or torch.jit.trace, on tensor
+subclasses or meta tensors, under a dispatch mode, and when autograd records
+a call with new results (so that it refuses a backward pass; an in-place
+write that autograd records runs eagerly and marks the written tensor, whose
+backward refuses). Both paths check the same rules, give the same bits and
+write the same tensors. The gather of a CPU workspace over a process group,
+and of any workspace with an all_gather hook on its unfused calls, runs in
+_pgather.py.
 
 Results are new tensors, as in the reference: hidden is torch.empty_like
 (residual), and residual is left as it was. inplace=True writes hidden into
@@ -63,9 +67,11 @@ class MoEOutput:
     gemm2_permuted  [capacity * top_k, hidden] BF16, token-major (row
                     t * top_k + k is token t's slot k); [capacity, top_k,
                     hidden] is accepted too
-    expert_weights  [capacity, top_k] FP32 routing weights
-    live_tokens     rows that hold tokens (None: as many as the residual);
-                    rows past them are never read
+    expert_weights  [capacity, top_k] FP32 routing weights (it may hold more
+                    rows than gemm2_permuted; only the live ones are read)
+    live_tokens     what the producer says; not read: as in the reference,
+                    the operations take the token count from the residual,
+                    and rows past it are never read
     Any object with these attributes is accepted where an MoEOutput is.
     """
 

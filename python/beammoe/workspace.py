@@ -1,9 +1,12 @@
 """The gather's workspace: collective over a torch.distributed group (CUDA,
-with its own NCCL communicator) or over an in-process CPU group (threads).
+with its own NCCL communicator; or CPU over a gloo group, the gather then
+run by _pgather.py) or over an in-process CPU group (threads).
 
 The attributes are the reference's: world_size, rank, max_tokens,
 hidden_size, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens
-(None: AUTO never takes the unfused strategy) and device_group. AUTO takes
+(None: AUTO never takes the unfused strategy), device_group and all_gather
+(the unfused path's hook). The thresholds are settable; AUTO follows them.
+AUTO takes
 ONESHOT for tokens <= moe_gather_oneshot_max_tokens, UNFUSED for tokens >=
 moe_gather_separate_norm_min_tokens, TWOSHOT otherwise. The library's own
 names stay as aliases: nranks, hidden, oneshot_max_tokens, twoshot_max_tokens
