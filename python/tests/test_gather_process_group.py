@@ -313,3 +313,20 @@ def test_library_workspace_auto_follows_assigned_thresholds(gen, monkeypatch):
             ws.moe_gather_separate_norm_min_tokens = -3
     assert seen == [0, 4, 2, 0]  # AUTO (the library's rule), TWOSHOT, UNFUSED, AUTO again
     assert_bits_equal(h, want_h)
+
+
+@needs_gloo
+@pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS, reason="torch.compile of the operators needs torch >= 2.4")
+def test_cpu_workspace_under_torch_compile(gen, gloo1):
+    """torch.compile(fullgraph=True): the gather operator takes the
+    workspace's id and runs the gather in Python inside it."""
+    g, w, residual, pw, nw = _data(gen, 6)
+    want_h, want_n = _fused(g, w, residual, pw, nw)
+    with beammoe.Workspace(None, 16, H, device="cpu") as ws:
+        def f(g, w, residual):
+            return _gather(ws, g, w, residual, pw, nw)
+
+        torch._dynamo.reset()
+        h, n = torch.compile(f, fullgraph=True)(g, w, residual)
+    assert_bits_equal(h, want_h)
+    assert_bits_equal(n, want_n)
