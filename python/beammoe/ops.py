@@ -437,7 +437,7 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     """
     fn = _GATHER
     ws = workspace
-    if type(ws) is _Workspace and ws._python_gather(residual, strategy) and not _tracing() \
+    if isinstance(ws, _Workspace) and ws._python_gather(residual, strategy) and not _tracing() \
             and not (HAVE_TORCH_OPS and (_compiling() or (_dispatch_modes is not None and _dispatch_modes()))):
         # Over a torch.distributed group on the CPU, or through the workspace's
         # all_gather hook: every rank's checks travel with the call (_pgather).
