@@ -51,30 +51,31 @@ def per_call_us(fn, iters, repeats, sync):
 
 
 def c_call(g, w, T, K, H, residual, pw, nw):
-    """The library's own time: libbeammoe's fused entry point through ctypes
-    with every argument prepared once (CPU tensors; outputs preallocated)."""
+    """The library's own time: the CPU backend's fused entry point through
+    ctypes (the library the package calls), every argument prepared once as
+    a plain int (CPU tensors; outputs preallocated)."""
     import ctypes
 
     from beammoe import _lib
 
-    lib = _lib.library()
-    _lib.set_backend("cpu")
+    lib = _lib.backend_library("cpu")
     hid, nrm = torch.empty_like(residual), torch.empty_like(residual)
     spare_buf = (ctypes.c_uint64 * 2)()  # a non-NULL address for empty tensors
 
     def p(t):
         return t.data_ptr() or ctypes.addressof(spare_buf)
 
-    post = ctypes.pointer(_lib.BeamNorm(pw.data_ptr(), 1e-6))
-    nxt = ctypes.pointer(_lib.BeamNorm(nw.data_ptr(), 1e-6))
+    post = _lib.BeamNorm(pw.data_ptr(), 1e-6)
+    nxt = _lib.BeamNorm(nw.data_ptr(), 1e-6)
     f = lib.beam_moe_finalize_norm_residual_norm
-    args = (p(g), p(w), max(T, 1), T, K, H, 2.5, post, p(residual), None, nxt, p(hid), p(nrm), 0, None)
+    args = (p(g), p(w), max(T, 1), T, K, H, 2.5, ctypes.addressof(post), p(residual), None, ctypes.addressof(nxt),
+            p(hid), p(nrm), 0, None)
 
     keep = (hid, nrm, post, nxt, spare_buf)  # alive as long as the closure
 
     def call():
         if f(*args) != 0 or keep is None:
-            raise RuntimeError(_lib.last_error())
+            raise RuntimeError(_lib.last_error(lib))
     return call
 
 
@@ -120,6 +121,10 @@ def main():
                               lambda: fused(x, residual, pw, 1e-6, nw, 1e-6, None, 2.5, inplace=True)))
             except TypeError:
                 pass
+            if hasattr(beammoe, "prepare_finalize_norm_residual_norm"):  # checked once, then one ctypes call
+                res_p = residual.clone()
+                cases.append(("  prepared call (inplace, outputs reused)",
+                              beammoe.prepare_finalize_norm_residual_norm(x, res_p, pw, 1e-6, nw, 1e-6, None, 2.5)))
             out = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
             if dev.type == "cpu":
                 cases.append(("  the C call alone (ctypes, arguments ready)",
@@ -141,6 +146,10 @@ def main():
         c = by.get((T, "  the C call alone (ctypes, arguments ready)"))
         print("tokens=%d, medians: fused op %.2f us per call%s, torch.add %.2f us: %.2fx"
               % (T, f, "" if c is None else " (Python side %.2f us, library %.2f us)" % (f - c, c), a, f / a))
+        p = by.get((T, "  prepared call (inplace, outputs reused)"))
+        if p is not None:
+            print("tokens=%d, medians: prepared call %.2f us per call%s, torch.add %.2f us: %.2fx"
+                  % (T, p, "" if c is None else " (Python side %.2f us)" % (p - c), a, p / a))
 
 
 if __name__ == "__main__":

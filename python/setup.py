@@ -5,8 +5,9 @@ the libraries of the build tree's .libs/ into the package as beammoe/_libs/:
 libbeammoe.so.0 (the dispatcher), libbeammoe_cpu.so.0 and, when the CUDA
 backend was built, libbeammoe_cuda.so.0. The dispatcher finds its backends
 beside itself, so the installed package works from any directory with no
-environment variable. The wheel is tagged for this platform (it carries
-native code) but holds no Python extension.
+environment variable. The wheel is tagged py3-none-PLATFORM: it carries
+native libraries for this platform but holds no Python extension module,
+so any Python 3 takes it.
 
 Environment, at install time:
   BEAMMOE_BUILD_DIR=DIR  the build tree (default: the directory above this
@@ -75,4 +76,31 @@ class BinaryDistribution(Distribution):
         return os.environ.get("BEAMMOE_BUNDLE", "1") != "0"
 
 
-setup(cmdclass={"build_py": BuildPyWithLibraries}, distclass=BinaryDistribution)
+try:  # setuptools >= 70.1 carries bdist_wheel; older ones take it from `wheel`
+    from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel as _bdist_wheel
+    except ImportError:
+        _bdist_wheel = None
+
+CMDCLASS = {"build_py": BuildPyWithLibraries}
+
+if _bdist_wheel is not None:
+    class BdistWheel(_bdist_wheel):
+        """py3-none-PLATFORM: the wheel holds no Python extension module (any
+        Python 3 loads it through ctypes), only native libraries for this
+        platform; without them (BEAMMOE_BUNDLE=0) it is py3-none-any."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            self.root_is_pure = not self.distribution.has_ext_modules()
+
+        def get_tag(self):
+            _, _, plat = super().get_tag()
+            return "py3", "none", plat
+
+    CMDCLASS["bdist_wheel"] = BdistWheel
+
+
+setup(cmdclass=CMDCLASS, distclass=BinaryDistribution)

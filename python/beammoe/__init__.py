@@ -26,7 +26,11 @@ message where the library checks the rule), BeamError (a RuntimeError with
 """
 import re as _re
 
-import torch as _torch
+try:
+    import torch as _torch
+except ImportError as _e:  # the original error stays as __cause__
+    raise ImportError("beammoe needs PyTorch (pip install torch; on Debian: apt-get install python3-torch), "
+                      "which cannot be imported: %s" % _e, name="torch") from _e
 
 # The oldest torch the package supports and tests (Debian 12's python3-torch);
 # torch.ops.beammoe.* and torch.compile need torch >= 2.4 (HAVE_TORCH_OPS).
@@ -48,6 +52,7 @@ from ._lib import backend_name, library_path, version
 from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
+from ._prepared import PreparedCall, prepare_finalize_norm_residual_norm
 from .audit import AuditReport, AuditRow, audit_file
 
 
@@ -67,6 +72,8 @@ __all__ = [
     "beam_moe_finalize_gather_norm_residual_norm",
     "norm_residual_norm",
     "beam_norm_residual_norm",
+    "prepare_finalize_norm_residual_norm",
+    "PreparedCall",
     "Workspace",
     "CpuGroup",
     "BeamError",

@@ -77,43 +77,65 @@ def expert_arrays(fn, outputs_name, outputs, weights_name, weights):
 
     The results may be [capacity, top_k, hidden] or, as gemm2 leaves them,
     [capacity * top_k, hidden] (token-major: row t*top_k + k is token t's
-    slot k); the weights are [capacity, top_k] FP32."""
+    slot k); the weights are [capacity, top_k] FP32. As in the reference,
+    the two may hold different numbers of rows (only the live ones are
+    read): capacity is the smaller, and the library reads rows below it."""
     tensor(fn, weights_name, weights, FP32, 2)
     tensor(fn, outputs_name, outputs, BF16, (2, 3))
-    capacity, top_k = weights.shape
+    wcap, top_k = weights.shape
     if outputs.dim() == 3:
-        if outputs.shape[0] != capacity or outputs.shape[1] != top_k:
-            raise ValueError("%s: %s has shape %s but %s is %s: want [%d, %d, hidden]"
-                             % (fn, outputs_name, tuple(outputs.shape), weights_name,
-                                tuple(weights.shape), capacity, top_k))
-        hidden = outputs.shape[2]
+        if outputs.shape[1] != top_k:
+            raise ValueError("%s: %s has shape %s but %s is %s: want [capacity, %d, hidden]"
+                             % (fn, outputs_name, tuple(outputs.shape), weights_name, tuple(weights.shape), top_k))
+        gcap, hidden = outputs.shape[0], outputs.shape[2]
     else:
-        if outputs.shape[0] != capacity * top_k:
-            raise ValueError("%s: %s has shape %s but %s is %s: want [capacity * top_k = %d, hidden]"
-                             % (fn, outputs_name, tuple(outputs.shape), weights_name,
-                                tuple(weights.shape), capacity * top_k))
-        hidden = outputs.shape[1]
-    return capacity, top_k, hidden
+        rows, hidden = outputs.shape
+        if top_k == 0:  # the library names top_k
+            gcap = wcap
+        elif rows % top_k:
+            raise ValueError("%s: %s has shape %s but %s is %s: want [capacity * top_k = %d, hidden] (rows a "
+                             "multiple of top_k=%d)" % (fn, outputs_name, tuple(outputs.shape), weights_name,
+                                                        tuple(weights.shape), wcap * top_k, top_k))
+        else:
+            gcap = rows // top_k
+    return (gcap if gcap < wcap else wcap), top_k, hidden
+
+
+def rows_cover(fn, outputs_name, outputs, weights_name, weights, top_k, rows, what):
+    """Where the expert results and the weights hold different numbers of
+    tokens, both must hold the `rows` tokens that are read. (When they hold
+    the same, the library's own check names the capacity.)"""
+    wcap = weights.shape[0]
+    gcap = outputs.shape[0] if outputs.dim() == 3 else (outputs.shape[0] // top_k if top_k else wcap)
+    if gcap != wcap and rows > min(gcap, wcap):
+        raise ValueError("%s: %s holds %d tokens and %s %d; both must hold at least %s=%d"
+                         % (fn, outputs_name, gcap, weights_name, wcap, what, rows))
 
 
 def moe_output(fn, x):
-    """(gemm2_permuted, expert_weights, live_tokens) of an unfinalized MoE output."""
+    """(gemm2_permuted, expert_weights) of an unfinalized MoE output. Its
+    live_tokens, if any, is not read: as in the reference, the token count
+    is residual.shape[0]."""
     try:
-        g, w = x.gemm2_permuted, x.expert_weights
+        return x.gemm2_permuted, x.expert_weights
     except AttributeError:
         raise TypeError("%s: x must be an unfinalized MoE output with attributes gemm2_permuted and "
                         "expert_weights (e.g. beammoe.MoEOutput), got %s" % (fn, _type_name(x))) from None
-    live = getattr(x, "live_tokens", None)
-    if live is not None:
-        live = integer(fn, "x.live_tokens", live, INT64)
-    return g, w, live
+
+
+def _is_bool(v):
+    """bool, NumPy's bool_ (an integer to operator.index in NumPy < 2) or a
+    bool tensor."""
+    t = type(v)
+    return (isinstance(v, bool) or (t.__name__ in ("bool_", "bool") and t.__module__ == "numpy")
+            or (isinstance(v, Tensor) and v.dtype is torch.bool))
 
 
 def integer(fn, name, v, bounds):
     """An int within `bounds` (lo, hi): a bool or a non-integer is a
     TypeError, a value outside the C type's range a ValueError."""
     if type(v) is not int:
-        if isinstance(v, bool) or (isinstance(v, Tensor) and v.dtype is torch.bool):
+        if _is_bool(v):
             raise TypeError("%s: %s must be an int, got bool" % (fn, name))
         try:
             v = operator.index(v)
@@ -135,7 +157,7 @@ def number(fn, name, v):
             raise TypeError("%s: %s must be a float, got a tensor of shape %s and dtype %s"
                             % (fn, name, tuple(v.shape), v.dtype))
         v = v.item()
-    elif isinstance(v, bool) or not isinstance(v, numbers.Real):
+    elif _is_bool(v) or not isinstance(v, numbers.Real):
         raise TypeError("%s: %s must be a float, got %s" % (fn, name, _type_name(v)))
     v = float(v)
     if math.isfinite(v) and not -FLT_MAX <= v <= FLT_MAX:

@@ -34,6 +34,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import _pgather
 from . import _run
 from . import _tensors as A
 from . import ops
@@ -52,7 +53,7 @@ def _no_normalized(residual):
 
 def _fused_impl(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, hidden_out, run):
     capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = ops.check_fused(
-        fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy)
+        fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, gather=fn == _GATHER)
     dev = A.same_device(fn, ops._FUSED_NAMES, (g, w, residual, pw, nw))
     normalized = torch.empty_like(residual) if ne is not None else None
     out = hidden_out if hidden_out is not None else torch.empty_like(residual)
@@ -62,7 +63,7 @@ def _fused_impl(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strate
 
 
 def _fake_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy):
-    ops.check_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy)
+    ops.check_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, gather=fn == _GATHER)
     A.same_device(fn, ops._FUSED_NAMES, (g, w, residual, pw, nw))
     return (torch.empty_like(residual),
             torch.empty_like(residual) if ne is not None else _no_normalized(residual))
@@ -73,7 +74,23 @@ def _workspace(fn, handle, dev):
     ws = Workspace.by_handle(handle)
     if ws is None:
         raise ValueError("%s: workspace=0x%x is not an open beammoe.Workspace" % (fn, handle))
-    return ops.check_workspace(fn, ws, dev)
+    ops.check_workspace(fn, ws, dev)
+    return ws
+
+
+def _gather_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace):
+    """The gather operators' implementation: the workspace's library gather,
+    or the gather in Python (_pgather) where the workspace takes it."""
+    ws = _workspace(_GATHER, workspace, residual.device)
+    if ws._python_gather(residual, strategy):
+        h, n = _pgather.gather(ws, _GATHER, (g, w), residual, pw, pe, nw, ne, scales, routed_scale, strategy,
+                               inplace, op=True)
+        return h, (n if n is not None else _no_normalized(residual))
+
+    def run(dev, *args):
+        ws._run_gather(dev, *args)
+    return _fused_impl(_GATHER, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
+                       residual if inplace else None, run)
 
 
 def _refuse_backward(name):
@@ -164,18 +181,12 @@ def _register():
         return nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)[1]
 
     # ---- the gather
-    def gather_run(handle):
-        def run(dev, *args):
-            _run.gather(dev, handle, *args)
-        return run
-
     @custom_op("beammoe::moe_finalize_gather_norm_residual_norm", mutates_args=())
     def gather(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
                post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
                scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tuple[Tensor, Tensor]:
-        handle = _workspace(_GATHER, workspace, residual.device)
-        return _fused_impl(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
-                           scales, routed_scale, strategy, None, gather_run(handle))
+        return _gather_impl(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
+                            scales, routed_scale, strategy, False)
 
     @gather.register_fake
     def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
@@ -187,9 +198,8 @@ def _register():
     def gather_(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
                 post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
                 scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tensor:
-        handle = _workspace(_GATHER, workspace, residual.device)
-        return _fused_impl(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
-                           scales, routed_scale, strategy, residual, gather_run(handle))[1]
+        return _gather_impl(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
+                            scales, routed_scale, strategy, True)[1]
 
     @gather_.register_fake
     def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,

@@ -1,9 +1,12 @@
 """The gather's workspace: collective over a torch.distributed group (CUDA,
-with its own NCCL communicator) or over an in-process CPU group (threads).
+with its own NCCL communicator; or CPU over a gloo group, the gather then
+run by _pgather.py) or over an in-process CPU group (threads).
 
 The attributes are the reference's: world_size, rank, max_tokens,
 hidden_size, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens
-(None: AUTO never takes the unfused strategy) and device_group. AUTO takes
+(None: AUTO never takes the unfused strategy), device_group and all_gather
+(the unfused path's hook). The thresholds are settable; AUTO follows them.
+AUTO takes
 ONESHOT for tokens <= moe_gather_oneshot_max_tokens, UNFUSED for tokens >=
 moe_gather_separate_norm_min_tokens, TWOSHOT otherwise. The library's own
 names stay as aliases: nranks, hidden, oneshot_max_tokens, twoshot_max_tokens
@@ -18,8 +21,9 @@ import torch
 
 from . import _lib
 from . import _nccl
+from . import _run
 from . import _tensors as A
-from ._errors import raise_for_status
+from ._errors import BeamUnsupportedError, raise_for_status
 
 __all__ = ["CpuGroup", "Workspace"]
 
@@ -56,10 +60,10 @@ def _thresholds(fn, oneshot, separate, twoshot_alias, oneshot_alias, timeout_ms)
         two = None if separate is _UNSET else _NEVER
     else:
         m = A.integer(fn, "moe_gather_separate_norm_min_tokens", separate, A.INT64)
-        if m < 1:
-            raise ValueError("%s: moe_gather_separate_norm_min_tokens=%d must be >= 1 (None: never unfused)"
+        if m < 0:
+            raise ValueError("%s: moe_gather_separate_norm_min_tokens=%d must be >= 0 (None: never unfused)"
                              % (fn, m))
-        two = m - 1
+        two = max(m - 1, 0)  # 0 and 1 choose alike: ONESHOT takes tokens = 0 first
     tmo = A.integer(fn, "timeout_ms", timeout_ms, A.INT32) if timeout_ms is not None else None
     return one, two, tmo
 
@@ -127,29 +131,90 @@ def _group_src(dist, group):
 
 _open = weakref.WeakValueDictionary()  # handle -> open Workspace (torch.ops.beammoe.* take the handle)
 
+# The library's strategy values (enum beam_strategy)
+_AUTO, _UNFUSED, _ONESHOT, _TWOSHOT = 0, 2, 3, 4
+_NAMES = {_UNFUSED: "unfused", _ONESHOT: "oneshot", _TWOSHOT: "twoshot"}
+
+
+def _device(fn, device):
+    """The workspace's device type: "cuda" or "cpu" (None: cuda when torch
+    sees a GPU, else cpu)."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError("%s: device=%r is not a device (use \"cpu\" or \"cuda\")" % (fn, device)) from None
+    if not isinstance(device, torch.device):
+        raise TypeError("%s: device must be None, a string or a torch.device, got %s" % (fn, type(device).__name__))
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError("%s: device=%s: only cpu and cuda workspaces exist" % (fn, device))
+    if device.type == "cuda" and device.index is not None and torch.cuda.is_available() \
+            and device.index != torch.cuda.current_device():
+        raise ValueError("%s: device=%s is not the current CUDA device (cuda:%d): call torch.cuda.set_device(%d) "
+                         "first" % (fn, device, torch.cuda.current_device(), device.index))
+    return device.type
+
+
+def _check_shape_and_config(fn, max_tokens, hidden, one, two, tmo):
+    """The library's rules for a workspace (lib/api.c), for the workspaces
+    that Python runs itself (CPU over a process group)."""
+    if hidden < 256 or hidden > 8192 or hidden % 256:
+        raise ValueError("%s: hidden=%d must be a multiple of 256 in [256, 8192]" % (fn, hidden))
+    if max_tokens < 0:
+        raise ValueError("%s: max_tokens=%d must be >= 0" % (fn, max_tokens))
+    if max_tokens > (2 ** 63 - 1) // (hidden * 2):
+        raise ValueError("%s: max_tokens=%d is too large for this address space" % (fn, max_tokens))
+    if one < 0 or two < 0:
+        raise ValueError("%s: moe_gather_oneshot_max_tokens=%d and twoshot_max_tokens=%d must be >= 0"
+                         % (fn, one, two))
+    if tmo < 1:
+        raise ValueError("%s: timeout_ms=%d must be >= 1" % (fn, tmo))
+
 
 class Workspace:
     """The gather's workspace for `max_tokens` tokens of `hidden_size` columns.
 
-    Workspace(group, max_tokens, hidden_size, ...) is collective over a
-    torch.distributed process group (None = the default group; any backend
-    that can broadcast a Python object, e.g. nccl or gloo): it makes its OWN
-    NCCL communicator on every rank's current CUDA device (rank 0 makes the
-    unique id, the group broadcasts it) and the library's workspace over it.
-    Every rank passes the same arguments. The tensors given to the gather
-    must be on that device. NCCL_NVLS_ENABLE defaults to 0 (the library
-    never uses NVLink multicast; this keeps NCCL from reserving it).
+    Workspace(group, max_tokens, hidden_size, ..., device=None) is collective
+    over a torch.distributed process group (None = the default group), one
+    process per rank, every rank with the same arguments:
+
+    - CUDA (device "cuda", the default when torch sees a GPU): the workspace
+      makes its OWN NCCL communicator on every rank's current CUDA device
+      (rank 0 makes the unique id, the group broadcasts it; any backend that
+      can broadcast a Python object, e.g. nccl or gloo) and the library's
+      workspace over it. The tensors given to the gather must be on that
+      device. NCCL_NVLS_ENABLE defaults to 0 (the library never uses NVLink
+      multicast; this keeps NCCL from reserving it).
+    - CPU (device "cpu", the default without a GPU): over a group that runs
+      collectives on CPU tensors (gloo). The gather takes CPU tensors: each
+      rank finalizes its own rows with the library, the rows are
+      all-gathered over the group (or the all_gather hook), and the
+      residual add and norms run with the library on all rows; every
+      strategy gives these same bits. Each rank's argument checks and a
+      signature of its arguments travel first, so a rank that rejects its
+      arguments, or ranks that disagree, make every rank raise.
 
     Workspace.cpu(cpu_group, rank, max_tokens, hidden_size, ...) is the CPU
-    version over a CpuGroup, called by each rank's thread.
+    version over a CpuGroup (threads of one process), called by each rank's
+    thread.
 
     moe_gather_oneshot_max_tokens: AUTO takes ONESHOT up to this many tokens
     (None: the backend's default: every tokens on CUDA, 64 on the CPU). moe_gather_separate_norm_min_tokens:
     AUTO takes UNFUSED from this many tokens on (None, the default: never).
-    Between the two AUTO takes TWOSHOT. timeout_ms: how long a rank waits
-    for its peers before a BeamCommError (None: the backend's default).
+    Between the two AUTO takes TWOSHOT. Both are plain attributes: assign
+    an int >= 0 (the second also None) and the next AUTO call follows it
+    (every rank must assign the same). timeout_ms: how long a rank waits for
+    its peers before a BeamCommError (None: the backend's default).
     oneshot_max_tokens and twoshot_max_tokens are the library's names for
     the same thresholds (twoshot_max_tokens = separate_norm_min_tokens - 1).
+
+    all_gather: None, or a callable (output, input) like
+    torch.distributed.all_gather_into_tensor (output [world_size * n, ...],
+    input [n, ...]) that the unfused path uses to gather the finalized rows:
+    the UNFUSED strategy (asked for, or AUTO's choice), and every call of a
+    CPU workspace over a process group.
 
     close() is collective too (destroys the workspace, then the
     communicator); it is not done by the garbage collector, since ranks
@@ -158,7 +223,7 @@ class Workspace:
 
     def __init__(self, group, max_tokens, hidden_size=None, *, moe_gather_oneshot_max_tokens=None,
                  moe_gather_separate_norm_min_tokens=_UNSET, timeout_ms=None, hidden=None,
-                 oneshot_max_tokens=None, twoshot_max_tokens=None):
+                 oneshot_max_tokens=None, twoshot_max_tokens=None, device=None):
         import torch.distributed as dist
 
         fn = "beammoe.Workspace"
@@ -166,10 +231,16 @@ class Workspace:
         hidden_size = self._hidden(fn, hidden_size, hidden)
         one, two, tmo = _thresholds(fn, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens,
                                     twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
+        kind = _device(fn, device)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("%s: torch.distributed is not initialized (call init_process_group first)" % fn)
+        if kind == "cpu":
+            self._init_process_group_cpu(fn, dist, group, max_tokens, hidden_size, one, two, tmo)
+            self._set_thresholds(moe_gather_separate_norm_min_tokens)
+            return
         if not torch.cuda.is_available():
-            raise RuntimeError("%s: needs CUDA (for the CPU backend use Workspace.cpu with a CpuGroup)" % fn)
+            raise RuntimeError("%s: device=\"cuda\" but torch sees no CUDA device (device=\"cpu\" makes a CPU "
+                               "workspace over a gloo group)" % fn)
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         self._init_fields(max_tokens, hidden_size, torch.device("cuda", torch.cuda.current_device()),
                           group if group is not None else dist.group.WORLD)
@@ -197,6 +268,35 @@ class Workspace:
                 raise_for_status(st, msg or "beam_workspace_create_nccl failed")
         self._comm = comm
         self._opened(h.value, cfg)
+        self._set_thresholds(moe_gather_separate_norm_min_tokens)
+
+    def _init_process_group_cpu(self, fn, dist, group, max_tokens, hidden_size, one, two, tmo):
+        """A CPU workspace over a torch.distributed group: no library
+        workspace; the ranks check that they agree (collective)."""
+        from . import _pgather
+
+        pg = group if group is not None else dist.group.WORLD
+        backend = str(dist.get_backend(group))
+        if backend == "nccl":
+            raise ValueError("%s: device=\"cpu\" needs a process group that runs collectives on CPU tensors "
+                             "(gloo), got an nccl group (e.g. dist.new_group(backend=\"gloo\"))" % fn)
+        self._init_fields(max_tokens, hidden_size, torch.device("cpu"), pg)
+        self._pg = True
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        with _lib.backend("cpu"):  # the CPU backend's defaults
+            cfg = _config(one, two, tmo)
+        err = None
+        try:
+            _check_shape_and_config(fn, max_tokens, hidden_size, cfg.oneshot_max_tokens, cfg.twoshot_max_tokens,
+                                    cfg.timeout_ms)
+        except ValueError as e:
+            err = e
+        head = [max_tokens, hidden_size, cfg.oneshot_max_tokens, cfg.twoshot_max_tokens, cfg.timeout_ms]
+        self._cfg = (cfg.oneshot_max_tokens, cfg.twoshot_max_tokens, cfg.timeout_ms)
+        table = _pgather.exchange(self, fn, _pgather.pack(err, head), cfg.timeout_ms if err is None else 30000)
+        _pgather.settle(fn, self.rank, table, err, _pgather.CREATE_FIELDS)
+        self._handle = id(self)
+        _open[self._handle] = self
 
     @classmethod
     def cpu(cls, group, rank, max_tokens, hidden_size=None, *, moe_gather_oneshot_max_tokens=None,
@@ -222,6 +322,7 @@ class Workspace:
                                                  ctypes.byref(h)),
                    "beam_workspace_create_cpu")
         self._opened(h.value, cfg)
+        self._set_thresholds(moe_gather_separate_norm_min_tokens)
         return self
 
     @staticmethod
@@ -244,6 +345,12 @@ class Workspace:
         self._lock = threading.Lock()
         self.rank = self.world_size = None
         self._cfg = None
+        self._pg = False  # a CPU workspace over a torch.distributed group (no library workspace)
+        self._one = 0
+        self._sep = None
+        self._c_auto = True  # the thresholds are those handed to the library: AUTO is its own
+        self._peerless = False  # a CUDA workspace without peer memory: AUTO is UNFUSED always
+        self._all_gather = None
 
     def _opened(self, handle, cfg):
         self._handle = handle
@@ -254,31 +361,84 @@ class Workspace:
         self.rank, self.world_size = r.value, n.value
         _open[handle] = self
 
+    def _set_thresholds(self, sep):
+        """The attributes from the values handed to the library (a
+        moe_gather_separate_norm_min_tokens of 0 reads back as given)."""
+        self._one = self._cfg[0]
+        self._sep = None if self._cfg[1] >= _NEVER else self._cfg[1] + 1
+        if sep is not _UNSET and sep is not None and sep == 0:
+            self._sep = 0
+        self._c_auto = not self._pg
+
     @staticmethod
     def by_handle(handle):
         """The open workspace with this handle, or None."""
         return _open.get(handle)
 
-    # ---- the thresholds (read only: they were handed to the library) -------
+    # ---- the thresholds: plain attributes (AUTO follows them) ----------------
+    def _thresholds_changed(self):
+        two = _NEVER if self._sep is None else max(self._sep - 1, 0)
+        self._c_auto = (self._one, two) == self._cfg[:2] and not self._pg
+
     @property
     def moe_gather_oneshot_max_tokens(self):
-        return self._cfg[0]
+        return self._one
+
+    @moe_gather_oneshot_max_tokens.setter
+    def moe_gather_oneshot_max_tokens(self, v):
+        self._one = self._threshold("moe_gather_oneshot_max_tokens", v)
+        self._thresholds_changed()
 
     @property
     def moe_gather_separate_norm_min_tokens(self):
-        return None if self._cfg[1] >= _NEVER else self._cfg[1] + 1
+        return self._sep
+
+    @moe_gather_separate_norm_min_tokens.setter
+    def moe_gather_separate_norm_min_tokens(self, v):
+        self._sep = None if v is None else self._threshold("moe_gather_separate_norm_min_tokens", v)
+        self._thresholds_changed()
 
     @property
     def oneshot_max_tokens(self):
-        return self._cfg[0]
+        return self._one
+
+    @oneshot_max_tokens.setter
+    def oneshot_max_tokens(self, v):
+        self._one = self._threshold("oneshot_max_tokens", v)
+        self._thresholds_changed()
 
     @property
     def twoshot_max_tokens(self):
-        return self._cfg[1]
+        return _NEVER if self._sep is None else max(self._sep - 1, 0)
+
+    @twoshot_max_tokens.setter
+    def twoshot_max_tokens(self, v):
+        v = self._threshold("twoshot_max_tokens", v)
+        self._sep = None if v >= _NEVER else v + 1
+        self._thresholds_changed()
+
+    @staticmethod
+    def _threshold(name, v):
+        v = A.integer("beammoe.Workspace", name, v, A.INT64)
+        if v < 0:
+            raise ValueError("beammoe.Workspace: %s=%d must be >= 0" % (name, v))
+        return v
 
     @property
     def timeout_ms(self):
         return self._cfg[2]
+
+    @property
+    def all_gather(self):
+        """None or the callable (output, input) that the unfused path gathers with."""
+        return self._all_gather
+
+    @all_gather.setter
+    def all_gather(self, fn):
+        if fn is not None and not callable(fn):
+            raise TypeError("beammoe.Workspace: all_gather must be None or a callable (output, input) like "
+                            "torch.distributed.all_gather_into_tensor, got %s" % type(fn).__name__)
+        self._all_gather = fn
 
     @property
     def nranks(self):
@@ -291,15 +451,65 @@ class Workspace:
     def strategy_for(self, tokens):
         """The strategy AUTO takes for `tokens` tokens: "oneshot", "twoshot" or "unfused"."""
         tokens = A.integer("beammoe.Workspace.strategy_for", "tokens", tokens, A.INT64)
-        if tokens <= self._cfg[0]:
-            return "oneshot"
-        if tokens <= self._cfg[1]:
-            return "twoshot"
-        return "unfused"
+        return _NAMES[self._auto_enum(tokens)]
+
+    def _auto_enum(self, tokens):
+        if self._peerless:
+            return _UNFUSED
+        if tokens <= self._one:
+            return _ONESHOT
+        if self._sep is not None and tokens >= self._sep:
+            return _UNFUSED
+        return _TWOSHOT
+
+    def _python_gather(self, residual, strategy):
+        """Whether a gather call runs in Python (_pgather): every call of a
+        CPU workspace over a process group; with the all_gather hook set,
+        the calls that take UNFUSED. `strategy`: the caller's (None or a
+        name) or the library's value."""
+        if self._pg:
+            return True
+        if self._all_gather is None:
+            return False
+        if type(strategy) is int:
+            code = strategy
+        elif strategy is None:
+            code = _AUTO
+        elif isinstance(strategy, str):
+            code = _lib.STRATEGIES.get(strategy.lower(), -1)
+        else:
+            return False
+        if code == _UNFUSED:
+            return True
+        if code != _AUTO or not isinstance(residual, torch.Tensor) or residual.dim() != 2:
+            return False
+        return self._auto_enum(residual.shape[0]) == _UNFUSED
+
+    def _run_gather(self, dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st):
+        """The library's gather with AUTO resolved from the attributes (the
+        library's own rule while they are the values it was handed)."""
+        handle = self.handle
+        if st != _AUTO or self._c_auto:
+            _run.gather(dev, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
+                        n, st)
+            return
+        st = self._auto_enum(tokens)
+        try:
+            _run.gather(dev, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
+                        n, st)
+        except BeamUnsupportedError as e:
+            # A CUDA workspace without peer memory (every rank alike, before
+            # anything was launched): AUTO is UNFUSED there, as in the library.
+            if st == _UNFUSED or "needs peer memory" not in str(e):
+                raise
+            self._peerless = True
+            _run.gather(dev, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
+                        n, _UNFUSED)
 
     @property
     def handle(self):
-        """The beam_workspace pointer (an int); ValueError once closed."""
+        """The beam_workspace pointer (an int; for a CPU workspace over a
+        process group, an id of the workspace); ValueError once closed."""
         h = self._handle
         if h is None:
             raise ValueError("beammoe.Workspace: the workspace is closed")
@@ -310,13 +520,16 @@ class Workspace:
         return self._handle is None
 
     def close(self):
-        """Collective: destroy the workspace, then its NCCL communicator."""
+        """Collective: destroy the workspace, then its NCCL communicator (a
+        CPU workspace over a process group holds neither)."""
         with self._lock:
             h, self._handle = self._handle, None
             comm, self._comm = self._comm, None
         if h is None:
             return
         _open.pop(h, None)
+        if self._pg:
+            return
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
                 st = _lib.library().beam_workspace_destroy(h)
@@ -339,6 +552,6 @@ class Workspace:
         if self._cfg is None:
             return "Workspace(unopened)"
         return ("Workspace(rank=%s, world_size=%s, max_tokens=%d, hidden_size=%d, "
-                "moe_gather_oneshot_max_tokens=%d, moe_gather_separate_norm_min_tokens=%r, device=%s%s)" % (
-                    self.rank, self.world_size, self.max_tokens, self.hidden_size, self._cfg[0],
-                    self.moe_gather_separate_norm_min_tokens, self.device, ", closed" if self.closed else ""))
+                "moe_gather_oneshot_max_tokens=%d, moe_gather_separate_norm_min_tokens=%r, device=%s%s%s)" % (
+                    self.rank, self.world_size, self.max_tokens, self.hidden_size, self._one, self._sep,
+                    self.device, ", process group" if self._pg else "", ", closed" if self.closed else ""))

@@ -82,6 +82,26 @@ def worker(rank, nranks, init_file):
                     ws.moe_gather_separate_norm_min_tokens) == (1024, hidden, 16, 257), ws
             assert ws.device_group is dist.group.WORLD
             _check(ws, rank, nranks, cases, (None, "oneshot", "twoshot", "unfused"), dev)
+            # The all_gather hook (the reference's) takes the UNFUSED calls;
+            # assigned thresholds steer AUTO (the library then gets the
+            # explicit strategy).
+            calls = []
+
+            def hook(out, inp):
+                calls.append((tuple(out.shape), tuple(inp.shape)))
+                dist.all_gather_into_tensor(out, inp)
+
+            ws.all_gather = hook
+            _check(ws, rank, nranks, [5, 64], ("unfused",), dev)
+            assert len(calls) == 8, calls  # 2 cases x inplace or not x (signature, rows)
+            ws.moe_gather_oneshot_max_tokens = 0
+            ws.moe_gather_separate_norm_min_tokens = 6
+            assert (ws.strategy_for(5), ws.strategy_for(6)) == ("twoshot", "unfused")
+            _check(ws, rank, nranks, [5, 64], (None,), dev)  # 5: the library's TWOSHOT; 64: the hook
+            assert len(calls) == 12, calls
+            ws.all_gather = None
+            ws.moe_gather_oneshot_max_tokens = 16
+            ws.moe_gather_separate_norm_min_tokens = 257
             # Tensors of another device than the workspace's are rejected.
             if rank == 0:
                 g, w, residual, _, _ = _case(4, 8, hidden, 7)

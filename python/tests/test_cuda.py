@@ -149,3 +149,24 @@ def test_cuda_tensors_with_cpu_workspace(gen):
             beammoe.beam_moe_finalize_gather_norm_residual_norm(
                 beammoe.MoEOutput(g.cuda(), w.cuda()), torch.zeros(4, 256, dtype=BF16, device="cuda"),
                 None, None, None, None, None, ws)
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_prepared_call_cuda_vs_cpu(gen, inplace):
+    tokens, top_k, hidden = 9, 8, 2048
+    g, w = random_case(gen, tokens, top_k, hidden, specials=True)
+    residual = random_bf16(gen, tokens, hidden, scale=3.0)
+    pw, nw = random_bf16(gen, hidden), random_bf16(gen, hidden)
+    want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(
+        beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, (0.5, 2.0), 1.25)
+    gc, wc, rc, pwc, nwc = _cuda(g, w, residual, pw, nw)
+    call = beammoe.prepare_finalize_norm_residual_norm(beammoe.MoEOutput(gc, wc), rc, pwc, 1e-6, nwc, 1e-5,
+                                                       (0.5, 2.0), 1.25, inplace=inplace)
+    h, n = call()
+    assert (h is rc) == inplace and h.device == rc.device
+    assert_bits_equal(h, want_h, "prepared cuda hidden")
+    assert_bits_equal(n, want_n, "prepared cuda normalized")
+    if not inplace:
+        h2, _ = call()
+        assert h2 is h
+        assert_bits_equal(h2, want_h)

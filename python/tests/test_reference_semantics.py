@@ -181,11 +181,22 @@ def test_inplace_refuses_a_leaf_that_requires_grad(layer):
         assert h is leaf and leaf._version > v
 
 
-def test_inplace_refuses_inputs_that_require_grad(layer):
+def test_inplace_with_inputs_that_require_grad(layer):
+    """A norm weight that requires grad (a model's nn.Parameter) outside
+    no_grad: the in-place forward runs with the same bits; the written
+    residual then carries a backward function that refuses."""
     x, residual, pw, nw = layer
-    pwg = pw.clone().requires_grad_()
-    with pytest.raises(RuntimeError, match=r"residual would be written in place while autograd records"):
-        fused(x, residual.clone(), pwg, nw, inplace=True)
+    want_h, want_n = fused(x, residual, pw, nw)
+    pwg = torch.nn.Parameter(pw.clone())
+    r = residual.clone()
+    v = r._version
+    h, n = fused(x, r, pwg, nw, inplace=True)
+    assert h is r and r._version > v
+    assert_bits_equal(r.detach(), want_h)
+    assert_bits_equal(n.detach(), want_n)
+    assert r.requires_grad and r.grad_fn is not None
+    with pytest.raises(RuntimeError, match=r"no derivative"):
+        r.float().sum().backward()
 
 
 def test_backward_is_refused(layer):

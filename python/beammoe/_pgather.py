@@ -1,0 +1,277 @@
+"""The gather run by Python: the library's local operations around an all-gather.
+
+Used by a CPU Workspace over a torch.distributed process group (every call),
+and by any workspace whose all_gather hook is set, for the calls that take
+the UNFUSED strategy. Each rank:
+
+1. checks its arguments (the Python checks, the gather's rules with the
+   library's wording, and the library's own checks of the operation), and
+   finalizes its own rows [r*L, min((r+1)*L, T)) with the library (post norm
+   included) into an [L, hidden] buffer;
+2. exchanges a fixed-size signature with every rank: its status, the first
+   bytes of its error message, and the arguments that must agree (tokens,
+   hidden, top_k, strategy, routed_scale, the norms' eps and whether they
+   have a weight, the scales). Its size does not depend on the arguments,
+   so ranks that disagree on tokens still meet in it. If any rank failed,
+   or the ranks disagree, every rank raises (the failing rank its own
+   error, the others a BeamArgumentError naming that rank and its message)
+   and nothing is written;
+3. all-gathers the finalized rows ([R*L, hidden]: the hook, or
+   torch.distributed.all_gather_into_tensor over the group), then runs the
+   library's norm_residual_norm over the T gathered rows.
+
+The result is the composition that the library's fused operation equals by
+construction (docs/numerics.md), so every strategy and world size gives the
+bits of the one-process fused operation.
+
+The signature travels over the process group (int64 words) for a CPU
+workspace over a process group, and through the hook as a [1, hidden] BF16
+row (its bytes) for a library workspace with a hook.
+"""
+import datetime
+import struct
+
+import torch
+
+from . import _lib
+from . import _run
+from . import _tensors as A
+from ._errors import BeamArgumentError, BeamCommError, BeamError, raise_for_status
+
+BF16 = torch.bfloat16
+WORDS = 64  # int64 words of a signature: 16 of header, then the message
+_HEAD = 16
+_MSG_BYTES = (WORDS - _HEAD) * 8
+_MAGIC = 0x42454D31  # "BEM1"
+_NONE = 1 << 40  # an absent float (no norm, no scales)
+_OTHER = 6  # status of a failure that is no library status (e.g. a hook's exception)
+
+# The header's fields after (magic, status), and how a mismatch names them.
+CALL_FIELDS = (("tokens", "int"), ("hidden", "int"), ("top_k", "int"), ("strategy", "strategy"),
+               ("routed_scale", "float"), ("post_eps", "float"), ("post_weight", "given"),
+               ("next_eps", "float"), ("next_weight", "given"), ("scales[0]", "float"), ("scales[1]", "float"))
+CREATE_FIELDS = (("max_tokens", "int"), ("hidden_size", "int"), ("moe_gather_oneshot_max_tokens", "int"),
+                 ("twoshot_max_tokens", "int"), ("timeout_ms", "int"))
+_STRATEGY = {0: "auto", 1: "fused", 2: "unfused", 3: "oneshot", 4: "twoshot"}
+_NAMES = '"auto", "oneshot", "twoshot" or "unfused"'
+_FUSED = "beam_moe_finalize_norm_residual_norm"
+
+
+def _f32_bits(v):
+    return _NONE if v is None else struct.unpack("<i", struct.pack("<f", v))[0]
+
+
+def _status(e):
+    if isinstance(e, BeamError):
+        return e.status
+    if isinstance(e, (ValueError, TypeError)):
+        return 1
+    return _OTHER
+
+
+def pack(err, head):
+    """The signature (int64 [WORDS]) of this rank: its status and message
+    (from the exception `err`, or OK) and the header values."""
+    words = [0] * WORDS
+    words[0] = _MAGIC
+    if err is not None:
+        words[1] = _status(err)
+        msg = ("%s: %s" % (type(err).__name__, err)).encode("utf-8", "replace")[:_MSG_BYTES]
+        words[_HEAD - 1] = len(msg)
+        raw = msg.ljust(_MSG_BYTES, b"\0")
+        words[_HEAD:] = struct.unpack("<%dq" % (WORDS - _HEAD), raw)
+    else:
+        words[2:2 + len(head)] = head
+    return torch.tensor(words, dtype=torch.int64)
+
+
+def _message(row):
+    n = row[_HEAD - 1]
+    raw = struct.pack("<%dq" % (WORDS - _HEAD), *row[_HEAD:])
+    return raw[:max(0, min(n, _MSG_BYTES))].decode("utf-8", "replace")
+
+
+def _shown(kind, v):
+    if kind == "float":
+        return "None" if v == _NONE else repr(struct.unpack("<f", struct.pack("<i", v))[0])
+    if kind == "given":
+        return "given" if v else "None"
+    if kind == "strategy":
+        return _STRATEGY.get(v, str(v))
+    return str(v)
+
+
+def settle(fn, rank, table, err, fields):
+    """Raise on every rank when any rank failed or the ranks disagree (the
+    exchanged signatures: int64 [R, WORDS]); this rank's own error first."""
+    if err is not None:
+        raise err
+    rows = table.tolist()
+    for r, row in enumerate(rows):
+        if row[0] != _MAGIC:
+            raise BeamCommError("%s: rank %d sent no beammoe signature (another collective call, or another "
+                                "beammoe version, on that rank); every rank fails and nothing was written"
+                                % (fn, r), 4)
+        if row[1] != 0:
+            raise_for_status(row[1] if 1 <= row[1] <= 5 else _OTHER,
+                             "%s: rank %d failed (%s); every rank fails and nothing was written"
+                             % (fn, r, _message(row)))
+    for i, (name, kind) in enumerate(fields):
+        want = rows[0][2 + i]
+        for r in range(1, len(rows)):
+            got = rows[r][2 + i]
+            if got != want:
+                raise BeamArgumentError("%s: the ranks disagree on %s: rank 0 has %s, rank %d has %s (every rank "
+                                        "must pass the same %s); nothing was written"
+                                        % (fn, name, _shown(kind, want), r, _shown(kind, got),
+                                           ", ".join(f[0] for f in fields)))
+
+
+def _wait(work, fn, rank, timeout_ms):
+    try:
+        done = work.wait(timeout=datetime.timedelta(milliseconds=timeout_ms))
+    except RuntimeError as e:
+        raise BeamCommError("%s: rank %d: the collective over the process group failed or a peer did not arrive "
+                            "within timeout_ms=%d: %s" % (fn, rank, timeout_ms, e), 4) from e
+    if done is False:
+        raise BeamCommError("%s: rank %d: a peer did not arrive within timeout_ms=%d" % (fn, rank, timeout_ms), 4)
+
+
+def exchange(ws, fn, sig, timeout_ms=None):
+    """Every rank's signature: int64 [R, WORDS]."""
+    R = ws.world_size
+    if ws._pg:
+        import torch.distributed as dist
+
+        outs = [torch.empty_like(sig) for _ in range(R)]
+        work = dist.all_gather(outs, sig, group=ws.device_group, async_op=True)
+        _wait(work, fn, ws.rank, timeout_ms if timeout_ms is not None else ws.timeout_ms)
+        return torch.stack(outs)
+    # A library workspace with the hook: its bytes as a BF16 row of hidden_size
+    # columns (>= 256, so >= 512 bytes), gathered by the hook.
+    row = torch.zeros(1, ws.hidden_size, dtype=torch.int16)
+    row[0, :WORDS * 4] = sig.view(torch.int16)
+    out = torch.empty(R, ws.hidden_size, dtype=BF16, device=ws.device)
+    ws._all_gather(out, row.view(BF16).to(ws.device))
+    return out.cpu().view(torch.int16)[:, :WORDS * 4].contiguous().view(torch.int64)
+
+
+_into_tensor = [True]  # the group takes all_gather_into_tensor (gloo of torch < 2.1 does not)
+
+
+def _all_gather_rows(ws, fn, out, inp):
+    """out [R*L, hidden] = every rank's inp [L, hidden], in rank order."""
+    hook = ws._all_gather
+    if hook is not None:
+        hook(out, inp)
+        return
+    import torch.distributed as dist
+
+    group = ws.device_group
+    out, inp = out.view(torch.uint8), inp.view(torch.uint8)  # the bytes (gloo of torch 1.13 has no BF16, no int16)
+    if _into_tensor[0] and hasattr(dist, "all_gather_into_tensor"):
+        try:
+            work = dist.all_gather_into_tensor(out, inp, group=group, async_op=True)
+        except RuntimeError as e:  # refused on the spot, on every rank alike
+            if "support" not in str(e):
+                raise
+            _into_tensor[0] = False
+        else:
+            _wait(work, fn, ws.rank, ws.timeout_ms)
+            return
+    work = dist.all_gather(list(out.view(ws.world_size, -1, out.shape[1]).unbind(0)), inp, group=group,
+                           async_op=True)
+    _wait(work, fn, ws.rank, ws.timeout_ms)
+
+
+def _gather_rules(fn, ws, st, tokens, hidden, capacity):
+    """The gather's own rules (lib/api.c's wording); the strategy AUTO takes."""
+    if st not in (0, 2, 3, 4):
+        if st == 1:
+            raise BeamArgumentError("%s: strategy=FUSED: unknown strategy for this operation (use AUTO, ONESHOT, "
+                                    "TWOSHOT or UNFUSED)" % fn)
+        raise BeamArgumentError("%s: strategy=%d: unknown strategy" % (fn, st))
+    if tokens > ws.max_tokens:
+        raise BeamArgumentError("%s: tokens=%d must be <= max_tokens=%d of the workspace"
+                                % (fn, tokens, ws.max_tokens))
+    if hidden != ws.hidden_size:
+        raise BeamArgumentError("%s: hidden=%d must equal hidden=%d of the workspace" % (fn, hidden, ws.hidden_size))
+    per = -(-tokens // ws.world_size)
+    if capacity < per:
+        raise BeamArgumentError("%s: capacity=%d must be >= ceil(tokens / ranks) = %d (tokens=%d, ranks=%d)"
+                                % (fn, capacity, per, tokens, ws.world_size))
+    return st if st else ws._auto_enum(tokens)
+
+
+def _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne):
+    """The library's checks of the operation (top_k, hidden, eps, scales,
+    routed_scale, pointers): its fused operation on zero rows, with the
+    gather's name in the message."""
+    empty = torch.empty(0, dtype=BF16, device=dev)
+    try:
+        _run.fused(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
+                   empty if ne is not None else None, 0)
+    except BeamArgumentError as e:
+        msg = str(e)
+        if msg.startswith(_FUSED + ":"):
+            raise BeamArgumentError(fn + msg[len(_FUSED):]) from None
+        raise
+
+
+def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace, op=False):
+    """The gather of ops.beam_moe_finalize_gather_norm_residual_norm in
+    Python. Eager (op=False): the function's own arguments; returns
+    (hidden, normalized | None), refusing a backward pass where autograd
+    records. op=True (the torch operator's implementation): x is
+    (gemm2, weights), strategy the library's value; returns (hidden, normalized
+    | None) with hidden = residual when inplace."""
+    from . import ops
+
+    rank, R = ws.rank, ws.world_size
+    err = None
+    head = ()
+    try:
+        if op:
+            g, w = x
+        else:
+            g, w = A.moe_output(fn, x)
+        st = strategy if type(strategy) is int else A.strategy(fn, strategy, _lib.STRATEGIES, _NAMES)
+        capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = ops.check_fused(
+            fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, st, gather=True)
+        A.flag(fn, "inplace", inplace)
+        tensors = (g, w, residual, pw, nw)
+        dev, _, recording = ops._placement(fn, ops._FUSED_NAMES, tensors)
+        ops.check_workspace(fn, ws, dev)
+        recording = recording and not op
+        if inplace:
+            ops._no_autograd_write(fn, "residual", residual, recording, True)
+        tokens = residual.shape[0]
+        st = _gather_rules(fn, ws, st, tokens, hidden, capacity)
+        _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne)
+        per = -(-tokens // R)
+        owned = min(max(tokens - rank * per, 0), per)
+        fin = torch.empty(per, hidden, dtype=BF16, device=dev)
+        if owned < per:
+            fin[owned:].zero_()  # padding rows: sent, never read
+        _run.finalize(dev, g, w, capacity, owned, top_k, hidden, scale, pw, pe, fin)
+        head = (tokens, hidden, top_k, st, _f32_bits(scale), _f32_bits(pe), int(pw is not None), _f32_bits(ne),
+                int(nw is not None), _f32_bits(s[0] if s is not None else None),
+                _f32_bits(s[1] if s is not None else None))
+    except Exception as e:  # carried to every rank below
+        err = e
+    table = exchange(ws, fn, pack(err, head))
+    settle(fn, rank, table, err, CALL_FIELDS)
+
+    def compute(h, n):
+        if tokens == 0:
+            return
+        rows = torch.empty(R * per, hidden, dtype=BF16, device=dev)
+        _all_gather_rows(ws, fn, rows, fin)
+        _run.norm_residual_norm(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n)
+
+    if op:
+        normalized = torch.empty_like(residual) if ne is not None else None
+        out = residual if inplace else torch.empty_like(residual)
+        compute(out, normalized)
+        return out, normalized
+    return ops._eager(fn, residual, inplace, ne, tensors, compute, recording)

@@ -1,0 +1,162 @@
+"""A prepared call of the fused operation: checked once, then one ctypes call.
+
+prepare_finalize_norm_residual_norm(...) takes the arguments of
+beam_moe_finalize_norm_residual_norm, with preallocated outputs, checks them
+all once (the Python checks and the library's own, on zero rows) and
+returns a PreparedCall. Calling it runs the library on the same tensors: an
+inference engine refills its buffers in place (the expert results, the
+routing weights, the residual stream) and calls it once per step. Per call
+it only checks that no tensor was reallocated (its data pointer), makes the
+one ctypes call with the arguments it built, and bumps the version counter
+of the written tensors; it costs about as much as the library's call itself.
+"""
+import ctypes
+
+import torch
+
+from . import _lib
+from . import _run
+from . import _tensors as A
+from ._lib import BeamNorm
+from ._tensors import BF16, Tensor
+
+__all__ = ["PreparedCall", "prepare_finalize_norm_residual_norm"]
+
+_FN = "prepare_finalize_norm_residual_norm"
+_STRATEGY_NAMES = '"auto", "fused" or "unfused"'
+
+
+class PreparedCall:
+    """One operation with every argument checked and converted once.
+
+    call() runs it and returns (hidden, normalized | None): the same tensors
+    every call (hidden is the residual itself with inplace=True). The
+    tensors it was prepared with must keep their storage (no resize_, set_
+    or .data =): a tensor whose data pointer changed is refused
+    (RuntimeError; prepare again). It is for inference: tensors that
+    require grad are refused when it is prepared.
+    """
+
+    __slots__ = ("name", "_f", "_args", "_lib", "_check", "_written", "_result", "_keep", "_cuda", "_index")
+
+    def __init__(self, name, lib, fname, args, check, written, result, keep, cuda_index):
+        self.name = name
+        self._lib = lib
+        self._f = getattr(lib, fname)
+        self._args = args
+        self._check = check  # ((tensor, data_ptr), ...)
+        self._written = written  # tensors to bump (not inference tensors)
+        self._result = result
+        self._keep = keep  # norm structs, scales: alive as long as the call
+        self._cuda = cuda_index is not None
+        self._index = cuda_index
+
+    def __call__(self):
+        for t, p in self._check:
+            if t.data_ptr() != p:
+                raise RuntimeError("%s: a tensor of the prepared call now has another data pointer (reallocated by "
+                                   "resize_, set_ or .data =); prepare the call again" % self.name)
+        if self._cuda:
+            st = self._call_cuda()
+        else:
+            st = self._f(*self._args)
+        if st:
+            _lib.check(st, self.name, self._lib)
+        for t in self._written:
+            _increment_version(t)
+        return self._result
+
+    def _call_cuda(self):
+        index = self._index
+        if _run._current_device() != index:
+            with torch.cuda.device(index):
+                return self._f(*self._args, _run._raw_stream(index))
+        return self._f(*self._args, _run._raw_stream(index))
+
+    def __repr__(self):
+        return "PreparedCall(%s)" % self.name
+
+
+if hasattr(torch.autograd, "graph") and hasattr(torch.autograd.graph, "increment_version"):
+    _increment_version = torch.autograd.graph.increment_version
+else:  # torch < 2.1: a copy onto itself bumps the counter and changes no bit
+    def _increment_version(t):
+        t.copy_(t)
+
+
+def _output(fn, name, t, like):
+    A.tensor(fn, name, t, BF16, 2)
+    if t.shape != like.shape:
+        A.shape(fn, name, t, tuple(like.shape))
+    if t.device != like.device:
+        raise ValueError("%s: %s is on %s but residual is on %s" % (fn, name, t.device, like.device))
+    return t
+
+
+def prepare_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                                        routed_scale=1.0, *, strategy=None, inplace=True, hidden=None,
+                                        normalized=None):
+    """A PreparedCall of beam_moe_finalize_norm_residual_norm on these tensors.
+
+    The arguments are the function's. inplace=True (the default) writes
+    hidden into residual; inplace=False writes it into `hidden` (a
+    [tokens, hidden] BF16 tensor, allocated here when None). `normalized`:
+    the next norm's output, allocated here when None (next_eps given), and
+    None without a next norm. The call returns (hidden, normalized | None),
+    the same tensors every time, with the bits of the function.
+    """
+    from . import ops
+
+    fn = _FN
+    g, w = A.moe_output(fn, x)
+    capacity, top_k, hidden_size, pw, pe, nw, ne, s, scale, st = ops.check_fused(
+        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+        A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES))
+    A.flag(fn, "inplace", inplace)
+    tensors = (g, w, residual, pw, nw)
+    dev, eager, _ = ops._placement(fn, ops._FUSED_NAMES, tensors)
+    if not eager or dev.type == "meta":
+        raise ValueError("%s: a prepared call takes plain CPU or CUDA tensors, outside torch.compile and "
+                         "dispatch modes" % fn)
+    if inplace:
+        if hidden is not None:
+            raise ValueError("%s: hidden is residual itself with inplace=True; pass hidden=None" % fn)
+        hidden = residual
+    elif hidden is None:
+        hidden = torch.empty_like(residual)
+    else:
+        _output(fn, "hidden", hidden, residual)
+    if ne is None:
+        if normalized is not None:
+            raise ValueError("%s: normalized is given but next_eps is None (it would not be written)" % fn)
+    elif normalized is None:
+        normalized = torch.empty_like(residual)
+    else:
+        _output(fn, "normalized", normalized, residual)
+    every = [t for t in (g, w, residual, pw, nw, hidden, normalized) if t is not None]
+    for t in every:
+        if t.requires_grad:
+            raise RuntimeError("%s: a prepared call is for inference: a tensor requires grad (call .detach(), or "
+                               "prepare under torch.no_grad())" % fn)
+    # The library's own checks (eps, scales, top_k, hidden, overlap), once.
+    _run.fused(dev, g, w, capacity, 0, top_k, hidden_size, scale, pw, pe, residual, s, nw, ne, hidden,
+               normalized, st)
+    tokens = residual.shape[0]
+
+    post = BeamNorm(_run.addr(pw) if pw is not None else None, pe) if pe is not None else None
+    nxt = BeamNorm(_run.addr(nw) if nw is not None else None, ne) if ne is not None else None
+    sc = (ctypes.c_float * 2)(*s) if s is not None else None
+    args = (_run.addr(g), _run.addr(w), capacity, tokens, top_k, hidden_size, scale,
+            ctypes.addressof(post) if post is not None else None, _run.addr(residual),
+            ctypes.addressof(sc) if sc is not None else None, ctypes.addressof(nxt) if nxt is not None else None,
+            _run.addr(hidden), _run.addr(normalized) if normalized is not None else None, st)
+    cuda = None
+    if dev.type == "cpu":
+        args = args + (None,)
+    else:
+        cuda = dev.index if dev.index is not None else torch.cuda.current_device()
+    check = tuple((t, t.data_ptr()) for t in {id(t): t for t in every}.values())
+    written = tuple(t for t in ((hidden, normalized) if not inplace else (residual, normalized))
+                    if t is not None and not t.is_inference())
+    return PreparedCall(fn, _run._backend(dev), "beam_moe_finalize_norm_residual_norm", args, check, written,
+                        (hidden, normalized), (post, nxt, sc, g, w, residual, pw, nw), cuda)
