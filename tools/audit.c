@@ -533,7 +533,7 @@ static void usage(FILE *f)
             "max BF16 ULP distance (ordered integers; NaN vs NaN 0, NaN vs number 'nan').\n"
             "\n"
             "  --quick     a smaller sweep (seconds)\n"
-            "  --seed N    seed of the generated inputs (default 1)\n"
+            "  --seed N    seed of the generated inputs (default 1; not with --input)\n"
             "  --input F   audit the tensors of safetensors file F instead of the sweep\n"
             "  -h, --help  this text\n"
             "\n"
@@ -600,35 +600,47 @@ int cmd_audit(int argc, char **argv)
                                              {NULL, 0, NULL, 0}};
     audit_ctx ax;
     case_list l = {NULL, 0, 0};
-    int opt, i, b;
+    int opt, i, b, li, help = 0, seed_given = 0;
+    unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     const char *input = NULL;
     double t0;
 
     memset(&ax, 0, sizeof ax);
     ax.seed = 1;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    for (;;) {
+        li = -1; /* getopt_long sets it for long options only */
+        opt = getopt_long(argc, argv, "h", longopts, &li);
+        if (opt == -1) break;
+        if (option_once("audit", longopts, li, seen)) return TOOL_EXIT_USAGE;
         switch (opt) {
         case 'q':
             ax.quick = 1;
             break;
         case 's':
             if (parse_u64("audit", "--seed", optarg, &ax.seed)) return TOOL_EXIT_USAGE;
+            seed_given = 1;
             break;
         case 'i':
             input = optarg;
             break;
         case 'h':
-            usage(stdout);
-            return TOOL_EXIT_OK;
+            help = 1; /* after the loop: an extra argument is still an error */
+            break;
         default:
             fprintf(stderr, "Try 'beammoe audit --help'.\n");
             return TOOL_EXIT_USAGE;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "beammoe audit: unexpected argument '%s'\nTry 'beammoe audit --help'.\n",
-                argv[optind]);
+    if (no_operands("audit", argc, argv, optind)) return TOOL_EXIT_USAGE;
+    if (help) {
+        usage(stdout);
+        return TOOL_EXIT_OK;
+    }
+    /* a file's inputs are the file's: a seed would be silently unused */
+    if (input && seed_given) {
+        fprintf(stderr, "beammoe audit: --seed applies to the built-in sweep, not to --input\n"
+                        "Try 'beammoe audit --help'.\n");
         return TOOL_EXIT_USAGE;
     }
 
