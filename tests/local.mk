@@ -139,3 +139,9 @@ tests_st_fuzz_LDADD = harness/libharness.la
 
 # (no .PHONY line here: automake refuses .PHONY in two conditions, and
 # tests/gather.mk declares its own inside BEAM_WITH_CUDA)
+
+# The `beammoe` tool's standard output: a report that cannot be written
+# (stdout on /dev/full, or closed) is exit 1 with a message, for every
+# command.
+TESTS += tests/tool-stdout.sh
+EXTRA_DIST += tests/tool-stdout.sh

@@ -41,7 +41,8 @@ static void usage(FILE *f)
             "  0  done; audit: every row matches\n"
             "  1  a check failed or the run itself did: an audit mismatch or error row,\n"
             "     a device or communication error, out of memory, another library\n"
-            "     error on valid input\n"
+            "     error on valid input; a write error on the standard output (a full\n"
+            "     disk, a closed stdout)\n"
             "  2  what was given is wrong: an unknown command, option or argument; an\n"
             "     option given twice, or one that does not apply (run --eps without a\n"
             "     norm, audit --seed with --input); a value that is not a number (a\n"
@@ -53,7 +54,8 @@ static void usage(FILE *f)
             "     path that cannot be written (nothing is written then)\n");
 }
 
-int main(int argc, char **argv)
+/* The command line, run: its exit status. */
+static int command(int argc, char **argv)
 {
     const char *cmd;
     static char name[64];
@@ -82,4 +84,11 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "beammoe: unknown command '%s'\nTry 'beammoe --help'.\n", cmd);
     return TOOL_EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    /* a report that cannot be written fails the run (streams.c) */
+    if (tool_streams_open()) return TOOL_EXIT_FAIL;
+    return tool_streams_close(command(argc, argv));
 }

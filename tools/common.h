@@ -26,6 +26,14 @@
                              the library rejects, a backend not available, an
                              unusable --input file or --output path */
 
+/* ---- standard streams (streams.c) ----
+ * tool_streams_open at the start: a closed stdin or stderr gets /dev/null;
+ * a closed stdout is refused (message, -1: exit TOOL_EXIT_FAIL). Else 0.
+ * tool_streams_close(rc) at the end: flushes and closes stdout; on a write
+ * error says so on stderr and turns rc 0 into TOOL_EXIT_FAIL. */
+int tool_streams_open(void);
+int tool_streams_close(int rc);
+
 /* ---- subcommands (one file each) ---- */
 int cmd_audit(int argc, char **argv);
 int cmd_run(int argc, char **argv);
