@@ -19,7 +19,8 @@
 #   test_threads       identical bits for 1, 2, 3 OpenMP threads
 #   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks
 #   test_contract      every rule of docs/contract.md: status, message, no write
-#   test_dispatch      backend selection of libbeammoe
+#   test_dispatch      backend selection of libbeammoe; its first call on a
+#                      16 KiB thread stack
 #   test_stack         every op and the gather on 64 KiB thread stacks
 #                      (OMP_STACKSIZE=64K too)
 #   test_oom           no memory for the scratch: out of memory, nothing
@@ -102,8 +103,11 @@ tests_test_oom_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_oom_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_oom_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
+# Its first call on a 16 KiB thread stack runs in a pthread of its own.
 tests_test_dispatch_SOURCES = tests/test_dispatch.c
 tests_test_dispatch_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_dispatch_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_dispatch_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_dispatch_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
 CLEANFILES += tests/*.vg.log
