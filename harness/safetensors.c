@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -830,23 +831,40 @@ fail:
 }
 
 /* ---- signals while the temporary file exists ----
- * An interrupt or a termination removes it before the tool dies; a file
+ * A signal whose default action ends the tool removes the file before the
+ * tool dies of it: the handler unlinks it, then raises the signal again with
+ * its default action, so the exit status still says which signal it was. A
+ * signal the caller ignores (nohup) or handles keeps its disposition. A file
  * size limit makes write() fail (EFBIG, an ordinary write error) instead of
- * killing the tool with SIGXFSZ and leaving it behind. */
-static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
+ * killing the tool with SIGXFSZ. One file at a time (the state is static). */
+static const int cleanup_signals[] = {SIGHUP,  SIGINT,  SIGQUIT, SIGPIPE,   SIGTERM, SIGALRM,
+                                      SIGUSR1, SIGUSR2, SIGXCPU, SIGVTALRM, SIGPROF};
 #define NCLEANUP ((int)(sizeof cleanup_signals / sizeof cleanup_signals[0]))
-static char *volatile cleanup_path;
+/* Read by the handler on whichever thread takes the signal, so atomics:
+ * cleanup_path, the file to remove (NULL: none); cleanup_creating, 1 while
+ * mkstemp runs (a file may exist whose name is not stored yet);
+ * cleanup_dying, set by the handler before it looks at the other two, so
+ * that either mkstemp is not started or the handler waits for its name. */
+static char *cleanup_path;
+static int cleanup_creating, cleanup_dying;
 
 static void cleanup_and_die(int sig)
 {
-    char *p = cleanup_path;
-    if (p) unlink(p); /* async-signal-safe */
+    char *p;
+    __atomic_store_n(&cleanup_dying, 1, __ATOMIC_SEQ_CST);
+    /* mkstemp runs with these signals blocked on its own thread, so this is
+     * another thread: its name is microseconds away */
+    while (__atomic_load_n(&cleanup_creating, __ATOMIC_SEQ_CST)) {
+    }
+    p = __atomic_load_n(&cleanup_path, __ATOMIC_SEQ_CST);
+    if (p) unlink(p); /* unlink, signal, raise: async-signal-safe */
     signal(sig, SIG_DFL);
-    raise(sig);
+    raise(sig); /* delivered when this handler returns */
 }
 
 typedef struct saved_signals {
     struct sigaction old[NCLEANUP], xfsz;
+    sigset_t set; /* cleanup_signals */
 } saved_signals;
 
 static void signals_guard(saved_signals *sv)
@@ -855,21 +873,41 @@ static void signals_guard(saved_signals *sv)
     int i;
     memset(&sa, 0, sizeof sa);
     sigemptyset(&sa.sa_mask);
+    sigemptyset(&sv->set);
     sa.sa_handler = SIG_IGN;
     sigaction(SIGXFSZ, &sa, &sv->xfsz);
     sa.sa_handler = cleanup_and_die;
     for (i = 0; i < NCLEANUP; i++) {
+        sigaddset(&sv->set, cleanup_signals[i]);
         sigaction(cleanup_signals[i], NULL, &sv->old[i]);
-        if (sv->old[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL);
+        if (sv->old[i].sa_handler == SIG_DFL) sigaction(cleanup_signals[i], &sa, NULL);
     }
+}
+
+/* mkstemp with the handler kept off this thread until the name is stored,
+ * and not started once a handler has begun (see cleanup_dying). */
+static int guarded_mkstemp(saved_signals *sv, char *tmp)
+{
+    sigset_t old;
+    int fd = -1;
+    pthread_sigmask(SIG_BLOCK, &sv->set, &old);
+    __atomic_store_n(&cleanup_creating, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&cleanup_dying, __ATOMIC_SEQ_CST))
+        errno = EINTR; /* the tool is about to die of a signal */
+    else
+        fd = mkstemp(tmp); /* O_CREAT | O_EXCL, mode 0600 */
+    if (fd >= 0) __atomic_store_n(&cleanup_path, tmp, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&cleanup_creating, 0, __ATOMIC_SEQ_CST);
+    pthread_sigmask(SIG_SETMASK, &old, NULL); /* a signal that came meanwhile lands now */
+    return fd;
 }
 
 static void signals_restore(saved_signals *sv)
 {
     int i;
+    __atomic_store_n(&cleanup_path, NULL, __ATOMIC_SEQ_CST);
     for (i = 0; i < NCLEANUP; i++) sigaction(cleanup_signals[i], &sv->old[i], NULL);
     sigaction(SIGXFSZ, &sv->xfsz, NULL);
-    cleanup_path = NULL;
 }
 
 static void put_le(unsigned char *d, const void *src, int is_f32, int64_t n)
@@ -952,8 +990,7 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     sprintf(tmp, "%s/.%.200s.XXXXXX", o.dir, o.base);
     signals_guard(&sv);
     guarded = 1;
-    fd = mkstemp(tmp); /* O_CREAT | O_EXCL, mode 0600 */
-    if (fd >= 0) cleanup_path = tmp;
+    fd = guarded_mkstemp(&sv, tmp);
     if (fd < 0) {
         set_err(err, errn, "cannot create a temporary file in the folder '%s': %s", o.dir,
                 strerror(errno));
@@ -1005,7 +1042,7 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     }
     fp = NULL;
     if (rename(tmp, o.path) != 0) goto wfail;
-    cleanup_path = NULL; /* the name is the user's now */
+    __atomic_store_n(&cleanup_path, NULL, __ATOMIC_SEQ_CST); /* the name is the user's now */
     free(tmp);
     tmp = NULL;
     rc = 0;

@@ -77,7 +77,9 @@ typedef struct st_out {
  * padded with spaces so the data starts 8-byte aligned. 0 or -1 with err.
  * The file is written to a new temporary file (mkstemp) in the folder of
  * path and renamed onto path only when complete: on any failure path is
- * untouched and the temporary file is removed. path may name a regular file
+ * untouched and the temporary file is removed, also when a signal whose
+ * default action ends the process arrives meanwhile (removed, then the
+ * signal raised again with its default action). path may name a regular file
  * (replaced, its permission bits kept), a symbolic link to one (the file it
  * points to is replaced), or nothing yet (created with 0666 & ~umask); a
  * directory, a device, a FIFO or a file this user may not write is refused

@@ -149,3 +149,9 @@ tests_st_fuzz_LDADD = harness/libharness.la
 # command.
 TESTS += tests/tool-stdout.sh
 EXTRA_DIST += tests/tool-stdout.sh
+
+# A signal that ends `beammoe run --output F` while it writes (SIGINT,
+# SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, ...) leaves no temporary file and F as
+# it was; the exit status is the signal's. Exit 77 without json-c.
+TESTS += tests/tool-signals.sh
+EXTRA_DIST += tests/tool-signals.sh
