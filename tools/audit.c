@@ -30,6 +30,7 @@
 #include "devmem.h"
 #include "gather.h"
 #include "st_case.h"
+#include "text.h"
 
 /* ---- the case list ---- */
 
@@ -436,8 +437,10 @@ static int audit_input(const char *path, int quick)
     beam_status st;
     char err[512];
     tally t;
-    char label[128], o[64] = "", msg[600];
+    char label[512], o[64] = "", msg[600];
     const char *base = strrchr(path, '/');
+    /* the path as printed: a file name may hold escape sequences too */
+    char shown[1024], base_shown[384];
     unsigned others;
     int rc;
     double t0;
@@ -448,12 +451,13 @@ static int audit_input(const char *path, int quick)
     }
     if (beam_set_backend("cpu") != BEAM_OK)
         return report_lib_error("audit", "beam_set_backend(\"cpu\")", BEAM_ERR_UNSUPPORTED);
+    hu_escape(shown, sizeof shown, path, 0);
     if (st_open(&f, path, err, sizeof err)) {
-        fprintf(stderr, "beammoe audit: %s: %s\n", path, err);
+        fprintf(stderr, "beammoe audit: %s: %s\n", shown, err);
         return TOOL_EXIT_USAGE;
     }
     if (st_case_load(&f, &p, &op, &s, err, sizeof err)) {
-        fprintf(stderr, "beammoe audit: %s: %s\n", path, err);
+        fprintf(stderr, "beammoe audit: %s: %s\n", shown, err);
         st_close(&f);
         return TOOL_EXIT_USAGE;
     }
@@ -462,20 +466,20 @@ static int audit_input(const char *path, int quick)
      * scales, ...) is the file's fault, said in the library's words */
     memset(&truth, 0, sizeof truth);
     if (hc_out_make(&truth, &p, 1)) {
-        fprintf(stderr, "beammoe audit: %s: out of memory for the outputs\n", path);
+        fprintf(stderr, "beammoe audit: %s: out of memory for the outputs\n", shown);
         rc = TOOL_EXIT_FAIL;
         goto out;
     }
     st = hc_run(&p, op, BEAM_STRATEGY_FUSED, 0, &truth, msg, sizeof msg);
     if (st != BEAM_OK) {
-        fprintf(stderr, "beammoe audit: %s: the library rejects these tensors: %s: %s\n", path,
+        fprintf(stderr, "beammoe audit: %s: the library rejects these tensors: %s: %s\n", shown,
                 beam_status_string(st), beam_last_error());
         rc = (st == BEAM_ERR_INVALID_ARGUMENT || st == BEAM_ERR_UNSUPPORTED) ? TOOL_EXIT_USAGE
                                                                              : TOOL_EXIT_FAIL;
         goto out;
     }
 
-    printf("beammoe audit: library %s, input %s, OpenMP threads %d\n", beam_version(), path,
+    printf("beammoe audit: library %s, input %s, OpenMP threads %d\n", beam_version(), shown,
            omp_get_max_threads());
     others = audit_detect_backends();
     if (p.post.on) strcat(o, p.post.weight ? "post:w " : "post ");
@@ -488,8 +492,9 @@ static int audit_input(const char *path, int quick)
         snprintf(rest, sizeof rest, "%s T%lld K%d H%d c%lld %srs%g", hc_op_name(op),
                  (long long)p.s.T, (int)p.s.K, (int)p.s.H, (long long)p.cap, o, (double)p.rs);
         room = 56 - 2 - (int)strlen(rest);
-        snprintf(label, sizeof label, "%.*s: %s", room > 4 ? room : 4, base ? base + 1 : path,
-                 rest);
+        hu_escape(base_shown, sizeof base_shown, base ? base + 1 : path,
+                  (size_t)(room > 4 ? room : 4));
+        snprintf(label, sizeof label, "%s: %s", base_shown, rest);
     }
     printf("\n");
     audit_print_header();
