@@ -438,17 +438,15 @@ static char *take_string(cur *c)
             o[k++] = (char)h[i++];
             continue;
         }
-        switch (h[i + 1]) {
-        case 'b': cp = '\b'; break;
-        case 'f': cp = '\f'; break;
-        case 'n': cp = '\n'; break;
-        case 'r': cp = '\r'; break;
-        case 't': cp = '\t'; break;
-        case 'u': cp = 0; break;
-        default: cp = h[i + 1]; break; /* " \ / */
-        }
         if (h[i + 1] != 'u') {
-            o[k++] = (char)cp;
+            switch (h[i + 1]) {
+            case 'b': o[k++] = '\b'; break;
+            case 'f': o[k++] = '\f'; break;
+            case 'n': o[k++] = '\n'; break;
+            case 'r': o[k++] = '\r'; break;
+            case 't': o[k++] = '\t'; break;
+            default: o[k++] = (char)h[i + 1]; break; /* " \ / */
+            }
             i += 2;
             continue;
         }
