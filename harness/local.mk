@@ -11,9 +11,13 @@ noinst_LTLIBRARIES += harness/libharness.la
 harness_libharness_la_SOURCES = \
 	harness/naive_ref.c harness/naive_ref.h harness/util.c harness/util.h \
 	harness/case.c harness/case.h harness/devmem.c harness/devmem.h \
-	harness/safetensors.c harness/safetensors.h harness/st_case.c harness/st_case.h
+	harness/safetensors.c harness/safetensors.h harness/st_header.c harness/st_header.h \
+	harness/st_case.c harness/st_case.h harness/text.c harness/text.h
+# pthread_sigmask: the safetensors writer keeps its signal handler off the
+# thread that creates the temporary file (safetensors.c).
 harness_libharness_la_CFLAGS = $(AM_CFLAGS) -std=c99 -ffp-contract=off -fno-fast-math \
-	$(JSON_C_CFLAGS)
+	$(JSON_C_CFLAGS) $(PTHREAD_CFLAGS)
 harness_libharness_la_LIBADD = $(JSON_C_LIBS) -lm
+harness_libharness_la_LDFLAGS = $(PTHREAD_CFLAGS)
 
 BEAM_HARNESS_CPPFLAGS = $(AM_CPPFLAGS) -I$(top_srcdir)/harness

@@ -3,17 +3,17 @@
  *
  * The reader opens a regular file only (without blocking: a FIFO or a
  * device is refused at once), reads the 8-byte header length and checks it
- * against the file's size, reads the header alone, parses it with json-c and
- * checks every number it takes from it before the data section is read:
- * header within the file, strict JSON in UTF-8, no duplicate key and no NUL
- * in any string, shapes non-negative with a product that does not overflow,
- * data_offsets ordered, exactly numel * dtype-size bytes long, and tiling
- * the data section (no overlap, no gap, nothing after the last tensor), as
- * the format's reference reader requires. Element decoding is explicit
- * little-endian, so the tool reads the same bytes on any host.
+ * against the file's size, reads the header alone and has st_header.c check
+ * it whole (strict JSON in UTF-8, the format's schema, no name twice) and
+ * read it into the table of tensors, then checks that the tensors'
+ * data_offsets tile the data section (no overlap, no gap, nothing after the
+ * last tensor), as the format's reference reader requires, all before the
+ * data section is read. Element decoding is explicit little-endian, so the
+ * tool reads the same bytes on any host.
  *
  * The writer never opens the user's file: it writes a new temporary file in
- * the same folder and renames it into place when complete (st_write).
+ * the same folder and renames it into place when complete (st_write); it
+ * builds the header with json-c.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fstat, fchmod, mkstemp, realpath under -std=c99 */
@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,6 +34,8 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "st_header.h"
+#include "text.h"
 
 #ifdef HAVE_JSON_C
 #include <json.h>
@@ -74,9 +77,7 @@ const char *st_meta(const st_file *f, const char *key)
 
 void st_close(st_file *f)
 {
-    int i;
-    for (i = 0; i < f->ntensors; i++) free(f->tensors[i].name);
-    for (i = 0; i < 2 * f->nmeta; i++) free(f->meta[i]);
+    free(f->strings); /* every name, key and value */
     free(f->tensors);
     free(f->meta);
     free(f->bytes);
@@ -207,362 +208,6 @@ int st_output_check(const char *path, char *err, size_t errn)
 
 #ifdef HAVE_JSON_C
 
-/* Bytes per element of the dtypes the format defines; 0 for unknown. */
-static size_t dtype_size(const char *d)
-{
-    static const struct {
-        const char *name;
-        size_t size;
-    } tab[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
-               {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
-               {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
-    size_t i;
-    for (i = 0; i < sizeof tab / sizeof tab[0]; i++)
-        if (!strcmp(tab[i].name, d)) return tab[i].size;
-    return 0;
-}
-
-static char *dup_str(const char *s)
-{
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
-/* Largest integer a shape or offset may hold: far beyond any real file,
- * and products of two such values are still checked before multiplying. */
-#define ST_MAX_INT ((int64_t)1 << 53)
-
-/* A non-negative JSON integer <= ST_MAX_INT, or -1. */
-static int64_t json_nonneg(struct json_object *o)
-{
-    int64_t v;
-    if (!o || !json_object_is_type(o, json_type_int)) return -1;
-    errno = 0;
-    v = json_object_get_int64(o);
-    if (v < 0 || v > ST_MAX_INT) return -1;
-    return v;
-}
-
-static int parse_metadata(st_file *f, struct json_object *md, char *err, size_t errn)
-{
-    struct json_object_iterator it, end;
-    int n = 0;
-    if (!json_object_is_type(md, json_type_object)) {
-        set_err(err, errn, "header: __metadata__ must be an object of strings");
-        return -1;
-    }
-    f->meta = calloc((size_t)json_object_object_length(md) * 2 + 1, sizeof *f->meta);
-    if (!f->meta) goto oom;
-    it = json_object_iter_begin(md);
-    end = json_object_iter_end(md);
-    for (; !json_object_iter_equal(&it, &end); json_object_iter_next(&it)) {
-        const char *k = json_object_iter_peek_name(&it);
-        struct json_object *v = json_object_iter_peek_value(&it);
-        if (!json_object_is_type(v, json_type_string)) {
-            set_err(err, errn, "header: __metadata__ value of '%s' must be a string", k);
-            return -1;
-        }
-        f->meta[2 * n] = dup_str(k);
-        f->meta[2 * n + 1] = dup_str(json_object_get_string(v));
-        f->nmeta = ++n;
-        if (!f->meta[2 * n - 2] || !f->meta[2 * n - 1]) goto oom;
-    }
-    return 0;
-oom:
-    set_err(err, errn, "out of memory");
-    return -1;
-}
-
-/* One tensor entry: dtype, shape, data_offsets, all checked against a
- * data section of dlen bytes (t->data is set once that section is read). */
-static int parse_tensor(st_tensor *t, const char *name, struct json_object *e, uint64_t dlen,
-                        char *err, size_t errn)
-{
-    struct json_object *dt, *sh, *off;
-    int64_t numel = 1, b, en;
-    size_t i, nd;
-    const char *d;
-    if (!json_object_is_type(e, json_type_object)) {
-        set_err(err, errn, "header: entry '%s' must be an object with dtype, shape, data_offsets",
-                name);
-        return -1;
-    }
-    if (!json_object_object_get_ex(e, "dtype", &dt) || !json_object_is_type(dt, json_type_string)) {
-        set_err(err, errn, "header: tensor '%s' has no string \"dtype\"", name);
-        return -1;
-    }
-    d = json_object_get_string(dt);
-    t->elem_size = dtype_size(d);
-    if (!t->elem_size) {
-        set_err(err, errn, "header: tensor '%s' has unknown dtype \"%.20s\"", name, d);
-        return -1;
-    }
-    snprintf(t->dtype, sizeof t->dtype, "%s", d);
-    if (!json_object_object_get_ex(e, "shape", &sh) || !json_object_is_type(sh, json_type_array)) {
-        set_err(err, errn, "header: tensor '%s' has no array \"shape\"", name);
-        return -1;
-    }
-    nd = json_object_array_length(sh);
-    if (nd > ST_MAX_DIMS) {
-        set_err(err, errn, "header: tensor '%s' has %zu dimensions (at most %d)", name, nd,
-                ST_MAX_DIMS);
-        return -1;
-    }
-    t->ndim = (int)nd;
-    for (i = 0; i < nd; i++) {
-        int64_t v = json_nonneg(json_object_array_get_idx(sh, i));
-        if (v < 0) {
-            set_err(err, errn, "header: tensor '%s': shape[%zu] is not a non-negative integer",
-                    name, i);
-            return -1;
-        }
-        t->shape[i] = v;
-        if (v && numel > ST_MAX_INT / v) {
-            set_err(err, errn, "header: tensor '%s': shape too large", name);
-            return -1;
-        }
-        numel *= v;
-    }
-    t->numel = numel;
-    if (!json_object_object_get_ex(e, "data_offsets", &off) ||
-        !json_object_is_type(off, json_type_array) || json_object_array_length(off) != 2) {
-        set_err(err, errn, "header: tensor '%s' has no \"data_offsets\": [begin, end]", name);
-        return -1;
-    }
-    b = json_nonneg(json_object_array_get_idx(off, 0));
-    en = json_nonneg(json_object_array_get_idx(off, 1));
-    if (b < 0 || en < 0 || en < b) {
-        set_err(err, errn, "header: tensor '%s': data_offsets must be integers 0 <= begin <= end",
-                name);
-        return -1;
-    }
-    if ((uint64_t)en > dlen) {
-        set_err(err, errn,
-                "truncated: tensor '%s' data_offsets end %lld is past the end of the data "
-                "(%llu bytes)",
-                name, (long long)en, (unsigned long long)dlen);
-        return -1;
-    }
-    if ((uint64_t)(en - b) != (uint64_t)numel * t->elem_size) {
-        set_err(err, errn,
-                "tensor '%s': data_offsets span %lld bytes, but %s x %lld elements need %llu",
-                name, (long long)(en - b), t->dtype, (long long)numel,
-                (unsigned long long)((uint64_t)numel * t->elem_size));
-        return -1;
-    }
-    t->offset = (size_t)b; /* b <= dlen, which fits in size_t (st_open) */
-    return 0;
-}
-
-/* ---- the header's text: checks json-c does not make ---- */
-
-/* 0 when s[0..n) is valid UTF-8 (no overlong form, no surrogate, nothing
- * past U+10FFFF), else -1 with *at the offset of the first bad byte. */
-static int utf8_valid(const unsigned char *s, size_t n, size_t *at)
-{
-    size_t i = 0, k, len;
-    uint32_t cp, min;
-    while (i < n) {
-        unsigned c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if ((c & 0xE0) == 0xC0) {
-            len = 2, cp = c & 0x1F, min = 0x80;
-        } else if ((c & 0xF0) == 0xE0) {
-            len = 3, cp = c & 0x0F, min = 0x800;
-        } else if ((c & 0xF8) == 0xF0) {
-            len = 4, cp = c & 0x07, min = 0x10000;
-        } else {
-            break;
-        }
-        if (n - i < len) break;
-        for (k = 1; k < len && (s[i + k] & 0xC0) == 0x80; k++) cp = (cp << 6) | (s[i + k] & 0x3F);
-        if (k < len || cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) break;
-        i += len;
-    }
-    *at = i;
-    return i < n ? -1 : 0;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* A top-level key of the header: where its string token is in the text,
- * and how many members the objects inside its value have in the text. */
-typedef struct key_tok {
-    size_t at, len;
-    long inner;
-} key_tok;
-
-/* Walk the header's text (json-c has accepted its syntax): every string
- * must be free of \u0000 (a C string, a name, would end there) and of
- * unpaired UTF-16 surrogate escapes (json-c turns one into U+FFFD, another
- * name). Counts the members of the objects as written: one ':' outside
- * strings each. keys (room for nkeys) gets the top-level keys' tokens.
- * Returns the number of top-level keys, or -1 with err. */
-static long scan_header(const char *h, size_t n, key_tok *keys, long nkeys, char *err,
-                        size_t errn)
-{
-    size_t i = 0, str_at = 0;
-    int depth = 0, in_str = 0, hi = 0, want_key = 0;
-    long top = -1;
-    while (i < n) {
-        char c = h[i];
-        if (!in_str) {
-            if (c == '"') {
-                in_str = 1;
-                str_at = i;
-            } else if (c == '{' || c == '[') {
-                depth++;
-                want_key = c == '{' && depth == 1;
-            } else if (c == '}' || c == ']') {
-                depth--;
-            } else if (c == ',') {
-                want_key = depth == 1;
-            } else if (c == ':' && depth > 1 && top >= 0 && top < nkeys) {
-                keys[top].inner++;
-            }
-            i++;
-            continue;
-        }
-        if (c == '"') {
-            if (hi) goto surrogate;
-            in_str = 0;
-            if (want_key) {
-                want_key = 0;
-                if (++top < nkeys) {
-                    keys[top].at = str_at;
-                    keys[top].len = i + 1 - str_at;
-                    keys[top].inner = 0;
-                }
-            }
-            i++;
-            continue;
-        }
-        if (c == '\\' && i + 1 < n && h[i + 1] == 'u') {
-            int d0, d1, d2, d3;
-            unsigned v;
-            if (n - i < 6 || (d0 = hexval(h[i + 2])) < 0 || (d1 = hexval(h[i + 3])) < 0 ||
-                (d2 = hexval(h[i + 4])) < 0 || (d3 = hexval(h[i + 5])) < 0) {
-                set_err(err, errn, "bad header JSON: a \\u escape without four hex digits");
-                return -1;
-            }
-            v = (unsigned)((d0 << 12) | (d1 << 8) | (d2 << 4) | d3);
-            if (v == 0) {
-                set_err(err, errn, "bad header: \\u0000 (NUL) inside a string of the JSON");
-                return -1;
-            }
-            if (v >= 0xD800 && v <= 0xDBFF) {
-                if (hi) goto surrogate;
-                hi = 1;
-            } else if (v >= 0xDC00 && v <= 0xDFFF) {
-                if (!hi) goto surrogate;
-                hi = 0;
-            } else if (hi) {
-                goto surrogate;
-            }
-            i += 6;
-            continue;
-        }
-        if (hi) goto surrogate;
-        i += c == '\\' ? 2 : 1;
-    }
-    return top + 1;
-surrogate:
-    set_err(err, errn, "bad header: a string of the JSON has an unpaired UTF-16 surrogate "
-                       "escape (not valid Unicode)");
-    return -1;
-}
-
-/* Members of every object inside o, o itself included. */
-static long count_members(struct json_object *o)
-{
-    long n = 0;
-    size_t i;
-    if (json_object_is_type(o, json_type_object)) {
-        struct json_object_iterator it = json_object_iter_begin(o), end = json_object_iter_end(o);
-        for (; !json_object_iter_equal(&it, &end); json_object_iter_next(&it))
-            n += 1 + count_members(json_object_iter_peek_value(&it));
-    } else if (json_object_is_type(o, json_type_array)) {
-        for (i = 0; i < json_object_array_length(o); i++)
-            n += count_members(json_object_array_get_idx(o, i));
-    }
-    return n;
-}
-
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* json-c keeps one value of a key given twice in an object; the format
- * (and any two readers) must not disagree on which. Compares what the text
- * has with what json-c kept, and names the key when it is a top-level one
- * (a tensor name or __metadata__), else the entry it is in. */
-static int check_duplicates(const char *h, size_t n, struct json_object *root, char *err,
-                            size_t errn)
-{
-    long nkeys = json_object_object_length(root) + 1, got = 0, i;
-    key_tok *keys = calloc((size_t)nkeys, sizeof *keys);
-    char **names = NULL;
-    int rc = -1;
-    if (!keys) goto oom;
-    got = scan_header(h, n, keys, nkeys, err, errn);
-    if (got < 0) goto out;
-    if (got != json_object_object_length(root)) {
-        /* decode every top-level key with json-c and find two equal ones */
-        long m = got < nkeys ? got : nkeys;
-        names = calloc((size_t)m, sizeof *names);
-        if (!names) goto oom;
-        set_err(err, errn, "bad header JSON: a tensor name appears twice");
-        for (i = 0; i < m; i++) {
-            struct json_tokener *tok = json_tokener_new();
-            struct json_object *s = tok ? json_tokener_parse_ex(tok, h + keys[i].at,
-                                                                 (int)keys[i].len)
-                                        : NULL;
-            names[i] = dup_str(s ? json_object_get_string(s) : "");
-            if (s) json_object_put(s);
-            if (tok) json_tokener_free(tok);
-            if (!names[i]) goto oom;
-        }
-        qsort(names, (size_t)m, sizeof *names, cmp_str);
-        for (i = 1; i < m; i++)
-            if (!strcmp(names[i - 1], names[i])) {
-                set_err(err, errn, "bad header JSON: the name '%s' appears twice", names[i]);
-                break;
-            }
-        goto out;
-    }
-    /* same top-level keys: compare each entry's own members */
-    {
-        struct json_object_iterator it = json_object_iter_begin(root),
-                                    end = json_object_iter_end(root);
-        for (i = 0; !json_object_iter_equal(&it, &end); json_object_iter_next(&it), i++)
-            if (count_members(json_object_iter_peek_value(&it)) != keys[i].inner) {
-                set_err(err, errn, "bad header JSON: a key appears twice inside the entry '%s'",
-                        json_object_iter_peek_name(&it));
-                goto out;
-            }
-    }
-    rc = 0;
-    goto out;
-oom:
-    set_err(err, errn, "out of memory");
-out:
-    if (names)
-        for (i = 0; i < got && i < nkeys; i++) free(names[i]);
-    free(names);
-    free(keys);
-    return rc;
-}
 /* ---- reading ---- */
 
 /* path opened for reading when it is a regular file: the descriptor, its
@@ -653,12 +298,14 @@ static int check_tiling(const st_file *f, uint64_t dlen, char *err, size_t errn)
     qsort(v, (size_t)f->ntensors, sizeof *v, cmp_span);
     for (i = 0; i < f->ntensors; i++) {
         const st_tensor *t = &f->tensors[v[i].index];
+        char a[HU_ESC_NAME], b[HU_ESC_NAME];
         if (v[i].begin < at) {
             set_err(err, errn,
                     "bad data_offsets: tensor '%s' [%llu, %llu] overlaps tensor '%s', which "
                     "ends at %llu",
-                    t->name, (unsigned long long)v[i].begin, (unsigned long long)v[i].end,
-                    f->tensors[prev].name, (unsigned long long)at);
+                    hu_escape(a, sizeof a, t->name, 0), (unsigned long long)v[i].begin,
+                    (unsigned long long)v[i].end,
+                    hu_escape(b, sizeof b, f->tensors[prev].name, 0), (unsigned long long)at);
             free(v);
             return -1;
         }
@@ -666,8 +313,8 @@ static int check_tiling(const st_file *f, uint64_t dlen, char *err, size_t errn)
             set_err(err, errn,
                     "bad data_offsets: bytes [%llu, %llu) of the data belong to no tensor "
                     "(tensor '%s' begins at %llu)",
-                    (unsigned long long)at, (unsigned long long)v[i].begin, t->name,
-                    (unsigned long long)v[i].begin);
+                    (unsigned long long)at, (unsigned long long)v[i].begin,
+                    hu_escape(a, sizeof a, t->name, 0), (unsigned long long)v[i].begin);
             free(v);
             return -1;
         }
@@ -688,14 +335,8 @@ static int check_tiling(const st_file *f, uint64_t dlen, char *err, size_t errn)
 int st_open(st_file *f, const char *path, char *err, size_t errn)
 {
     uint64_t hlen = 0, fsize = 0, dlen;
-    unsigned char len8[8];
+    unsigned char len8[8], *hdr = NULL;
     int i, fd;
-    char *hdr = NULL;
-    struct json_tokener *tok = NULL;
-    struct json_object *root = NULL;
-    struct json_object_iterator it, end;
-    enum json_tokener_error jerr;
-    size_t parsed, bad;
 
     memset(f, 0, sizeof *f);
     fd = open_regular(path, &fsize, err, errn);
@@ -725,88 +366,17 @@ int st_open(st_file *f, const char *path, char *err, size_t errn)
         set_err(err, errn, "file too large for this host");
         goto fail;
     }
-    /* then the header alone, NUL-terminated: json-c reads at most hlen
-     * bytes, and the trailing-bytes check below must not run past them */
-    hdr = malloc((size_t)hlen + 1);
+    /* then the header alone, checked whole (st_header.c) */
+    hdr = malloc((size_t)hlen);
     if (!hdr) {
         set_err(err, errn, "out of memory");
         goto fail;
     }
     if (read_exact(fd, hdr, (size_t)hlen, err, errn)) goto fail;
-    hdr[hlen] = '\0';
-    if (strlen(hdr) != (size_t)hlen) {
-        set_err(err, errn, "bad header: NUL byte inside the JSON");
-        goto fail;
-    }
-    if (utf8_valid((const unsigned char *)hdr, (size_t)hlen, &bad)) {
-        set_err(err, errn, "bad header: not valid UTF-8 (byte %zu of the JSON)", bad);
-        goto fail;
-    }
-    tok = json_tokener_new_ex(32);
-    if (!tok) {
-        set_err(err, errn, "out of memory");
-        goto fail;
-    }
-    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
-    root = json_tokener_parse_ex(tok, hdr, (int)hlen);
-    jerr = json_tokener_get_error(tok);
-    if (jerr != json_tokener_success) {
-        set_err(err, errn, "bad header JSON: %s",
-                jerr == json_tokener_continue ? "unexpected end of header"
-                                              : json_tokener_error_desc(jerr));
-        goto fail;
-    }
-#if defined(JSON_C_VERSION_NUM) && JSON_C_VERSION_NUM >= ((0 << 16) | (15 << 8))
-    parsed = json_tokener_get_parse_end(tok);
-#else
-    parsed = (size_t)tok->char_offset;
-#endif
-    /* only the padding the format allows may follow the object */
-    for (; parsed < (size_t)hlen; parsed++)
-        if (hdr[parsed] != ' ' && hdr[parsed] != '\t' && hdr[parsed] != '\n' &&
-            hdr[parsed] != '\r') {
-            set_err(err, errn, "bad header JSON: bytes after the top-level object");
-            goto fail;
-        }
-    /* `null` parses to no object at all, with success */
-    if (!root || !json_object_is_type(root, json_type_object)) {
-        set_err(err, errn, "bad header JSON: the top level must be an object, not %s",
-                root ? json_type_to_name(json_object_get_type(root)) : "null");
-        goto fail;
-    }
-    if (check_duplicates(hdr, (size_t)hlen, root, err, errn)) goto fail;
-    f->tensors = calloc((size_t)json_object_object_length(root) + 1, sizeof *f->tensors);
-    if (!f->tensors) {
-        set_err(err, errn, "out of memory");
-        goto fail;
-    }
-    it = json_object_iter_begin(root);
-    end = json_object_iter_end(root);
-    for (; !json_object_iter_equal(&it, &end); json_object_iter_next(&it)) {
-        const char *name = json_object_iter_peek_name(&it);
-        struct json_object *v = json_object_iter_peek_value(&it);
-        st_tensor *t;
-        if (!strcmp(name, "__metadata__")) {
-            if (parse_metadata(f, v, err, errn)) goto fail;
-            continue;
-        }
-        t = &f->tensors[f->ntensors];
-        memset(t, 0, sizeof *t);
-        t->name = dup_str(name);
-        if (!t->name) {
-            set_err(err, errn, "out of memory");
-            goto fail;
-        }
-        f->ntensors++;
-        if (parse_tensor(t, name, v, dlen, err, errn)) goto fail;
-    }
-    if (check_tiling(f, dlen, err, errn)) goto fail;
-    json_object_put(root);
-    root = NULL;
-    json_tokener_free(tok);
-    tok = NULL;
+    if (st_parse_header(f, hdr, (size_t)hlen, dlen, err, errn)) goto fail;
     free(hdr);
     hdr = NULL;
+    if (check_tiling(f, dlen, err, errn)) goto fail;
 
     /* the header holds: now the data section, exactly as long as it said */
     f->bytes = malloc(dlen ? (size_t)dlen : 1);
@@ -821,8 +391,6 @@ int st_open(st_file *f, const char *path, char *err, size_t errn)
     close(fd);
     return 0;
 fail:
-    if (root) json_object_put(root);
-    if (tok) json_tokener_free(tok);
     free(hdr);
     close(fd);
     st_close(f);
@@ -830,23 +398,40 @@ fail:
 }
 
 /* ---- signals while the temporary file exists ----
- * An interrupt or a termination removes it before the tool dies; a file
+ * A signal whose default action ends the tool removes the file before the
+ * tool dies of it: the handler unlinks it, then raises the signal again with
+ * its default action, so the exit status still says which signal it was. A
+ * signal the caller ignores (nohup) or handles keeps its disposition. A file
  * size limit makes write() fail (EFBIG, an ordinary write error) instead of
- * killing the tool with SIGXFSZ and leaving it behind. */
-static const int cleanup_signals[] = {SIGINT, SIGTERM, SIGHUP};
+ * killing the tool with SIGXFSZ. One file at a time (the state is static). */
+static const int cleanup_signals[] = {SIGHUP,  SIGINT,  SIGQUIT, SIGPIPE,   SIGTERM, SIGALRM,
+                                      SIGUSR1, SIGUSR2, SIGXCPU, SIGVTALRM, SIGPROF};
 #define NCLEANUP ((int)(sizeof cleanup_signals / sizeof cleanup_signals[0]))
-static char *volatile cleanup_path;
+/* Read by the handler on whichever thread takes the signal, so atomics:
+ * cleanup_path, the file to remove (NULL: none); cleanup_creating, 1 while
+ * mkstemp runs (a file may exist whose name is not stored yet);
+ * cleanup_dying, set by the handler before it looks at the other two, so
+ * that either mkstemp is not started or the handler waits for its name. */
+static char *cleanup_path;
+static int cleanup_creating, cleanup_dying;
 
 static void cleanup_and_die(int sig)
 {
-    char *p = cleanup_path;
-    if (p) unlink(p); /* async-signal-safe */
+    char *p;
+    __atomic_store_n(&cleanup_dying, 1, __ATOMIC_SEQ_CST);
+    /* mkstemp runs with these signals blocked on its own thread, so this is
+     * another thread: its name is microseconds away */
+    while (__atomic_load_n(&cleanup_creating, __ATOMIC_SEQ_CST)) {
+    }
+    p = __atomic_load_n(&cleanup_path, __ATOMIC_SEQ_CST);
+    if (p) unlink(p); /* unlink, signal, raise: async-signal-safe */
     signal(sig, SIG_DFL);
-    raise(sig);
+    raise(sig); /* delivered when this handler returns */
 }
 
 typedef struct saved_signals {
     struct sigaction old[NCLEANUP], xfsz;
+    sigset_t set; /* cleanup_signals */
 } saved_signals;
 
 static void signals_guard(saved_signals *sv)
@@ -855,21 +440,41 @@ static void signals_guard(saved_signals *sv)
     int i;
     memset(&sa, 0, sizeof sa);
     sigemptyset(&sa.sa_mask);
+    sigemptyset(&sv->set);
     sa.sa_handler = SIG_IGN;
     sigaction(SIGXFSZ, &sa, &sv->xfsz);
     sa.sa_handler = cleanup_and_die;
     for (i = 0; i < NCLEANUP; i++) {
+        sigaddset(&sv->set, cleanup_signals[i]);
         sigaction(cleanup_signals[i], NULL, &sv->old[i]);
-        if (sv->old[i].sa_handler != SIG_IGN) sigaction(cleanup_signals[i], &sa, NULL);
+        if (sv->old[i].sa_handler == SIG_DFL) sigaction(cleanup_signals[i], &sa, NULL);
     }
+}
+
+/* mkstemp with the handler kept off this thread until the name is stored,
+ * and not started once a handler has begun (see cleanup_dying). */
+static int guarded_mkstemp(saved_signals *sv, char *tmp)
+{
+    sigset_t old;
+    int fd = -1;
+    pthread_sigmask(SIG_BLOCK, &sv->set, &old);
+    __atomic_store_n(&cleanup_creating, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&cleanup_dying, __ATOMIC_SEQ_CST))
+        errno = EINTR; /* the tool is about to die of a signal */
+    else
+        fd = mkstemp(tmp); /* O_CREAT | O_EXCL, mode 0600 */
+    if (fd >= 0) __atomic_store_n(&cleanup_path, tmp, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&cleanup_creating, 0, __ATOMIC_SEQ_CST);
+    pthread_sigmask(SIG_SETMASK, &old, NULL); /* a signal that came meanwhile lands now */
+    return fd;
 }
 
 static void signals_restore(saved_signals *sv)
 {
     int i;
+    __atomic_store_n(&cleanup_path, NULL, __ATOMIC_SEQ_CST);
     for (i = 0; i < NCLEANUP; i++) sigaction(cleanup_signals[i], &sv->old[i], NULL);
     sigaction(SIGXFSZ, &sv->xfsz, NULL);
-    cleanup_path = NULL;
 }
 
 static void put_le(unsigned char *d, const void *src, int is_f32, int64_t n)
@@ -952,8 +557,7 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     sprintf(tmp, "%s/.%.200s.XXXXXX", o.dir, o.base);
     signals_guard(&sv);
     guarded = 1;
-    fd = mkstemp(tmp); /* O_CREAT | O_EXCL, mode 0600 */
-    if (fd >= 0) cleanup_path = tmp;
+    fd = guarded_mkstemp(&sv, tmp);
     if (fd < 0) {
         set_err(err, errn, "cannot create a temporary file in the folder '%s': %s", o.dir,
                 strerror(errno));
@@ -1005,7 +609,7 @@ int st_write(const char *path, const st_out *t, int n, const char *const *meta, 
     }
     fp = NULL;
     if (rename(tmp, o.path) != 0) goto wfail;
-    cleanup_path = NULL; /* the name is the user's now */
+    __atomic_store_n(&cleanup_path, NULL, __ATOMIC_SEQ_CST); /* the name is the user's now */
     free(tmp);
     tmp = NULL;
     rc = 0;

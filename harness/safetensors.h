@@ -7,8 +7,10 @@
  *   {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]},
  *    "__metadata__": {"key": "value", ...}}
  * then the data; offsets are relative to the first byte after the header.
- * The JSON is parsed with json-c. Everything read from the file is
- * bounds-checked: a hostile file gives an error message, never a crash.
+ * The header is checked and read by st_header.c (strict JSON, the format's
+ * schema, no JSON tree built), written with json-c. Everything read from
+ * the file is bounds-checked: a hostile file gives an error message, never
+ * a crash, and a header takes a small multiple of its size in memory.
  * Without json-c (HAVE_JSON_C undefined) both directions fail with a message
  * that says how to get it.
  */
@@ -40,6 +42,7 @@ typedef struct st_file {
     int ntensors;
     char **meta; /* key, value, key, value, ... */
     int nmeta;
+    char *strings; /* where the names, keys and values are (one block) */
 } st_file;
 
 /* 1 when this build can read and write safetensors (json-c found). */
@@ -51,9 +54,10 @@ int st_available(void);
  * (without the path: the caller names it). Only a regular file is read (a
  * FIFO or a device is refused at once, never waited on); the header length
  * and the header are checked against the file's size before the data
- * section is read. The header must be strict JSON in UTF-8 with no
- * duplicate key and no NUL (escaped or not) in any string, and the
- * tensors' data_offsets must tile the data section exactly. */
+ * section is read. The header must follow st_header.h's rule (strict JSON
+ * in UTF-8, the format's schema, no name twice), and the tensors'
+ * data_offsets must tile the data section exactly. Messages show the
+ * file's text escaped (text.h). */
 int st_open(st_file *f, const char *path, char *err, size_t errn);
 void st_close(st_file *f);
 const st_tensor *st_find(const st_file *f, const char *name); /* NULL if absent */
@@ -77,7 +81,9 @@ typedef struct st_out {
  * padded with spaces so the data starts 8-byte aligned. 0 or -1 with err.
  * The file is written to a new temporary file (mkstemp) in the folder of
  * path and renamed onto path only when complete: on any failure path is
- * untouched and the temporary file is removed. path may name a regular file
+ * untouched and the temporary file is removed, also when a signal whose
+ * default action ends the process arrives meanwhile (removed, then the
+ * signal raised again with its default action). path may name a regular file
  * (replaced, its permission bits kept), a symbolic link to one (the file it
  * points to is replaced), or nothing yet (created with 0666 & ~umask); a
  * directory, a device, a FIFO or a file this user may not write is refused

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "st_case.h"
+#include "text.h"
 
 /* ---- errors ---- */
 
@@ -37,15 +38,17 @@ static int fail(in_err *e, const char *fmt, ...)
 
 /* ---- metadata ---- */
 
+/* (Values are the file's text: quoted escaped, 40 characters at most.) */
 static int meta_f32(const st_file *f, const char *key, float *out, int *given, in_err *e)
 {
     const char *s = st_meta(f, key);
-    char *end;
+    char *end, v[HU_ESC_NAME];
     *given = 0;
     if (!s) return 0;
     errno = 0;
     *out = strtof(s, &end);
-    if (end == s || *end) return fail(e, "metadata %s=\"%.40s\" is not a number", key, s);
+    if (end == s || *end)
+        return fail(e, "metadata %s=\"%s\" is not a number", key, hu_escape(v, sizeof v, s, 40));
     *given = 1;
     return 0;
 }
@@ -53,10 +56,12 @@ static int meta_f32(const st_file *f, const char *key, float *out, int *given, i
 static int meta_pair(const st_file *f, const char *key, float out[2], int *given, in_err *e)
 {
     const char *s = st_meta(f, key);
+    char v[HU_ESC_NAME];
     *given = 0;
     if (!s) return 0;
     if (hu_split_pair(s, out) != 0)
-        return fail(e, "metadata %s=\"%.40s\" is not two numbers \"a,b\"", key, s);
+        return fail(e, "metadata %s=\"%s\" is not two numbers \"a,b\"", key,
+                    hu_escape(v, sizeof v, s, 40));
     *given = 1;
     return 0;
 }
@@ -143,7 +148,7 @@ static int load_case(const st_file *f, hc_case *p, hc_op *op, st_stored *s, in_e
     const st_tensor *ex, *wt, *res, *pw, *nw;
     int64_t C, K, H, T, i;
     size_t n;
-    char sb[128];
+    char sb[HU_ESC_NAME];
     float rs = 1.0f, peps = 1e-6f, neps = 1e-6f, sc[2] = {1.0f, 1.0f};
     int rs_given, peps_given, neps_given, sc_given;
     const char *lt;
@@ -208,8 +213,8 @@ static int load_case(const st_file *f, hc_case *p, hc_op *op, st_stored *s, in_e
         errno = 0;
         v = strtoll(lt, &end, 10);
         if (errno || end == lt || *end || v < 0 || v > C)
-            return fail(e, "metadata live_tokens=\"%.40s\" must be an integer in [0, capacity = %lld]",
-                        lt, (long long)C);
+            return fail(e, "metadata live_tokens=\"%s\" must be an integer in [0, capacity = %lld]",
+                        hu_escape(sb, sizeof sb, lt, 40), (long long)C);
         T = v;
     } else {
         T = res ? (res->shape[0] < C ? res->shape[0] : C) : C;
@@ -247,8 +252,11 @@ static int load_case(const st_file *f, hc_case *p, hc_op *op, st_stored *s, in_e
         int ok = 0;
         for (k = 0; k < sizeof known / sizeof known[0]; k++)
             if (!strcmp(f->tensors[i].name, known[k])) ok = 1;
-        if (!ok)
-            fprintf(stderr, "beammoe audit: note: tensor '%s' is not used\n", f->tensors[i].name);
+        if (!ok) {
+            char nm[HU_ESC_NAME];
+            fprintf(stderr, "beammoe audit: note: tensor '%s' is not used\n",
+                    hu_escape(nm, sizeof nm, f->tensors[i].name, 0));
+        }
     }
 
     /* the case, laid out as the tool's generator lays it out */

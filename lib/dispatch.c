@@ -91,15 +91,19 @@ struct beam_workspace {
     beam_workspace *inner;
 };
 
+/* The paths bm_load builds, off the stack: the first call may come from a
+ * thread with a small stack (16 KiB is allowed), and dlopen itself needs
+ * most of it. Used under bm_mu only (bm_load). */
+static char bm_path[4096], bm_self_dir[4096];
+
 static void *bm_try_open(const char *dir, const char *file, char *why, size_t n)
 {
-    char path[4096];
     void *h;
     if (dir)
-        snprintf(path, sizeof path, "%s/%s", dir, file);
+        snprintf(bm_path, sizeof bm_path, "%s/%s", dir, file);
     else
-        snprintf(path, sizeof path, "%s", file);
-    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        snprintf(bm_path, sizeof bm_path, "%s", file);
+    h = dlopen(bm_path, RTLD_NOW | RTLD_LOCAL);
     if (!h && why[0] == '\0') snprintf(why, n, "%s", dlerror());
     return h;
 }
@@ -108,7 +112,7 @@ static void *bm_try_open(const char *dir, const char *file, char *why, size_t n)
 static bm_loaded *bm_load(int b)
 {
     bm_loaded *l = &bm_backends[b];
-    char file[64], self_dir[4096];
+    char file[64];
     const char *env = getenv("BEAM_BACKEND_DIR");
     Dl_info info;
     void *h = NULL;
@@ -119,11 +123,11 @@ static bm_loaded *bm_load(int b)
     if (env && *env) h = bm_try_open(env, file, l->why, sizeof l->why);
     if (!h && dladdr((void *)&bm_load, &info) && info.dli_fname) {
         char *slash;
-        snprintf(self_dir, sizeof self_dir, "%s", info.dli_fname);
-        slash = strrchr(self_dir, '/');
+        snprintf(bm_self_dir, sizeof bm_self_dir, "%s", info.dli_fname);
+        slash = strrchr(bm_self_dir, '/');
         if (slash) {
             *slash = '\0';
-            h = bm_try_open(self_dir, file, l->why, sizeof l->why);
+            h = bm_try_open(bm_self_dir, file, l->why, sizeof l->why);
         }
     }
     if (!h) h = bm_try_open(BEAM_LIBDIR, file, l->why, sizeof l->why);

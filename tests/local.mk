@@ -19,7 +19,8 @@
 #   test_threads       identical bits for 1, 2, 3 OpenMP threads
 #   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks
 #   test_contract      every rule of docs/contract.md: status, message, no write
-#   test_dispatch      backend selection of libbeammoe
+#   test_dispatch      backend selection of libbeammoe; its first call on a
+#                      16 KiB thread stack
 #   test_stack         every op and the gather on 64 KiB thread stacks
 #                      (OMP_STACKSIZE=64K too)
 #   test_oom           no memory for the scratch: out of memory, nothing
@@ -102,8 +103,11 @@ tests_test_oom_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_oom_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_oom_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
+# Its first call on a 16 KiB thread stack runs in a pthread of its own.
 tests_test_dispatch_SOURCES = tests/test_dispatch.c
 tests_test_dispatch_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_dispatch_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_dispatch_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_dispatch_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
 CLEANFILES += tests/*.vg.log
@@ -139,3 +143,15 @@ tests_st_fuzz_LDADD = harness/libharness.la
 
 # (no .PHONY line here: automake refuses .PHONY in two conditions, and
 # tests/gather.mk declares its own inside BEAM_WITH_CUDA)
+
+# The `beammoe` tool's standard output: a report that cannot be written
+# (stdout on /dev/full, or closed) is exit 1 with a message, for every
+# command.
+TESTS += tests/tool-stdout.sh
+EXTRA_DIST += tests/tool-stdout.sh
+
+# A signal that ends `beammoe run --output F` while it writes (SIGINT,
+# SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, ...) leaves no temporary file and F as
+# it was; the exit status is the signal's. Exit 77 without json-c.
+TESTS += tests/tool-signals.sh
+EXTRA_DIST += tests/tool-signals.sh

@@ -17,8 +17,10 @@
  * reads it with st_open. The reader must either refuse it with a message,
  * or accept it with every promise of safetensors.h holding: the tensors tile
  * the data section, each one's bytes lie inside it and match its shape and
- * dtype, names are unique. Every accepted byte is read, so the sanitizers
- * see any pointer that strays.
+ * dtype, names are unique, and the header is strict JSON (no NaN,
+ * Infinity, leading zero or raw control character in a string: tokens of
+ * each are inserted, and json-c took them all). Every accepted byte is
+ * read, so the sanitizers see any pointer that strays.
  *
  * Bounded: stops after BEAM_FUZZ_ITERS mutations (default 200000) or
  * BEAM_FUZZ_SECONDS seconds (default 3), whichever comes first. Seeded:
@@ -157,6 +159,62 @@ static void check_accepted(const st_file *f)
     }
 }
 
+/* An accepted header is strict JSON (RFC 8259, as the format's reference
+ * reader takes it), checked here by a scan of its own: no raw byte below
+ * 0x20 inside a string, and every bare word (letters, digits, signs,
+ * points outside strings) is true, false, null or an RFC 8259 number. */
+static int rfc_number(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    if (i < n && s[i] == '0')
+        i++;
+    else if (i < n && s[i] >= '1' && s[i] <= '9')
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    else
+        return 0;
+    if (i < n && s[i] == '.') {
+        if (++i >= n || s[i] < '0' || s[i] > '9') return 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        if (++i < n && (s[i] == '+' || s[i] == '-')) i++;
+        if (i >= n || s[i] < '0' || s[i] > '9') return 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') i++;
+    }
+    return i == n;
+}
+
+static int word_char(unsigned char ch)
+{
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+           ch == '-' || ch == '+' || ch == '.';
+}
+
+static void check_strict(const unsigned char *h, size_t n)
+{
+    size_t i = 0, j;
+    while (i < n) {
+        if (h[i] == '"') {
+            for (i++; i < n && h[i] != '"'; i += h[i] == '\\' ? 2 : 1)
+                CHECK(h[i] >= 0x20, "accepted: raw byte 0x%02x inside a string (byte %zu)", h[i], i);
+            i++;
+        } else if (word_char(h[i])) {
+            for (j = i; j < n && word_char(h[j]); j++) {
+            }
+            CHECK(rfc_number(h + i, j - i) || (j - i == 4 && !memcmp(h + i, "true", 4)) ||
+                      (j - i == 5 && !memcmp(h + i, "false", 5)) ||
+                      (j - i == 4 && !memcmp(h + i, "null", 4)),
+                  "accepted: '%.*s' is not strict JSON (byte %zu)", (int)(j - i), h + i, i);
+            i = j;
+        } else {
+            CHECK(h[i] >= 0x20 || h[i] == '\t' || h[i] == '\n' || h[i] == '\r',
+                  "accepted: raw byte 0x%02x outside a string (byte %zu)", h[i], i);
+            i++;
+        }
+    }
+}
+
 /* ---- part 1: round trips through st_write ---- */
 
 static const char *const name_parts[] = {"expert_outputs", "w", "résidu", "x\"q",
@@ -257,7 +315,10 @@ static const char *const tokens[] = {
     "9007199254740992", "9007199254740993", "18446744073709551616", "99999999999999999999",
     ",", ":", "{", "}", "[", "]", "\xff", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80",
     "\xc3\xa9", " ", "\n", "\"__metadata__\":{\"k\":\"v\"},",
-    "\"dtype\":\"BF16\",", "\"shape\":[],", "\"data_offsets\":[0,0],", "\"F64\"", "\"U8\""};
+    "\"dtype\":\"BF16\",", "\"shape\":[],", "\"data_offsets\":[0,0],", "\"F64\"", "\"U8\"",
+    /* what RFC 8259 refuses and json-c took: the reader must refuse them */
+    "NaN", "Infinity", "-Infinity", "00", "-00", "00.5", "1.", "+1", ".5", "1e", "0x10", "True",
+    "\t", "\x01", "\x1b", "\x1f", "\\u001b", "\\t", "\\x"};
 static const unsigned char specials[] = {0, 1, 0x7F, 0x80, 0xFF, '"', '\\', '{', '}', '[',
                                          ']', ',', ':', '0', '9', '-', 'e', '.', ' ', 'u'};
 
@@ -446,6 +507,7 @@ int main(void)
         if (st_open(&f, path, err, sizeof err) == 0) {
             accepted++;
             check_accepted(&f);
+            check_strict(cur.p + 8, (size_t)get_len(&cur));
             st_close(&f);
         } else {
             refused++;

@@ -9,6 +9,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,6 +174,63 @@ static void test_env(void)
     CU_ASSERT_STRING_EQUAL(name, "0 0 0");
 }
 
+/* The first call of the process on a thread with a 16 KiB stack (or the
+ * platform's smallest where that is more): the dispatcher loads its backend
+ * there (dlopen), and once kept two 4 KiB paths on that stack and died. */
+typedef struct small_job {
+    char out[128];
+} small_job;
+
+static void *small_stack_main(void *p)
+{
+    small_job *j = (small_job *)p;
+    uint16_t x[256], out[256];
+    float w = 1.0f;
+    const char *v = beam_version(), *name = beam_backend_name();
+    beam_status st;
+    memset(x, 0, sizeof x);
+    st = beam_moe_finalize(x, &w, 1, 1, 1, 256, 1.0f, NULL, out, NULL);
+    snprintf(j->out, sizeof j->out, "%s %s %d", v ? v : "(null)", name ? name : "(null)", (int)st);
+    return NULL;
+}
+
+static int first_call_on_small_stack(void)
+{
+    long min = sysconf(_SC_THREAD_STACK_MIN);
+    size_t size = min > 16 * 1024 ? (size_t)min : (size_t)16 * 1024;
+    pthread_attr_t at;
+    pthread_t th;
+    small_job j;
+    int rc;
+    memset(&j, 0, sizeof j);
+    pthread_attr_init(&at);
+    rc = pthread_attr_setstacksize(&at, size);
+    if (rc == 0) rc = pthread_create(&th, &at, small_stack_main, &j);
+    pthread_attr_destroy(&at);
+    if (rc != 0) {
+        fprintf(stderr, "cannot start a thread with a %zu-byte stack (error %d)\n", size, rc);
+        return 1;
+    }
+    pthread_join(th, NULL);
+    printf("%zu %s", size, j.out);
+    return 0;
+}
+
+static void test_small_stack(void)
+{
+    char out[160], want[64];
+    const char *rest;
+    int rc = child_run(NULL, "--small-stack", out, sizeof out);
+    if (rc != 0) fprintf(stderr, "  first call on a small stack: child status %d, \"%s\"\n", rc, out);
+    CU_ASSERT_EQUAL(rc, 0);
+    rest = strchr(out, ' ');
+    snprintf(want, sizeof want, "%d.%d.%d %s 0", BEAM_VERSION_MAJOR, BEAM_VERSION_MINOR,
+             BEAM_VERSION_PATCH, g_gpu_host ? (rest && strstr(rest, "cuda") ? "cuda" : "cpu") : "cpu");
+    CU_ASSERT_PTR_NOT_NULL(rest);
+    if (rest) CU_ASSERT_STRING_EQUAL(rest + 1, want);
+    if (rest) fprintf(stderr, "  first call on a %.*s-byte stack: %s\n", (int)(rest - out), out, rest + 1);
+}
+
 int main(int argc, char **argv)
 {
     static const suite_test tests[] = {{"version", test_version},
@@ -181,12 +239,14 @@ int main(int argc, char **argv)
                                     {"cuda", test_cuda},
                                     {"auto", test_auto},
                                     {"BEAM_BACKEND", test_env},
+                                    {"first call on a 16 KiB stack", test_small_stack},
                                     {NULL, NULL}};
     if (argc > 1 && strcmp(argv[1], "--print-backend") == 0) {
         const char *n = beam_backend_name();
         printf("%s", n ? n : "(null)");
         return 0;
     }
+    if (argc > 1 && strcmp(argv[1], "--small-stack") == 0) return first_call_on_small_stack();
     if (argc > 1 && strcmp(argv[1], "--call") == 0) {
         /* first use under the given BEAM_BACKEND: the status of a call,
          * then of beam_set_backend("cpu") and of the same call again */

@@ -30,6 +30,7 @@
 #include "devmem.h"
 #include "gather.h"
 #include "st_case.h"
+#include "text.h"
 
 /* ---- the case list ---- */
 
@@ -436,8 +437,10 @@ static int audit_input(const char *path, int quick)
     beam_status st;
     char err[512];
     tally t;
-    char label[128], o[64] = "", msg[600];
+    char label[512], o[64] = "", msg[600];
     const char *base = strrchr(path, '/');
+    /* the path as printed: a file name may hold escape sequences too */
+    char shown[1024], base_shown[384];
     unsigned others;
     int rc;
     double t0;
@@ -448,12 +451,13 @@ static int audit_input(const char *path, int quick)
     }
     if (beam_set_backend("cpu") != BEAM_OK)
         return report_lib_error("audit", "beam_set_backend(\"cpu\")", BEAM_ERR_UNSUPPORTED);
+    hu_escape(shown, sizeof shown, path, 0);
     if (st_open(&f, path, err, sizeof err)) {
-        fprintf(stderr, "beammoe audit: %s: %s\n", path, err);
+        fprintf(stderr, "beammoe audit: %s: %s\n", shown, err);
         return TOOL_EXIT_USAGE;
     }
     if (st_case_load(&f, &p, &op, &s, err, sizeof err)) {
-        fprintf(stderr, "beammoe audit: %s: %s\n", path, err);
+        fprintf(stderr, "beammoe audit: %s: %s\n", shown, err);
         st_close(&f);
         return TOOL_EXIT_USAGE;
     }
@@ -462,20 +466,20 @@ static int audit_input(const char *path, int quick)
      * scales, ...) is the file's fault, said in the library's words */
     memset(&truth, 0, sizeof truth);
     if (hc_out_make(&truth, &p, 1)) {
-        fprintf(stderr, "beammoe audit: %s: out of memory for the outputs\n", path);
+        fprintf(stderr, "beammoe audit: %s: out of memory for the outputs\n", shown);
         rc = TOOL_EXIT_FAIL;
         goto out;
     }
     st = hc_run(&p, op, BEAM_STRATEGY_FUSED, 0, &truth, msg, sizeof msg);
     if (st != BEAM_OK) {
-        fprintf(stderr, "beammoe audit: %s: the library rejects these tensors: %s: %s\n", path,
+        fprintf(stderr, "beammoe audit: %s: the library rejects these tensors: %s: %s\n", shown,
                 beam_status_string(st), beam_last_error());
         rc = (st == BEAM_ERR_INVALID_ARGUMENT || st == BEAM_ERR_UNSUPPORTED) ? TOOL_EXIT_USAGE
                                                                              : TOOL_EXIT_FAIL;
         goto out;
     }
 
-    printf("beammoe audit: library %s, input %s, OpenMP threads %d\n", beam_version(), path,
+    printf("beammoe audit: library %s, input %s, OpenMP threads %d\n", beam_version(), shown,
            omp_get_max_threads());
     others = audit_detect_backends();
     if (p.post.on) strcat(o, p.post.weight ? "post:w " : "post ");
@@ -488,8 +492,9 @@ static int audit_input(const char *path, int quick)
         snprintf(rest, sizeof rest, "%s T%lld K%d H%d c%lld %srs%g", hc_op_name(op),
                  (long long)p.s.T, (int)p.s.K, (int)p.s.H, (long long)p.cap, o, (double)p.rs);
         room = 56 - 2 - (int)strlen(rest);
-        snprintf(label, sizeof label, "%.*s: %s", room > 4 ? room : 4, base ? base + 1 : path,
-                 rest);
+        hu_escape(base_shown, sizeof base_shown, base ? base + 1 : path,
+                  (size_t)(room > 4 ? room : 4));
+        snprintf(label, sizeof label, "%s: %s", base_shown, rest);
     }
     printf("\n");
     audit_print_header();
@@ -533,7 +538,7 @@ static void usage(FILE *f)
             "max BF16 ULP distance (ordered integers; NaN vs NaN 0, NaN vs number 'nan').\n"
             "\n"
             "  --quick     a smaller sweep (seconds)\n"
-            "  --seed N    seed of the generated inputs (default 1)\n"
+            "  --seed N    seed of the generated inputs (default 1; not with --input)\n"
             "  --input F   audit the tensors of safetensors file F instead of the sweep\n"
             "  -h, --help  this text\n"
             "\n"
@@ -600,35 +605,47 @@ int cmd_audit(int argc, char **argv)
                                              {NULL, 0, NULL, 0}};
     audit_ctx ax;
     case_list l = {NULL, 0, 0};
-    int opt, i, b;
+    int opt, i, b, li, help = 0, seed_given = 0;
+    unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     const char *input = NULL;
     double t0;
 
     memset(&ax, 0, sizeof ax);
     ax.seed = 1;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    for (;;) {
+        li = -1; /* getopt_long sets it for long options only */
+        opt = getopt_long(argc, argv, "h", longopts, &li);
+        if (opt == -1) break;
+        if (option_once("audit", longopts, li, seen)) return TOOL_EXIT_USAGE;
         switch (opt) {
         case 'q':
             ax.quick = 1;
             break;
         case 's':
             if (parse_u64("audit", "--seed", optarg, &ax.seed)) return TOOL_EXIT_USAGE;
+            seed_given = 1;
             break;
         case 'i':
             input = optarg;
             break;
         case 'h':
-            usage(stdout);
-            return TOOL_EXIT_OK;
+            help = 1; /* after the loop: an extra argument is still an error */
+            break;
         default:
             fprintf(stderr, "Try 'beammoe audit --help'.\n");
             return TOOL_EXIT_USAGE;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "beammoe audit: unexpected argument '%s'\nTry 'beammoe audit --help'.\n",
-                argv[optind]);
+    if (no_operands("audit", argc, argv, optind)) return TOOL_EXIT_USAGE;
+    if (help) {
+        usage(stdout);
+        return TOOL_EXIT_OK;
+    }
+    /* a file's inputs are the file's: a seed would be silently unused */
+    if (input && seed_given) {
+        fprintf(stderr, "beammoe audit: --seed applies to the built-in sweep, not to --input\n"
+                        "Try 'beammoe audit --help'.\n");
         return TOOL_EXIT_USAGE;
     }
 

@@ -41,17 +41,21 @@ static void usage(FILE *f)
             "  0  done; audit: every row matches\n"
             "  1  a check failed or the run itself did: an audit mismatch or error row,\n"
             "     a device or communication error, out of memory, another library\n"
-            "     error on valid input\n"
-            "  2  what was given is wrong: an unknown command, option or argument; a\n"
-            "     value that is not a number (a number is the whole value: no spaces,\n"
-            "     no trailing text); sizes or values the library rejects (top_k,\n"
-            "     hidden, tokens < 0, NaN or infinite scales, eps < 0, ...); sizes\n"
-            "     larger than this host's memory; a backend that is not available\n"
-            "     here (--backend, BEAM_BACKEND); an --input file that cannot be used;\n"
-            "     an --output path that cannot be written (nothing is written then)\n");
+            "     error on valid input; a write error on the standard output (a full\n"
+            "     disk, a closed stdout)\n"
+            "  2  what was given is wrong: an unknown command, option or argument; an\n"
+            "     option given twice, or one that does not apply (run --eps without a\n"
+            "     norm, audit --seed with --input); a value that is not a number (a\n"
+            "     number is the whole value: no spaces, no trailing text); sizes or\n"
+            "     values the library rejects (top_k, hidden, tokens < 0, NaN or\n"
+            "     infinite scales, eps < 0, ...); sizes larger than this host's\n"
+            "     memory; a backend that is not available here (--backend,\n"
+            "     BEAM_BACKEND); an --input file that cannot be used; an --output\n"
+            "     path that cannot be written (nothing is written then)\n");
 }
 
-int main(int argc, char **argv)
+/* The command line, run: its exit status. */
+static int command(int argc, char **argv)
 {
     const char *cmd;
     static char name[64];
@@ -62,10 +66,12 @@ int main(int argc, char **argv)
     }
     cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        if (no_operands("", argc, argv, 2)) return TOOL_EXIT_USAGE;
         usage(stdout);
         return TOOL_EXIT_OK;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        if (no_operands("", argc, argv, 2)) return TOOL_EXIT_USAGE;
         printf("beammoe %s (library %s)\n", PACKAGE_VERSION, beam_version());
         return TOOL_EXIT_OK;
     }
@@ -78,4 +84,11 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "beammoe: unknown command '%s'\nTry 'beammoe --help'.\n", cmd);
     return TOOL_EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    /* a report that cannot be written fails the run (streams.c) */
+    if (tool_streams_open()) return TOOL_EXIT_FAIL;
+    return tool_streams_close(command(argc, argv));
 }

@@ -299,7 +299,8 @@ int cmd_bench(int argc, char **argv)
     int nT = 4, ncfg = NCFG;
     int32_t threads = 0;
     float min_time = 1.0f;
-    int opt, i, ci, rep, rc = TOOL_EXIT_OK, hot = 0, isa;
+    int opt, i, ci, rep, rc = TOOL_EXIT_OK, hot = 0, isa, li, help = 0;
+    unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     bench_bufs b;
     size_t rowsH = (size_t)BENCH_TMAX * BENCH_H;
     double rd, best[NCFG][MAXT], best_copy[NCFG][MAXT];
@@ -308,7 +309,11 @@ int cmd_bench(int argc, char **argv)
 
     for (i = 0; i < NCFG; i++) cfgs[i] = i + 1;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    for (;;) {
+        li = -1; /* getopt_long sets it for long options only */
+        opt = getopt_long(argc, argv, "h", longopts, &li);
+        if (opt == -1) break;
+        if (option_once("bench", longopts, li, seen)) return TOOL_EXIT_USAGE;
         switch (opt) {
         case 't':
             if (parse_i32("bench", "--threads", optarg, &threads)) return TOOL_EXIT_USAGE;
@@ -351,17 +356,17 @@ int cmd_bench(int argc, char **argv)
             }
             break;
         case 'h':
-            usage(stdout);
-            return TOOL_EXIT_OK;
+            help = 1; /* after the loop: an extra argument is still an error */
+            break;
         default:
             fprintf(stderr, "Try 'beammoe bench --help'.\n");
             return TOOL_EXIT_USAGE;
         }
     }
-    if (optind < argc) {
-        fprintf(stderr, "beammoe bench: unexpected argument '%s'\nTry 'beammoe bench --help'.\n",
-                argv[optind]);
-        return TOOL_EXIT_USAGE;
+    if (no_operands("bench", argc, argv, optind)) return TOOL_EXIT_USAGE;
+    if (help) {
+        usage(stdout);
+        return TOOL_EXIT_OK;
     }
     st = beam_set_backend("cpu");
     if (st != BEAM_OK) return report_lib_error("bench", "beam_set_backend(\"cpu\")", st);

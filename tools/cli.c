@@ -4,6 +4,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,27 @@ int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2]
         hu_split_pair(s, out) == 0)
         return 0;
     fprintf(stderr, "beammoe %s: %s: '%s' is not two numbers 'A,B'\n", cmd, opt, s);
+    return -1;
+}
+
+int option_once(const char *cmd, const struct option *longopts, int li, unsigned char *seen)
+{
+    if (li < 0 || longopts[li].has_arg == no_argument) return 0;
+    if (seen[li]) {
+        fprintf(stderr, "beammoe %s: --%s given twice; give each option once\n"
+                        "Try 'beammoe %s --help'.\n",
+                cmd, longopts[li].name, cmd);
+        return -1;
+    }
+    seen[li] = 1;
+    return 0;
+}
+
+int no_operands(const char *cmd, int argc, char **argv, int optind_)
+{
+    if (optind_ >= argc) return 0;
+    fprintf(stderr, "beammoe%s%s: unexpected argument '%s'\nTry 'beammoe%s%s --help'.\n",
+            *cmd ? " " : "", cmd, argv[optind_], *cmd ? " " : "", cmd);
     return -1;
 }
 

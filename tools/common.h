@@ -26,6 +26,14 @@
                              the library rejects, a backend not available, an
                              unusable --input file or --output path */
 
+/* ---- standard streams (streams.c) ----
+ * tool_streams_open at the start: a closed stdin or stderr gets /dev/null;
+ * a closed stdout is refused (message, -1: exit TOOL_EXIT_FAIL). Else 0.
+ * tool_streams_close(rc) at the end: flushes and closes stdout; on a write
+ * error says so on stderr and turns rc 0 into TOOL_EXIT_FAIL. */
+int tool_streams_open(void);
+int tool_streams_close(int rc);
+
 /* ---- subcommands (one file each) ---- */
 int cmd_audit(int argc, char **argv);
 int cmd_run(int argc, char **argv);
@@ -40,6 +48,17 @@ int parse_f32(const char *cmd, const char *opt, const char *s, float *out);
 /* "A,B" -> two floats. */
 int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2]);
 int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out);
+
+/* A value option given twice keeps one value and drops the other: refuse it.
+ * longopts[li] is the option getopt_long just returned (li < 0: a short
+ * option, not checked); seen[] has one zeroed slot per entry of longopts.
+ * 0, or prints "beammoe <cmd>: --<name> given twice; ..." and returns -1.
+ * Flags (no_argument) may repeat: they hold no value to lose. */
+struct option;
+int option_once(const char *cmd, const struct option *longopts, int li, unsigned char *seen);
+/* Arguments left after the options: 0 when there are none, else prints
+ * "beammoe <cmd>: unexpected argument '<arg>'" and returns -1. */
+int no_operands(const char *cmd, int argc, char **argv, int optind_);
 
 /* Library error: print "beammoe <cmd>: <what>: <status>: <beam_last_error()>";
  * returns TOOL_EXIT_FAIL. */

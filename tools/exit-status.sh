@@ -33,6 +33,13 @@ RUN="run --iters 1"
 # ---- the command itself ----
 expect 2 "missing command"
 expect 2 "unknown command" frobnicate
+# --help and --version take nothing after them (they once ignored it)
+expect 2 "unexpected argument 'extra'" --version extra
+expect 2 "unexpected argument 'extra'" -V extra
+expect 2 "unexpected argument 'extra'" --help extra
+expect 2 "unexpected argument '--bogus'" help --bogus
+expect 0 "" --version
+expect 0 "" -h
 checks=$((checks + 1))
 help=$("$tool" --help)
 if [ $? = 0 ] && printf '%s\n' "$help" | grep -q "Exit status, the same rule for every command" &&
@@ -81,6 +88,24 @@ expect 2 "not cpu, cuda or auto" $RUN --tokens 4 --top-k 2 --hidden 256 --backen
 expect 2 "unrecognized option" $RUN --tokens 4 --top-k 2 --hidden 256 --bogus
 expect 2 "unexpected argument" $RUN --tokens 4 --top-k 2 --hidden 256 extra
 expect 2 "applies to --op nrn only" $RUN --tokens 4 --top-k 2 --hidden 256 --pre-norm
+# ---- run: a value given twice, or one the chosen op has no place for, is
+# an error that names the option, never silently dropped (a repeated option
+# once kept its last value; --top-k, --routed-scale with --op nrn and --eps
+# without a norm were ignored) ----
+expect 2 "--seed given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --seed 1 --seed 2
+expect 2 "--tokens given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --tokens 5
+expect 2 "--hidden given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --hidden=512
+expect 2 "--op given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --op fused --op finalize
+expect 2 "--output given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --output a --output b
+expect 2 "--backend given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --backend cpu --backend cpu
+expect 2 "--top-k applies to --op finalize and fused only" $RUN --op nrn --tokens 4 --top-k 2 --hidden 256
+expect 2 "--routed-scale applies to --op finalize and fused only" $RUN --op nrn --tokens 4 --hidden 256 \
+    --routed-scale 2
+expect 2 "--eps applies to a norm" $RUN --tokens 4 --top-k 2 --hidden 256 --eps 1e-5
+expect 2 "--eps applies to a norm" $RUN --op finalize --tokens 4 --top-k 2 --hidden 256 --eps 1e-5
+expect 0 "" $RUN --op nrn --tokens 4 --hidden 256 --pre-norm --eps 1e-5
+expect 0 "" $RUN --op nrn --tokens 4 --hidden 256
+expect 2 "unexpected argument 'extra'" run --help extra
 # ---- run: a backend that is not available here ----
 if "$tool" $RUN --tokens 1 --top-k 1 --hidden 256 --backend cuda >/dev/null 2>&1; then
     echo "note: the cuda backend runs here: its not-available case was not tried"
@@ -118,6 +143,11 @@ expect 2 "out of the 64-bit range" audit --seed 18446744073709551616
 expect 2 "unexpected argument" audit --quick extra
 expect 2 "unrecognized option" audit --bogus
 expect 2 "requires an argument" audit --input
+expect 2 "--seed applies to the built-in sweep, not to --input" audit --input x.safetensors --seed 3
+expect 2 "--seed applies to the built-in sweep, not to --input" audit --seed 3 --input x.safetensors
+expect 2 "--input given twice" audit --input a.safetensors --input b.safetensors
+expect 2 "--seed given twice" audit --seed 1 --seed 1
+expect 2 "unexpected argument 'extra'" audit --help extra
 
 # ---- bench (its errors only: the bench itself takes minutes) ----
 expect 2 "must be in \[1, 4096\]" bench --threads 0
@@ -126,6 +156,10 @@ expect 2 "is not a number" bench --min-time "1 "
 expect 2 "must be in \[0, 600\]" bench --min-time nan
 expect 2 "unexpected argument" bench extra
 expect 2 "unrecognized option" bench --bogus
+expect 2 "--threads given twice" bench --threads 1 --threads 2
+expect 2 "--tokens given twice" bench --tokens 1 --tokens 64
+expect 2 "--config given twice" bench --config 1 --config 2
+expect 2 "unexpected argument 'extra'" bench --help extra
 
 echo "$checks checks, $fail failed"
 [ "$fail" = 0 ]

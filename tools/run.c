@@ -30,7 +30,7 @@ static void usage(FILE *f)
             "checksum of the outputs.\n"
             "\n"
             "  --tokens T           live tokens (rows)\n"
-            "  --top-k K            experts per token (ignored by --op nrn)\n"
+            "  --top-k K            experts per token (finalize, fused)\n"
             "  --hidden H           hidden size\n"
             "  --backend B          cpu, cuda or auto (default: the library's choice,\n"
             "                       BEAM_BACKEND or auto)\n"
@@ -41,8 +41,8 @@ static void usage(FILE *f)
             "  --pre-norm           RMSNorm of x with a weight (nrn only)\n"
             "  --next-norm          RMSNorm of hidden with a weight (nrn, fused)\n"
             "  --scales A,B         scale x by A and the residual by B (nrn, fused)\n"
-            "  --routed-scale S     routed scale (default 1)\n"
-            "  --eps E              eps of every norm (default 1e-6)\n"
+            "  --routed-scale S     routed scale (finalize, fused; default 1)\n"
+            "  --eps E              eps of every norm given (default 1e-6)\n"
             "  --iters N            timed calls (default 10)\n"
             "  --seed N             seed of the inputs (default 1)\n"
             "  --output F           write the inputs and outputs to safetensors file F\n"
@@ -54,7 +54,8 @@ static void usage(FILE *f)
             "                       before the run\n"
             "  -h, --help           this text\n"
             "\n"
-            "Numbers are the whole value: no spaces, no trailing text.\n"
+            "Numbers are the whole value: no spaces, no trailing text. An option given\n"
+            "twice, or one the chosen op has no place for, is an error.\n"
             "Exit status: 0 done; 1 a device, communication or out-of-memory error of the\n"
             "run; 2 a bad option or value, sizes or values the library rejects (NaN,\n"
             "infinite, top_k, hidden, ...), inputs larger than this host's memory, a\n"
@@ -113,7 +114,9 @@ int cmd_run(int argc, char **argv)
         {NULL, 0, NULL, 0}};
     int64_t tokens = 0, iters64 = 10;
     int32_t top_k = 1, hidden = 0;
-    int have_t = 0, have_k = 0, have_h = 0, have_strategy = 0;
+    int have_t = 0, have_k = 0, have_h = 0, have_strategy = 0, have_rs = 0, have_eps = 0;
+    int li, help = 0;
+    unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     const char *backend = NULL, *output = NULL;
     beam_strategy strategy = BEAM_STRATEGY_AUTO;
     hc_op op = HC_FUSED;
@@ -131,7 +134,11 @@ int cmd_run(int argc, char **argv)
 
     memset(&spec, 0, sizeof spec);
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    for (;;) {
+        li = -1; /* getopt_long sets it for long options only */
+        opt = getopt_long(argc, argv, "h", longopts, &li);
+        if (opt == -1) break;
+        if (option_once("run", longopts, li, seen)) return TOOL_EXIT_USAGE;
         switch (opt) {
         case O_TOKENS:
             if (parse_i64("run", "--tokens", optarg, &tokens)) return TOOL_EXIT_USAGE;
@@ -186,9 +193,11 @@ int cmd_run(int argc, char **argv)
             break;
         case O_RS:
             if (parse_f32("run", "--routed-scale", optarg, &rs)) return TOOL_EXIT_USAGE;
+            have_rs = 1;
             break;
         case O_EPS:
             if (parse_f32("run", "--eps", optarg, &eps)) return TOOL_EXIT_USAGE;
+            have_eps = 1;
             break;
         case O_ITERS:
             if (parse_i64("run", "--iters", optarg, &iters64)) return TOOL_EXIT_USAGE;
@@ -202,24 +211,33 @@ int cmd_run(int argc, char **argv)
             output = optarg;
             break;
         case 'h':
-            usage(stdout);
-            return TOOL_EXIT_OK;
+            help = 1; /* after the loop: an extra argument is still an error */
+            break;
         default:
             fprintf(stderr, "Try 'beammoe run --help'.\n");
             return TOOL_EXIT_USAGE;
         }
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
+    if (help) {
+        usage(stdout);
+        return TOOL_EXIT_OK;
+    }
     if (!have_t) return usage_error("%s is required", "--tokens");
     if (!have_h) return usage_error("%s is required", "--hidden");
     if (!have_k && op != HC_NRN) return usage_error("%s is required", "--top-k");
-    if (op == HC_NRN) top_k = 1;
     /* Options that the chosen op has no place for: say so, do not ignore. */
+    if (have_k && op == HC_NRN) return usage_error("%s applies to --op finalize and fused only", "--top-k");
+    if (have_rs && op == HC_NRN)
+        return usage_error("%s applies to --op finalize and fused only", "--routed-scale");
+    if (op == HC_NRN) top_k = 1;
     if (spec.pre && op != HC_NRN) return usage_error("%s applies to --op nrn only", "--pre-norm");
     if (spec.post && op == HC_NRN)
         return usage_error("%s applies to --op finalize and fused only", "--post-norm");
     if ((spec.next || spec.scales) && op == HC_FINALIZE)
         return usage_error("%s apply to --op nrn and fused only", "--next-norm and --scales");
+    if (have_eps && !spec.post && !spec.pre && !spec.next)
+        return usage_error("%s applies to a norm: give --post-norm, --pre-norm or --next-norm", "--eps");
     if (have_strategy && op != HC_FUSED) return usage_error("%s applies to --op fused only", "--strategy");
     if (output && op == HC_NRN) return usage_error("%s supports --op finalize and fused only", "--output");
     if (output && !st_available()) return usage_error("--output: %s", ST_NO_JSON_C);

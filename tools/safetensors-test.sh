@@ -213,6 +213,35 @@ raw_header('bad-overlong.safetensors', obj(parts).encode().replace(b'_w', b'\xc0
 raw_header('bad-nul-name.safetensors',
            obj(parts).replace('"expert_weights"', '"expert_weights\\u0000.x"'), blob)
 raw_header('bad-surrogate.safetensors', obj(parts).replace('expert_w', 'expert\\ud800w'), blob)
+
+# strict JSON, as the format's reference reader (serde_json) and the Python
+# reader read it: RFC 8259 numbers, no raw control character in a string.
+# json-c took each of these (in a field the reader did not look at, or in a
+# name or a metadata value) and the tool audited the file.
+def with_field(value):
+    return obj([parts[0], (parts[1][0], parts[1][1].replace('{', '{"x":%s,' % value, 1))])
+for name, value in [('nan', 'NaN'), ('inf', 'Infinity'), ('minus-inf', '-Infinity'), ('00', '00'),
+                    ('minus-00', '-00'), ('00.5', '00.5'), ('bare-point', '1.'), ('plus', '+1')]:
+    raw_header('bad-number-%s.safetensors' % name, with_field(value), blob)
+extra = ('note', '{"dtype":"U8","shape":[0],"data_offsets":[%d,%d]}' % (len(blob), len(blob)))
+raw_header('bad-raw-tab.safetensors', obj(parts + [('extra\tname', extra[1])]), blob)
+raw_header('bad-raw-newline.safetensors',
+           obj([('__metadata__', '{"producer":"line\nbreak"}')] + parts), blob)
+raw_header('bad-raw-ctrl.safetensors', obj(parts + [('extra\x01', extra[1])]), blob)
+raw_header('good-escaped-ctrl.safetensors',  # escaped, they are JSON: a name like any other
+           obj(parts + [('extra\\t\\u0001', extra[1])]), blob)
+
+# names, dtypes and metadata values reach the terminal escaped: an escape
+# sequence or a newline in them once set the window title, cleared the
+# screen or forged a line of the report
+hostile = '\\u001b]0;title\\u0007\\n beammoe audit: PASS\\u001b[2J'
+raw_header('hostile-name.safetensors', obj(parts + [(hostile, extra[1])]), blob)
+raw_header('hostile-dtype.safetensors',
+           obj([parts[0], (parts[1][0], parts[1][1].replace('"F32"', '"%s"' % hostile))]), blob)
+raw_header('hostile-meta.safetensors',
+           obj([('__metadata__', '{"routed_scale":"%s"}' % hostile)] + parts), blob)
+raw_header('hostile-unknown.safetensors', obj(parts + [(hostile, '[1]')]), blob)
+raw_header('hostile-\x1b[2J\x07.safetensors', obj(parts + [(hostile, '[1]')]), blob)
 EOF
     for f in good-fused good-flat good-finalize good-finalize-live good-extra; do
         expect 0 "$tmp/$f.safetensors"
@@ -267,6 +296,38 @@ EOF
     expect 2 "$tmp/bad-overlong.safetensors" "not valid UTF-8"
     expect 2 "$tmp/bad-nul-name.safetensors" "(NUL) inside a string"
     expect 2 "$tmp/bad-surrogate.safetensors" "unpaired UTF-16 surrogate"
+    for f in nan inf minus-inf 00 minus-00 00.5 bare-point plus; do
+        expect 2 "$tmp/bad-number-$f.safetensors" "is not a JSON number"
+    done
+    expect 2 "$tmp/bad-raw-tab.safetensors" "raw control character U+0009 inside a string"
+    expect 2 "$tmp/bad-raw-newline.safetensors" "raw control character U+000A inside a string"
+    expect 2 "$tmp/bad-raw-ctrl.safetensors" "raw control character U+0001 inside a string"
+    expect 0 "$tmp/good-escaped-ctrl.safetensors"
+    grep -q "note: tensor 'extra\\\\x09\\\\x01' is not used" "$tmp/err" || {
+        echo "FAIL: good-escaped-ctrl.safetensors: the note does not show the name escaped:"
+        sed 's/^/    /' "$tmp/err"
+        fails=$((fails + 1))
+    }
+
+    # hostile text: no raw ESC, BEL or newline of it in anything printed
+    esc=$(printf '\033') bel=$(printf '\007')
+    for f in hostile-name hostile-dtype hostile-meta hostile-unknown "hostile-${esc}[2J${bel}"; do
+        checks=$((checks + 1))
+        "$tool" audit --input "$tmp/$f.safetensors" --quick >"$tmp/out" 2>"$tmp/err"
+        rc=$?
+        cat "$tmp/out" "$tmp/err" >"$tmp/all"
+        if LC_ALL=C grep -q "[$esc$bel]" "$tmp/all" || grep -q "^ beammoe audit: PASS" "$tmp/all"; then
+            echo "FAIL: $(printf '%s' "$f" | tr -c '[:alnum:]-' '?'): raw text of the file reached the output (exit $rc):"
+            od -c "$tmp/all" | head -8 | sed 's/^/    /'
+            fails=$((fails + 1))
+        elif ! grep -q '\\x1b\]0;title\\x07\\x0a beammoe' "$tmp/all"; then
+            echo "FAIL: $(printf '%s' "$f" | tr -c '[:alnum:]-' '?'): the text is not shown escaped:"
+            sed 's/^/    /' "$tmp/all" | tail -4
+            fails=$((fails + 1))
+        else
+            echo "ok:   $(printf '%s' "$f" | tr -c '[:alnum:]-' '?'): exit $rc, shown escaped: $(grep -h 'x1b' "$tmp/all" | head -1)"
+        fi
+    done
 
     # one flipped bit in a stored result: a mismatch, exit 1
     python3 - "$tmp/rt-fused.safetensors" "$tmp/flipped.safetensors" <<'EOF'
@@ -317,6 +378,74 @@ else
     fi
 fi
 rm -f "$big"
+
+# Reading a header takes a small multiple of its size, whatever it holds:
+# a header of a million empty objects ({"x":[{},{},...]}) once made the tool
+# take 260 times its size (json-c's tree), a header of many small tensor
+# entries 28 times. Each 4 MiB header below must be refused with a peak
+# resident size under that of a tiny refused file plus 6 times the header.
+# The peak is measured by GNU time where it is there and not under
+# AddressSanitizer (its shadow memory would count); else only the refusal.
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$tmp" <<'EOF'
+import struct, sys
+d, size = sys.argv[1], 4 << 20
+def write(name, js):
+    js += b' ' * (-len(js) % 8)
+    open('%s/%s.safetensors' % (d, name), 'wb').write(struct.pack('<Q', len(js)) + js)
+def fill(head, item, tail):
+    parts, n, i = [], len(head) + len(tail), 0
+    while n < size:
+        parts.append(item(i))
+        n += len(parts[-1]) + 1
+        i += 1
+    return head + b','.join(parts) + tail
+write('mem-objects', fill(b'{"x":[', lambda i: b'{}', b']}'))
+write('mem-arrays', fill(b'{"x":[', lambda i: b'[]', b']}'))
+write('mem-shape', fill(b'{"x":{"dtype":"U8","shape":[', lambda i: b'1', b'],"data_offsets":[0,1]}}'))
+write('mem-entries', fill(b'{', lambda i: b'"%x":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}' % i,
+                          b'}'))
+write('mem-metadata', fill(b'{"__metadata__":{', lambda i: b'"%x":""' % i, b'}}'))
+write('mem-tiny', b'{"x":[{}]}')
+EOF
+    peak() { # peak resident KiB of audit --input FILE, or nothing
+        /usr/bin/time -f 'peak %M' "$tool" audit --input "$1" >/dev/null 2>"$tmp/peak.err"
+        sed -n 's/^peak \([0-9]*\)$/\1/p' "$tmp/peak.err" | tail -1
+    }
+    base=""
+    if [ "$asan" = no ] && [ -x /usr/bin/time ] && /usr/bin/time -f 'peak %M' true 2>/dev/null; then
+        base=$(peak "$tmp/mem-tiny.safetensors")
+    fi
+    [ -z "$base" ] && echo "note: no GNU time here, or an AddressSanitizer build: peak memory not measured"
+    for f in "mem-objects:must be an object" "mem-arrays:must be an object" \
+        "mem-shape:dimensions (at most 8)" "mem-entries:missing tensor 'expert_outputs'" \
+        "mem-metadata:missing tensor 'expert_outputs'"; do
+        name=${f%%:*} words=${f#*:}
+        file="$tmp/$name.safetensors"
+        checks=$((checks + 1))
+        timeout 60 "$tool" audit --input "$file" >/dev/null 2>"$tmp/err"
+        rc=$?
+        if [ "$rc" != 2 ] || ! grep -q -- "$words" "$tmp/err"; then
+            echo "FAIL: $name: exit $rc, expected 2 with '$words'"
+            sed 's/^/    /' "$tmp/err" | head -3
+            fails=$((fails + 1))
+            continue
+        fi
+        if [ -z "$base" ]; then
+            echo "ok:   $name: exit 2 $(head -1 "$tmp/err" | cut -c1-100)"
+            continue
+        fi
+        hkib=$(($(wc -c <"$file") / 1024))
+        kib=$(peak "$file")
+        if [ -z "$kib" ] || [ "$kib" -gt $((base + 6 * hkib)) ]; then
+            echo "FAIL: $name: peak ${kib:-?} KiB for a $hkib KiB header (limit $((base + 6 * hkib)) KiB)"
+            fails=$((fails + 1))
+        else
+            echo "ok:   $name: exit 2, peak $kib KiB for a $hkib KiB header (a tiny file: $base KiB)"
+        fi
+    done
+    rm -f "$tmp"/mem-*.safetensors
+fi
 
 echo "$checks checks, $fails failed"
 [ "$fails" = 0 ]

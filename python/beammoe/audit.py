@@ -11,13 +11,19 @@ threads) is compared with it bit for bit, as are the results stored in the
 file (`output`, `hidden`, `normalized`). A mismatch or a library error is a
 row of the report (the C tool's exit status 1).
 
-The reader applies the rules of the C tool's (tools/safetensors.c), with its
-words: the header length is checked against the file's size, then the
-header alone is read and parsed with the standard json module and checked
-completely (strict UTF-8, no NUL or unpaired surrogate in any string, no key
-given twice at any depth, data_offsets tiling the data section); the tensor
-data is read only after that. The file's numbers are never trusted: every
-offset and size is checked against the file first.
+The reader applies the rules of the C tool's (harness/safetensors.c and
+harness/st_header.c), with its words: the header length is checked against
+the file's size, then the header alone is read and checked completely, in
+two passes that build no JSON tree (strict JSON, RFC 8259 as the format's
+reference reader takes it: no NaN or Infinity, no leading zeros, no raw
+control character in a string, no NUL or unpaired surrogate in any string;
+then the schema: tensor entries of exactly dtype, shape and data_offsets,
+__metadata__ of strings, no key twice, data_offsets tiling the data
+section), so a hostile header is refused with a ValueError, never a
+MemoryError; the tensor data is read only after that. The file's numbers
+are never trusted: every offset and size is checked against the file first.
+Names, dtypes, metadata values and the path are escaped in every message
+(_escape), as the C tool escapes them.
 """
 import ctypes
 import json
@@ -44,7 +50,6 @@ _DTYPE_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2
 _MAX_INT = 1 << 53          # largest shape/offset value accepted (as the C reader)
 _MAX_HEADER = 100 * 1000 * 1000
 _MAX_DIMS = 8
-_PAD = " \t\n\r"            # what may follow the header object
 _KNOWN = ("expert_outputs", "expert_weights", "residual", "post_norm_weight", "next_norm_weight",
           "output", "hidden", "normalized")
 
@@ -63,194 +68,507 @@ class _Tensor:
         return n
 
 
-def _nonneg(v):
-    """A JSON integer in [0, 2**53] (not a bool, not a float), or None."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v > _MAX_INT:
-        return None
-    return v
+# ---- text from the file, made safe to print (harness/text.c: hu_escape) ----
+
+# Characters of U+0080 and above that are escaped: invisible, line-breaking
+# or reordering ones a terminal or a reader would be fooled by.
+_ESCAPED_CP = frozenset(list(range(0x80, 0xA0)) + list(range(0x200B, 0x2010)) + [0x2028, 0x2029] +
+                        list(range(0x202A, 0x202F)) + list(range(0x2060, 0x206A)) + [0xFEFF])
+_PLAIN_TEXT = re.compile(r"[ -\[\]-~]*\Z")  # printable ASCII but the backslash
 
 
-def _reject_constant(name):
-    raise ValueError("bad header JSON: %s is not JSON" % name)
-
-
-def _parse_int(s):
-    """A JSON integer. Python refuses to convert one of thousands of digits
-    (sys.set_int_max_str_digits), which json-c reads: such a number is past
-    any shape or offset, and is refused as one, or ignored elsewhere."""
-    try:
-        return int(s)
-    except ValueError:
-        return -1 if s.startswith("-") else _MAX_INT + 1
-
-
-class _Object(dict):
-    """A JSON object: the dict, its members as written (`pairs`, in the
-    text's order, a key given twice included) and `dup`, the smallest key
-    given twice, or None."""
-    __slots__ = ("pairs", "dup")
-
-
-def _object(pairs):
-    o = _Object(pairs)
-    o.pairs, o.dup = pairs, None
-    if len(o) != len(pairs):
-        seen, dups = set(), set()
-        for k, _ in pairs:
-            (dups if k in seen else seen).add(k)
-        o.dup = min(dups)  # the C reader sorts the names (strcmp order) and names the first
-    return o
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_reject_constant,
-                            parse_int=_parse_int,
-                            strict=False)  # json-c takes control characters inside strings
-_MAX_DEPTH = 32  # objects and arrays nested in one another: json-c's limit, as the C reader's
-
-
-def _string_fault(s):
-    """None, or what the C reader says of a decoded JSON string: a NUL
-    (\\u0000) would cut a C string (a name) there; an unpaired surrogate
-    escape is not Unicode (json-c makes it U+FFFD, another name)."""
-    nul = s.find("\0")
-    try:
-        s.encode("utf-8")
-        sur = -1
-    except UnicodeEncodeError as e:  # a lone surrogate: only a \uD800-\uDFFF escape makes one
-        sur = e.start
-    if nul < 0 and sur < 0:
-        return None
-    # the first fault in the text; a high surrogate escape then \u0000 is the NUL
-    if nul >= 0 and (sur < 0 or nul < sur or (nul == sur + 1 and s[sur] <= "\udbff")):
-        return "bad header: \\u0000 (NUL) inside a string of the JSON"
-    return "bad header: a string of the JSON has an unpaired UTF-16 surrogate escape (not valid Unicode)"
-
-
-def _scan(root):
-    """(deepest nesting of objects and arrays, the first string fault in the
-    text's order or None); stops at once past _MAX_DEPTH."""
-    deepest, fault, stack = 0, None, [(root, 0)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, str):
-            if fault is None:
-                fault = _string_fault(v)
-            continue
-        if isinstance(v, _Object):
-            items = [x for kv in v.pairs for x in kv]  # key, value, key, value...
-        elif isinstance(v, list):
-            items = v
+def _escape(s, max_chars=None):
+    """s made printable as the C tool prints it: a tensor name, a dtype, a
+    metadata value or a path is the file's (or the caller's) text, and raw it
+    could set the terminal's title, clear the screen or forge a line of the
+    report. Backslash as \\\\, U+0000-U+001F and U+007F as \\xNN, the
+    characters of _ESCAPED_CP as \\uNNNN, a byte os.fsdecode could not decode
+    (U+DC80-U+DCFF) as \\xNN, anything else as itself; at most max_chars
+    characters of s."""
+    if max_chars is not None:
+        s = s[:max_chars]
+    if _PLAIN_TEXT.match(s):
+        return s
+    out = []
+    for ch in s:
+        c = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif c < 0x20 or c == 0x7F:
+            out.append("\\x%02x" % c)
+        elif 0xDC80 <= c <= 0xDCFF:
+            out.append("\\x%02x" % (c - 0xDC00))
+        elif c in _ESCAPED_CP or 0xD800 <= c <= 0xDFFF:
+            out.append("\\u%04x" % c)
         else:
+            out.append(ch)
+    return "".join(out)
+
+
+# ---- the header: the rule of harness/st_header.c, in its order and words.
+# Two passes over the bytes, neither of which builds a JSON tree: the syntax
+# (strict JSON, RFC 8259: no NaN or Infinity, no leading zeros, no raw
+# control character inside a string, ...) stores nothing; the schema stores
+# only what a header can hold (tensor entries of dtype, shape and
+# data_offsets; __metadata__ of strings), so a header of a million empty
+# objects is refused without a million dicts. ----
+
+_MAX_DEPTH = 32             # objects and arrays nested in one another (st_header.h)
+_WS = re.compile(rb"[ \t\n\r]*")
+_RUN = re.compile(rb"[A-Za-z0-9.+-]*")   # what a fault names
+# an RFC 8259 number, not followed by another letter, digit, sign or point
+_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?(?![A-Za-z0-9.+-])")
+_WORD = re.compile(rb"(?:true|false|null)(?![A-Za-z0-9.+-])")
+_FLAT_REST = re.compile(rb'[^\[\]{}"]*\]')  # the rest of an array that holds no string or container
+_PLAIN_STRING = re.compile(rb'"[^"\\\x00-\x1f]*"')
+_STRING_SPECIAL = re.compile(rb'[\\"\x00-\x1f]')     # what ends a run of plain text in a string
+_STRING_END = re.compile(rb'[\\"]')
+_RUN_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.+-")
+_DIGITS = frozenset(b"0123456789")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_ESCAPES = frozenset(b'"\\/bfnrt')
+_LBRACE, _RBRACE, _LBRACKET, _RBRACKET, _QUOTE, _COMMA, _COLON, _BACKSLASH = b'{}[]",:\\'
+
+
+def _fault(msg):
+    return ValueError(msg)
+
+
+def _ws(h, i):
+    return _WS.match(h, i).end()
+
+
+def _end_fault():
+    return _fault("bad header JSON: unexpected end of header")
+
+
+def _value_fault(h, at):
+    run = _RUN.match(h, at).group()
+    if not run:
+        return _fault("bad header JSON: expected a value (byte %d of the JSON)" % at)
+    tok = run[:24].decode("ascii") + ("..." if len(run) > 24 else "")
+    if run[0] in b"0123456789-+." or run.lower() in (b"nan", b"inf", b"infinity"):
+        return _fault("bad header JSON: '%s' is not a JSON number: RFC 8259 has no NaN or Infinity, no "
+                      "leading zeros, no '+', and digits on both sides of a '.' (byte %d of the JSON)"
+                      % (tok, at))
+    return _fault("bad header JSON: '%s' is not a JSON value (byte %d of the JSON)" % (tok, at))
+
+
+def _number_end(h, i):
+    """End of the RFC 8259 number at i, not followed by another letter,
+    digit, sign or point; 0 when there is none."""
+    m = _NUMBER.match(h, i)
+    return m.end() if m else 0
+
+
+def _syn_scalar(h, i):
+    """End of the number or true, false, null (JSON's words are lower case) at i."""
+    m = _NUMBER.match(h, i) or _WORD.match(h, i)
+    if not m:
+        raise _value_fault(h, i)
+    return m.end()
+
+
+def _surrogate_fault(at):
+    return _fault("bad header: a string of the JSON has an unpaired UTF-16 surrogate escape, not valid "
+                  "Unicode (byte %d of the JSON)" % at)
+
+
+def _syn_string(h, i):
+    """End of the string at i ('"'), checked as st_header.c's syn_string:
+    raw control characters, escapes, \\u0000 and surrogate escapes. A
+    search for the next special byte jumps over plain text (no per-byte
+    loop, no regex state that grows with the string)."""
+    m = _PLAIN_STRING.match(h, i)
+    if m:
+        return m.end()
+    n, j, hi, hi_at = len(h), i + 1, False, 0
+    while True:
+        m = _STRING_SPECIAL.search(h, j)
+        if not m:
+            raise _end_fault()
+        k = m.start()
+        if hi and k > j:  # a character after a high surrogate escape
+            raise _surrogate_fault(hi_at)
+        ch = h[k]
+        if ch < 0x20:
+            raise _fault("bad header JSON: a raw control character U+%04X inside a string; JSON allows it "
+                         "only escaped (byte %d of the JSON)" % (ch, k))
+        if ch == _QUOTE:
+            if hi:
+                raise _surrogate_fault(hi_at)
+            return k + 1
+        if k + 1 >= n:
+            raise _end_fault()
+        ch = h[k + 1]
+        if ch != 0x75:  # 'u'
+            if hi:
+                raise _surrogate_fault(hi_at)
+            if ch not in _ESCAPES:
+                if 0x20 < ch < 0x7F:
+                    raise _fault("bad header JSON: an invalid escape '\\%c' in a string (byte %d of the JSON)"
+                                 % (ch, k))
+                raise _fault("bad header JSON: an invalid escape in a string (byte %d of the JSON)" % k)
+            j = k + 2
             continue
-        d += 1
-        if d > _MAX_DEPTH:
-            return d, fault
-        deepest = max(deepest, d)
-        stack.extend((x, d) for x in reversed(items))
-    return deepest, fault
+        for d in range(4):
+            if k + 2 + d >= n:
+                raise _end_fault()
+            if h[k + 2 + d] not in _HEX:
+                raise _fault("bad header JSON: a \\u escape without four hex digits (byte %d of the JSON)" % k)
+        v = int(h[k + 2:k + 6], 16)
+        if v == 0:
+            raise _fault("bad header: \\u0000 (NUL) inside a string of the JSON (byte %d of the JSON)" % k)
+        if 0xD800 <= v <= 0xDBFF:
+            if hi:
+                raise _surrogate_fault(hi_at)
+            hi, hi_at = True, k
+        elif 0xDC00 <= v <= 0xDFFF:
+            if not hi:
+                raise _surrogate_fault(k)
+            hi = False
+        elif hi:
+            raise _surrogate_fault(hi_at)
+        j = k + 6
 
 
-def _has_dup(v):
-    """Whether an object at or inside v has a key given twice."""
-    stack = [v]
-    while stack:
-        v = stack.pop()
-        if isinstance(v, _Object):
-            if v.dup is not None:
-                return True
-            stack.extend(x for _, x in v.pairs)
-        elif isinstance(v, list):
-            stack.extend(v)
-    return False
+def _syntax(h):
+    """Pass 1: the whole text is one strict JSON value and padding; stores
+    nothing but the open containers. A state machine, as st_header.c's."""
+    n, stack, ws = len(h), [], _WS.match
+    i, state = ws(h, 0).end(), _VALUE
+    while True:
+        if state == _VALUE:
+            if i >= n:
+                raise _end_fault()
+            ch = h[i]
+            if ch == _LBRACE or ch == _LBRACKET:
+                if len(stack) == _MAX_DEPTH:
+                    raise _fault("bad header JSON: nesting too deep: more than %d levels (byte %d of the JSON)"
+                                 % (_MAX_DEPTH, i))
+                stack.append(ch)
+                i = ws(h, i + 1).end()
+                if i < n and h[i] == (_RBRACE if ch == _LBRACE else _RBRACKET):  # empty
+                    i += 1
+                    stack.pop()
+                    state = _AFTER
+                else:
+                    state = _KEY if ch == _LBRACE else _VALUE
+                continue
+            i = _syn_string(h, i) if ch == _QUOTE else _syn_scalar(h, i)
+            state = _AFTER
+        elif state == _KEY:
+            if i >= n:
+                raise _end_fault()
+            if h[i] != _QUOTE:
+                raise _fault("bad header JSON: expected a string key (byte %d of the JSON)" % i)
+            i = ws(h, _syn_string(h, i)).end()
+            if i >= n:
+                raise _end_fault()
+            if h[i] != _COLON:
+                raise _fault("bad header JSON: expected ':' after a key (byte %d of the JSON)" % i)
+            i = ws(h, i + 1).end()
+            state = _VALUE
+        else:  # a value has ended
+            i = ws(h, i).end()
+            if not stack:
+                if i < n:
+                    raise _fault("bad header JSON: bytes after the top-level object (byte %d of the JSON)" % i)
+                return
+            if i >= n:
+                raise _end_fault()
+            ch, top = h[i], stack[-1]
+            if ch == _COMMA:
+                i = ws(h, i + 1).end()
+                state = _KEY if top == _LBRACE else _VALUE
+            elif ch == (_RBRACE if top == _LBRACE else _RBRACKET):
+                i += 1
+                stack.pop()
+            elif top == _LBRACE:
+                raise _fault("bad header JSON: expected ',' or '}' after a member (byte %d of the JSON)" % i)
+            else:
+                raise _fault("bad header JSON: expected ',' or ']' after an element (byte %d of the JSON)" % i)
 
 
-_JSON_TYPE = ((type(None), "null"), (bool, "boolean"), (int, "int"), (float, "double"), (str, "string"),
-              (list, "array"))  # json-c's names
+_VALUE, _KEY, _AFTER = range(3)  # what the syntax expects next
+
+
+class _Cursor:
+    """Pass 2's place in text the syntax has passed."""
+    __slots__ = ("h", "i")
+
+    def __init__(self, h):
+        self.h, self.i = h, 0
+
+    def peek(self):
+        return self.h[self.i] if self.i < len(self.h) else 0
+
+    def ws(self):
+        self.i = _WS.match(self.h, self.i).end()
+
+    def skip_string(self):
+        j = self.i + 1
+        while True:
+            k = _STRING_END.search(self.h, j).start()
+            if self.h[k] == _QUOTE:
+                self.i = k + 1
+                return
+            j = k + 2  # an escape: \\uXXXX's digits are plain text
+
+    def skip_value(self):
+        """Past the value here, whatever it holds, storing nothing."""
+        self.ws()
+        ch = self.peek()
+        if ch == _QUOTE:
+            self.skip_string()
+            return
+        if ch != _LBRACE and ch != _LBRACKET:
+            self.i = _RUN.match(self.h, self.i).end()
+            return
+        m = _FLAT_REST.match(self.h, self.i + 1) if ch == _LBRACKET else None
+        if m:  # an array of numbers and words: to its end at once
+            self.i = m.end()
+            return
+        depth = 0
+        while True:
+            self.ws()
+            ch = self.peek()
+            if not ch:
+                return
+            if ch == _QUOTE:
+                self.skip_string()
+            elif ch == _LBRACE or ch == _LBRACKET:
+                depth += 1
+                self.i += 1
+                continue
+            elif ch == _RBRACE or ch == _RBRACKET:
+                depth -= 1
+                self.i += 1
+            elif ch == _COMMA or ch == _COLON:
+                self.i += 1
+                continue
+            else:
+                self.i = _RUN.match(self.h, self.i).end()
+            if depth <= 0:
+                return
+
+    def next_item(self):
+        """Past the ',' or the closing bracket after a member or an element:
+        True when another one follows."""
+        self.ws()
+        more = self.peek() == _COMMA
+        self.i += 1
+        if more:
+            self.ws()
+        return more
+
+    def past_colon(self):
+        self.ws()
+        self.i += 1
+        self.ws()
+
+    def take_string(self):
+        m = _PLAIN_STRING.match(self.h, self.i)
+        if m:
+            self.i = m.end()
+            return self.h[m.start() + 1:m.end() - 1].decode("utf-8")
+        start = self.i
+        self.skip_string()
+        return json.loads(self.h[start:self.i].decode("utf-8"))  # escapes; surrogate pairs joined
+
+    def take_nonneg(self):
+        """The value here as a non-negative integer <= 2**53, or None (not a
+        number, a fraction or exponent, a negative, a larger one); "-0" is
+        0. Moves past the value either way."""
+        ch = self.peek()
+        if ch not in _DIGITS and ch != 0x2D:
+            self.skip_value()
+            return None
+        end = _number_end(self.h, self.i)
+        tok, self.i = self.h[self.i:end], end
+        if any(c in tok for c in b".eE"):
+            return None
+        digits = tok.lstrip(b"-")
+        if len(digits) > 17:  # past 2**53 (and past Python's digit limit for int())
+            return None
+        v = int(digits)
+        if v > _MAX_INT or (tok.startswith(b"-") and v != 0):
+            return None
+        return v
+
+    def kind_name(self):
+        """json-c's name for the kind of the value here, as the reader once said."""
+        ch = self.peek()
+        for k, name in ((_LBRACE, "object"), (_LBRACKET, "array"), (_QUOTE, "string"), (0x74, "boolean"),
+                        (0x66, "boolean"), (0x6E, "null")):
+            if ch == k:
+                return name
+        tok = self.h[self.i:_number_end(self.h, self.i)]
+        return "double" if any(c in tok for c in b".eE") else "int"
+
+    def container_length(self):
+        """Elements of the array, or members of the object, here (stays)."""
+        save, n, obj = self.i, 0, self.peek() == _LBRACE
+        m = None if obj else _FLAT_REST.match(self.h, self.i + 1)
+        if m:  # numbers and words only: its commas separate its elements
+            body = self.h[self.i + 1:m.end() - 1]
+            return body.count(b",") + 1 if body.strip(b" \t\n\r") else 0
+        self.i += 1
+        self.ws()
+        if self.peek() != (_RBRACE if obj else _RBRACKET):
+            while True:
+                if obj:
+                    self.skip_string()
+                    self.past_colon()
+                self.skip_value()
+                n += 1
+                if not self.next_item():
+                    break
+        self.i = save
+        return n
+
+
+_FIELDS = ("dtype", "shape", "data_offsets")
+
+
+def _take_entry(c, name, dlen):
+    """The entry of tensor `name` (value at c.i) against a data section of
+    dlen bytes: its members read first (an unknown field or one given twice
+    refused there), then checked in st_header.c's order."""
+    nm = _escape(name)
+    if c.peek() != _LBRACE:
+        raise _fault("header: entry '%s' must be an object with dtype, shape, data_offsets" % nm)
+    at = {}
+    c.i += 1
+    c.ws()
+    if c.peek() == _RBRACE:
+        c.i += 1
+    else:
+        while True:
+            k = c.take_string()
+            if k not in _FIELDS:
+                raise _fault("header: tensor '%s' has an unknown field '%s'; an entry holds dtype, shape and "
+                             "data_offsets only" % (nm, _escape(k)))
+            if k in at:
+                raise _fault("bad header JSON: a key appears twice inside the entry '%s'" % nm)
+            c.past_colon()
+            at[k] = c.i
+            c.skip_value()
+            if not c.next_item():
+                break
+    end = c.i
+
+    c.i = at.get("dtype", 0)
+    if "dtype" not in at or c.peek() != _QUOTE:
+        raise _fault("header: tensor '%s' has no string \"dtype\"" % nm)
+    dt = c.take_string()
+    if dt not in _DTYPE_SIZE:
+        raise _fault("header: tensor '%s' has unknown dtype \"%s\"" % (nm, _escape(dt, 20)))
+
+    c.i = at.get("shape", 0)
+    if "shape" not in at or c.peek() != _LBRACKET:
+        raise _fault("header: tensor '%s' has no array \"shape\"" % nm)
+    nd = c.container_length()
+    if nd > _MAX_DIMS:
+        raise _fault("header: tensor '%s' has %d dimensions (at most %d)" % (nm, nd, _MAX_DIMS))
+    c.i += 1
+    numel, shape = 1, []
+    for d in range(nd):
+        c.ws()
+        v = c.take_nonneg()
+        if v is None:
+            raise _fault("header: tensor '%s': shape[%d] is not a non-negative integer" % (nm, d))
+        if v and numel > _MAX_INT // v:
+            raise _fault("header: tensor '%s': shape too large" % nm)
+        numel *= v
+        shape.append(v)
+        c.next_item()
+
+    c.i = at.get("data_offsets", 0)
+    if "data_offsets" not in at or c.peek() != _LBRACKET or c.container_length() != 2:
+        raise _fault("header: tensor '%s' has no \"data_offsets\": [begin, end]" % nm)
+    c.i += 1
+    c.ws()
+    b = c.take_nonneg()
+    c.next_item()
+    en = c.take_nonneg()
+    if b is None or en is None or en < b:
+        raise _fault("header: tensor '%s': data_offsets must be integers 0 <= begin <= end" % nm)
+    if en > dlen:
+        raise _fault("truncated: tensor '%s' data_offsets end %d is past the end of the data (%d bytes)"
+                     % (nm, en, dlen))
+    if en - b != numel * _DTYPE_SIZE[dt]:
+        raise _fault("tensor '%s': data_offsets span %d bytes, but %s x %d elements need %d"
+                     % (nm, en - b, dt, numel, numel * _DTYPE_SIZE[dt]))
+    c.i = end
+    return _Tensor(name, dt, tuple(shape), b, en)
+
+
+def _take_meta(c):
+    """__metadata__ (value at c.i): an object of strings, no key twice."""
+    if c.peek() != _LBRACE:
+        raise _fault("header: __metadata__ must be an object of strings")
+    count, meta = 0, {}
+    c.i += 1
+    c.ws()
+    if c.peek() == _RBRACE:
+        c.i += 1
+        return meta
+    while True:
+        k = c.take_string()
+        c.past_colon()
+        if c.peek() != _QUOTE:
+            raise _fault("header: __metadata__ value of '%s' must be a string" % _escape(k))
+        count += 1
+        meta[k] = c.take_string()
+        if not c.next_item():
+            break
+    if len(meta) != count:
+        raise _fault("bad header JSON: a key appears twice inside the entry '__metadata__'")
+    return meta
 
 
 def _parse_header(hb, dlen):
-    """The header's bytes, checked as the C reader does and in its order,
-    against a data section of dlen bytes: (tensors {name: _Tensor} in the
-    header's order, metadata {key: str})."""
-    if b"\0" in hb:
-        raise ValueError("bad header: NUL byte inside the JSON")
+    """The header's bytes, checked as st_header.c checks them, in its order
+    and with its words, against a data section of dlen bytes: (tensors
+    {name: _Tensor} in the header's order, metadata {key: str})."""
+    h = hb  # bytes or bytearray: read, never copied
+    if b"\0" in h:
+        raise _fault("bad header: NUL byte inside the JSON")
     try:
-        text = hb.decode("utf-8", errors="strict")  # overlong forms and encoded surrogates too
+        h.decode("utf-8", errors="strict")  # overlong forms and encoded surrogates too
     except UnicodeDecodeError as e:
-        raise ValueError("bad header: not valid UTF-8 (byte %d of the JSON)" % e.start) from None
-    # strict JSON: no NaN/Infinity constants; only padding around the object
-    start = len(text) - len(text.lstrip(_PAD))
-    try:
-        root, end = _DECODER.raw_decode(text, start)
-    except json.JSONDecodeError as e:
-        raise ValueError("bad header JSON: %s" % e) from None
-    except RecursionError:
-        raise ValueError("bad header JSON: nesting too deep") from None
-    if text[end:].strip(_PAD):
-        raise ValueError("bad header JSON: bytes after the top-level object")
-    depth, fault = _scan(root)
-    if depth > _MAX_DEPTH:
-        raise ValueError("bad header JSON: nesting too deep")
-    if not isinstance(root, _Object):
-        raise ValueError("bad header JSON: the top level must be an object, not %s"
-                         % next(n for t, n in _JSON_TYPE if isinstance(root, t)))
-    if fault is not None:
-        raise ValueError(fault)
-    # a key given twice: readers keep different ones
-    if root.dup is not None:
-        raise ValueError("bad header JSON: the name '%s' appears twice" % root.dup)
-    for name, e in root.items():
-        if _has_dup(e):
-            raise ValueError("bad header JSON: a key appears twice inside the entry '%s'" % name)
-
-    tensors, meta = {}, {}
-    for name, e in root.items():
-        if name == "__metadata__":
-            if not isinstance(e, dict):
-                raise ValueError("header: __metadata__ must be an object of strings")
-            for k, v in e.items():
-                if not isinstance(v, str):
-                    raise ValueError("header: __metadata__ value of '%s' must be a string" % k)
-                meta[k] = v
-            continue
-        if not isinstance(e, dict):
-            raise ValueError("header: entry '%s' must be an object with dtype, shape, data_offsets"
-                             % name)
-        dt = e.get("dtype")
-        if not isinstance(dt, str):
-            raise ValueError("header: tensor '%s' has no string \"dtype\"" % name)
-        if dt not in _DTYPE_SIZE:
-            raise ValueError("header: tensor '%s' has unknown dtype \"%.20s\"" % (name, dt))
-        sh = e.get("shape")
-        if not isinstance(sh, list):
-            raise ValueError("header: tensor '%s' has no array \"shape\"" % name)
-        if len(sh) > _MAX_DIMS:
-            raise ValueError("header: tensor '%s' has %d dimensions (at most %d)"
-                             % (name, len(sh), _MAX_DIMS))
-        numel, shape = 1, []
-        for i, v in enumerate(sh):
-            v = _nonneg(v)
-            if v is None:
-                raise ValueError("header: tensor '%s': shape[%d] is not a non-negative integer"
-                                 % (name, i))
-            if v and numel > _MAX_INT // v:
-                raise ValueError("header: tensor '%s': shape too large" % name)
-            numel *= v
-            shape.append(v)
-        off = e.get("data_offsets")
-        if not isinstance(off, list) or len(off) != 2:
-            raise ValueError("header: tensor '%s' has no \"data_offsets\": [begin, end]" % name)
-        b, en = _nonneg(off[0]), _nonneg(off[1])
-        if b is None or en is None or en < b:
-            raise ValueError("header: tensor '%s': data_offsets must be integers 0 <= begin <= end"
-                             % name)
-        if en > dlen:
-            raise ValueError("truncated: tensor '%s' data_offsets end %d is past the end of the data "
-                             "(%d bytes)" % (name, en, dlen))
-        if en - b != numel * _DTYPE_SIZE[dt]:
-            raise ValueError("tensor '%s': data_offsets span %d bytes, but %s x %d elements need %d"
-                             % (name, en - b, dt, numel, numel * _DTYPE_SIZE[dt]))
-        tensors[name] = _Tensor(name, dt, tuple(shape), b, en)
+        raise _fault("bad header: not valid UTF-8 (byte %d of the JSON)" % e.start) from None
+    _syntax(h)
+    c = _Cursor(h)
+    c.ws()
+    if c.peek() != _LBRACE:
+        raise _fault("bad header JSON: the top level must be an object, not %s" % c.kind_name())
+    names, tensors, meta, meta_count = [], {}, {}, 0
+    c.i += 1
+    c.ws()
+    if c.peek() != _RBRACE:
+        while True:
+            name = c.take_string()
+            c.past_colon()
+            names.append(name)
+            if name == "__metadata__":
+                meta_count += 1
+                if meta_count == 1:
+                    meta = _take_meta(c)
+                else:
+                    c.skip_value()  # only counted: a name twice is refused below
+            else:
+                tensors.setdefault(name, _take_entry(c, name, dlen))
+            if not c.next_item():
+                break
+    # a name given twice: readers keep different entries of it
+    if len(names) != len(tensors) + min(meta_count, 1):
+        seen, twice = set(), set()
+        for name in names:
+            (twice if name in seen else seen).add(name)
+        raise _fault("bad header JSON: the name '%s' appears twice"
+                     % _escape(min(twice, key=lambda s: s.encode("utf-8"))))
     _check_tiling(list(tensors.values()), dlen)
     return tensors, meta
 
@@ -264,10 +582,10 @@ def _check_tiling(ts, dlen):
         t = ts[i]
         if t.begin < at:
             raise ValueError("bad data_offsets: tensor '%s' [%d, %d] overlaps tensor '%s', which ends at %d"
-                             % (t.name, t.begin, t.end, prev.name, at))
+                             % (_escape(t.name), t.begin, t.end, _escape(prev.name), at))
         if t.begin > at:
             raise ValueError("bad data_offsets: bytes [%d, %d) of the data belong to no tensor (tensor '%s' "
-                             "begins at %d)" % (at, t.begin, t.name, t.begin))
+                             "begins at %d)" % (at, t.begin, _escape(t.name), t.begin))
         at, prev = t.end, t
     if at != dlen:
         raise ValueError("bad data_offsets: the tensors cover %d bytes, but the data section after the "
@@ -402,7 +720,7 @@ def _meta_f32(meta, key):
         return None
     v, rest = _strtof(s)
     if v is None or rest:
-        raise ValueError("metadata %s=\"%.40s\" is not a number" % (key, s))
+        raise ValueError("metadata %s=\"%s\" is not a number" % (key, _escape(s, 40)))
     return v
 
 
@@ -415,7 +733,7 @@ def _meta_pair(meta, key):
         b, rest2 = _strtof(rest[1:])
         if b is not None and not rest2:
             return (a, b)
-    raise ValueError("metadata %s=\"%.40s\" is not two numbers \"a,b\"" % (key, s))
+    raise ValueError("metadata %s=\"%s\" is not two numbers \"a,b\"" % (key, _escape(s, 40)))
 
 
 def _shape_text(shape):
@@ -480,8 +798,8 @@ def _load(tensors, meta, data):
     lt = meta.get("live_tokens")
     if lt is not None:
         if not re.fullmatch(r"[ \t\n\r\f\v]*[+-]?[0-9]+", lt) or not 0 <= int(lt) <= C:
-            raise ValueError("metadata live_tokens=\"%.40s\" must be an integer in [0, capacity = %d]"
-                             % (lt, C))
+            raise ValueError("metadata live_tokens=\"%s\" must be an integer in [0, capacity = %d]"
+                             % (_escape(lt, 40), C))
         T = int(lt)
     else:
         T = min(res.shape[0], C) if res is not None else C
@@ -510,7 +828,7 @@ def _load(tensors, meta, data):
         raise ValueError("tensor 'normalized' is given, but no next norm (next_norm_weight or next_eps)")
 
     p = _Problem()
-    p.notes = ["tensor '%s' is not used" % n for n in tensors if n not in _KNOWN]
+    p.notes = ["tensor '%s' is not used" % _escape(n) for n in tensors if n not in _KNOWN]
     p.fused = res is not None
     p.T, p.C, p.K, p.H = T, C, K, H
     p.routed_scale = 1.0 if rs is None else rs
@@ -615,7 +933,8 @@ class AuditReport:
         return sum(1 for r in self.rows if r.error is not None)
 
     def __str__(self):
-        lines = ["beammoe audit (python): library %s, input %s" % (_lib.version(), self.path), "",
+        lines = ["beammoe audit (python): library %s, input %s" % (_lib.version(), _escape(os.fsdecode(self.path))),
+                 "",
                  "%-56s %-7s %-18s %11s %10s %7s" % ("case", "backend", "strategy", "compared", "mismatch",
                                                     "maxulp")]
         for r in self.rows:
@@ -727,11 +1046,12 @@ def audit_file(path, backends=None):
     BeamError when the ground truth's CPU call fails otherwise (e.g. out of
     memory)."""
     want = _backends(backends)
+    shown = _escape(os.fsdecode(path))  # a file name may hold escape sequences too
     try:
         tensors, meta, data = read_safetensors(path)
         p = _load(tensors, meta, data)
     except ValueError as e:
-        raise ValueError("%s: %s" % (path, e)) from None
+        raise ValueError("%s: %s" % (shown, e)) from None
 
     # ground truth: the CPU backend's call; a rule it breaks is the file's fault
     try:
@@ -739,7 +1059,7 @@ def audit_file(path, backends=None):
     except (ValueError, BeamUnsupportedError) as e:
         st = getattr(e, "status", _lib.BEAM_ERR_INVALID_ARGUMENT)
         raise ValueError("%s: the library rejects these tensors: %s: %s"
-                         % (path, _lib.library().beam_status_string(st).decode(), e)) from None
+                         % (shown, _lib.library().beam_status_string(st).decode(), e)) from None
 
     opts = ""
     if p.post_eps is not None:
@@ -751,7 +1071,7 @@ def audit_file(path, backends=None):
     rest = "%s T%d K%d H%d c%d %srs%s" % ("fused" if p.fused else "finalize", p.T, p.K, p.H, p.C, opts,
                                          "%g" % p.routed_scale)
     room = max(56 - 2 - len(rest), 4)
-    label = "%s: %s" % (os.path.basename(path)[:room], rest)
+    label = "%s: %s" % (_escape(os.path.basename(os.fsdecode(path)), room), rest)
 
     rows = []
     t0 = time.time()
