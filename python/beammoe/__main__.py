@@ -18,18 +18,25 @@ def main(argv=None):
                    help="backends to run (all: cpu, and cuda when it runs here)")
     args = ap.parse_args(argv)
 
-    from .audit import audit_file
+    from .audit import _escape, audit_file
     try:
         report = audit_file(args.file, None if args.backend == "all" else args.backend)
     except ValueError as e:
         print("beammoe audit: %s" % e, file=sys.stderr)
         return 2
     except RuntimeError as e:  # BeamError: the ground truth's call failed (not the file's fault)
-        print("beammoe audit: %s: %s" % (args.file, e), file=sys.stderr)
+        # the path is the caller's text: escaped like every text from the file
+        print("beammoe audit: %s: %s" % (_escape(args.file), e), file=sys.stderr)
         return 1
     for n in report.notes:
         print("beammoe audit: note: %s" % n, file=sys.stderr)
-    print(report)
+    # a write error on the standard output fails the run, as the C tool's does
+    try:
+        print(report)
+        sys.stdout.flush()
+    except OSError as e:
+        print("beammoe audit: write error on the standard output: %s" % e.strerror, file=sys.stderr)
+        return 1
     return 0 if report.ok else 1
 
 

@@ -134,6 +134,23 @@ def test_fused_file_passes(gen, tmp_path):
     assert "PASS" in text and "stored:normalized" in text and "fused T6 K4 H256" in text
 
 
+def test_cli_write_error_on_stdout(gen, tmp_path):
+    """`python3 -m beammoe audit F > /dev/full`: a report that cannot be
+    written fails the run (exit 1, a message), as the C tool's does."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    t, meta = fused_case(gen)
+    path = save_file(tmp_path / "f.safetensors", t, meta)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = _pkg_root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("BEAMMOE_LIBRARY", beammoe.library_path())
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "beammoe", "audit", str(path), "--backend", "cpu"], env=env,
+                           stdout=full, stderr=subprocess.PIPE, universal_newlines=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "write error on the standard output" in r.stderr
+
+
 def test_finalize_file_passes(gen, tmp_path):
     t, meta = finalize_case(gen)
     rep = beammoe.audit_file(save_file(tmp_path / "f.safetensors", t, meta))
