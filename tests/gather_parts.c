@@ -469,11 +469,12 @@ static void part_stress(uint64_t seed, int n)
     const int check_every = 97;
     data d;
     beam_workspace *ws;
-    cudaStream_t st;
+    /* the rank's own stream: with ranks as threads, every extra stream is
+     * another hardware queue to share (test_gather_group.c) */
+    cudaStream_t st = g_stream;
     int i, g, last[2] = {0, 1};
     make_data(&d, &pb, 333, seed, NV);
     ws = make_ws(&d, 48, 160, 0);
-    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
 
     /* eager: the same random sequence on every rank; the weight set changes
      * from call to call, and a checked call starts from the sentinel, so
@@ -541,7 +542,6 @@ static void part_stress(uint64_t seed, int n)
     }
     if (g_rank == 0) printf("stress: %d graph replays (3 calls each), checked every %d\n", n, check_every);
     BK(beam_workspace_destroy(ws));
-    CK(cudaStreamDestroy(st));
     free_data(&d);
     host_barrier();
 }

@@ -107,6 +107,13 @@ int main(void)
     const char *ds = getenv("BEAM_TEST_DEVICES");
     const int deadline_s = getenv("BEAM_TEST_DEADLINE") ? atoi(getenv("BEAM_TEST_DEADLINE")) : 1800;
     int ndev = 0, i;
+    /* Before the first CUDA call: one hardware work queue per stream. The
+     * runtime maps streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (8 by
+     * default); two ranks' streams on one queue serialize their kernels, and
+     * a rank's kernel waiting for a peer's kernel queued behind it waits
+     * until the timeout. Eight ranks use up to 24 streams (part concurrent:
+     * two more per rank). */
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         printf("test_gather_group: no GPU visible: skipped\n");
         return 77;

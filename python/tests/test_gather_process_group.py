@@ -169,26 +169,7 @@ def test_two_processes(nranks):
 
 # ---- library workspaces (CpuGroup): the hook and the thresholds ----------------
 
-def _run_ranks(nranks, body):
-    results, errors = [None] * nranks, []
-
-    def main(r):
-        try:
-            results[r] = body(r)
-        except BaseException as e:  # reported in the main thread
-            errors.append((r, e))
-
-    ts = [threading.Thread(target=main, args=(r,)) for r in range(nranks)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not any(t.is_alive() for t in ts), "a rank did not finish"
-    if errors:
-        r, e = errors[0]
-        raise AssertionError("rank %d: %r" % (r, e)) from e
-    return results
-
+from test_gather_cpu import run_ranks as _run_ranks  # noqa: E402  (ranks as threads)
 
 class ThreadAllGather:
     """An all_gather_into_tensor over threads (a CpuGroup's ranks)."""
