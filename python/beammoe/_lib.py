@@ -72,6 +72,7 @@ _ST = ctypes.c_int
 
 # name: (restype, argtypes). Pointers to data are plain void pointers (the
 # addresses come from tensor.data_ptr()); the scales array is a float[2].
+# python/tests/test_prototypes.py checks both tables against beammoe.h.
 _PROTOTYPES = {
     "beam_status_string": (ctypes.c_char_p, [_ST]),
     "beam_last_error": (ctypes.c_char_p, []),
@@ -100,6 +101,7 @@ _PROTOTYPES = {
 # pointer (norms and scales too) a plain address: the callers pass ints.
 FAST_PROTOTYPES = {
     "beam_last_error": (ctypes.c_char_p, []),
+    "beam_backend_name": (ctypes.c_char_p, []),
     "beam_moe_finalize": (_ST, [_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P]),
     "beam_norm_residual_norm": (_ST, [_P, _P, _I64, _I32, _P, _P, _P, _P, _P, _P]),
     "beam_moe_finalize_norm_residual_norm": (
@@ -276,8 +278,6 @@ def backend_library(name):
                 raise OSError("beammoe: the dispatcher loaded the %s backend but %s cannot be opened "
                               "by its name: %s" % (name, soname, e)) from None
             _declare(lib, FAST_PROTOTYPES)
-            lib.beam_backend_name.restype = ctypes.c_char_p
-            lib.beam_backend_name.argtypes = []
             got = lib.beam_backend_name()
             if got != name.encode():
                 raise OSError("beammoe: %s reports backend %r, not %r" % (soname, got, name))
