@@ -33,6 +33,8 @@ import struct
 
 import torch
 
+from . import _calls
+from . import _checks
 from . import _lib
 from . import _run
 from . import _tensors as A
@@ -224,9 +226,8 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
     (hidden, normalized | None), refusing a backward pass where autograd
     records. op=True (the torch operator's implementation): x is
     (gemm2, weights), strategy the library's value; returns (hidden, normalized
-    | None) with hidden = residual when inplace."""
-    from . import ops
-
+    | None) with hidden = residual when inplace. ws is a Workspace (both
+    callers hold one)."""
     rank, R = ws.rank, ws.world_size
     err = None
     head = ()
@@ -236,15 +237,15 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
         else:
             g, w = A.moe_output(fn, x)
         st = strategy if type(strategy) is int else A.strategy(fn, strategy, _lib.STRATEGIES, _NAMES)
-        capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = ops.check_fused(
+        capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = _checks.check_fused(
             fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, st, gather=True)
         A.flag(fn, "inplace", inplace)
         tensors = (g, w, residual, pw, nw)
-        dev, _, recording = ops._placement(fn, ops._FUSED_NAMES, tensors)
-        ops.check_workspace(fn, ws, dev)
+        dev, _, recording = _calls.route(fn, _checks.FUSED_NAMES, tensors)
+        ws._handle_for(fn, dev)
         recording = recording and not op
         if inplace:
-            ops._no_autograd_write(fn, "residual", residual, recording, True)
+            _calls.no_autograd_write(fn, "residual", residual, recording, True)
         tokens = residual.shape[0]
         st = _gather_rules(fn, ws, st, tokens, hidden, capacity)
         _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne)
@@ -274,4 +275,4 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
         out = residual if inplace else torch.empty_like(residual)
         compute(out, normalized)
         return out, normalized
-    return ops._eager(fn, residual, inplace, ne, tensors, compute, recording)
+    return _calls.run_eager(fn, residual, inplace, ne, tensors, compute, recording)

@@ -14,6 +14,8 @@ import ctypes
 
 import torch
 
+from . import _calls
+from . import _checks
 from . import _lib
 from . import _run
 from . import _tensors as A
@@ -105,16 +107,14 @@ def prepare_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next
     None without a next norm. The call returns (hidden, normalized | None),
     the same tensors every time, with the bits of the function.
     """
-    from . import ops
-
     fn = _FN
     g, w = A.moe_output(fn, x)
-    capacity, top_k, hidden_size, pw, pe, nw, ne, s, scale, st = ops.check_fused(
+    capacity, top_k, hidden_size, pw, pe, nw, ne, s, scale, st = _checks.check_fused(
         fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
         A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES))
     A.flag(fn, "inplace", inplace)
     tensors = (g, w, residual, pw, nw)
-    dev, eager, _ = ops._placement(fn, ops._FUSED_NAMES, tensors)
+    dev, eager, _ = _calls.route(fn, _checks.FUSED_NAMES, tensors)
     if not eager or dev.type == "meta":
         raise ValueError("%s: a prepared call takes plain CPU or CUDA tensors, outside torch.compile and "
                          "dispatch modes" % fn)

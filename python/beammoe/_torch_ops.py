@@ -37,14 +37,11 @@ from torch import Tensor
 from . import _pgather
 from . import _run
 from . import _tensors as A
-from . import ops
-
-REGISTERED = False
-
-_FINALIZE = "beam_moe_finalize"
-_FUSED = "beam_moe_finalize_norm_residual_norm"
-_GATHER = "beam_moe_finalize_gather_norm_residual_norm"
-_NRN = "beam_norm_residual_norm"
+from ._calls import HAVE_TORCH_OPS
+from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
+                      FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
+                      check_finalize, check_fused, check_nrn)
+from .workspace import Workspace, check_workspace
 
 
 def _no_normalized(residual):
@@ -52,9 +49,9 @@ def _no_normalized(residual):
 
 
 def _fused_impl(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, hidden_out, run):
-    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = ops.check_fused(
+    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
         fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, gather=fn == _GATHER)
-    dev = A.same_device(fn, ops._FUSED_NAMES, (g, w, residual, pw, nw))
+    dev = A.same_device(fn, _FUSED_NAMES, (g, w, residual, pw, nw))
     normalized = torch.empty_like(residual) if ne is not None else None
     out = hidden_out if hidden_out is not None else torch.empty_like(residual)
     run(dev, g, w, capacity, residual.shape[0], top_k, hidden, scale, pw, pe, residual, s, nw, ne, out,
@@ -63,18 +60,17 @@ def _fused_impl(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strate
 
 
 def _fake_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy):
-    ops.check_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, gather=fn == _GATHER)
-    A.same_device(fn, ops._FUSED_NAMES, (g, w, residual, pw, nw))
+    check_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, gather=fn == _GATHER)
+    A.same_device(fn, _FUSED_NAMES, (g, w, residual, pw, nw))
     return (torch.empty_like(residual),
             torch.empty_like(residual) if ne is not None else _no_normalized(residual))
 
 
 def _workspace(fn, handle, dev):
-    from .workspace import Workspace
     ws = Workspace.by_handle(handle)
     if ws is None:
         raise ValueError("%s: workspace=0x%x is not an open beammoe.Workspace" % (fn, handle))
-    ops.check_workspace(fn, ws, dev)
+    check_workspace(fn, ws, dev)
     return ws
 
 
@@ -110,15 +106,15 @@ def _register():
     @custom_op("beammoe::moe_finalize", mutates_args=("output",))
     def moe_finalize(expert_outputs: Tensor, expert_weights: Tensor, output: Tensor, routed_scale: float,
                      post_weight: Optional[Tensor], post_eps: Optional[float]) -> None:
-        capacity, top_k, hidden, live, pw, pe, scale = ops.check_finalize(
+        capacity, top_k, hidden, live, pw, pe, scale = check_finalize(
             _FINALIZE, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
-        dev = A.same_device(_FINALIZE, ops._FINALIZE_NAMES, (expert_outputs, expert_weights, output, pw))
+        dev = A.same_device(_FINALIZE, _FINALIZE_NAMES, (expert_outputs, expert_weights, output, pw))
         _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe, output)
 
     @moe_finalize.register_fake
     def _(expert_outputs, expert_weights, output, routed_scale, post_weight, post_eps):
-        ops.check_finalize(_FINALIZE, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
-        A.same_device(_FINALIZE, ops._FINALIZE_NAMES, (expert_outputs, expert_weights, output, post_weight))
+        check_finalize(_FINALIZE, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
+        A.same_device(_FINALIZE, _FINALIZE_NAMES, (expert_outputs, expert_weights, output, post_weight))
 
     # ---- the local fused operation
     @custom_op("beammoe::moe_finalize_norm_residual_norm", mutates_args=())
@@ -147,17 +143,17 @@ def _register():
 
     # ---- norm_residual_norm
     def nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, hidden_out):
-        tokens, hidden, prw, pre, nw, ne, s = ops.check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
+        tokens, hidden, prw, pre, nw, ne, s = check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
                                                             next_eps, scales)
-        dev = A.same_device(_NRN, ops._NRN_NAMES, (x, residual, prw, nw))
+        dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
         normalized = torch.empty_like(residual) if ne is not None else None
         out = hidden_out if hidden_out is not None else torch.empty_like(residual)
         _run.norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, out, normalized)
         return out, (normalized if normalized is not None else _no_normalized(residual))
 
     def nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
-        ops.check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
-        A.same_device(_NRN, ops._NRN_NAMES, (x, residual, pre_weight, next_weight))
+        check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
+        A.same_device(_NRN, _NRN_NAMES, (x, residual, pre_weight, next_weight))
         return (torch.empty_like(residual),
                 torch.empty_like(residual) if next_eps is not None else _no_normalized(residual))
 
@@ -223,7 +219,5 @@ def _already_registered():
     return True
 
 
-if hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"):
-    if not _already_registered():
-        _register()
-    REGISTERED = True
+if HAVE_TORCH_OPS and not _already_registered():
+    _register()

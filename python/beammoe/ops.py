@@ -1,6 +1,6 @@
 """The operations with the reference signatures and semantics, over torch tensors.
 
-Every function checks its arguments (_tensors.py), then either calls the
+Every function checks its arguments (_checks.py), then either calls the
 library at once (eager calls on plain CPU or CUDA tensors: the short path,
 _run.py) or goes through the registered torch operation torch.ops.beammoe.*
 (_torch_ops.py): under torch.compile or torch.jit.trace, on tensor
@@ -17,13 +17,26 @@ Results are new tensors, as in the reference: hidden is torch.empty_like
 residual instead (the residual-stream update of inference engines) and
 returns residual itself, with its version counter bumped like any in-place
 torch op.
+
+The package's imports go one way: this module imports _torch_ops.py (which
+registers the operators); both import workspace.py, _pgather.py, _calls.py
+(how a call runs: the short path or the operator, the autograd guards) and
+_checks.py (the argument rules), none of which imports either of them back
+(python/tests/test_loading.py checks that no import comes back around).
 """
 import torch
 
 from . import _lib
+from . import _pgather
 from . import _run
 from . import _tensors as A
-from ._tensors import BF16, Tensor
+from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*, which the calls below may go through)
+from ._calls import (HAVE_TORCH_OPS, WriteNoDerivative, autograd_inputs, mark_written, no_autograd_write,
+                     operator_needed, route, run_eager)
+from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
+                      FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
+                      STRATEGY_NAMES as _STRATEGY_NAMES, check_finalize, check_fused, check_nrn)
+from .workspace import Workspace as _Workspace, check_workspace
 
 __all__ = [
     "MoEOutput",
@@ -33,33 +46,6 @@ __all__ = [
     "beam_norm_residual_norm",
     "norm_residual_norm",
 ]
-
-_FINALIZE = "beam_moe_finalize"
-_FUSED = "beam_moe_finalize_norm_residual_norm"
-_GATHER = "beam_moe_finalize_gather_norm_residual_norm"
-_NRN = "beam_norm_residual_norm"
-_STRATEGY_NAMES = '"auto", "fused", "unfused", "oneshot" or "twoshot"'
-_FINALIZE_NAMES = ("expert_outputs", "expert_weights", "output", "post_weight")
-_FUSED_NAMES = ("x.gemm2_permuted", "x.expert_weights", "residual", "post_weight", "next_weight")
-_NRN_NAMES = ("x", "residual", "pre_weight", "next_weight")
-
-HAVE_TORCH_OPS = False  # set at the end of this module when torch.library takes the operations
-
-if hasattr(torch, "compiler") and hasattr(torch.compiler, "is_compiling"):
-    _compiling = torch.compiler.is_compiling
-elif hasattr(torch, "_dynamo") and hasattr(torch._dynamo, "is_compiling"):  # pragma: no cover
-    _compiling = torch._dynamo.is_compiling
-else:
-    def _compiling():
-        return False
-
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
-if hasattr(torch.autograd, "graph") and hasattr(torch.autograd.graph, "increment_version"):
-    _increment_version = torch.autograd.graph.increment_version
-else:  # torch < 2.1: a copy onto itself bumps the counter and changes no bit
-    def _increment_version(t):
-        t.copy_(t)
-
 
 class MoEOutput:
     """An unfinalized MoE output: what the second grouped GEMM leaves.
@@ -88,259 +74,6 @@ class MoEOutput:
             tuple(self.expert_weights.shape), self.expert_weights.dtype, self.live_tokens)
 
 
-# ---- checks shared by the functions and the torch.library operations --------
-
-def check_finalize(fn, g, w, output, pw, pe, routed_scale):
-    """(capacity, top_k, hidden, live, pw, pe, scale) or an exception."""
-    capacity, top_k, hidden = A.expert_arrays(fn, "expert_outputs", g, "expert_weights", w)
-    A.tensor(fn, "output", output, BF16, 2)
-    live, oh = output.shape
-    if oh != hidden:
-        raise ValueError("%s: output has shape %s but the expert outputs have hidden=%d"
-                         % (fn, tuple(output.shape), hidden))
-    A.rows_cover(fn, "expert_outputs", g, "expert_weights", w, top_k, live, "live_tokens")
-    pw, pe = A.norm(fn, "post_weight", pw, "post_eps", pe, hidden)
-    scale = A.number(fn, "routed_scale", routed_scale)
-    return capacity, top_k, hidden, live, pw, pe, scale
-
-
-def _plain_norm(weight, eps, hidden):
-    """True when A.norm accepts (weight, eps) as they are: no norm, or a
-    Python float eps in the float32 range with no weight or a contiguous
-    [hidden] BF16 weight."""
-    if eps is None:
-        return weight is None
-    if type(eps) is not float or not -A.FLT_MAX <= eps <= A.FLT_MAX:
-        return False
-    return weight is None or (isinstance(weight, Tensor) and weight.dtype is BF16 and weight.dim() == 1
-                              and weight.shape[0] == hidden and weight.is_contiguous())
-
-
-def check_fused(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, gather=False):
-    """The rules of the local and the gathered fused operation (strategy: the
-    enum value): (capacity, top_k, hidden, pw, pe, nw, ne, scales, scale, strategy).
-    The local operation reads residual.shape[0] tokens of the expert arrays;
-    the gather a rank's share (checked with the workspace)."""
-    # The common case in one expression (a subset of what the checks below
-    # accept); anything else takes the checks, which name the broken rule.
-    if isinstance(g, Tensor) and isinstance(w, Tensor) and isinstance(residual, Tensor) and g.dtype is BF16 \
-            and w.dtype is A.FP32 and residual.dtype is BF16 and g.dim() == 2 and w.dim() == 2 \
-            and residual.dim() == 2 and g.is_contiguous() and w.is_contiguous() and residual.is_contiguous() \
-            and type(routed_scale) is float and -A.FLT_MAX <= routed_scale <= A.FLT_MAX \
-            and type(strategy) is int:
-        capacity, top_k = w.shape
-        hidden = g.shape[1]
-        if g.shape[0] == capacity * top_k and residual.shape[1] == hidden and _plain_norm(pw, pe, hidden) \
-                and _plain_norm(nw, ne, hidden):
-            return (capacity, top_k, hidden, pw, pe, nw, ne, None if scales is None else A.scales(fn, scales),
-                    routed_scale, strategy)
-    capacity, top_k, hidden = A.expert_arrays(fn, "x.gemm2_permuted", g, "x.expert_weights", w)
-    A.tensor(fn, "residual", residual, BF16, 2)
-    if residual.shape[1] != hidden:
-        raise ValueError("%s: residual has shape %s but x.gemm2_permuted has hidden=%d"
-                         % (fn, tuple(residual.shape), hidden))
-    if not gather:
-        A.rows_cover(fn, "x.gemm2_permuted", g, "x.expert_weights", w, top_k, residual.shape[0],
-                     "residual.shape[0]")
-    pw, pe = A.norm(fn, "post_weight", pw, "post_eps", pe, hidden)
-    nw, ne = A.norm(fn, "next_weight", nw, "next_eps", ne, hidden)
-    s = A.scales(fn, scales)
-    scale = A.number(fn, "routed_scale", routed_scale)
-    if type(strategy) is not int:  # the functions pass the enum value of the strategy's name
-        raise TypeError("%s: strategy must be the library's enum value (an int), got %s"
-                        % (fn, type(strategy).__name__))
-    return capacity, top_k, hidden, pw, pe, nw, ne, s, scale, strategy
-
-
-def check_nrn(fn, x, residual, prw, pre, nw, ne, scales):
-    """(tokens, hidden, prw, pre, nw, ne, scales)."""
-    A.tensor(fn, "x", x, BF16, 2)
-    A.tensor(fn, "residual", residual, BF16, 2)
-    if residual.shape != x.shape:
-        A.shape(fn, "residual", residual, tuple(x.shape))
-    tokens, hidden = x.shape
-    prw, pre = A.norm(fn, "pre_weight", prw, "pre_eps", pre, hidden)
-    nw, ne = A.norm(fn, "next_weight", nw, "next_eps", ne, hidden)
-    s = A.scales(fn, scales)
-    return tokens, hidden, prw, pre, nw, ne, s
-
-
-def check_workspace(fn, workspace, dev):
-    """The workspace's handle, for tensors on `dev`."""
-    from .workspace import Workspace  # a late import: workspace imports this module
-    if not isinstance(workspace, Workspace):
-        raise TypeError("%s: workspace must be a beammoe.Workspace, got %s" % (fn, type(workspace).__name__))
-    if dev.type != "meta" and dev != workspace.device:
-        raise ValueError("%s: the tensors are on %s but the workspace is on %s" % (fn, dev, workspace.device))
-    return workspace.handle  # raises once closed
-
-
-# ---- how a call runs -----------------------------------------------------------
-
-def _placement(fn, names, tensors):
-    """(device, eager, recording): the one device of the tensors (None
-    skipped; a ValueError names two that differ); whether the call may go
-    straight to the library: plain CPU or CUDA tensors (or parameters), no
-    torch.compile, dispatch mode or torch.jit.trace (or no torch.library to
-    go through); and whether autograd records it (a tensor requires grad
-    and grad mode is on)."""
-    grad = False
-    for t in tensors:  # the common case first: plain CPU tensors
-        if t is not None:
-            if not t.is_cpu or (type(t) is not Tensor and type(t) is not _Parameter):
-                return _placement_any(fn, names, tensors)
-            if t.requires_grad:
-                grad = True
-    recording = grad and torch.is_grad_enabled()
-    if _tracing() or not HAVE_TORCH_OPS or _compiling() or (_dispatch_modes is not None and _dispatch_modes()):
-        return _placement_any(fn, names, tensors)
-    return _CPU, True, recording
-
-
-def _placement_any(fn, names, tensors):
-    dev = None
-    plain = True
-    grad = False
-    for t in tensors:
-        if t is None:
-            continue
-        if dev is None:
-            dev = t.device
-        elif t.device != dev:
-            A.same_device(fn, names, tensors)  # names the two
-        if type(t) is not Tensor and type(t) is not _Parameter:
-            plain = False
-        if t.requires_grad:
-            grad = True
-    if dev != _CPU and dev.type not in A.DEVICES:
-        A.same_device(fn, names, tensors)  # names the device
-    recording = grad and torch.is_grad_enabled()
-    if _tracing():
-        if not HAVE_TORCH_OPS:
-            raise RuntimeError("%s: torch.jit.trace cannot record a beammoe call with torch %s: it records the "
-                               "torch.ops.beammoe operators, which need torch >= 2.4 (the trace would hold no "
-                               "call and return uninitialized tensors); call the function outside the trace"
-                               % (fn, torch.__version__))
-        return dev, False, recording
-    if not HAVE_TORCH_OPS:
-        if dev.type == "meta":
-            raise ValueError("%s: meta tensors need torch.library (torch >= 2.4)" % fn)
-        return dev, True, recording
-    if not plain or dev.type == "meta" or _compiling():
-        return dev, False, recording
-    if _dispatch_modes is not None and _dispatch_modes():
-        return dev, False, recording
-    return dev, True, recording
-
-
-def placement(fn, names, tensors):
-    """(device, direct): the one device of the tensors and whether the call
-    goes straight to the library (see _placement); with torch.library, a
-    call that autograd records goes through the operator, whose backward
-    refuses."""
-    dev, eager, recording = _placement(fn, names, tensors)
-    return dev, eager and not (recording and HAVE_TORCH_OPS)
-
-
-_CPU = torch.device("cpu")
-_Parameter = torch.nn.Parameter  # a model's weights: plain tensors for the call
-_tracing = torch.jit.is_tracing
-
-
-def _no_autograd_write(fn, name, written, recording, eager):
-    """An in-place write while autograd records. Refused, as torch refuses
-    it, for a leaf that requires grad; and outside plain eager calls (under
-    torch.compile, a dispatch mode, on tensor subclasses). An eager call
-    runs: the written tensor then carries a backward function that refuses
-    (the library has no derivative), never a silently wrong gradient."""
-    if not recording:
-        return
-    if written.requires_grad and written.is_leaf:
-        raise RuntimeError("%s: %s would be written in place while autograd records (a leaf Variable that "
-                           "requires grad is being used in an in-place operation); call it under torch.no_grad() "
-                           "or torch.inference_mode()" % (fn, name))
-    if not eager:
-        raise RuntimeError("%s: %s would be written in place while autograd records (a tensor of the call requires "
-                           "grad) outside a plain eager call; beammoe operations have no derivative: call them "
-                           "under torch.no_grad() or torch.inference_mode()" % (fn, name))
-
-
-def _written(t):
-    """Bump the version counter of a tensor written in place by the library."""
-    if not t.is_inference():
-        _increment_version(t)
-
-
-def _refuse(name):
-    raise RuntimeError("%s: beammoe operations have no derivative (inference only); call them under "
-                       "torch.no_grad() or torch.inference_mode(), or on detached tensors" % name)
-
-
-class _NoDerivative(torch.autograd.Function):
-    """New results of a call that autograd records (eager, without the
-    operator): run the call, and refuse a backward pass through them."""
-
-    @staticmethod
-    def forward(ctx, name, run, *inputs):
-        ctx.name = name
-        return run()
-
-    @staticmethod
-    def backward(ctx, *grads):
-        _refuse(ctx.name)
-
-
-class _WriteNoDerivative(torch.autograd.Function):
-    """An in-place write that autograd records: run(), which writes `written`
-    and returns a tuple of new tensors; `written` is marked dirty, so it and
-    the new tensors carry this backward function, which refuses."""
-
-    @staticmethod
-    def forward(ctx, name, run, written, *inputs):
-        ctx.name = name
-        new = run()
-        _written(written)
-        ctx.mark_dirty(written)
-        return (written,) + new
-
-    @staticmethod
-    def backward(ctx, *grads):
-        _refuse(ctx.name)
-
-
-def _inputs(tensors, written=None):
-    return [t for t in tensors if t is not None and t is not written]
-
-
-def _eager(fn, residual, inplace, ne, tensors, compute, recording=False):
-    """(hidden, normalized) computed by compute(hidden, normalized) on new
-    tensors, or with hidden = residual when inplace; autograd's records
-    refuse a backward pass through them."""
-    if inplace:
-        normalized = torch.empty_like(residual) if ne is not None else None
-        if recording:
-            def run():
-                compute(residual, normalized)
-                return (normalized,) if normalized is not None else ()
-            _WriteNoDerivative.apply(fn, run, residual, *_inputs(tensors, residual))
-            return residual, normalized
-        compute(residual, normalized)
-        _written(residual)
-        return residual, normalized
-    if recording:
-        def run():
-            h = torch.empty_like(residual)
-            n = torch.empty_like(residual) if ne is not None else None
-            compute(h, n)
-            return (h, n) if n is not None else h
-        outs = _NoDerivative.apply(fn, run, *_inputs(tensors))
-        return (outs[0], outs[1]) if ne is not None else (outs, None)
-    hidden = torch.empty_like(residual)
-    normalized = torch.empty_like(residual) if ne is not None else None
-    compute(hidden, normalized)
-    return hidden, normalized
-
-
 # ---- the operations ------------------------------------------------------------
 
 def beam_moe_finalize(expert_outputs, expert_weights, output, routed_scale=1.0, post_weight=None,
@@ -358,19 +91,19 @@ def beam_moe_finalize(expert_outputs, expert_weights, output, routed_scale=1.0, 
     capacity, top_k, hidden, live, pw, pe, scale = check_finalize(
         fn, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
     tensors = (expert_outputs, expert_weights, output, pw)
-    dev, eager, recording = _placement(fn, _FINALIZE_NAMES, tensors)
-    _no_autograd_write(fn, "output", output, recording, eager)
+    dev, eager, recording = route(fn, _FINALIZE_NAMES, tensors)
+    no_autograd_write(fn, "output", output, recording, eager)
     if eager:
         if recording:
             def run():
                 _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe,
                               output)
                 return ()
-            _WriteNoDerivative.apply(fn, run, output, *_inputs(tensors, output))
+            WriteNoDerivative.apply(fn, run, output, *autograd_inputs(tensors, output))
         else:
             _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe,
                           output)
-            _written(output)
+            mark_written(output)
     else:
         torch.ops.beammoe.moe_finalize(expert_outputs, expert_weights, output, scale, pw, pe)
     return output
@@ -401,16 +134,16 @@ def beam_moe_finalize_norm_residual_norm(x, residual, post_weight, post_eps, nex
     A.flag(fn, "inplace", inplace)
     tokens = residual.shape[0]
     tensors = (g, w, residual, pw, nw)
-    dev, eager, recording = _placement(fn, _FUSED_NAMES, tensors)
+    dev, eager, recording = route(fn, _FUSED_NAMES, tensors)
     if inplace:
-        _no_autograd_write(fn, "residual", residual, recording, eager)
+        no_autograd_write(fn, "residual", residual, recording, eager)
     if eager and not (recording and HAVE_TORCH_OPS and not inplace):
         if not inplace and not recording:  # the common eager call, written out
             h = torch.empty_like(residual)
             n = torch.empty_like(residual) if ne is not None else None
             _run.fused(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st)
             return h, n
-        return _eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.fused(
+        return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.fused(
             dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st), recording)
     sl = list(s) if s is not None else None
     if inplace:
@@ -437,8 +170,7 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     """
     fn = _GATHER
     ws = workspace
-    if isinstance(ws, _Workspace) and ws._python_gather(residual, strategy) and not _tracing() \
-            and not (HAVE_TORCH_OPS and (_compiling() or (_dispatch_modes is not None and _dispatch_modes()))):
+    if isinstance(ws, _Workspace) and ws._python_gather(residual, strategy) and not operator_needed():
         # Over a torch.distributed group on the CPU, or through the workspace's
         # all_gather hook: every rank's checks travel with the call (_pgather).
         return _pgather.gather(ws, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
@@ -449,13 +181,13 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
         A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES), gather=True)
     A.flag(fn, "inplace", inplace)
     tensors = (g, w, residual, pw, nw)
-    dev, eager, recording = _placement(fn, _FUSED_NAMES, tensors)
+    dev, eager, recording = route(fn, _FUSED_NAMES, tensors)
     handle = check_workspace(fn, workspace, dev)
     tokens = residual.shape[0]
     if inplace:
-        _no_autograd_write(fn, "residual", residual, recording, eager)
+        no_autograd_write(fn, "residual", residual, recording, eager)
     if eager and not (recording and HAVE_TORCH_OPS and not inplace):
-        return _eager(fn, residual, inplace, ne, tensors, lambda h, n: workspace._run_gather(
+        return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: workspace._run_gather(
             dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st), recording)
     sl = list(s) if s is not None else None
     if inplace:
@@ -482,11 +214,11 @@ def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_wei
                                                     scales)
     A.flag(fn, "inplace", inplace)
     tensors = (x, residual, prw, nw)
-    dev, eager, recording = _placement(fn, _NRN_NAMES, tensors)
+    dev, eager, recording = route(fn, _NRN_NAMES, tensors)
     if inplace:
-        _no_autograd_write(fn, "residual", residual, recording, eager)
+        no_autograd_write(fn, "residual", residual, recording, eager)
     if eager and not (recording and HAVE_TORCH_OPS and not inplace):
-        return _eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.norm_residual_norm(
+        return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.norm_residual_norm(
             dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n), recording)
     sl = list(s) if s is not None else None
     if inplace:
@@ -498,9 +230,3 @@ def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_wei
 
 # The same function under the short name.
 norm_residual_norm = beam_norm_residual_norm
-
-from . import _pgather  # noqa: E402  (the gather in Python; needs the checks above)
-from . import _torch_ops  # noqa: E402  (registers torch.ops.beammoe.*; needs the checks above)
-from .workspace import Workspace as _Workspace  # noqa: E402
-
-HAVE_TORCH_OPS = _torch_ops.REGISTERED

@@ -21,6 +21,7 @@ import torch
 
 from . import _lib
 from . import _nccl
+from . import _pgather
 from . import _run
 from . import _tensors as A
 from ._errors import BeamUnsupportedError, raise_for_status
@@ -273,8 +274,6 @@ class Workspace:
     def _init_process_group_cpu(self, fn, dist, group, max_tokens, hidden_size, one, two, tmo):
         """A CPU workspace over a torch.distributed group: no library
         workspace; the ranks check that they agree (collective)."""
-        from . import _pgather
-
         pg = group if group is not None else dist.group.WORLD
         backend = str(dist.get_backend(group))
         if backend == "nccl":
@@ -374,6 +373,13 @@ class Workspace:
     def by_handle(handle):
         """The open workspace with this handle, or None."""
         return _open.get(handle)
+
+    def _handle_for(self, fn, dev):
+        """The handle, for a call of fn on tensors on `dev` (ValueError when
+        the workspace is on another device or closed)."""
+        if dev.type != "meta" and dev != self.device:
+            raise ValueError("%s: the tensors are on %s but the workspace is on %s" % (fn, dev, self.device))
+        return self.handle  # raises once closed
 
     # ---- the thresholds: plain attributes (AUTO follows them) ----------------
     def _thresholds_changed(self):
@@ -555,3 +561,10 @@ class Workspace:
                 "moe_gather_oneshot_max_tokens=%d, moe_gather_separate_norm_min_tokens=%r, device=%s%s%s)" % (
                     self.rank, self.world_size, self.max_tokens, self.hidden_size, self._one, self._sep,
                     self.device, ", process group" if self._pg else "", ", closed" if self.closed else ""))
+
+
+def check_workspace(fn, workspace, dev):
+    """The workspace's handle, for a call of fn on tensors on `dev`."""
+    if not isinstance(workspace, Workspace):
+        raise TypeError("%s: workspace must be a beammoe.Workspace, got %s" % (fn, type(workspace).__name__))
+    return workspace._handle_for(fn, dev)

@@ -1,6 +1,7 @@
 """Where the libraries come from: the operations call the same copy of each
 backend library that the dispatcher loaded (one file per library in the
 process), and an installed package uses the libraries it carries."""
+import ast
 import os
 
 import pytest
@@ -53,3 +54,33 @@ def test_oldest_torch():
     for v, want in (("1.13.0a0", (1, 13)), ("2.15.0+cu132", (2, 15)), ("2.4.1", (2, 4)), ("junk", (0, 0))):
         assert beammoe._torch_release(v) == want
     assert beammoe.HAVE_TORCH_OPS == (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"))
+
+
+def test_imports_go_one_way():
+    """No module of the package imports, at its top or inside a function, a
+    module that imports it back (directly or around a longer circle): a
+    circle works only while every module in it defers an import or imports
+    in a lucky order."""
+    pkg = os.path.dirname(os.path.abspath(beammoe.__file__))
+    graph = {}
+    for f in sorted(os.listdir(pkg)):
+        if f.endswith(".py"):
+            with open(os.path.join(pkg, f), encoding="utf-8") as src:
+                tree = ast.parse(src.read(), f)
+            deps = graph.setdefault(f[:-3], set())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    deps.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+    assert {"ops", "_torch_ops", "_calls", "_checks"} <= set(graph), sorted(graph)
+
+    def circle(m, path):
+        for d in sorted(graph.get(m, ())):
+            if d in path:
+                return path[path.index(d):] + [d]
+            found = circle(d, path + [d])
+            if found:
+                return found
+        return None
+    for m in sorted(graph):
+        found = circle(m, [m])
+        assert found is None, "an import circle: " + " -> ".join(found)

@@ -277,7 +277,7 @@ def test_parameters_take_the_short_path(data):
     """A model's norm weights are nn.Parameters: under no_grad the call goes
     straight to the library (no operator dispatch), with the same bits; with
     autograd recording it goes through the operator."""
-    from beammoe import ops
+    from beammoe import _calls
 
     g, w, residual, pw, nw = data
     want = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w, T), residual, pw, 1e-6, nw, 1e-6,
@@ -285,12 +285,12 @@ def test_parameters_take_the_short_path(data):
     ppw, pnw = torch.nn.Parameter(pw.clone()), torch.nn.Parameter(nw.clone())
     names = ("g", "w", "residual", "post_weight", "next_weight")
     with torch.no_grad():
-        assert ops.placement("f", names, (g, w, residual, ppw, pnw)) == (torch.device("cpu"), True)
+        assert _calls.placement("f", names, (g, w, residual, ppw, pnw)) == (torch.device("cpu"), True)
         got = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w, T), residual, ppw, 1e-6, pnw,
                                                            1e-6, None)
     for a, b in zip(got, want):
         assert_bits_equal(a, b)
-    assert ops.placement("f", names, (g, w, residual, ppw, pnw)) == (torch.device("cpu"), False)
+    assert _calls.placement("f", names, (g, w, residual, ppw, pnw)) == (torch.device("cpu"), False)
     got = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w, T), residual, ppw, 1e-6, pnw, 1e-6,
                                                        None)
     assert got[0].requires_grad
