@@ -1,7 +1,7 @@
 """audit_file: the Python equivalent of `beammoe audit --input FILE.safetensors`.
 
 A safetensors file holds one problem with the tensor names and metadata keys
-of docs/safetensors.md (the C tool's tools/audit_input.c): `residual`
+of docs/safetensors.md (the C tool's harness/st_case.c): `residual`
 present means the fused op finalize_norm_residual_norm, absent means
 finalize. The file is read and checked completely before anything runs (a
 ValueError naming the file and the fault, as the C tool's exit status 2);
@@ -23,7 +23,31 @@ section), so a hostile header is refused with a ValueError, never a
 MemoryError; the tensor data is read only after that. The file's numbers
 are never trusted: every offset and size is checked against the file first.
 Names, dtypes, metadata values and the path are escaped in every message
-(_escape), as the C tool escapes them.
+(_escape), as the C tool escapes them (harness/text.c).
+
+Why a reader of our own and not the `safetensors` package (the format's
+reference reader) where it is installed: the audit's answer must not depend
+on what else is installed, and the package gives another one. Measured with
+safetensors 0.8.0, its safe_open:
+- accepts files that both of our readers refuse: a field an entry does not
+  have, a tensor name given twice (one entry kept), an entry written as an
+  array ["F32", [2], [0, 8]], a NUL in a name, a metadata key given twice
+  (the last kept), more than 8 dimensions; and refuses the others in its
+  own words, where this reader answers the C tool's `audit --input` word for
+  word (python/tests/test_audit_file.py compares them on mutated files);
+- waits forever on a FIFO with no writer, where this reader refuses what is
+  not a regular file at once;
+- puts a tensor name or a dtype from the file into its message raw (an
+  escape sequence reaches the terminal);
+- takes 12 to 23 times a hostile header's size in memory (6 MB headers of
+  empty objects or arrays, a shape of 2,000,000 dimensions, thousands of
+  entries or metadata keys, unknown fields, a name repeated), where this
+  reader, which builds no JSON tree, takes 2 to 9 times;
+- is no dependency of this package, and Debian has no package of it.
+Where it is installed, the test suite checks that it reads every file this
+reader accepts, with the same tensors and bytes: this reader is only
+stricter, but for -0 as an integer (a shape or an offset), which JSON's
+grammar allows and both of our readers read as 0, and the package refuses.
 """
 import ctypes
 import json
@@ -44,7 +68,7 @@ from .workspace import CpuGroup, Workspace
 
 __all__ = ["AuditReport", "AuditRow", "audit_file", "read_safetensors"]
 
-# The format's dtypes and their sizes (tools/safetensors.c: dtype_size).
+# The format's dtypes and their sizes (harness/st_header.c: dtype_size).
 _DTYPE_SIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2,
                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8}
 _MAX_INT = 1 << 53          # largest shape/offset value accepted (as the C reader)
@@ -593,7 +617,7 @@ def _check_tiling(ts, dlen):
 
 
 def _file_kind(mode):
-    """The words of tools/safetensors.c for what is not a regular file."""
+    """The words of harness/safetensors.c (kind_name) for what is not a regular file."""
     return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
             else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
             else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
@@ -745,7 +769,7 @@ class _Problem:
 
 
 def _load(tensors, meta, data):
-    """The checks of tools/audit_input.c (load_problem), in its order."""
+    """The checks of harness/st_case.c (load_case), in its order."""
     def get(name, dtype, ndim, want):
         t = tensors.get(name)
         if t is None:
@@ -875,7 +899,8 @@ def _ordered(b):
 
 def _compare(got, want):
     """(compared, mismatched, max ulp or "nan") of two BF16 tensors, as
-    tools/util.c cmp_bf16: NaN vs NaN counts as a mismatch of 0 ULP."""
+    harness/util.c's hu_cmp_add: NaN vs NaN counts as a mismatch of 0 ULP
+    (but +0 vs -0 is 0 ULP here, 1 there)."""
     g = got.detach().cpu().contiguous().view(torch.int16).to(torch.int32).reshape(-1) & 0xFFFF
     w = want.detach().cpu().contiguous().view(torch.int16).to(torch.int32).reshape(-1) & 0xFFFF
     diff = g != w
