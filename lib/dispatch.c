@@ -30,8 +30,10 @@
 #ifndef BEAM_LIBDIR
 #define BEAM_LIBDIR "/usr/local/lib"
 #endif
+/* The backends' soname suffix (".so.0"): config.h's, from the ABI set in
+ * configure.ac, which also versions the libraries. */
 #ifndef BEAM_SO_SUFFIX
-#define BEAM_SO_SUFFIX ".so.0"
+#error "BEAM_SO_SUFFIX comes from config.h (configure.ac)"
 #endif
 
 /* The entry points a backend library exports, as an X-macro:

@@ -1,9 +1,11 @@
 """setup.py - the package, with the C libraries that `make` built inside it.
 
 `pip install ./python` (from the top of a build tree, after `make`) copies
-the libraries of the build tree's .libs/ into the package as beammoe/_libs/:
-libbeammoe.so.0 (the dispatcher), libbeammoe_cpu.so.0 and, when the CUDA
-backend was built, libbeammoe_cuda.so.0. The dispatcher finds its backends
+the libraries of the build tree's .libs/ into the package as beammoe/_libs/,
+under their sonames: libbeammoe.so.0 (the dispatcher), libbeammoe_cpu.so.0
+and, when the CUDA backend was built, libbeammoe_cuda.so.0 (".so.0": the
+ABI of configure.ac, whose copy in beammoe/_lib.py configure checks, and
+which this file reads from there). The dispatcher finds its backends
 beside itself, so the installed package works from any directory with no
 environment variable. The wheel is tagged py3-none-PLATFORM: it carries
 native libraries for this platform but holds no Python extension module,
@@ -17,6 +19,7 @@ Environment, at install time:
                          the system loader (see beammoe/_lib.py)
 """
 import os
+import re
 import shutil
 
 from setuptools import setup
@@ -24,8 +27,21 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SONAMES = ("libbeammoe.so.0", "libbeammoe_cpu.so.0", "libbeammoe_cuda.so.0")
-REQUIRED = ("libbeammoe.so.0", "libbeammoe_cpu.so.0")
+
+
+def _so_suffix():
+    """SO_SUFFIX of beammoe/_lib.py, read as text (importing the package
+    would import torch)."""
+    with open(os.path.join(HERE, "beammoe", "_lib.py"), encoding="utf-8") as f:
+        m = re.search(r'^SO_SUFFIX = "(\.so\.[0-9]+)"$', f.read(), re.M)
+    if m is None:
+        raise SystemExit("beammoe: no SO_SUFFIX = \".so.N\" line in beammoe/_lib.py")
+    return m.group(1)
+
+
+SO_SUFFIX = _so_suffix()
+SONAMES = tuple("libbeammoe%s%s" % (b, SO_SUFFIX) for b in ("", "_cpu", "_cuda"))
+REQUIRED = SONAMES[:2]
 
 
 def _libraries():

@@ -41,9 +41,15 @@ make -j"$jobs" $progs
 
 rm -rf .devbuild/lib .devbuild/bin
 mkdir -p .devbuild/lib .devbuild/bin
+# the sonames (the programs' and the dispatcher's): the ABI of configure.ac
+so=$(sed -n 's/^#define BEAM_SO_SUFFIX "\(.*\)"$/\1/p' config.h)
+if test -z "$so"; then
+    echo "gpu-check.sh: config.h has no BEAM_SO_SUFFIX (configure again)" >&2
+    exit 1
+fi
 for l in libbeammoe libbeammoe_cpu libbeammoe_cuda; do
     cp -L ".libs/$l.so" ".devbuild/lib/$l.so"
-    cp -L ".libs/$l.so" ".devbuild/lib/$l.so.0"
+    cp -L ".libs/$l.so" ".devbuild/lib/$l$so"
 done
 # shared libraries the binaries need that a bare GPU host may lack
 for so in libcunit.so.1 libcudart.so.13 libgomp.so.1 libjson-c.so.5; do

@@ -3,7 +3,8 @@
 The package has no compiled extension: every call goes through ctypes. Where
 libbeammoe (the run-time dispatcher) is found, in order:
 
-1. ``$BEAMMOE_LIBRARY`` (a path to libbeammoe.so or libbeammoe.so.0);
+1. ``$BEAMMOE_LIBRARY`` (a path to libbeammoe.so or libbeammoe.so.0, the
+   soname: SO_SUFFIX below);
 2. the libraries installed with the package (``beammoe/_libs/``, copied from
    the build tree by ``pip install ./python``);
 3. a build tree: walking up from this package's directory, the first
@@ -44,7 +45,9 @@ STRATEGIES = {
     "twoshot": 4,
 }
 
-# The soname suffix of the libraries (libtool's -version-info 0:0:0).
+# The soname suffix of the libraries: ".so.<current - age>" of the ABI set in
+# configure.ac, which refuses to configure a tree where this copy differs.
+# python/setup.py reads it from here.
 SO_SUFFIX = ".so.0"
 _BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_libs")
 

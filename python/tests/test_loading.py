@@ -45,7 +45,7 @@ def test_backend_library_is_the_backend():
 def test_installed_package_uses_its_libraries():
     path = os.path.realpath(beammoe.library_path())
     assert os.path.dirname(path) == os.path.realpath(_lib._BUNDLED), path
-    assert os.path.exists(os.path.join(_lib._BUNDLED, "libbeammoe_cpu.so.0"))
+    assert os.path.exists(os.path.join(_lib._BUNDLED, "libbeammoe_cpu" + _lib.SO_SUFFIX))
 
 
 def test_oldest_torch():

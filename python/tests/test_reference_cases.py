@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import beammoe
+from beammoe import _lib
 from reference import BF16, assert_bits_equal, finalize_ref, fused_spec, random_bf16, random_case
 
 H, K = 512, 4
@@ -213,7 +214,7 @@ def test_wheel_is_tagged_py3_none_platform():
                         ignore=shutil.ignore_patterns("__pycache__", "_libs"))
         build = os.path.join(d, "build", ".libs")
         os.makedirs(build)
-        for name in ("libbeammoe.so.0", "libbeammoe_cpu.so.0"):
+        for name in ("libbeammoe" + _lib.SO_SUFFIX, "libbeammoe_cpu" + _lib.SO_SUFFIX):
             with open(os.path.join(build, name), "wb") as f:
                 f.write(b"\x7fELF stand-in")
         env = dict(os.environ, BEAMMOE_BUILD_DIR=os.path.dirname(build))
