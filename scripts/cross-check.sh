@@ -77,7 +77,7 @@ status=0
 echo "== make check under $emu"
 make -j"$jobs" check LOG_COMPILER="$src/scripts/emulate-test.sh" || status=1
 
-# the auditor's promise, with a seed of its own (make check's tools/audit-quick.sh runs seed 1)
+# the auditor's promise, with a seed of its own (make check's tests/audit-quick.sh runs seed 1)
 echo "== beammoe audit --quick --seed 2 under $emu"
 ./libtool --mode=execute "$emu" tools/beammoe audit --quick --seed 2 >audit-quick.out 2>&1 || status=1
 head -2 audit-quick.out

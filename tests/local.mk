@@ -1,5 +1,5 @@
-# tests/local.mk - the CPU test suite (included by the top Makefile.am; paths
-# are relative to the top directory).
+# tests/local.mk - the CPU test suite and the tests of the `beammoe` tool
+# (included by the top Makefile.am; paths are relative to the top directory).
 #
 #   make check            every test below; none needs a GPU, none skips
 #   make check-valgrind   each test binary once under valgrind memcheck
@@ -28,6 +28,10 @@
 #   test_symbols.sh    the libraries export the same beam_* symbols
 #   test_isa.sh        golden, numerics, threads, edges and stack tests again
 #                      on the AVX-512 (no BF16), AVX2 and portable kernels
+#   st_fuzz            the safetensors reader, fuzzed
+#   audit-quick.sh, safetensors-test.sh, exit-status.sh, output-safety.sh,
+#   input-special.sh, tool-stdout.sh, tool-signals.sh
+#                      the `beammoe` tool (tools/beammoe), at the end below
 
 if HAVE_CUNIT
 
@@ -144,9 +148,35 @@ tests_st_fuzz_LDADD = harness/libharness.la
 # (no .PHONY line here: automake refuses .PHONY in two conditions, and
 # tests/gather.mk declares its own inside BEAM_WITH_CUDA)
 
-# The `beammoe` tool's standard output: a report that cannot be written
-# (stdout on /dev/full, or closed) is exit 1 with a message, for every
-# command.
+# ---- the `beammoe` tool (tools/local.mk) ------------------------------------
+# Shell scripts run from the top build directory, where they find
+# tools/beammoe (as they do in a VPATH build and in `make distcheck`).
+
+# The quick audit: every backend and strategy against the CPU ground truth,
+# the CPU backend against the naive reference.
+TESTS += tests/audit-quick.sh
+EXTRA_DIST += tests/audit-quick.sh
+
+# safetensors input/output: good files (written by python3's struct/json and
+# by `run --output`) audit clean; malformed ones are exit 2 with a message.
+# Exit 77 (skip) when the tool was built without json-c.
+TESTS += tests/safetensors-test.sh
+EXTRA_DIST += tests/safetensors-test.sh
+
+# The exit-status rule of every command (beammoe --help): bad options,
+# values that are not exactly numbers, sizes and values the library rejects,
+# a backend that is not available: exit 2 with a message, never a crash.
+TESTS += tests/exit-status.sh
+EXTRA_DIST += tests/exit-status.sh
+
+# `run --output` never destroys what the path names (a directory, a device,
+# a FIFO, a read-only file, a file whose write fails half way), `audit
+# --input` refuses a FIFO or a device at once. Both under `timeout`.
+TESTS += tests/output-safety.sh tests/input-special.sh
+EXTRA_DIST += tests/output-safety.sh tests/input-special.sh
+
+# The tool's standard output: a report that cannot be written (stdout on
+# /dev/full, or closed) is exit 1 with a message, for every command.
 TESTS += tests/tool-stdout.sh
 EXTRA_DIST += tests/tool-stdout.sh
 

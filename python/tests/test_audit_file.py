@@ -392,7 +392,7 @@ def test_special_files_refused_at_once(tmp_path):
 
 
 # ---- the reader's strictness: the rules of harness/st_header.c and
-# harness/safetensors.c (the C tool's test script tools/safetensors-test.sh
+# harness/safetensors.c (the C tool's test script tests/safetensors-test.sh
 # has the same files), with their words ----
 
 _audit = importlib.import_module("beammoe.audit")
@@ -748,7 +748,7 @@ def test_header_memory(tmp_path, name, head, item, tail, words):
     thousands of small entries or metadata keys: refused with a
     ValueError and a message, the reader's allocations at their peak under
     16 times the header (Python's objects are larger than the C tool's:
-    tools/safetensors-test.sh holds the C reader to 6 times). The json
+    tests/safetensors-test.sh holds the C reader to 6 times). The json
     module's tree once took 80 times the header, and a MemoryError came out
     of a 15 MB one; json-c took 260 times in the C tool."""
     import tracemalloc

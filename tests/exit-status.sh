@@ -134,7 +134,7 @@ fi
 expect 0 "" $RUN --tokens 4 --top-k 2 --hidden 256
 expect 0 "" $RUN --tokens 0 --top-k 2 --hidden 256 --seed 0x10
 
-# ---- audit (the built-in sweep is tools/audit-quick.sh; --input files:
+# ---- audit (the built-in sweep is tests/audit-quick.sh; --input files:
 # safetensors-test.sh, input-special.sh) ----
 expect 2 "is not a non-negative integer" audit --seed " 1"
 expect 2 "is not a non-negative integer" audit --seed 1x
