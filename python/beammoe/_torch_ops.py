@@ -144,7 +144,7 @@ def _register():
     # ---- norm_residual_norm
     def nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, hidden_out):
         tokens, hidden, prw, pre, nw, ne, s = check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
-                                                            next_eps, scales)
+                                                        next_eps, scales)
         dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
         normalized = torch.empty_like(residual) if ne is not None else None
         out = hidden_out if hidden_out is not None else torch.empty_like(residual)
