@@ -37,26 +37,7 @@
 #include <cuda_runtime.h>
 
 #include "beammoe.h"
-
-#define CK(call)                                                                 \
-    do {                                                                         \
-        cudaError_t e_ = (call);                                                 \
-        if (e_ != cudaSuccess) {                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
-                    cudaGetErrorString(e_));                                     \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
-
-#define BK(call)                                                                 \
-    do {                                                                         \
-        beam_status s_ = (call);                                                 \
-        if (s_ != BEAM_OK) {                                                     \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
-                    beam_last_error());                                          \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
+#include "checks.h"
 
 enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
 

@@ -41,28 +41,9 @@ typedef struct shm {
 static shm *g_shm;
 static int g_rank;
 
-#define DIE(...)                                     \
-    do {                                             \
-        fprintf(stderr, "rank %d: ", g_rank);        \
-        fprintf(stderr, __VA_ARGS__);                \
-        fprintf(stderr, "\n");                       \
-        exit(1);                                     \
-    } while (0)
-#define CK(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) DIE("%s: %s", #x, cudaGetErrorString(e_));                \
-    } while (0)
-#define NK(x)                                                                             \
-    do {                                                                                  \
-        ncclResult_t r_ = (x);                                                            \
-        if (r_ != ncclSuccess) DIE("%s: %s", #x, ncclGetErrorString(r_));                \
-    } while (0)
-#define BK(x)                                                                             \
-    do {                                                                                  \
-        beam_status s_ = (x);                                                             \
-        if (s_ != BEAM_OK) DIE("%s: %s", #x, beam_last_error());                         \
-    } while (0)
+/* Failures name the rank (harness/checks.h). */
+#define BM_CHECK_RANK g_rank
+#include "checks.h"
 
 static int envi(const char *n, int d)
 {

@@ -26,20 +26,11 @@
 
 #include <cuda_runtime.h>
 
+#include "checks.h"
 #include "launch.h"
 extern "C" {
 #include "naive_ref.h"
 }
-
-#define CK(x)                                                                    \
-    do {                                                                         \
-        cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                 \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,            \
-                    cudaGetErrorString(e_));                                     \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
 
 static uint64_t rng_s = 0x1234567;
 static uint64_t rnd()

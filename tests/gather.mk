@@ -19,7 +19,8 @@ BEAM_GATHER_TEST_LIBS = harness/libharness.la libbeammoe_cuda.la $(CUDA_LIBS) -l
 
 check_PROGRAMS += tests/test_gather_nccl tests/test_gather_group
 TESTS += tests/test_gather_group tests/test_gather_nccl
-# The naive reference comes from the harness (harness/local.mk).
+# The naive reference and the check macros come from the harness
+# (harness/local.mk).
 tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/gather_parts.c tests/gather_parts.h
 tests_test_gather_nccl_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
 tests_test_gather_nccl_LDFLAGS = $(CUDA_LDFLAGS)
@@ -33,9 +34,9 @@ tests_test_gather_group_LDADD = $(BEAM_GATHER_TEST_LIBS)
 
 noinst_PROGRAMS += bench/gather_bench
 bench_gather_bench_SOURCES = bench/gather_bench.c
-bench_gather_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+bench_gather_bench_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_gather_bench_LDFLAGS = $(CUDA_LDFLAGS)
-bench_gather_bench_LDADD = libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS)
+bench_gather_bench_LDADD = harness/libharness.la libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS)
 
 # (no .PHONY: automake refuses it in two conditions; bench-gather is never a file)
 bench-gather: bench/gather_bench$(EXEEXT)

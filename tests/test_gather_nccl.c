@@ -59,12 +59,6 @@ void host_barrier(void)
     }
 }
 
-#define NK(x)                                                                           \
-    do {                                                                                \
-        ncclResult_t r_ = (x);                                                          \
-        if (r_ != ncclSuccess) FAIL("%s: %s", #x, ncclGetErrorString(r_));             \
-    } while (0)
-
 static beam_status make_nccl(int64_t max_tokens, int32_t hidden, const beam_workspace_config *cfg,
                              beam_workspace **ws)
 {
