@@ -26,6 +26,8 @@
  *
  * usage: cuda_bench [--quick]     (--quick: three shapes, fewer replays)
  * Inputs are random BF16 values (never zeros), weights in (0, 1).
+ * Exit 77 (skip) when no GPU here can run the cuda backend
+ * (harness/gpu_probe.h).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdint.h>
@@ -38,6 +40,7 @@
 
 #include "beammoe.h"
 #include "checks.h"
+#include "gpu_probe.h"
 
 enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
 
@@ -171,10 +174,13 @@ int main(int argc, char **argv)
     size_t si;
     int dev = 0;
 
-    if (beam_set_backend("cuda") != BEAM_OK) {
-        fprintf(stderr, "cuda_bench: %s\n", beam_last_error());
+    char why[300];
+
+    if (bm_gpu_probe(why, sizeof why) < 1) {
+        printf("cuda_bench: %s: skipped\n", why);
         return 77;
     }
+    BK(beam_set_backend("cuda"));
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));

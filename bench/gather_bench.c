@@ -15,7 +15,8 @@
  * BEAM_BENCH_RANKS, BEAM_BENCH_H, BEAM_BENCH_K, BEAM_BENCH_T (comma list),
  * BEAM_BENCH_REPS, BEAM_BENCH_ONESHOT_MAX / BEAM_BENCH_TWOSHOT_MAX (AUTO's
  * thresholds; default: the backend's).
- * Exit 77 when fewer GPUs than ranks are visible.
+ * Exit 77 when fewer GPUs than ranks can run the cuda backend
+ * (harness/gpu_probe.h).
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -44,6 +45,7 @@ static int g_rank;
 /* Failures name the rank (harness/checks.h). */
 #define BM_CHECK_RANK g_rank
 #include "checks.h"
+#include "gpu_probe.h"
 
 static int envi(const char *n, int d)
 {
@@ -199,28 +201,16 @@ static int child(int rank, int R)
     return 0;
 }
 
-static int count_gpus(void)
-{
-    int status = 0;
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    if (p < 0 || waitpid(p, &status, 0) != p || !WIFEXITED(status)) return 0;
-    return WEXITSTATUS(status);
-}
-
 int main(void)
 {
-    const int ndev = count_gpus();
+    char why[300];
+    const int ndev = bm_gpu_probe(why, sizeof why);
     const int R = envi("BEAM_BENCH_RANKS", 2);
     pid_t pids[8];
     int r, failed = 0, left;
     setenv("NCCL_NVLS_ENABLE", "0", 1); /* never NVLink multicast */
     if (R < 1 || R > 8 || ndev < R) {
-        printf("gather_bench: %d GPU(s) visible, %d ranks asked: skipped\n", ndev, R);
+        printf("gather_bench: %s, %d ranks asked: skipped\n", why, R);
         return 77;
     }
     g_shm = mmap(NULL, sizeof(shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

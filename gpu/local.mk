@@ -28,13 +28,13 @@ CLEANFILES += $(BEAM_GPU_OBJS) gpu/launch.o gpu/backend_cuda.o \
 DISTCLEANFILES += gpu/$(DEPDIR)/launch.Plo gpu/$(DEPDIR)/backend_cuda.Plo
 
 # ---- bench/cuda_bench: copy bandwidth, then each op over CUDA graph replays
-# (public API + cudart, the harness's check macros; run it on a GPU host,
-# see scripts/gpu-check.sh).
+# (public API + cudart, the harness's check macros and GPU probe; run it on
+# a GPU host, see scripts/gpu-check.sh).
 noinst_PROGRAMS += bench/cuda_bench
 bench_cuda_bench_SOURCES = bench/cuda_bench.c
 bench_cuda_bench_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_cuda_bench_LDFLAGS = $(CUDA_LDFLAGS)
-bench_cuda_bench_LDADD = harness/libharness.la libbeammoe.la $(CUDA_LIBS)
+bench_cuda_bench_LDADD = harness/libharness_cuda.la harness/libharness.la libbeammoe.la $(CUDA_LIBS)
 EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
 
 # ---- bench/shape_sweep: every compiled launch shape checked and timed (a

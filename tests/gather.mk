@@ -24,7 +24,7 @@ TESTS += tests/test_gather_group tests/test_gather_nccl
 tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/gather_parts.c tests/gather_parts.h
 tests_test_gather_nccl_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
 tests_test_gather_nccl_LDFLAGS = $(CUDA_LDFLAGS)
-tests_test_gather_nccl_LDADD = $(BEAM_GATHER_TEST_LIBS) $(NCCL_LIBS)
+tests_test_gather_nccl_LDADD = harness/libharness_cuda.la $(BEAM_GATHER_TEST_LIBS) $(NCCL_LIBS)
 
 tests_test_gather_group_SOURCES = tests/test_gather_group.c tests/gather_parts.c tests/gather_parts.h
 tests_test_gather_group_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
@@ -36,7 +36,8 @@ noinst_PROGRAMS += bench/gather_bench
 bench_gather_bench_SOURCES = bench/gather_bench.c
 bench_gather_bench_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_gather_bench_LDFLAGS = $(CUDA_LDFLAGS)
-bench_gather_bench_LDADD = harness/libharness.la libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS)
+bench_gather_bench_LDADD = harness/libharness_cuda.la harness/libharness.la libbeammoe_cuda.la \
+	$(NCCL_LIBS) $(CUDA_LIBS)
 
 # (no .PHONY: automake refuses it in two conditions; bench-gather is never a file)
 bench-gather: bench/gather_bench$(EXEEXT)

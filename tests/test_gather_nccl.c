@@ -7,7 +7,8 @@
  * its network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1): AUTO
  * takes UNFUSED, ONESHOT and TWOSHOT are refused, results bit-identical.
  *
- * The parent never touches CUDA: it counts the GPUs in a probe child, shares
+ * The parent never touches CUDA: it counts the GPUs in a probe child
+ * (harness/gpu_probe.h), shares
  * one page (mmap MAP_SHARED) with the rank children for the ncclUniqueId and
  * a host barrier, forks R children (each: cudaSetDevice(rank),
  * ncclCommInitRank) and waits for them with a deadline; a failing child
@@ -16,7 +17,8 @@
  * Environment: BEAM_TEST_RANKS (default 2, at most the GPUs), BEAM_TEST_SEED,
  * BEAM_TEST_STRESS (calls per stress part, default 10000), BEAM_TEST_ONLY
  * (one part: sweep|large|stress|bad|mismatch|concurrent|wrap|timeout|hosts).
- * Exit 0 pass, 1 fail, 77 skip (fewer than 2 GPUs).
+ * Exit 0 pass, 1 fail, 77 skip (fewer than 2 GPUs that can run the cuda
+ * backend).
  */
 #define _GNU_SOURCE
 #include <signal.h>
@@ -34,6 +36,7 @@
 
 #include "beammoe.h"
 #include "gather_parts.h"
+#include "gpu_probe.h"
 #include "naive_ref.h"
 
 /* ---- shared page, host barrier ------------------------------------------ */
@@ -178,22 +181,10 @@ static int child(int rank, int R, int ndev)
     return 0;
 }
 
-static int count_gpus(void)
-{
-    int status = 0;
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    if (p < 0 || waitpid(p, &status, 0) != p || !WIFEXITED(status)) return 0;
-    return WEXITSTATUS(status);
-}
-
 int main(void)
 {
-    const int ndev = count_gpus();
+    char why[300];
+    const int ndev = bm_gpu_probe(why, sizeof why);
     int R = getenv("BEAM_TEST_RANKS") ? atoi(getenv("BEAM_TEST_RANKS")) : 2;
     const int deadline_s = getenv("BEAM_TEST_DEADLINE") ? atoi(getenv("BEAM_TEST_DEADLINE")) : 900;
     pid_t pids[64];
@@ -202,7 +193,7 @@ int main(void)
 
     setenv("NCCL_NVLS_ENABLE", "0", 1); /* never NVLink multicast */
     if (ndev < 2) {
-        printf("test_gather_nccl: %d GPU(s) visible, 2 needed: skipped\n", ndev);
+        printf("test_gather_nccl: %s, 2 needed: skipped\n", why);
         return 77;
     }
     if (R < 2) R = 2;
