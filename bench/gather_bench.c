@@ -1,6 +1,7 @@
 /*
  * gather_bench.c - timing of beam_moe_finalize_gather_norm_residual_norm on
- * several GPUs through NCCL, one process per GPU (like the test).
+ * several GPUs through NCCL, one process per GPU, started like the test's
+ * ranks (harness/ranks.h: a failing rank makes the others be killed).
  *
  * For each T, every strategy (UNFUSED, ONESHOT, TWOSHOT, AUTO) in the same
  * run: a CUDA graph of NI back-to-back calls is captured, warmed up, then
@@ -19,33 +20,23 @@
  * (harness/gpu_probe.h).
  */
 #define _GNU_SOURCE
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "beammoe.h"
 
-typedef struct shm {
-    ncclUniqueId id;
-    volatile int id_ready;
-} shm;
-
-static shm *g_shm;
-static int g_rank;
+static int g_rank = -1; /* this process's rank, for the check macros */
 
 /* Failures name the rank (harness/checks.h). */
 #define BM_CHECK_RANK g_rank
 #include "checks.h"
 #include "gpu_probe.h"
+#include "ranks.h"
 
 static int envi(const char *n, int d)
 {
@@ -79,7 +70,8 @@ static void fill_bf16(uint16_t *d, size_t n, uint32_t seed)
 static const beam_strategy STRATS[4] = {BEAM_STRATEGY_UNFUSED, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
                                         BEAM_STRATEGY_AUTO};
 
-static int child(int rank, int R)
+/* One rank: device `rank`, its communicator, the table (printed by rank 0). */
+static int bench_rank(int rank, int R, void *arg)
 {
     const int H = envi("BEAM_BENCH_H", 7168), K = envi("BEAM_BENCH_K", 8);
     const int reps = envi("BEAM_BENCH_REPS", 25);
@@ -104,15 +96,10 @@ static int child(int rank, int R)
             ++nT;
         }
     }
+    (void)arg;
     g_rank = rank;
     CK(cudaSetDevice(rank));
-    if (rank == 0) {
-        NK(ncclGetUniqueId((ncclUniqueId *)&g_shm->id));
-        __atomic_store_n(&g_shm->id_ready, 1, __ATOMIC_RELEASE);
-    } else {
-        while (!__atomic_load_n(&g_shm->id_ready, __ATOMIC_ACQUIRE)) usleep(100);
-    }
-    NK(ncclCommInitRank(&comm, R, g_shm->id, rank));
+    comm = bm_ranks_comm();
     {
         const int64_t Lmax = (maxT + R - 1) / R;
         CK(cudaMalloc((void **)&x, (size_t)Lmax * K * H * 2));
@@ -206,33 +193,9 @@ int main(void)
     char why[300];
     const int ndev = bm_gpu_probe(why, sizeof why);
     const int R = envi("BEAM_BENCH_RANKS", 2);
-    pid_t pids[8];
-    int r, failed = 0, left;
-    setenv("NCCL_NVLS_ENABLE", "0", 1); /* never NVLink multicast */
     if (R < 1 || R > 8 || ndev < R) {
         printf("gather_bench: %s, %d ranks asked: skipped\n", why, R);
         return 77;
     }
-    g_shm = mmap(NULL, sizeof(shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (g_shm == MAP_FAILED) return 1;
-    memset((void *)g_shm, 0, sizeof(shm));
-    fflush(stdout);
-    for (r = 0; r < R; ++r) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            int rc = child(r, R);
-            fflush(stdout);
-            _exit(rc);
-        }
-    }
-    for (left = R; left > 0; --left) {
-        int status;
-        pid_t p = wait(&status);
-        if (p > 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
-            failed = 1;
-            for (r = 0; r < R; ++r)
-                if (pids[r] != p) kill(pids[r], SIGKILL);
-        }
-    }
-    return failed;
+    return bm_ranks_run("gather_bench", R, 0, bench_rank, NULL);
 }

@@ -9,8 +9,10 @@
 #                                 fewer than 2)
 #   make bench-gather             bench/gather_bench: TP=2, H=7168, K=8, every
 #                                 strategy side by side (docs/PERF.md)
-# Both tests share their parts (tests/gather_parts.c) and set
-# NCCL_NVLS_ENABLE=0 where NCCL runs (NVLink multicast is never used).
+# Both tests share their parts (tests/gather_parts.c); test_gather_nccl and
+# gather_bench start their rank processes with the harness's launcher
+# (harness/ranks.c, in harness/libharness_cuda.la), which sets
+# NCCL_NVLS_ENABLE=0 (NVLink multicast is never used).
 # On a GPU host without the build (no libtool there): scripts/gpu-check.sh
 # bundles the programs, scripts/gpu-run.sh and scripts/gather-run.sh run them.
 
