@@ -1,7 +1,8 @@
 # harness/local.mk - what the tests, the `beammoe` tool and its benches
 # share: one case description, one naive reference (naive_ref.c), one set of
-# helpers, one runner; device memory for CUDA runs (devmem.c, a dlopen'ed
-# CUDA runtime); safetensors files; the check macros of the GPU tests and
+# helpers, one runner; device memory for CUDA runs (devmem.c: the CUDA
+# runtime that the backend links, dlopen'ed by the soname configure found);
+# safetensors files; the check macros of the GPU tests and
 # benches (checks.h, whose failure action checks.c holds: it needs no CUDA).
 # A convenience library, never installed.
 # Included by the top Makefile.am; paths are relative to the top directory.
