@@ -11,7 +11,7 @@
 #define BEAMMOE_CPU_OPS_H
 
 #include "backend.h"
-#include "path.h"
+#include "rows.h" /* BM_OP_* */
 
 /* Scratch of one call: `slots` areas of `stride` bytes, 64-byte aligned. */
 typedef struct bm_scratch {

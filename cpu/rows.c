@@ -10,7 +10,7 @@
  * hand-vectorized kernels instead (cpu/rows_simd.h, 2-4x faster), with the
  * same operations per element; the code here stays the portable path and the
  * reference they are tested against (build with -DBEAM_SCALAR_ROWS to run
- * the suite on it alone, or set BEAM_CPU_ISA=portable, cpu/path.h).
+ * the suite on it alone, or set BEAM_CPU_ISA=portable, lib/cpu_isa.h).
  *
  * Intermediate rows live in the caller's per-thread scratch (rows.h), never
  * on the stack.
