@@ -1,6 +1,7 @@
 /*
- * ops.h - the CPU backend's local operations over all rows of a bm_args,
- * shared by the table (backend_cpu.c) and the group gather (group.c).
+ * ops.h - the CPU backend's local operations over all rows of a bm_args
+ * (cpu/run.c), used by the table (backend_cpu.c) and the group gather
+ * (group.c).
  *
  * The row kernels work in per-thread scratch from the heap (never on the
  * stack: a library runs on its callers' threads, whose stacks may be

@@ -4,8 +4,8 @@
  * One row (one token) is processed by one thread from start to end, in the
  * fixed order of docs/numerics.md, so the bits never depend on the thread
  * count or the schedule. A row's intermediate values live in a per-thread
- * scratch area that the caller provides (cpu/backend_cpu.c allocates it once
- * per call): the kernels keep under 1 KiB on the stack whatever the hidden
+ * scratch area that the caller provides (cpu/run.c allocates it once per
+ * call): the kernels keep under 1 KiB on the stack whatever the hidden
  * size, so they run on small caller and OpenMP thread stacks.
  */
 #ifndef BEAMMOE_CPU_ROWS_H
