@@ -69,7 +69,7 @@ static const bench_cfg cfgs[] = {
 };
 enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
-static int cmp_double(const void *a, const void *b)
+static int cmp_times(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -156,7 +156,7 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (r >= 2) times[r - 2] = ms * 1e3 / (double)n;
     }
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    qsort(times, (size_t)reps, sizeof(double), cmp_times);
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
     return times[reps / 2];
@@ -206,7 +206,7 @@ int main(int argc, char **argv)
             CK(cudaEventElapsedTime(&ms, e0, e1));
             if (i >= 2) times[i - 2] = ms;
         }
-        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        qsort(times, (size_t)reps, sizeof(double), cmp_times);
         copy_gbs = 2.0 * (double)n / (times[reps / 2] * 1e-3) / 1e9;
         printf("copy bandwidth (cudaMemcpy D2D %zu MiB, read+write): %.0f GB/s\n\n", n >> 20, copy_gbs);
         CK(cudaFree(a));

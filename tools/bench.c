@@ -68,7 +68,7 @@ static void bench_path_text(int isa, int op, int pre, int next, char *buf, size_
         snprintf(buf, n, "%s %s", bm_isa_name(isa), p);
 }
 
-static void usage(FILE *f)
+static void bench_usage(FILE *f)
 {
     int i;
     fprintf(f,
@@ -389,7 +389,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (no_operands("bench", argc, argv, optind)) return TOOL_EXIT_USAGE;
     if (help) {
-        usage(stdout);
+        bench_usage(stdout);
         return TOOL_EXIT_OK;
     }
     st = beam_set_backend("cpu");
