@@ -26,6 +26,8 @@
  *
  * usage: cuda_bench [--quick]     (--quick: three shapes, fewer replays)
  * Inputs are random BF16 values (never zeros), weights in (0, 1).
+ * Exit 77 (skip) when no GPU here can run the cuda backend
+ * (harness/gpu_probe.h).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdint.h>
@@ -37,26 +39,8 @@
 #include <cuda_runtime.h>
 
 #include "beammoe.h"
-
-#define CK(call)                                                                 \
-    do {                                                                         \
-        cudaError_t e_ = (call);                                                 \
-        if (e_ != cudaSuccess) {                                                 \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
-                    cudaGetErrorString(e_));                                     \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
-
-#define BK(call)                                                                 \
-    do {                                                                         \
-        beam_status s_ = (call);                                                 \
-        if (s_ != BEAM_OK) {                                                     \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,        \
-                    beam_last_error());                                          \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
+#include "checks.h"
+#include "gpu_probe.h"
 
 enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
 
@@ -85,7 +69,7 @@ static const bench_cfg cfgs[] = {
 };
 enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
-static int cmp_double(const void *a, const void *b)
+static int cmp_times(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -172,7 +156,7 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         CK(cudaEventElapsedTime(&ms, e0, e1));
         if (r >= 2) times[r - 2] = ms * 1e3 / (double)n;
     }
-    qsort(times, (size_t)reps, sizeof(double), cmp_double);
+    qsort(times, (size_t)reps, sizeof(double), cmp_times);
     CK(cudaGraphExecDestroy(ge));
     CK(cudaGraphDestroy(g));
     return times[reps / 2];
@@ -190,10 +174,13 @@ int main(int argc, char **argv)
     size_t si;
     int dev = 0;
 
-    if (beam_set_backend("cuda") != BEAM_OK) {
-        fprintf(stderr, "cuda_bench: %s\n", beam_last_error());
+    char why[300];
+
+    if (bm_gpu_probe(why, sizeof why) < 1) {
+        printf("cuda_bench: %s: skipped\n", why);
         return 77;
     }
+    BK(beam_set_backend("cuda"));
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -219,7 +206,7 @@ int main(int argc, char **argv)
             CK(cudaEventElapsedTime(&ms, e0, e1));
             if (i >= 2) times[i - 2] = ms;
         }
-        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        qsort(times, (size_t)reps, sizeof(double), cmp_times);
         copy_gbs = 2.0 * (double)n / (times[reps / 2] * 1e-3) / 1e9;
         printf("copy bandwidth (cudaMemcpy D2D %zu MiB, read+write): %.0f GB/s\n\n", n >> 20, copy_gbs);
         CK(cudaFree(a));

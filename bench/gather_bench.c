@@ -1,6 +1,7 @@
 /*
  * gather_bench.c - timing of beam_moe_finalize_gather_norm_residual_norm on
- * several GPUs through NCCL, one process per GPU (like the test).
+ * several GPUs through NCCL, one process per GPU, started like the test's
+ * ranks (harness/ranks.h: a failing rank makes the others be killed).
  *
  * For each T, every strategy (UNFUSED, ONESHOT, TWOSHOT, AUTO) in the same
  * run: a CUDA graph of NI back-to-back calls is captured, warmed up, then
@@ -15,54 +16,27 @@
  * BEAM_BENCH_RANKS, BEAM_BENCH_H, BEAM_BENCH_K, BEAM_BENCH_T (comma list),
  * BEAM_BENCH_REPS, BEAM_BENCH_ONESHOT_MAX / BEAM_BENCH_TWOSHOT_MAX (AUTO's
  * thresholds; default: the backend's).
- * Exit 77 when fewer GPUs than ranks are visible.
+ * Exit 77 when fewer GPUs than ranks can run the cuda backend
+ * (harness/gpu_probe.h).
  */
 #define _GNU_SOURCE
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "beammoe.h"
 
-typedef struct shm {
-    ncclUniqueId id;
-    volatile int id_ready;
-} shm;
+static int g_rank = -1; /* this process's rank, for the check macros */
 
-static shm *g_shm;
-static int g_rank;
-
-#define DIE(...)                                     \
-    do {                                             \
-        fprintf(stderr, "rank %d: ", g_rank);        \
-        fprintf(stderr, __VA_ARGS__);                \
-        fprintf(stderr, "\n");                       \
-        exit(1);                                     \
-    } while (0)
-#define CK(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) DIE("%s: %s", #x, cudaGetErrorString(e_));                \
-    } while (0)
-#define NK(x)                                                                             \
-    do {                                                                                  \
-        ncclResult_t r_ = (x);                                                            \
-        if (r_ != ncclSuccess) DIE("%s: %s", #x, ncclGetErrorString(r_));                \
-    } while (0)
-#define BK(x)                                                                             \
-    do {                                                                                  \
-        beam_status s_ = (x);                                                             \
-        if (s_ != BEAM_OK) DIE("%s: %s", #x, beam_last_error());                         \
-    } while (0)
+/* Failures name the rank (harness/checks.h). */
+#define BM_CHECK_RANK g_rank
+#include "checks.h"
+#include "gpu_probe.h"
+#include "ranks.h"
 
 static int envi(const char *n, int d)
 {
@@ -96,7 +70,8 @@ static void fill_bf16(uint16_t *d, size_t n, uint32_t seed)
 static const beam_strategy STRATS[4] = {BEAM_STRATEGY_UNFUSED, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
                                         BEAM_STRATEGY_AUTO};
 
-static int child(int rank, int R)
+/* One rank: device `rank`, its communicator, the table (printed by rank 0). */
+static int bench_rank(int rank, int R, void *arg)
 {
     const int H = envi("BEAM_BENCH_H", 7168), K = envi("BEAM_BENCH_K", 8);
     const int reps = envi("BEAM_BENCH_REPS", 25);
@@ -121,15 +96,10 @@ static int child(int rank, int R)
             ++nT;
         }
     }
+    (void)arg;
     g_rank = rank;
     CK(cudaSetDevice(rank));
-    if (rank == 0) {
-        NK(ncclGetUniqueId((ncclUniqueId *)&g_shm->id));
-        __atomic_store_n(&g_shm->id_ready, 1, __ATOMIC_RELEASE);
-    } else {
-        while (!__atomic_load_n(&g_shm->id_ready, __ATOMIC_ACQUIRE)) usleep(100);
-    }
-    NK(ncclCommInitRank(&comm, R, g_shm->id, rank));
+    comm = bm_ranks_comm();
     {
         const int64_t Lmax = (maxT + R - 1) / R;
         CK(cudaMalloc((void **)&x, (size_t)Lmax * K * H * 2));
@@ -218,50 +188,14 @@ static int child(int rank, int R)
     return 0;
 }
 
-static int count_gpus(void)
-{
-    int status = 0;
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    if (p < 0 || waitpid(p, &status, 0) != p || !WIFEXITED(status)) return 0;
-    return WEXITSTATUS(status);
-}
-
 int main(void)
 {
-    const int ndev = count_gpus();
+    char why[300];
+    const int ndev = bm_gpu_probe(why, sizeof why);
     const int R = envi("BEAM_BENCH_RANKS", 2);
-    pid_t pids[8];
-    int r, failed = 0, left;
-    setenv("NCCL_NVLS_ENABLE", "0", 1); /* never NVLink multicast */
     if (R < 1 || R > 8 || ndev < R) {
-        printf("gather_bench: %d GPU(s) visible, %d ranks asked: skipped\n", ndev, R);
+        printf("gather_bench: %s, %d ranks asked: skipped\n", why, R);
         return 77;
     }
-    g_shm = mmap(NULL, sizeof(shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (g_shm == MAP_FAILED) return 1;
-    memset((void *)g_shm, 0, sizeof(shm));
-    fflush(stdout);
-    for (r = 0; r < R; ++r) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            int rc = child(r, R);
-            fflush(stdout);
-            _exit(rc);
-        }
-    }
-    for (left = R; left > 0; --left) {
-        int status;
-        pid_t p = wait(&status);
-        if (p > 0 && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
-            failed = 1;
-            for (r = 0; r < R; ++r)
-                if (pids[r] != p) kill(pids[r], SIGKILL);
-        }
-    }
-    return failed;
+    return bm_ranks_run("gather_bench", R, 0, bench_rank, NULL);
 }

@@ -26,20 +26,11 @@
 
 #include <cuda_runtime.h>
 
+#include "checks.h"
 #include "launch.h"
 extern "C" {
 #include "naive_ref.h"
 }
-
-#define CK(x)                                                                    \
-    do {                                                                         \
-        cudaError_t e_ = (x);                                                    \
-        if (e_ != cudaSuccess) {                                                 \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,            \
-                    cudaGetErrorString(e_));                                     \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
 
 static uint64_t rng_s = 0x1234567;
 static uint64_t rnd()
@@ -209,7 +200,7 @@ static std::vector<bm_shape> all_shapes_list()
 }
 static const std::vector<bm_shape> all_shapes = all_shapes_list();
 
-/* bm_bf16x2 and bm_bf16 (hardware) against bm_bf16_formula for all 2^32
+/* bm_bf16x2 and bm_bf16_hw (hardware) against bm_bf16_formula for all 2^32
  * inputs: value u in the low half, u's bit complement in the high half. */
 __global__ void cvt_check_kernel(unsigned long long *bad, unsigned *first)
 {
@@ -220,7 +211,7 @@ __global__ void cvt_check_kernel(unsigned long long *bad, unsigned *first)
         const uint32_t got = bm_bf16x2(__uint_as_float(u), __uint_as_float(v));
         const uint32_t want = bm_bf16_formula(__uint_as_float(u)) |
                               (bm_bf16_formula(__uint_as_float(v)) << 16);
-        const uint32_t one = bm_bf16(__uint_as_float(u));
+        const uint32_t one = bm_bf16_hw(__uint_as_float(u));
         if (got != want || one != (want & 0xFFFFu)) {
             atomicAdd(bad, 1ull);
             atomicMin(first, u);

@@ -1,6 +1,7 @@
 /*
- * ops.h - the CPU backend's local operations over all rows of a bm_args,
- * shared by the table (backend_cpu.c) and the group gather (group.c).
+ * ops.h - the CPU backend's local operations over all rows of a bm_args
+ * (cpu/run.c), used by the table (backend_cpu.c) and the group gather
+ * (group.c).
  *
  * The row kernels work in per-thread scratch from the heap (never on the
  * stack: a library runs on its callers' threads, whose stacks may be
@@ -11,7 +12,7 @@
 #define BEAMMOE_CPU_OPS_H
 
 #include "backend.h"
-#include "path.h"
+#include "rows.h" /* BM_OP_* */
 
 /* Scratch of one call: `slots` areas of `stride` bytes, 64-byte aligned. */
 typedef struct bm_scratch {

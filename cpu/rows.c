@@ -10,7 +10,7 @@
  * hand-vectorized kernels instead (cpu/rows_simd.h, 2-4x faster), with the
  * same operations per element; the code here stays the portable path and the
  * reference they are tested against (build with -DBEAM_SCALAR_ROWS to run
- * the suite on it alone, or set BEAM_CPU_ISA=portable, cpu/path.h).
+ * the suite on it alone, or set BEAM_CPU_ISA=portable, lib/cpu_isa.h).
  *
  * Intermediate rows live in the caller's per-thread scratch (rows.h), never
  * on the stack.
@@ -109,7 +109,7 @@ BM_INLINE void bm_rmsnorm(const float *v, int32_t hidden, const bm_norm *n, floa
 
 /* The finalize stage of token `row` into a widened row s (post-norm done);
  * tmp: a second row of scratch, used when there is a post-norm. */
-BM_INLINE void bm_finalize(const bm_args *a, int64_t row, float *s, float *tmp, float *part)
+BM_INLINE void bm_finalize_stage(const bm_args *a, int64_t row, float *s, float *tmp, float *part)
 {
     const int32_t hidden = a->hidden, top_k = a->top_k;
     const uint16_t *x = a->experts + (size_t)row * (size_t)top_k * (size_t)hidden;
@@ -181,7 +181,7 @@ static BM_CPU_CLONES void bm_finalize_rows(const bm_args *a, int64_t t0, int64_t
     size_t h;
     for (t = t0; t < t1; t++) {
         uint16_t *out = a->output + (size_t)t * hs;
-        bm_finalize(a, t, b.r0, b.r1, b.part);
+        bm_finalize_stage(a, t, b.r0, b.r1, b.part);
         for (h = 0; h < hs; h++) out[h] = bm_top(b.r0[h]);
     }
 }
@@ -209,7 +209,7 @@ static BM_CPU_CLONES void bm_fused_rows(const bm_args *a, int64_t t0, int64_t t1
     int64_t t;
     for (t = t0; t < t1; t++) {
         const size_t o = (size_t)t * hs;
-        bm_finalize(a, t, b.r0, b.r1, b.part);
+        bm_finalize_stage(a, t, b.r0, b.r1, b.part);
         bm_residual(a, b.r0, a->residual + o, a->hidden_out + o, a->normalized ? a->normalized + o : NULL,
                     b.r1, b.part);
     }

@@ -4,15 +4,18 @@
  * One row (one token) is processed by one thread from start to end, in the
  * fixed order of docs/numerics.md, so the bits never depend on the thread
  * count or the schedule. A row's intermediate values live in a per-thread
- * scratch area that the caller provides (cpu/backend_cpu.c allocates it once
- * per call): the kernels keep under 1 KiB on the stack whatever the hidden
+ * scratch area that the caller provides (cpu/run.c allocates it once per
+ * call): the kernels keep under 1 KiB on the stack whatever the hidden
  * size, so they run on small caller and OpenMP thread stacks.
  */
 #ifndef BEAMMOE_CPU_ROWS_H
 #define BEAMMOE_CPU_ROWS_H
 
 #include "backend.h"
-#include "path.h"
+#include "cpu_isa.h"
+
+/* The operations a row runs (bm_cpu_rows, and cpu/ops.h over all rows). */
+enum { BM_OP_FINALIZE = 0, BM_OP_NRN = 1, BM_OP_FUSED = 2 };
 
 /* Bytes of scratch one thread needs for rows of `hidden` elements (a
  * multiple of 64; the area must be 64-byte aligned). */
@@ -26,7 +29,8 @@ size_t bm_cpu_row_scratch(int32_t hidden);
  * hidden_out may be the residual buffer. */
 void bm_cpu_rows(const bm_args *a, int op, int64_t t0, int64_t t1, void *scratch);
 
-/* The kernels these rows run (BM_ISA_*), as picked once per process. */
+/* The kernels these rows run (BM_ISA_*, lib/cpu_isa.h), as picked once per
+ * process. */
 int bm_cpu_rows_isa(void);
 
 #endif

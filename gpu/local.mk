@@ -28,17 +28,19 @@ CLEANFILES += $(BEAM_GPU_OBJS) gpu/launch.o gpu/backend_cuda.o \
 DISTCLEANFILES += gpu/$(DEPDIR)/launch.Plo gpu/$(DEPDIR)/backend_cuda.Plo
 
 # ---- bench/cuda_bench: copy bandwidth, then each op over CUDA graph replays
-# (public API + cudart; run it on a GPU host, see scripts/gpu-check.sh).
+# (public API + cudart, the harness's check macros and GPU probe; run it on
+# a GPU host, see scripts/gpu-check.sh).
 noinst_PROGRAMS += bench/cuda_bench
 bench_cuda_bench_SOURCES = bench/cuda_bench.c
-bench_cuda_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+bench_cuda_bench_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_cuda_bench_LDFLAGS = $(CUDA_LDFLAGS)
-bench_cuda_bench_LDADD = libbeammoe.la $(CUDA_LIBS)
+bench_cuda_bench_LDADD = harness/libharness_cuda.la harness/libharness.la libbeammoe.la $(CUDA_LIBS)
 EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
 
 # ---- bench/shape_sweep: every compiled launch shape checked and timed (a
 # contributor's tool, docs/PERF.md): drives gpu/launch.cu without lib/, so
-# it links gpu/launch.lo and the naive reference of the harness itself.
+# it links gpu/launch.lo and the harness (its naive reference, its check
+# macros) itself.
 # Built on request (`make bench/shape_sweep`) and by scripts/gpu-check.sh.
 EXTRA_PROGRAMS += bench/shape_sweep
 bench_shape_sweep_SOURCES =

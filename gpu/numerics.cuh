@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-/* f(b): BF16 bits -> FP32, exact. */
-__device__ __forceinline__ float bm_f(uint32_t b16)
+/* f(b): BF16 bits -> FP32, exact (the device's bm_f of cpu/bf16.h). */
+__device__ __forceinline__ float bm_widen_bf16(uint32_t b16)
 {
     return __uint_as_float(b16 << 16);
 }
@@ -31,7 +31,7 @@ __device__ __forceinline__ uint32_t bm_bf16_formula(float v)
 /* bf16(v) with the hardware conversion (cvt.rn.bf16.f32: one instruction,
  * round to nearest even, subnormals kept, every NaN to 0x7FFF); equal to
  * bm_bf16_formula for every FP32 input (`bench/shape_sweep check`). */
-__device__ __forceinline__ uint32_t bm_bf16(float v)
+__device__ __forceinline__ uint32_t bm_bf16_hw(float v)
 {
     unsigned short r;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));

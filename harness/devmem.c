@@ -3,11 +3,17 @@
  *
  * The CUDA backend wants device pointers; the tool is plain C and must build
  * without CUDA, so it looks up the five runtime calls it needs at run time.
- * The runtime's primary context is shared with the backend library, so
- * pointers from here are valid there.
+ * Which runtime is what the build knows: configure finds the soname of the
+ * libcudart that the CUDA backend links, and the folder it was found in
+ * (BEAM_CUDART_SONAME, BEAM_CUDART_DIR, m4/beam_cuda.m4). The runtime's
+ * primary context is shared with the backend library, so pointers from
+ * here are valid there.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
+#ifdef HAVE_CONFIG_H
+#include "config.h"
 #endif
 
 #include <dlfcn.h>
@@ -41,18 +47,26 @@ static void note(const char *what, int rc)
 
 int dev_open(char *msg, size_t n)
 {
-    /* The soname first: when the backend links the runtime dynamically this
-     * finds the copy already loaded. Then the usual toolkit location. */
-    static const char *names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so",
-                                  "/usr/local/cuda/lib64/libcudart.so.13",
-                                  "/usr/local/cuda/lib64/libcudart.so.12",
-                                  "/usr/local/cuda/lib64/libcudart.so"};
-    size_t i;
+#ifndef BEAM_CUDART_SONAME
+    /* configured without CUDA, or configure found no soname (it warned) */
+    snprintf(msg, n, "no CUDA: this build knows no CUDA runtime (configured without CUDA, or without a "
+                     "soname of libcudart), so no device memory");
+    return -1;
+#else
+    static const char soname[] = BEAM_CUDART_SONAME;
+    static const char path[] = BEAM_CUDART_DIR "/" BEAM_CUDART_SONAME;
     if (g.lib) return 0;
-    for (i = 0; i < sizeof names / sizeof names[0] && !g.lib; i++)
-        g.lib = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
+    /* The copy the CUDA backend already loaded (it links this soname): one
+     * runtime in the process. Else the one the backend would load: the
+     * loader's search path first (LD_LIBRARY_PATH comes before the
+     * backend's run path), then the folder configure found it in (that run
+     * path). */
+    g.lib = dlopen(soname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+    if (!g.lib) g.lib = dlopen(soname, RTLD_NOW | RTLD_GLOBAL);
+    if (!g.lib) g.lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     if (!g.lib) {
-        snprintf(msg, n, "cannot load the CUDA runtime (libcudart.so): %s", dlerror());
+        snprintf(msg, n, "cannot load the CUDA runtime %s that the CUDA backend links (nor %s): %s", soname, path,
+                 dlerror());
         return -1;
     }
     /* Casts through void* keep -Wpedantic quiet about object/function pointers. */
@@ -62,12 +76,13 @@ int dev_open(char *msg, size_t n)
     *(void **)&g.csync = dlsym(g.lib, "cudaDeviceSynchronize");
     *(void **)&g.cerr = dlsym(g.lib, "cudaGetErrorString");
     if (!g.cmalloc || !g.cfree || !g.cmemcpy || !g.csync || !g.cerr) {
-        snprintf(msg, n, "the CUDA runtime lacks cudaMalloc/cudaMemcpy/...");
+        snprintf(msg, n, "the CUDA runtime %s lacks cudaMalloc/cudaMemcpy/...", soname);
         dlclose(g.lib);
         memset(&g, 0, sizeof g);
         return -1;
     }
     return 0;
+#endif
 }
 
 void *dev_alloc(size_t bytes)

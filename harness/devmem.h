@@ -1,14 +1,16 @@
 /*
  * devmem.h - device memory for the tool, through a run-time loaded CUDA
- * runtime (dlopen of libcudart), so the tool builds and runs on hosts
- * without CUDA and needs no CUDA headers or link flags.
+ * runtime (dlopen of the libcudart that the CUDA backend links, as
+ * configure found it), so the tool builds and runs on hosts without CUDA
+ * and needs no CUDA headers or link flags.
  */
 #ifndef BEAMMOE_TOOLS_DEVMEM_H
 #define BEAMMOE_TOOLS_DEVMEM_H
 
 #include <stddef.h>
 
-/* 0 when the CUDA runtime is loaded (idempotent); else -1 with a message. */
+/* 0 when the CUDA runtime is loaded (idempotent); else -1 with a message
+ * (a build without CUDA: always, saying so). */
 int dev_open(char *msg, size_t n);
 void *dev_alloc(size_t bytes);                           /* NULL on failure */
 void dev_free(void *p);

@@ -119,7 +119,7 @@ static void target_free(out_target *o)
     memset(o, 0, sizeof *o);
 }
 
-static const char *kind_name(mode_t m)
+static const char *file_kind_name(mode_t m)
 {
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a FIFO"
@@ -161,7 +161,7 @@ static int resolve_output(const char *path, out_target *o, char *err, size_t err
     }
     if (stat(o->path, &o->sb) == 0) {
         if (!S_ISREG(o->sb.st_mode)) {
-            set_err(err, errn, "%s, not a regular file", kind_name(o->sb.st_mode));
+            set_err(err, errn, "%s, not a regular file", file_kind_name(o->sb.st_mode));
             goto fail;
         }
         if (access(o->path, W_OK) != 0) {
@@ -229,7 +229,7 @@ static int open_regular(const char *path, uint64_t *size, char *err, size_t errn
         return -1;
     }
     if (!S_ISREG(sb.st_mode)) {
-        set_err(err, errn, "not a regular file (%s)", kind_name(sb.st_mode));
+        set_err(err, errn, "not a regular file (%s)", file_kind_name(sb.st_mode));
         close(fd);
         return -1;
     }

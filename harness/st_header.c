@@ -489,7 +489,7 @@ static int take_nonneg(cur *c, int64_t *v)
 }
 
 /* json-c's name for the kind of the value at c->i, as the reader once said. */
-static const char *kind_name(const cur *c)
+static const char *json_kind_name(const cur *c)
 {
     int integer;
     switch (peek(c)) {
@@ -708,7 +708,7 @@ static int schema(cur *c, st_file *f, uint64_t dlen)
     c->i = 0;
     ws(c);
     if (peek(c) != '{')
-        return fault(c, "bad header JSON: the top level must be an object, not %s", kind_name(c));
+        return fault(c, "bad header JSON: the top level must be an object, not %s", json_kind_name(c));
     c->i++;
     ws(c);
     if (peek(c) == '}') return 0;

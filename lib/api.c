@@ -66,7 +66,7 @@ static bm_ptr bm_out(const char *name, const void *ptr, size_t bytes)
 }
 
 /* residual and hidden_out: the one pair that may be the same buffer. */
-static bm_ptr bm_in_place(bm_ptr p)
+static bm_ptr bm_allow_in_place(bm_ptr p)
 {
     p.in_place = 1;
     return p;
@@ -126,9 +126,11 @@ static beam_status bm_check_next(const char *fn, const beam_norm *next_norm,
     return BEAM_OK;
 }
 
-static beam_status bm_finalize(const uint16_t *experts, const float *weights, int64_t capacity,
-                               int64_t live, int32_t top_k, int32_t hidden, float routed_scale,
-                               const beam_norm *post_norm, uint16_t *output, void *stream)
+/* beam_moe_finalize after its message is cleared: the checks, then the
+ * backend's call. */
+static beam_status bm_finalize_call(const uint16_t *experts, const float *weights, int64_t capacity,
+                                    int64_t live, int32_t top_k, int32_t hidden, float routed_scale,
+                                    const beam_norm *post_norm, uint16_t *output, void *stream)
 {
     static const char fn[] = "beam_moe_finalize";
     bm_args a;
@@ -154,8 +156,8 @@ BEAM_API beam_status beam_moe_finalize(const uint16_t *expert_outputs, const flo
                                        uint16_t *output, void *stream)
 {
     bm_clear_error();
-    return bm_finalize(expert_outputs, expert_weights, capacity, live_tokens, top_k, hidden,
-                       routed_scale, post_norm, output, stream);
+    return bm_finalize_call(expert_outputs, expert_weights, capacity, live_tokens, top_k, hidden,
+                            routed_scale, post_norm, output, stream);
 }
 
 BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *residual,
@@ -177,10 +179,10 @@ BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *
     BM_CHECK(bm_check_next(fn, next_norm, normalized, &a));
     rows = bm_rows_bytes(tokens, hidden);
     p[0] = bm_in("x", x, rows);
-    p[1] = bm_in_place(bm_in("residual", residual, rows));
+    p[1] = bm_allow_in_place(bm_in("residual", residual, rows));
     p[2] = bm_in("pre_norm->weight", a.pre.weight, a.pre.weight ? bm_rows_bytes(1, hidden) : 0);
     p[3] = bm_in("next_norm->weight", a.next.weight, a.next.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[4] = bm_in_place(bm_out("hidden_out", hidden_out, rows));
+    p[4] = bm_allow_in_place(bm_out("hidden_out", hidden_out, rows));
     p[5] = bm_out("normalized", normalized, a.next.on ? rows : 0);
     BM_CHECK(bm_backend_pointers(fn, p, 6));
     if (tokens == 0) return BEAM_OK;
@@ -213,9 +215,9 @@ static beam_status bm_check_fused(const char *fn, const uint16_t *experts, const
     p[0] = bm_in("expert_outputs", experts, (size_t)capacity * (size_t)top_k * bm_rows_bytes(1, hidden));
     p[1] = bm_in32("expert_weights", weights, (size_t)capacity * (size_t)top_k * FP32);
     p[2] = bm_in("post_norm->weight", a->post.weight, a->post.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[3] = bm_in_place(bm_in("residual", residual, row_bytes));
+    p[3] = bm_allow_in_place(bm_in("residual", residual, row_bytes));
     p[4] = bm_in("next_norm->weight", a->next.weight, a->next.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[5] = bm_in_place(bm_out("hidden_out", hidden_out, row_bytes));
+    p[5] = bm_allow_in_place(bm_out("hidden_out", hidden_out, row_bytes));
     p[6] = bm_out("normalized", normalized, a->next.on ? row_bytes : 0);
     BM_CHECK(bm_backend_pointers(fn, p, 7));
     a->experts = experts;

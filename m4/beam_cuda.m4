@@ -6,7 +6,8 @@
 # Needs nvcc, cuda_runtime.h, libcudart, nccl.h and libnccl (NCCL may also be
 # installed system-wide, e.g. Debian's libnccl-dev).
 # Sets: BEAM_WITH_CUDA (Automake conditional), NVCC, NVCC_FLAGS,
-# CUDA_CPPFLAGS, CUDA_LDFLAGS, CUDA_LIBS, NCCL_LIBS.
+# CUDA_CPPFLAGS, CUDA_LDFLAGS, CUDA_LIBS, NCCL_LIBS; defines in config.h
+# BEAM_CUDART_SONAME and BEAM_CUDART_DIR (the runtime devmem.c loads).
 AC_DEFUN([BEAM_CUDA], [
   AC_ARG_WITH([cuda],
     [AS_HELP_STRING([--with-cuda@<:@=DIR@:>@], [build the CUDA backend (default: if found; DIR: toolkit root)])],
@@ -36,6 +37,28 @@ AC_DEFUN([BEAM_CUDA], [
     beam_have_cudart=$beam_cuda
     AS_IF([test $beam_cuda = yes], [AC_CHECK_HEADER([nccl.h], [], [beam_cuda=no])])
     AS_IF([test $beam_cuda = yes], [AC_CHECK_LIB([nccl], [ncclGetVersion], [NCCL_LIBS=-lnccl], [beam_cuda=no])])
+    # The runtime's soname as the CUDA backend links it (a program linked
+    # with the same flags names it in NEEDED): harness/devmem.c dlopens that
+    # one, the copy the backend loaded or from where the backend finds it,
+    # instead of guessing a list of versions.
+    AS_IF([test $beam_cuda = yes], [
+      AC_MSG_CHECKING([for the soname of the CUDA runtime that the backend links])
+      LIBS="$CUDA_LIBS $beam_save_LIBS"
+      beam_cudart_soname=
+      AC_LINK_IFELSE([AC_LANG_PROGRAM([[#include <cuda_runtime.h>]],
+                                      [[int n = 0; return (int)cudaGetDeviceCount(&n);]])],
+        [beam_cudart_soname=`$OBJDUMP -p conftest$EXEEXT 2>/dev/null |
+           $SED -n 's/^ *NEEDED *\(libcudart@<:@^ @:>@*\) *$/\1/p' | $SED q`])
+      AS_IF([test -n "$beam_cudart_soname"], [
+        AC_MSG_RESULT([$beam_cudart_soname])
+        AC_DEFINE_UNQUOTED([BEAM_CUDART_SONAME], ["$beam_cudart_soname"],
+          [the soname of the CUDA runtime that libbeammoe_cuda links (harness/devmem.c)])
+        AC_DEFINE_UNQUOTED([BEAM_CUDART_DIR], ["$beam_cuda_libdir"],
+          [the folder where configure found that runtime (harness/devmem.c)])
+      ], [
+        AC_MSG_RESULT([unknown])
+        AC_MSG_WARN([no soname of libcudart found (objdump missing, or a static runtime): the beammoe tool and the tests will not reach device memory])])
+    ])
     AS_IF([test $beam_have_cudart = yes && test $beam_cuda = no],
       [AC_MSG_WARN([the CUDA toolkit is there but NCCL is not (nccl.h, libnccl): the CUDA backend needs NCCL (Debian/Ubuntu: libnccl-dev), so it is not built])])
     CPPFLAGS=$beam_save_CPPFLAGS

@@ -9,8 +9,10 @@
 #                                 fewer than 2)
 #   make bench-gather             bench/gather_bench: TP=2, H=7168, K=8, every
 #                                 strategy side by side (docs/PERF.md)
-# Both tests share their parts (tests/gather_parts.c) and set
-# NCCL_NVLS_ENABLE=0 where NCCL runs (NVLink multicast is never used).
+# Both tests share their parts (tests/gather_parts.c); test_gather_nccl and
+# gather_bench start their rank processes with the harness's launcher
+# (harness/ranks.c, in harness/libharness_cuda.la), which sets
+# NCCL_NVLS_ENABLE=0 (NVLink multicast is never used).
 # On a GPU host without the build (no libtool there): scripts/gpu-check.sh
 # bundles the programs, scripts/gpu-run.sh and scripts/gather-run.sh run them.
 
@@ -19,11 +21,12 @@ BEAM_GATHER_TEST_LIBS = harness/libharness.la libbeammoe_cuda.la $(CUDA_LIBS) -l
 
 check_PROGRAMS += tests/test_gather_nccl tests/test_gather_group
 TESTS += tests/test_gather_group tests/test_gather_nccl
-# The naive reference comes from the harness (harness/local.mk).
+# The naive reference and the check macros come from the harness
+# (harness/local.mk).
 tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/gather_parts.c tests/gather_parts.h
 tests_test_gather_nccl_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
 tests_test_gather_nccl_LDFLAGS = $(CUDA_LDFLAGS)
-tests_test_gather_nccl_LDADD = $(BEAM_GATHER_TEST_LIBS) $(NCCL_LIBS)
+tests_test_gather_nccl_LDADD = harness/libharness_cuda.la $(BEAM_GATHER_TEST_LIBS) $(NCCL_LIBS)
 
 tests_test_gather_group_SOURCES = tests/test_gather_group.c tests/gather_parts.c tests/gather_parts.h
 tests_test_gather_group_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
@@ -33,9 +36,10 @@ tests_test_gather_group_LDADD = $(BEAM_GATHER_TEST_LIBS)
 
 noinst_PROGRAMS += bench/gather_bench
 bench_gather_bench_SOURCES = bench/gather_bench.c
-bench_gather_bench_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
+bench_gather_bench_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_gather_bench_LDFLAGS = $(CUDA_LDFLAGS)
-bench_gather_bench_LDADD = libbeammoe_cuda.la $(NCCL_LIBS) $(CUDA_LIBS)
+bench_gather_bench_LDADD = harness/libharness_cuda.la harness/libharness.la libbeammoe_cuda.la \
+	$(NCCL_LIBS) $(CUDA_LIBS)
 
 # (no .PHONY: automake refuses it in two conditions; bench-gather is never a file)
 bench-gather: bench/gather_bench$(EXEEXT)

@@ -1,8 +1,9 @@
 /*
  * gather_parts.h - what the gather test's parts (tests/gather_parts.c)
  * need from a transport driver (tests/test_gather_nccl.c,
- * tests/test_gather_group.c), and the failure macros both use. Ranks may
- * be threads, so the per-rank state is thread-local.
+ * tests/test_gather_group.c), and the rank their check macros print
+ * (harness/checks.h). Ranks may be threads, so the per-rank state is
+ * thread-local.
  */
 #ifndef BEAMMOE_TESTS_GATHER_PARTS_H
 #define BEAMMOE_TESTS_GATHER_PARTS_H
@@ -34,25 +35,9 @@ void gp_run_parts(uint64_t seed, int stress, const char *only);
 /* Buffers for reading outputs back (per rank, set by gp_run_parts). */
 extern __thread uint16_t *g_hbuf, *g_nbuf;
 
-#define FAIL(...)                                                        \
-    do {                                                                 \
-        fprintf(stderr, "rank %d: %s:%d: ", g_rank, __FILE__, __LINE__); \
-        fprintf(stderr, __VA_ARGS__);                                    \
-        fprintf(stderr, "\n");                                           \
-        fflush(stdout);                                                  \
-        _exit(1);                                                        \
-    } while (0)
-
-#define CK(x)                                                               \
-    do {                                                                    \
-        cudaError_t e_ = (x);                                               \
-        if (e_ != cudaSuccess) FAIL("%s: %s", #x, cudaGetErrorString(e_)); \
-    } while (0)
-
-#define BK(x)                                                                                    \
-    do {                                                                                         \
-        beam_status s_ = (x);                                                                    \
-        if (s_ != BEAM_OK) FAIL("%s: %s (%s)", #x, beam_status_string(s_), beam_last_error()); \
-    } while (0)
+/* Failures name the rank (harness/checks.h: CK, BK, FAIL; the NCCL driver
+ * also uses NK). */
+#define BM_CHECK_RANK g_rank
+#include "checks.h"
 
 #endif

@@ -7,82 +7,47 @@
  * its network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1): AUTO
  * takes UNFUSED, ONESHOT and TWOSHOT are refused, results bit-identical.
  *
- * The parent never touches CUDA: it counts the GPUs in a probe child, shares
- * one page (mmap MAP_SHARED) with the rank children for the ncclUniqueId and
- * a host barrier, forks R children (each: cudaSetDevice(rank),
- * ncclCommInitRank) and waits for them with a deadline; a failing child
- * makes the parent kill the others, so nothing hangs.
+ * The parent never touches CUDA: it counts the GPUs in a probe child
+ * (harness/gpu_probe.h) and starts R rank processes with the harness's
+ * launcher (harness/ranks.h: a shared page for the ncclUniqueIds and the
+ * host barrier, a deadline, a failing rank makes the others be killed, so
+ * nothing hangs); each rank takes device `rank` and its communicator.
  *
  * Environment: BEAM_TEST_RANKS (default 2, at most the GPUs), BEAM_TEST_SEED,
  * BEAM_TEST_STRESS (calls per stress part, default 10000), BEAM_TEST_ONLY
- * (one part: sweep|large|stress|bad|mismatch|concurrent|wrap|timeout|hosts).
- * Exit 0 pass, 1 fail, 77 skip (fewer than 2 GPUs).
+ * (one part: sweep|large|stress|bad|mismatch|concurrent|wrap|timeout|hosts),
+ * BEAM_TEST_DEADLINE (seconds for the whole run, default 900).
+ * Exit 0 pass, 1 fail, 77 skip (fewer than 2 GPUs that can run the cuda
+ * backend).
  */
 #define _GNU_SOURCE
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "beammoe.h"
 #include "gather_parts.h"
+#include "gpu_probe.h"
 #include "naive_ref.h"
+#include "ranks.h"
 
-/* ---- shared page, host barrier ------------------------------------------ */
+/* ---- the ranks (harness/ranks.h) ------------------------------------------ */
 
-typedef struct shm {
-    ncclUniqueId id, id2;
-    volatile int id_ready, id2_ready;
-    volatile int bar_count, bar_gen;
-} shm;
-
-static shm *g_shm;
 static ncclComm_t g_comm;
 
 void host_barrier(void)
 {
-    int gen = __atomic_load_n(&g_shm->bar_gen, __ATOMIC_ACQUIRE);
-    if (__atomic_add_fetch(&g_shm->bar_count, 1, __ATOMIC_ACQ_REL) == g_R) {
-        __atomic_store_n(&g_shm->bar_count, 0, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&g_shm->bar_gen, 1, __ATOMIC_RELEASE);
-    } else {
-        while (__atomic_load_n(&g_shm->bar_gen, __ATOMIC_ACQUIRE) == gen)
-            usleep(50);
-    }
+    bm_ranks_barrier();
 }
-
-#define NK(x)                                                                           \
-    do {                                                                                \
-        ncclResult_t r_ = (x);                                                          \
-        if (r_ != ncclSuccess) FAIL("%s: %s", #x, ncclGetErrorString(r_));             \
-    } while (0)
 
 static beam_status make_nccl(int64_t max_tokens, int32_t hidden, const beam_workspace_config *cfg,
                              beam_workspace **ws)
 {
     return beam_workspace_create_nccl((void *)g_comm, max_tokens, hidden, cfg, ws);
-}
-
-/* A communicator over the same processes (rank 0 makes the id). */
-static ncclComm_t new_comm(ncclUniqueId *id, volatile int *ready)
-{
-    ncclComm_t c;
-    if (g_rank == 0) {
-        NK(ncclGetUniqueId(id));
-        __atomic_store_n(ready, 1, __ATOMIC_RELEASE);
-    } else {
-        while (!__atomic_load_n(ready, __ATOMIC_ACQUIRE)) usleep(100);
-    }
-    NK(ncclCommInitRank(&c, g_R, *id, g_rank));
-    return c;
 }
 
 /* Ranks that act as if on different hosts, NCCL over its network
@@ -103,7 +68,7 @@ static void part_hosts(uint64_t seed)
     setenv("BEAM_GATHER_HOST", host, 1);
     setenv("NCCL_P2P_DISABLE", "1", 1);
     setenv("NCCL_SHM_DISABLE", "1", 1);
-    c = new_comm(&g_shm->id2, &g_shm->id2_ready);
+    c = bm_ranks_comm();
     BK(beam_workspace_create_nccl((void *)c, 256, H, NULL, &ws));
     for (t = 0; t < 3; ++t) {
         /* one fused-op reference: the gather must equal it for every T */
@@ -164,7 +129,8 @@ static void part_hosts(uint64_t seed)
 
 /* ---- processes -------------------------------------------------------------- */
 
-static int child(int rank, int R, int ndev)
+/* One rank: device `rank`, its communicator, the parts. */
+static int rank_main(int rank, int R, void *arg)
 {
     uint64_t seed = getenv("BEAM_TEST_SEED") ? strtoull(getenv("BEAM_TEST_SEED"), NULL, 0) : 20261130ull;
     const char *only = getenv("BEAM_TEST_ONLY");
@@ -172,11 +138,11 @@ static int child(int rank, int R, int ndev)
     g_rank = rank;
     g_R = R;
     g_dev = rank;
-    g_ndev = ndev;
+    g_ndev = *(const int *)arg;
     g_threads = 0;
     g_make = make_nccl;
     CK(cudaSetDevice(rank));
-    g_comm = new_comm(&g_shm->id, &g_shm->id_ready);
+    g_comm = bm_ranks_comm();
     if (rank == 0) printf("test_gather_nccl: %d ranks, seed %llu\n", R, (unsigned long long)seed);
     if (!only || strcmp(only, "hosts")) gp_run_parts(seed, stress, only);
     if (!only || !strcmp(only, "hosts")) part_hosts(seed);
@@ -184,80 +150,21 @@ static int child(int rank, int R, int ndev)
     return 0;
 }
 
-static int count_gpus(void)
-{
-    int status = 0;
-    pid_t p = fork();
-    if (p == 0) {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    if (p < 0 || waitpid(p, &status, 0) != p || !WIFEXITED(status)) return 0;
-    return WEXITSTATUS(status);
-}
-
 int main(void)
 {
-    const int ndev = count_gpus();
+    char why[300];
+    int ndev = bm_gpu_probe(why, sizeof why);
     int R = getenv("BEAM_TEST_RANKS") ? atoi(getenv("BEAM_TEST_RANKS")) : 2;
     const int deadline_s = getenv("BEAM_TEST_DEADLINE") ? atoi(getenv("BEAM_TEST_DEADLINE")) : 900;
-    pid_t pids[64];
-    int r, left, failed = 0;
-    time_t start = time(NULL);
 
-    setenv("NCCL_NVLS_ENABLE", "0", 1); /* never NVLink multicast */
     if (ndev < 2) {
-        printf("test_gather_nccl: %d GPU(s) visible, 2 needed: skipped\n", ndev);
+        printf("test_gather_nccl: %s, 2 needed: skipped\n", why);
         return 77;
     }
     if (R < 2) R = 2;
     if (R > ndev) R = ndev;
     if (R > 8) R = 8;
-    g_shm = mmap(NULL, sizeof(shm), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (g_shm == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
-    memset((void *)g_shm, 0, sizeof(shm));
-    fflush(stdout);
-    for (r = 0; r < R; ++r) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            /* line-buffered, flushed before _exit (which skips stdio) */
-            int rc;
-            setvbuf(stdout, NULL, _IOLBF, 0);
-            rc = child(r, R, ndev);
-            fflush(stdout);
-            _exit(rc);
-        }
-        if (pids[r] < 0) {
-            perror("fork");
-            return 1;
-        }
-    }
-    /* wait for all; a failing child or the deadline ends the others */
-    left = R;
-    while (left > 0) {
-        int status;
-        pid_t p = waitpid(-1, &status, WNOHANG);
-        if (p > 0) {
-            --left;
-            if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                fprintf(stderr, "test_gather_nccl: a rank failed (status 0x%x)\n", status);
-                failed = 1;
-                for (r = 0; r < R; ++r)
-                    if (pids[r] != p) kill(pids[r], SIGKILL);
-            }
-            continue;
-        }
-        if (time(NULL) - start > deadline_s) {
-            fprintf(stderr, "test_gather_nccl: deadline of %d s passed: killing the ranks\n", deadline_s);
-            for (r = 0; r < R; ++r) kill(pids[r], SIGKILL);
-            failed = 1;
-        }
-        usleep(20000);
-    }
-    if (!failed) printf("test_gather_nccl: PASS\n");
-    return failed;
+    if (bm_ranks_run("test_gather_nccl", R, deadline_s, rank_main, &ndev) != 0) return 1;
+    printf("test_gather_nccl: PASS\n");
+    return 0;
 }

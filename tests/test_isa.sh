@@ -1,7 +1,7 @@
 #!/bin/sh
 # test_isa.sh - the CPU suite's bit-exact tests once more on each narrower
 # set of row kernels than this CPU picks by itself (BEAM_CPU_ISA=avx512,
-# avx2, then portable; cpu/path.h), so that the AVX-512 kernels without the
+# avx2, then portable; lib/cpu_isa.h), so that the AVX-512 kernels without the
 # BF16 conversion, the AVX2 kernels and the portable loops are tested on a
 # machine that has AVX512-BF16 too. Every result must still equal the naive
 # reference and the golden digests. Where the build has no vector kernels

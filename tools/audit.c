@@ -66,8 +66,8 @@ typedef struct case_list {
     int n, cap;
 } case_list;
 
-static void add_case(case_list *l, hc_op op, int64_t T, int64_t pad, int32_t K, int32_t H,
-                     unsigned opts, float rs, float s0, float s1, float eps, hc_mode gen)
+static void audit_add_case(case_list *l, hc_op op, int64_t T, int64_t pad, int32_t K, int32_t H,
+                           unsigned opts, float rs, float s0, float s1, float eps, hc_mode gen)
 {
     acase *c;
     if (l->n == l->cap) {
@@ -133,15 +133,15 @@ static void build_cases(case_list *l, int quick)
                 int64_t pad = (i % 3 == 0) ? 0 : 2;
                 hc_mode gen = (i % 4 == 3) ? HC_MODE_MIXED : HC_MODE_NORMAL;
                 float rs = rs_values[i % NELEM(rs_values)];
-                add_case(l, HC_FINALIZE, ts[c], pad, ks[a], hs[b], fin_opts[i % NELEM(fin_opts)],
-                         rs, 1.0f, 1.0f, 1e-6f, gen);
-                add_case(l, HC_FUSED, ts[c], pad, ks[a], hs[b],
-                         fused_opts[i % NELEM(fused_opts)], rs, 0.5f, 1.0f, 1e-5f, gen);
+                audit_add_case(l, HC_FINALIZE, ts[c], pad, ks[a], hs[b], fin_opts[i % NELEM(fin_opts)],
+                               rs, 1.0f, 1.0f, 1e-6f, gen);
+                audit_add_case(l, HC_FUSED, ts[c], pad, ks[a], hs[b],
+                               fused_opts[i % NELEM(fused_opts)], rs, 0.5f, 1.0f, 1e-5f, gen);
             }
     for (b = 0, i = 0; b < nh; b++)
         for (c = 0; c < nt; c++, i++)
-            add_case(l, HC_NRN, ts[c], 1, 1, hs[b], nrn_opts[i % NELEM(nrn_opts)], 1.0f, 1.5f,
-                     0.25f, 1e-6f, i % 2 ? HC_MODE_MIXED : HC_MODE_NORMAL);
+            audit_add_case(l, HC_NRN, ts[c], 1, 1, hs[b], nrn_opts[i % NELEM(nrn_opts)], 1.0f, 1.5f,
+                           0.25f, 1e-6f, i % 2 ? HC_MODE_MIXED : HC_MODE_NORMAL);
 
     /* special values: every generator, every op, every option on */
     for (g = HC_MODE_NAN; g <= HC_MODE_MIXED; g++) {
@@ -150,24 +150,24 @@ static void build_cases(case_list *l, int quick)
         float s0 = g == HC_MODE_TIES ? 1.5f : g == HC_MODE_HUGE ? 3.0f : 0.5f;
         float s1 = g == HC_MODE_TIES ? 0.75f : 2.0f;
         unsigned all = OPT_POST | OPT_POST_W | OPT_NEXT | OPT_NEXT_W | OPT_SCALES;
-        add_case(l, HC_FINALIZE, sT, 2, 8, 256, OPT_POST | OPT_POST_W, rs, s0, s1, eps,
-                 (hc_mode)g);
-        add_case(l, HC_FINALIZE, sT, 0, 2, 2048, 0, rs, s0, s1, eps, (hc_mode)g);
-        add_case(l, HC_NRN, sT, 2, 1, 256, OPT_PRE | OPT_PRE_W | OPT_NEXT | OPT_NEXT_W | OPT_SCALES,
-                 rs, s0, s1, eps, (hc_mode)g);
-        add_case(l, HC_NRN, sT, 0, 1, 512, OPT_NEXT, rs, s0, s1, eps, (hc_mode)g);
-        add_case(l, HC_FUSED, sT, 2, 8, 256, all, rs, s0, s1, eps, (hc_mode)g);
-        add_case(l, HC_FUSED, sT, 1, 4, 1024, OPT_POST | OPT_NEXT, rs, s0, s1, eps, (hc_mode)g);
+        audit_add_case(l, HC_FINALIZE, sT, 2, 8, 256, OPT_POST | OPT_POST_W, rs, s0, s1, eps,
+                       (hc_mode)g);
+        audit_add_case(l, HC_FINALIZE, sT, 0, 2, 2048, 0, rs, s0, s1, eps, (hc_mode)g);
+        audit_add_case(l, HC_NRN, sT, 2, 1, 256, OPT_PRE | OPT_PRE_W | OPT_NEXT | OPT_NEXT_W | OPT_SCALES,
+                       rs, s0, s1, eps, (hc_mode)g);
+        audit_add_case(l, HC_NRN, sT, 0, 1, 512, OPT_NEXT, rs, s0, s1, eps, (hc_mode)g);
+        audit_add_case(l, HC_FUSED, sT, 2, 8, 256, all, rs, s0, s1, eps, (hc_mode)g);
+        audit_add_case(l, HC_FUSED, sT, 1, 4, 1024, OPT_POST | OPT_NEXT, rs, s0, s1, eps, (hc_mode)g);
     }
     /* eps = 0 with all-zero rows: 1/sqrt(0) = inf, 0 * inf = NaN */
-    add_case(l, HC_FUSED, 9, 1, 2, 256, OPT_NEXT | OPT_POST, 1.0f, 1.0f, 1.0f, 0.0f, HC_MODE_ZERO);
+    audit_add_case(l, HC_FUSED, 9, 1, 2, 256, OPT_NEXT | OPT_POST, 1.0f, 1.0f, 1.0f, 0.0f, HC_MODE_ZERO);
     if (!quick) {
         /* more rows than threads split evenly */
-        add_case(l, HC_FUSED, 257, 3, 8, 2048, OPT_NEXT | OPT_NEXT_W | OPT_SCALES, 1.0f, 1.0f,
-                 1.0f, 1e-6f, HC_MODE_MIXED);
-        add_case(l, HC_FINALIZE, 257, 0, 8, 7168, OPT_POST | OPT_POST_W, 1.0f, 1.0f, 1.0f, 1e-6f,
-                 HC_MODE_MIXED);
-        add_case(l, HC_NRN, 1025, 0, 1, 4096, nrn_opts[1], 1.0f, 1.0f, 1.0f, 1e-6f, HC_MODE_MIXED);
+        audit_add_case(l, HC_FUSED, 257, 3, 8, 2048, OPT_NEXT | OPT_NEXT_W | OPT_SCALES, 1.0f, 1.0f,
+                       1.0f, 1e-6f, HC_MODE_MIXED);
+        audit_add_case(l, HC_FINALIZE, 257, 0, 8, 7168, OPT_POST | OPT_POST_W, 1.0f, 1.0f, 1.0f, 1e-6f,
+                       HC_MODE_MIXED);
+        audit_add_case(l, HC_NRN, 1025, 0, 1, 4096, nrn_opts[1], 1.0f, 1.0f, 1.0f, 1e-6f, HC_MODE_MIXED);
     }
 }
 
@@ -518,7 +518,7 @@ out:
 
 /* ---- command ---- */
 
-static void usage(FILE *f)
+static void audit_usage(FILE *f)
 {
     fprintf(f,
             "Usage: beammoe audit [--quick] [--seed N]\n"
@@ -639,7 +639,7 @@ int cmd_audit(int argc, char **argv)
     }
     if (no_operands("audit", argc, argv, optind)) return TOOL_EXIT_USAGE;
     if (help) {
-        usage(stdout);
+        audit_usage(stdout);
         return TOOL_EXIT_OK;
     }
     /* a file's inputs are the file's: a seed would be silently unused */

@@ -21,7 +21,7 @@
     BEAM_STR(BEAM_VERSION_MAJOR) "." BEAM_STR(BEAM_VERSION_MINOR) "." BEAM_STR(BEAM_VERSION_PATCH)
 #endif
 
-static void usage(FILE *f)
+static void tool_usage(FILE *f)
 {
     fprintf(f,
             "Usage: beammoe <command> [options]\n"
@@ -61,13 +61,13 @@ static int command(int argc, char **argv)
     static char name[64];
     if (argc < 2) {
         fprintf(stderr, "beammoe: missing command\n");
-        usage(stderr);
+        tool_usage(stderr);
         return TOOL_EXIT_USAGE;
     }
     cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         if (no_operands("", argc, argv, 2)) return TOOL_EXIT_USAGE;
-        usage(stdout);
+        tool_usage(stdout);
         return TOOL_EXIT_OK;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {

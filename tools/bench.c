@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "../cpu/path.h"
+#include "cpu_isa.h"
 
 #define BENCH_K 8
 #define BENCH_H 7168
@@ -25,26 +25,50 @@
 #define COPY_BYTES ((size_t)1 << 30)
 #define COPY_REPS 5
 
+/* The operations of the table. */
+enum { BENCH_OP_FINALIZE, BENCH_OP_NRN, BENCH_OP_FUSED };
+
 /* The configurations of the table: op, post (finalize/fused) or pre (nrn)
  * norm, next norm, scales; norms always with a weight. */
 typedef struct bench_cfg {
     const char *name;
-    int op; /* BM_OP_* */
+    int op; /* BENCH_OP_* */
     int pre, next, scales;
 } bench_cfg;
 
 static const bench_cfg CFGS[] = {
-    {"fused next", BM_OP_FUSED, 0, 1, 0},
-    {"fused post next", BM_OP_FUSED, 1, 1, 0},
-    {"fused post next scales", BM_OP_FUSED, 1, 1, 1},
-    {"finalize", BM_OP_FINALIZE, 0, 0, 0},
-    {"finalize post", BM_OP_FINALIZE, 1, 0, 0},
-    {"nrn next", BM_OP_NRN, 0, 1, 0},
-    {"nrn pre next", BM_OP_NRN, 1, 1, 0},
+    {"fused next", BENCH_OP_FUSED, 0, 1, 0},
+    {"fused post next", BENCH_OP_FUSED, 1, 1, 0},
+    {"fused post next scales", BENCH_OP_FUSED, 1, 1, 1},
+    {"finalize", BENCH_OP_FINALIZE, 0, 0, 0},
+    {"finalize post", BENCH_OP_FINALIZE, 1, 0, 0},
+    {"nrn next", BENCH_OP_NRN, 0, 1, 0},
+    {"nrn pre next", BENCH_OP_NRN, 1, 1, 0},
 };
 #define NCFG ((int)(sizeof CFGS / sizeof CFGS[0]))
 
-static void usage(FILE *f)
+/* The path column: the kernels (lib/cpu_isa.h) and the passes over one row
+ * that the vector kernels of cpu/rows_simd.h make for op; pre is the
+ * pre-norm (nrn) or the post-norm (finalize, fused). */
+static void bench_path_text(int isa, int op, int pre, int next, char *buf, size_t n)
+{
+    const char *p;
+    if (op == BENCH_OP_FINALIZE)
+        p = pre ? "sum+chunks -> post-norm" : "sum";
+    else if (op == BENCH_OP_FUSED)
+        p = pre ? (next ? "sum+chunks -> post-norm+residual+chunks -> next-norm"
+                        : "sum+chunks -> post-norm+residual")
+                : (next ? "sum+residual+chunks -> next-norm" : "sum+residual");
+    else
+        p = pre ? (next ? "chunks -> pre-norm+residual+chunks -> next-norm" : "chunks -> pre-norm+residual")
+                : (next ? "residual+chunks -> next-norm" : "residual");
+    if (isa == BM_ISA_PORTABLE)
+        snprintf(buf, n, "portable loops");
+    else
+        snprintf(buf, n, "%s %s", bm_isa_name(isa), p);
+}
+
+static void bench_usage(FILE *f)
 {
     int i;
     fprintf(f,
@@ -56,7 +80,7 @@ static void usage(FILE *f)
             "after each row's timed calls (1 GiB copies with the same OpenMP threads,\n"
             "best of %d each time; the larger figure is used). Bytes per call:\n"
             "docs/PERF.md (read plus written). The path column names the row kernels\n"
-            "the library runs for that configuration here (cpu/path.h).\n"
+            "the library runs for that configuration here (lib/cpu_isa.h).\n"
             "\n"
             "Configurations (fused = beam_moe_finalize_norm_residual_norm, strategy\n"
             "FUSED; nrn = beam_norm_residual_norm; post, pre and next norms have a\n"
@@ -215,11 +239,11 @@ static beam_status call_op(const bench_bufs *b, const bench_cfg *c, int64_t firs
     const float *sc = c->scales ? scales : NULL;
     const size_t r = (size_t)first, KH = (size_t)BENCH_K * BENCH_H, H = BENCH_H;
     uint16_t *nrm = c->next ? b->normalized + r * H : NULL;
-    if (c->op == BM_OP_FUSED)
+    if (c->op == BENCH_OP_FUSED)
         return beam_moe_finalize_norm_residual_norm(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
                                                     BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H, sc,
                                                     next, b->hidden + r * H, nrm, BEAM_STRATEGY_FUSED, NULL);
-    if (c->op == BM_OP_NRN)
+    if (c->op == BENCH_OP_NRN)
         return beam_norm_residual_norm(b->x + r * H, b->residual + r * H, T, BENCH_H, pre, sc, next,
                                        b->hidden + r * H, nrm, NULL);
     return beam_moe_finalize(b->experts + r * KH, b->weights + r * BENCH_K, T, T, BENCH_K, BENCH_H, 1.0f,
@@ -228,15 +252,15 @@ static beam_status call_op(const bench_bufs *b, const bench_cfg *c, int64_t firs
 
 static const char *op_fn(int op)
 {
-    return op == BM_OP_FUSED ? "beam_moe_finalize_norm_residual_norm"
-           : op == BM_OP_NRN ? "beam_norm_residual_norm"
+    return op == BENCH_OP_FUSED ? "beam_moe_finalize_norm_residual_norm"
+           : op == BENCH_OP_NRN ? "beam_norm_residual_norm"
                              : "beam_moe_finalize";
 }
 
 static double cfg_bytes(const bench_cfg *c, int64_t T)
 {
-    if (c->op == BM_OP_FUSED) return bytes_fused(T, BENCH_K, BENCH_H, c->pre, c->next, c->next);
-    if (c->op == BM_OP_NRN) return bytes_nrn(T, BENCH_H, c->pre, c->next, c->next);
+    if (c->op == BENCH_OP_FUSED) return bytes_fused(T, BENCH_K, BENCH_H, c->pre, c->next, c->next);
+    if (c->op == BENCH_OP_NRN) return bytes_nrn(T, BENCH_H, c->pre, c->next, c->next);
     return bytes_finalize(T, BENCH_K, BENCH_H, c->pre);
 }
 
@@ -365,7 +389,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (no_operands("bench", argc, argv, optind)) return TOOL_EXIT_USAGE;
     if (help) {
-        usage(stdout);
+        bench_usage(stdout);
         return TOOL_EXIT_OK;
     }
     st = beam_set_backend("cpu");
@@ -440,7 +464,7 @@ int cmd_bench(int argc, char **argv)
     for (ci = 0; ci < ncfg; ci++) {
         const bench_cfg *c = &CFGS[cfgs[ci] - 1];
         char path[160];
-        bm_cpu_path_text(isa, c->op, c->pre, c->next, path, sizeof path);
+        bench_path_text(isa, c->op, c->pre, c->next, path, sizeof path);
         for (i = 0; i < nT; i++) {
             const double gbs = cfg_bytes(c, Ts[i]) / best[ci][i] * 1e-9;
             printf("%6lld  %-24s %10.1f %8.2f %8.2f %8.1f%%  %s\n", (long long)Ts[i], c->name,

@@ -49,7 +49,7 @@ static void set_all(rank_job *j, beam_status st, const char *msg)
     }
 }
 
-static void *rank_main(void *arg)
+static void *gather_rank_main(void *arg)
 {
     rank_job *j = arg;
     const hc_case *c = j->c;
@@ -163,7 +163,7 @@ void audit_gather(const hc_case *p, const hc_out *truth, gather_row rows[NSTRAT]
         } else {
             for (r = 0; r < R; r++) {
                 jobs[r].group = group;
-                if (pthread_create(&th[r], NULL, rank_main, &jobs[r]) != 0) {
+                if (pthread_create(&th[r], NULL, gather_rank_main, &jobs[r]) != 0) {
                     /* cannot happen at these sizes; the peers time out */
                     set_all(&jobs[r], BEAM_ERR_COMM, "pthread_create failed");
                     th[r] = pthread_self();

@@ -20,7 +20,7 @@
 #include "devmem.h"
 #include "st_case.h"
 
-static void usage(FILE *f)
+static void run_usage(FILE *f)
 {
     fprintf(f,
             "Usage: beammoe run --tokens T --top-k K --hidden H [options]\n"
@@ -220,7 +220,7 @@ int cmd_run(int argc, char **argv)
     }
     if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
     if (help) {
-        usage(stdout);
+        run_usage(stdout);
         return TOOL_EXIT_OK;
     }
     if (!have_t) return usage_error("%s is required", "--tokens");

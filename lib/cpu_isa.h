@@ -1,11 +1,18 @@
 /*
- * path.h - which row kernels the CPU backend runs (internal; also read by
- * `beammoe bench`, which reports the path of every row it times).
+ * cpu_isa.h - which row kernels the CPU backend runs: the pure decision
+ * from how the library was compiled, the CPU, and the BEAM_CPU_ISA
+ * environment variable (internal).
  *
- * Header-only on purpose: the library and the bench make the same decision
- * from the same inputs (how the library was compiled, the CPU, and the
- * BEAM_CPU_ISA environment variable), so what the bench prints is what the
- * library ran.
+ * Read by the CPU backend (cpu/rows.c, which makes the decision once per
+ * process) and by `beammoe bench` (tools/bench.c, which reports the
+ * kernels of every row it times): both make the same decision from the
+ * same inputs, so what the bench prints is what the library ran. It lives
+ * in lib/, not in cpu/ or harness/: lib/ holds what the libraries share
+ * and what tools may read of the library's own decisions (as backends.h,
+ * the list of backends), while cpu/ is the backend's private folder and
+ * harness/ is the tests' and tools' side, which no library may depend on.
+ * Header-only, with nothing of the backend's internals (no bm_args, no
+ * kernels), so including it gives a tool the decision and nothing else.
  *
  * Kernels (same bits on every path, docs/numerics.md):
  *   avx512bf16, avx512, avx2
@@ -20,17 +27,15 @@
  * BEAM_CPU_ISA=portable|avx2|avx512|avx512bf16 caps the choice (for tests and
  * comparisons); unset, "auto" or anything else: the widest the CPU has.
  */
-#ifndef BEAMMOE_CPU_PATH_H
-#define BEAMMOE_CPU_PATH_H
+#ifndef BEAMMOE_LIB_CPU_ISA_H
+#define BEAMMOE_LIB_CPU_ISA_H
 
-#include <stddef.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { BM_OP_FINALIZE = 0, BM_OP_NRN = 1, BM_OP_FUSED = 2 };
 enum { BM_ISA_PORTABLE = 0, BM_ISA_AVX2 = 1, BM_ISA_AVX512 = 2, BM_ISA_AVX512BF16 = 3 };
 
+/* The build has the vector kernels (cpu/rows.c compiles them under this). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(BEAM_NO_CLONES) && \
     !defined(BEAM_SCALAR_ROWS)
 #define BM_HAVE_SIMD 1
@@ -63,26 +68,6 @@ static inline const char *bm_isa_name(int isa)
            : isa == BM_ISA_AVX512   ? "avx512"
            : isa == BM_ISA_AVX2     ? "avx2"
                                     : "portable";
-}
-
-/* A short description of the passes over one row that an op runs; pre is
- * the pre-norm (nrn) or the post-norm (finalize, fused). */
-static inline void bm_cpu_path_text(int isa, int op, int pre, int next, char *buf, size_t n)
-{
-    const char *p;
-    if (op == BM_OP_FINALIZE)
-        p = pre ? "sum+chunks -> post-norm" : "sum";
-    else if (op == BM_OP_FUSED)
-        p = pre ? (next ? "sum+chunks -> post-norm+residual+chunks -> next-norm"
-                        : "sum+chunks -> post-norm+residual")
-                : (next ? "sum+residual+chunks -> next-norm" : "sum+residual");
-    else
-        p = pre ? (next ? "chunks -> pre-norm+residual+chunks -> next-norm" : "chunks -> pre-norm+residual")
-                : (next ? "residual+chunks -> next-norm" : "residual");
-    if (isa == BM_ISA_PORTABLE)
-        snprintf(buf, n, "portable loops");
-    else
-        snprintf(buf, n, "%s %s", bm_isa_name(isa), p);
 }
 
 #endif
