@@ -150,7 +150,7 @@ static int resolve_output(const char *path, out_target *o, char *err, size_t err
     if (lstat(path, &lsb) == 0 && S_ISLNK(lsb.st_mode)) {
         o->path = realpath(path, NULL);
         if (!o->path) {
-            set_err(err, errn, "a symbolic link that does not lead to a file (%s)",
+            set_err(err, errn, "a symbolic link that does not point to a file (%s)",
                     strerror(errno));
             return -1;
         }

@@ -16,7 +16,7 @@ static int escaped_cp(uint32_t cp)
            cp == 0xFEFF;
 }
 
-/* Length of the valid UTF-8 sequence at s (non-ASCII lead byte), its code
+/* Length of the valid UTF-8 sequence at s (non-ASCII first byte), its code
  * point in *cp; 0 when it is not one (overlong, surrogate, past U+10FFFF,
  * cut short). */
 static size_t utf8_seq(const unsigned char *s, uint32_t *cp)
