@@ -11,7 +11,9 @@
 #                   --tool memcheck
 #   racecheck.log   ... under --tool racecheck (shared-memory hazards)
 #   group.log       tests/test_gather_group: the tensor-parallel gather at
-#                   R = 2, 3, 4, 5, 8 ranks on this one GPU (every part)
+#                   R = 2, 3, 4, 5, 8 ranks on this one GPU (every part,
+#                   2,000 stress calls each)
+#   group-stress.log  its 10,000-call stress at R = 8
 #   group-memcheck.log, group-racecheck.log
 #                   parts of it at R = 2 under compute-sanitizer memcheck /
 #                   racecheck
@@ -25,9 +27,12 @@
 #   summary.txt     one line per step: status and duration
 # Exit status: 0 when every step passed.
 #
-# Environment: OUT, STEP_TIMEOUT (seconds per step, default 240), SKIP (a
+# Environment: OUT, STEP_TIMEOUT (seconds per step, default 240),
+# GROUP_TIMEOUT (seconds for each of the two long gather steps, default
+# 600), SKIP (a
 # space-separated list of steps to leave out: test shapes memcheck racecheck
-# group group-memcheck group-racecheck bench python compare overhead).
+# group group-stress group-memcheck group-racecheck bench python compare
+# overhead).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -64,7 +69,14 @@ step memcheck memcheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool memcheck --error-
     --leak-check full "$B/bin/test_cuda"
 step racecheck racecheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 1 \
     "$B/bin/test_cuda"
-step group group.log "$B/bin/test_gather_group"
+# the gather at every world size (2,000 stress calls each), then the
+# 10,000-call stress at eight ranks; longer steps (GROUP_TIMEOUT seconds)
+t_step=$T
+T=${GROUP_TIMEOUT:-600}
+step group group.log env BEAM_TEST_STRESS=2000 "$B/bin/test_gather_group"
+step group-stress group-stress.log env BEAM_TEST_RANKS=8 BEAM_TEST_ONLY=stress BEAM_TEST_STRESS=10000 \
+    "$B/bin/test_gather_group"
+T=$t_step
 # under the sanitizers: two ranks, the parts that run within the
 # workspace's timeout there (racecheck slows the gather kernels past it in
 # the sweep: docs/PERF.md)
