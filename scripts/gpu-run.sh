@@ -29,10 +29,9 @@
 #
 # Environment: OUT, STEP_TIMEOUT (seconds per step, default 240),
 # GROUP_TIMEOUT (seconds for each of the two long gather steps, default
-# 600), SKIP (a
-# space-separated list of steps to leave out: test shapes memcheck racecheck
-# group group-stress group-memcheck group-racecheck bench python compare
-# overhead).
+# 600), SKIP (a space-separated list of steps to leave out: test shapes
+# memcheck racecheck group group-stress group-memcheck group-racecheck bench
+# python compare overhead).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
