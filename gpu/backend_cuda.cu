@@ -114,7 +114,7 @@ static bm_row_params bm_params_base(const bm_args *a)
 }
 
 /* stage A = finalize (experts, weights, routed scale, post-norm) */
-static void bm_set_finalize(bm_row_params &p, const bm_args *a)
+void bm_set_finalize(bm_row_params &p, const bm_args *a)
 {
     p.experts = a->experts;
     p.weights = a->weights;
@@ -126,7 +126,7 @@ static void bm_set_finalize(bm_row_params &p, const bm_args *a)
 }
 
 /* stage B = scales, residual add, next norm */
-static void bm_set_residual(bm_row_params &p, const bm_args *a)
+void bm_set_residual(bm_row_params &p, const bm_args *a)
 {
     p.residual = a->residual;
     p.has_scales = a->has_scales;

@@ -383,12 +383,8 @@ __global__ void bm_tp_check_kernel(const uint32_t *rec, int nranks, uint32_t sig
     const int s = (int)threadIdx.x;
     if (s < nranks) {
         const int why = rec[2 * s] != 0u ? BM_TP_PEER_REJECTED : rec[2 * s + 1] != sig ? BM_TP_MISMATCH : 0;
-        if (why) {
-            err->peer = s;
-            err->epoch = 0ull;
-            err->code = (uint32_t)why;
-            __threadfence_system();
-        }
+        if (why)
+            bm_tp_put_err(err, why, s, 0ull);
     }
 }
 

@@ -41,9 +41,7 @@ struct bm_tp_post {
     char *base;
     uint16_t *ag;
     int32_t gcap[BM_TP_NSHAPES + 1];
-    int64_t max_tokens;
-    int32_t hidden;
-    beam_workspace_config cfg;
+    bm_tp_shape shape; /* what every rank must pass alike */
 };
 
 struct beam_cpu_group {
@@ -161,9 +159,7 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     if (mine.ok) {
         mine.base = w->base;
         mine.ag = w->ag;
-        mine.max_tokens = ws->max_tokens;
-        mine.hidden = ws->hidden;
-        mine.cfg = ws->cfg;
+        mine.shape = bm_tp_shape_of(ws);
     }
 
     /* first meeting: every rank's record */
@@ -185,20 +181,8 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
             st = bm_fail(BEAM_ERR_COMM, "%s: rank %d could not make its workspace", fn, s);
             goto fail;
         }
-        if (all[s].max_tokens != mine.max_tokens || all[s].hidden != mine.hidden ||
-            all[s].cfg.oneshot_max_tokens != mine.cfg.oneshot_max_tokens ||
-            all[s].cfg.twoshot_max_tokens != mine.cfg.twoshot_max_tokens ||
-            all[s].cfg.timeout_ms != mine.cfg.timeout_ms) {
-            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
-                         "%s: rank %d passed max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d} but rank %d "
-                         "max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d}: every rank must pass the same",
-                         fn, s, (long long)all[s].max_tokens, (int)all[s].hidden,
-                         (long long)all[s].cfg.oneshot_max_tokens, (long long)all[s].cfg.twoshot_max_tokens,
-                         (int)all[s].cfg.timeout_ms, (int)rank, (long long)mine.max_tokens, (int)mine.hidden,
-                         (long long)mine.cfg.oneshot_max_tokens, (long long)mine.cfg.twoshot_max_tokens,
-                         (int)mine.cfg.timeout_ms);
+        if ((st = bm_tp_same_shape(fn, s, &all[s].shape, &mine.shape)) != BEAM_OK)
             goto fail;
-        }
     }
 
     /* launch caps for the ranks that share this device (bm_tp_caps), agreed

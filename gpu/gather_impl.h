@@ -201,6 +201,16 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
 cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig, cudaStream_t stream);
 cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, cudaStream_t stream);
 
+/* What every rank must pass alike at creation: the workspace's size and
+ * configuration (gather_ws.cu; the NCCL exchange and in-process groups). */
+struct bm_tp_shape {
+    int64_t max_tokens, oneshot, twoshot;
+    int32_t hidden, timeout_ms;
+};
+bm_tp_shape bm_tp_shape_of(const bm_ws *ws);
+/* BEAM_OK, or invalid argument naming rank s and both sides' values. */
+beam_status bm_tp_same_shape(const char *fn, int s, const bm_tp_shape *theirs, const bm_tp_shape *mine);
+
 /* gather_ws.cu: the layout of the peer-visible region and the allocations
  * every workspace has (any transport); the release of what they hold. */
 const char *bm_tp_alloc(bm_tp_ws *w, const bm_ws *ws, int R);

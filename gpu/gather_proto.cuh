@@ -95,12 +95,17 @@ __device__ __forceinline__ uint16_t *bm_tp_slot(char *region, const bm_tp_params
 
 /* Record a failure in the host-mapped record (any one of several racing
  * writers wins; all describe a real failure of this call). */
+__device__ __forceinline__ void bm_tp_put_err(bm_tp_err *err, int code, int peer, unsigned long long E)
+{
+    err->peer = peer;
+    err->epoch = E;
+    err->code = (uint32_t)code;
+    __threadfence_system();
+}
+
 __device__ __forceinline__ void bm_tp_record(const bm_tp_params &p, int code, int peer, unsigned long long E)
 {
-    p.err->peer = peer;
-    p.err->epoch = E;
-    p.err->code = (uint32_t)code;
-    __threadfence_system();
+    bm_tp_put_err(p.err, code, peer, E);
 }
 
 /* A failure this rank found in epoch E (a timeout, a peer's rejection or

@@ -44,13 +44,7 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
     /* finalize (+ post-norm) of the owned rows */
     if (local_status == BEAM_OK) {
         bm_row_params f = {};
-        f.experts = a->experts;
-        f.weights = a->weights;
-        f.top_k = a->top_k;
-        f.routed_scale = a->routed_scale;
-        f.normA = a->post.on;
-        f.wA = a->post.on ? a->post.weight : nullptr;
-        f.epsA = a->post.eps;
+        bm_set_finalize(f, a);
         f.out = mine;
         f.rows = owned;
         f.hidden = H;
@@ -82,16 +76,8 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
 
     /* norm_residual_norm over every row */
     bm_row_params n = {};
+    bm_set_residual(n, a);
     n.x = w->ag;
-    n.residual = a->residual;
-    n.has_scales = a->has_scales;
-    n.scale_x = a->scale_x;
-    n.scale_r = a->scale_r;
-    n.normB = a->next.on;
-    n.wB = a->next.on ? a->next.weight : nullptr;
-    n.epsB = a->next.eps;
-    n.out = a->hidden_out;
-    n.normalized = a->normalized;
     n.rows = T;
     n.hidden = H;
     return bm_tp_launched(fn, "the norm_residual_norm kernel",

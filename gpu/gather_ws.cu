@@ -48,9 +48,7 @@ struct bm_tp_rec {
     unsigned long long host;
     int32_t ok;
     int32_t gcap[BM_TP_NSHAPES + 1];
-    /* what every rank must pass alike (compared after the exchange) */
-    int64_t max_tokens, oneshot, twoshot;
-    int32_t hidden, timeout_ms;
+    bm_tp_shape shape; /* what every rank must pass alike */
 };
 
 /* Which host this rank runs on: ranks with equal ids map each other's
@@ -94,6 +92,32 @@ void bm_tp_release(bm_tp_ws *w)
     if (w->err_h) cudaFreeHost(w->err_h);
     if (w->side) cudaStreamDestroy(w->side);
     free(w);
+}
+
+bm_tp_shape bm_tp_shape_of(const bm_ws *ws)
+{
+    bm_tp_shape sh;
+    memset(&sh, 0, sizeof sh); /* exchanged as bytes: no uninitialised padding */
+    sh.max_tokens = ws->max_tokens;
+    sh.hidden = ws->hidden;
+    sh.oneshot = ws->cfg.oneshot_max_tokens;
+    sh.twoshot = ws->cfg.twoshot_max_tokens;
+    sh.timeout_ms = ws->cfg.timeout_ms;
+    return sh;
+}
+
+beam_status bm_tp_same_shape(const char *fn, int s, const bm_tp_shape *theirs, const bm_tp_shape *mine)
+{
+    if (theirs->max_tokens == mine->max_tokens && theirs->hidden == mine->hidden &&
+        theirs->oneshot == mine->oneshot && theirs->twoshot == mine->twoshot &&
+        theirs->timeout_ms == mine->timeout_ms)
+        return BEAM_OK;
+    return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                   "%s: rank %d passed max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d} but this rank "
+                   "max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d}: every rank must pass the same",
+                   fn, s, (long long)theirs->max_tokens, (int)theirs->hidden, (long long)theirs->oneshot,
+                   (long long)theirs->twoshot, (int)theirs->timeout_ms, (long long)mine->max_tokens,
+                   (int)mine->hidden, (long long)mine->oneshot, (long long)mine->twoshot, (int)mine->timeout_ms);
 }
 
 /* The layout of the peer-visible region (gather_impl.h) and every
@@ -247,11 +271,7 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
     memset(&mine, 0, sizeof mine);
     mine.host = bm_tp_host_id();
     mine.ok = ok;
-    mine.max_tokens = ws->max_tokens;
-    mine.oneshot = ws->cfg.oneshot_max_tokens;
-    mine.twoshot = ws->cfg.twoshot_max_tokens;
-    mine.hidden = ws->hidden;
-    mine.timeout_ms = ws->cfg.timeout_ms;
+    mine.shape = bm_tp_shape_of(ws);
     if (ok && R > 1 && cudaIpcGetMemHandle(&mine.handle, w->base) != cudaSuccess) {
         cudaGetLastError();
         mine.host = 0; /* cannot export: nobody maps us, the fused paths are off */
@@ -302,18 +322,8 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
             st = bm_fail(BEAM_ERR_COMM, "%s: rank %d could not make its workspace", fn, s);
             goto fail;
         }
-        if (recs[s].max_tokens != mine.max_tokens || recs[s].hidden != mine.hidden ||
-            recs[s].oneshot != mine.oneshot || recs[s].twoshot != mine.twoshot ||
-            recs[s].timeout_ms != mine.timeout_ms) {
-            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
-                         "%s: rank %d passed max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d} but this rank "
-                         "max_tokens=%lld, hidden=%d, cfg {%lld, %lld, %d}: every rank must pass the same",
-                         fn, s, (long long)recs[s].max_tokens, (int)recs[s].hidden, (long long)recs[s].oneshot,
-                         (long long)recs[s].twoshot, (int)recs[s].timeout_ms, (long long)mine.max_tokens,
-                         (int)mine.hidden, (long long)mine.oneshot, (long long)mine.twoshot,
-                         (int)mine.timeout_ms);
+        if ((st = bm_tp_same_shape(fn, s, &recs[s].shape, &mine.shape)) != BEAM_OK)
             goto fail;
-        }
         for (int i = 0; i <= BM_TP_NSHAPES; ++i)
             if (s == 0 || recs[s].gcap[i] < w->gcap[i])
                 w->gcap[i] = recs[s].gcap[i] < 1 ? 1 : recs[s].gcap[i];

@@ -55,6 +55,14 @@ int bm_shape_list(bm_shape *out, int max);
 /* 1 when every BF16 base of p is 16-byte aligned (the vector path). */
 int bm_params_vec_ok(const bm_row_params &p);
 
+/* The row kernel's parameters from a checked call (gpu/backend_cuda.cu):
+ * stage A as finalize (experts, weights, routed scale, post-norm), stage B
+ * (scales, residual, next norm, hidden_out, normalized). Also used by the
+ * UNFUSED gather's two launches. */
+struct bm_args;
+void bm_set_finalize(bm_row_params &p, const struct bm_args *a);
+void bm_set_residual(bm_row_params &p, const struct bm_args *a);
+
 /* Load every row kernel (lazy module loading would otherwise load one at
  * its first launch, which can wait for the device to be idle). */
 cudaError_t bm_preload_rows(void);

@@ -24,7 +24,8 @@
  * fails, without waiting for the timeout), concurrent (two calls of one
  * rank on two unordered streams: refused on the device), wrap (epochs
  * across the LL tag's 32-bit wrap and the clearing epochs), timeout (a peer
- * that never comes).
+ * that never comes), hosts (ranks acting as on different hosts, where the
+ * transport has g_make_hosts).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -41,7 +42,7 @@
 __thread int g_rank, g_R, g_dev;
 __thread cudaStream_t g_stream;
 int g_ndev, g_threads;
-gp_make_fn g_make;
+gp_make_fn g_make, g_make_hosts;
 
 /* ---- deterministic data (same on every rank) ----------------------------- */
 
@@ -846,6 +847,37 @@ static void part_unfused(uint64_t seed)
     if (g_rank == 0) printf("unfused: UNFUSED alone, bit-identical\n");
 }
 
+/* Ranks that act as if on different hosts (g_make_hosts): no peer memory,
+ * so AUTO (the default thresholds) must take UNFUSED and give the
+ * reference's bits, UNFUSED too, and ONESHOT is refused as unsupported. */
+static void part_hosts(uint64_t seed)
+{
+    static const problem pb = {"hosts H2048 K8 next+w", 2048, 8, 0, 2, 0, 0, 0, 0, 1.0f};
+    const int64_t Ts[] = {1, (int64_t)g_R + 1, 200};
+    const gp_make_fn same_host = g_make;
+    data d;
+    beam_workspace *ws;
+    int t;
+    make_data(&d, &pb, 256, seed + 19, 1);
+    g_make = g_make_hosts;
+    ws = make_ws(&d, -1, -1, 0);
+    g_make = same_host;
+    for (t = 0; t < 3; ++t) {
+        reset_outputs(&d, g_stream);
+        BK(call(ws, &d, Ts[t], d.pb.H, BEAM_STRATEGY_AUTO, g_stream));
+        verify(&d, Ts[t], Ts[t], "AUTO across hosts");
+        reset_outputs(&d, g_stream);
+        BK(call(ws, &d, Ts[t], d.pb.H, BEAM_STRATEGY_UNFUSED, g_stream));
+        verify(&d, Ts[t], Ts[t], "UNFUSED across hosts");
+        expect(call(ws, &d, Ts[t], d.pb.H, BEAM_STRATEGY_ONESHOT, g_stream), BEAM_ERR_UNSUPPORTED, "peer memory",
+               "ONESHOT across hosts");
+    }
+    BK(beam_workspace_destroy(ws));
+    free_data(&d);
+    host_barrier();
+    if (g_rank == 0) printf("hosts: ranks on different hosts take UNFUSED over NCCL's network transport, bit-identical\n");
+}
+
 void gp_run_parts(uint64_t seed, int stress, const char *only)
 {
     /* the largest outputs: part_large's 16384 x 4096 */
@@ -864,6 +896,7 @@ void gp_run_parts(uint64_t seed, int stress, const char *only)
     if (!only || !strcmp(only, "concurrent")) part_concurrent(seed);
     if (!only || !strcmp(only, "wrap")) part_wrap(seed);
     if (!only || !strcmp(only, "timeout")) part_timeout(seed);
+    if (g_make_hosts && (!only || !strcmp(only, "hosts"))) part_hosts(seed);
     CK(cudaStreamDestroy(g_stream));
     free(g_hbuf);
     free(g_nbuf);

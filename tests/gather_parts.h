@@ -25,6 +25,10 @@ extern int g_threads;                   /* 1: ranks are threads of one process *
 typedef beam_status (*gp_make_fn)(int64_t max_tokens, int32_t hidden, const beam_workspace_config *cfg,
                                   beam_workspace **ws);
 extern gp_make_fn g_make;
+/* Where the transport can make ranks act as on different hosts (NCCL:
+ * BEAM_GATHER_HOST per rank, NCCL over its network transport), the maker
+ * of such a workspace; NULL elsewhere, and part "hosts" does not run. */
+extern gp_make_fn g_make_hosts;
 
 /* Wait until every rank got here (the driver's). */
 void host_barrier(void);

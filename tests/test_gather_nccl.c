@@ -24,7 +24,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -32,7 +31,6 @@
 #include "beammoe.h"
 #include "gather_parts.h"
 #include "gpu_probe.h"
-#include "naive_ref.h"
 #include "ranks.h"
 
 /* ---- the ranks (harness/ranks.h) ------------------------------------------ */
@@ -50,81 +48,24 @@ static beam_status make_nccl(int64_t max_tokens, int32_t hidden, const beam_work
     return beam_workspace_create_nccl((void *)g_comm, max_tokens, hidden, cfg, ws);
 }
 
-/* Ranks that act as if on different hosts, NCCL over its network
- * transport: AUTO (thresholds left at the defaults) must take UNFUSED and
- * give the reference's bits, ONESHOT and TWOSHOT are refused as
- * unsupported, UNFUSED works. */
-static void part_hosts(uint64_t seed)
+/* Part "hosts" (tests/gather_parts.c): a communicator made after this
+ * rank took a host name of its own (BEAM_GATHER_HOST) and NCCL was told to
+ * use its network transport, so that the ranks act as on different hosts;
+ * made at the part's first workspace, destroyed after the parts. */
+static ncclComm_t g_hosts_comm;
+
+static beam_status make_hosts(int64_t max_tokens, int32_t hidden, const beam_workspace_config *cfg,
+                              beam_workspace **ws)
 {
-    char host[32];
-    const int64_t Ts[] = {1, (int64_t)g_R + 1, 200};
-    const beam_strategy st[2] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_UNFUSED};
-    const int H = 2048, K = 8;
-    beam_workspace *ws = NULL;
-    ncclComm_t c;
-    int t, s;
-    (void)seed;
-    snprintf(host, sizeof host, "rank-%d", g_rank);
-    setenv("BEAM_GATHER_HOST", host, 1);
-    setenv("NCCL_P2P_DISABLE", "1", 1);
-    setenv("NCCL_SHM_DISABLE", "1", 1);
-    c = bm_ranks_comm();
-    BK(beam_workspace_create_nccl((void *)c, 256, H, NULL, &ws));
-    for (t = 0; t < 3; ++t) {
-        /* one fused-op reference: the gather must equal it for every T */
-        const int64_t T = Ts[t], L = (T + g_R - 1) / g_R;
-        const int64_t lo = (int64_t)g_rank * L;
-        uint16_t *x = malloc((size_t)T * K * H * 2), *res = malloc((size_t)T * H * 2), *w = malloc((size_t)H * 2);
-        uint16_t *rh = malloc((size_t)T * H * 2), *rn = malloc((size_t)T * H * 2);
-        uint16_t *oh = malloc((size_t)T * H * 2), *on = malloc((size_t)T * H * 2);
-        float *wt = malloc((size_t)T * K * 4);
-        uint16_t *dx, *dres, *dw, *dh, *dn;
-        float *dwt;
-        nr_norm nn = {1, NULL, 1e-6f};
-        beam_norm bn = {NULL, 1e-6f};
-        int64_t i;
-        if (!x || !res || !w || !rh || !rn || !oh || !on || !wt) FAIL("out of host memory");
-        for (i = 0; i < T * K * H; ++i) x[i] = (uint16_t)(0x3C00 + (i * 2654435761u >> 20) % 0x400);
-        for (i = 0; i < T * H; ++i) res[i] = (uint16_t)(0x3F00 + (i * 40503u >> 4) % 0x200);
-        for (i = 0; i < H; ++i) w[i] = (uint16_t)(0x3F80 + i % 64);
-        for (i = 0; i < T * K; ++i) wt[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.4f;
-        nn.weight = w;
-        nr_finalize_norm_residual_norm(x, wt, T, K, H, 1.0f, NULL, res, NULL, &nn, rh, rn);
-        CK(cudaMalloc((void **)&dx, (size_t)T * K * H * 2));
-        CK(cudaMalloc((void **)&dwt, (size_t)T * K * 4));
-        CK(cudaMalloc((void **)&dres, (size_t)T * H * 2));
-        CK(cudaMalloc((void **)&dw, (size_t)H * 2));
-        CK(cudaMalloc((void **)&dh, (size_t)T * H * 2));
-        CK(cudaMalloc((void **)&dn, (size_t)T * H * 2));
-        CK(cudaMemcpy(dx, x, (size_t)T * K * H * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dwt, wt, (size_t)T * K * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dres, res, (size_t)T * H * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dw, w, (size_t)H * 2, cudaMemcpyHostToDevice));
-        bn.weight = dw;
-        for (s = 0; s < 2; ++s) {
-            CK(cudaMemset(dh, 0xFF, (size_t)T * H * 2));
-            CK(cudaMemset(dn, 0xFF, (size_t)T * H * 2));
-            BK(beam_moe_finalize_gather_norm_residual_norm(ws, dx + (size_t)lo * K * H, dwt + (size_t)lo * K, L, T,
-                                                           K, H, 1.0f, NULL, dres, NULL, &bn, dh, dn, st[s], 0));
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(oh, dh, (size_t)T * H * 2, cudaMemcpyDeviceToHost));
-            CK(cudaMemcpy(on, dn, (size_t)T * H * 2, cudaMemcpyDeviceToHost));
-            if (memcmp(oh, rh, (size_t)T * H * 2) || memcmp(on, rn, (size_t)T * H * 2))
-                FAIL("hosts: T=%lld %s: outputs differ from the reference", (long long)T, s ? "UNFUSED" : "AUTO");
-        }
-        if (beam_moe_finalize_gather_norm_residual_norm(ws, dx + (size_t)lo * K * H, dwt + (size_t)lo * K, L, T, K,
-                                                        H, 1.0f, NULL, dres, NULL, &bn, dh, dn,
-                                                        BEAM_STRATEGY_ONESHOT, 0) != BEAM_ERR_UNSUPPORTED ||
-            !strstr(beam_last_error(), "peer memory"))
-            FAIL("hosts: ONESHOT across hosts: expected BEAM_ERR_UNSUPPORTED, got \"%s\"", beam_last_error());
-        cudaFree(dx); cudaFree(dwt); cudaFree(dres); cudaFree(dw); cudaFree(dh); cudaFree(dn);
-        free(x); free(res); free(w); free(rh); free(rn); free(oh); free(on); free(wt);
+    if (!g_hosts_comm) {
+        char host[32];
+        snprintf(host, sizeof host, "rank-%d", g_rank);
+        setenv("BEAM_GATHER_HOST", host, 1);
+        setenv("NCCL_P2P_DISABLE", "1", 1);
+        setenv("NCCL_SHM_DISABLE", "1", 1);
+        g_hosts_comm = bm_ranks_comm();
     }
-    BK(beam_workspace_destroy(ws));
-    NK(ncclCommDestroy(c));
-    unsetenv("BEAM_GATHER_HOST");
-    host_barrier();
-    if (g_rank == 0) printf("hosts: ranks on different hosts take UNFUSED over NCCL's network transport, bit-identical\n");
+    return beam_workspace_create_nccl((void *)g_hosts_comm, max_tokens, hidden, cfg, ws);
 }
 
 /* ---- processes -------------------------------------------------------------- */
@@ -141,11 +82,15 @@ static int rank_main(int rank, int R, void *arg)
     g_ndev = *(const int *)arg;
     g_threads = 0;
     g_make = make_nccl;
+    g_make_hosts = make_hosts;
     CK(cudaSetDevice(rank));
     g_comm = bm_ranks_comm();
     if (rank == 0) printf("test_gather_nccl: %d ranks, seed %llu\n", R, (unsigned long long)seed);
-    if (!only || strcmp(only, "hosts")) gp_run_parts(seed, stress, only);
-    if (!only || !strcmp(only, "hosts")) part_hosts(seed);
+    gp_run_parts(seed, stress, only);
+    if (g_hosts_comm) {
+        NK(ncclCommDestroy(g_hosts_comm));
+        unsetenv("BEAM_GATHER_HOST");
+    }
     NK(ncclCommDestroy(g_comm));
     return 0;
 }

@@ -28,6 +28,7 @@ import torch.distributed as dist  # noqa: E402
 
 import beammoe  # noqa: E402
 from reference import BF16, assert_bits_equal, fused_spec, random_bf16, random_case  # noqa: E402
+from test_gather_cpu import local_rows as _local_rows  # noqa: E402  (a rank's slice of the expert rows)
 
 K, H = 4, 512
 
@@ -56,14 +57,7 @@ def case(tokens, seed=7):
 
 
 def local_rows(g, w, tokens, nranks, rank, pad=1):
-    per = -(-tokens // nranks) if tokens else 0
-    lo, hi = min(rank * per, tokens), min((rank + 1) * per, tokens)
-    cap = per + pad
-    lg = torch.full((cap, K, H), float("nan"), dtype=BF16)
-    lw = torch.full((cap, K), float("nan"))
-    lg[: hi - lo] = g.view(-1, K, H)[lo:hi]
-    lw[: hi - lo] = w[lo:hi]
-    return lg.view(cap * K, H), lw
+    return _local_rows(g, w, tokens, nranks, rank, K, H, pad)
 
 
 ARGS = dict(scales=(0.5, 1.5), routed=1.25)
