@@ -129,8 +129,9 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
     const int par = (int)(E & 1ull);
     const uint32_t tag = (uint32_t)E;
     const bool ll = !TWO && p.ll && !bm_tp_ll_clearing(E);
-    const int conc = bm_tp_claim(p, E);
-    int bad = conc;
+    int dead;
+    const int conc = bm_tp_claim(p, E, dead);
+    int bad = conc | dead;
     if (!conc) {
         bm_tp_ll_clear(p, E);
         bm_tp_announce(p, E, fb);
@@ -290,7 +291,8 @@ __global__ void bm_tp_reject_kernel(const bm_tp_params p)
     bm_pdl_wait();
     const unsigned long long E = bm_tp_epoch(p, 0);
     const int par = (int)(E & 1ull);
-    const int conc = bm_tp_claim(p, E);
+    int dead;
+    const int conc = bm_tp_claim(p, E, dead);
     if (!conc) {
         bm_tp_ll_clear(p, E);
         if (threadIdx.x == 0)
@@ -300,14 +302,16 @@ __global__ void bm_tp_reject_kernel(const bm_tp_params p)
     }
     __syncthreads();
     int tb = 0;
-    if (!conc && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+    if (!conc && !dead && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
         const int s = (int)threadIdx.x;
-        /* PEER_REJECTED: s rejected E too, so it started E (no harm) */
         tb = bm_tp_wait_ge(p, bm_tp_word(p.peer[p.rank], p.arr_off, s), E, s, E, 0, 0);
+        /* PEER_REJECTED: s rejected E too, so it started E; no failure */
+        if (tb == BM_TP_PEER_REJECTED)
+            tb = 0;
         if (tb)
             bm_tp_fail(p, tb, s, E);
     }
-    const int late = __syncthreads_or(conc | (tb == BM_TP_TIMEOUT));
+    const int late = __syncthreads_or(conc | dead | (tb == BM_TP_TIMEOUT));
     if (!late) {
         if (threadIdx.x == 0) {
             for (int s = 0; s < p.nranks; ++s)
@@ -339,8 +343,9 @@ __global__ void __launch_bounds__(256) bm_tp_allgather_kernel(const bm_tp_params
     const int C = p.hidden >> 3;
     bm_pdl_wait();
     const unsigned long long E = bm_tp_epoch(p, fb);
-    const int conc = bm_tp_claim(p, E);
-    int bad = conc;
+    int dead;
+    const int conc = bm_tp_claim(p, E, dead);
+    int bad = conc | dead;
     if (!conc) {
         bm_tp_ll_clear(p, E);
         bm_tp_announce(p, E, fb);
@@ -377,14 +382,15 @@ __global__ void bm_tp_record_kernel(uint32_t *rec, int rank, uint32_t status, ui
     }
 }
 
-__global__ void bm_tp_check_kernel(const uint32_t *rec, int nranks, uint32_t sig, bm_tp_err *err)
+__global__ void bm_tp_check_kernel(const uint32_t *rec, int nranks, uint32_t sig, bm_tp_err *err,
+                                   unsigned long long *state)
 {
     bm_pdl_wait();
     const int s = (int)threadIdx.x;
     if (s < nranks) {
         const int why = rec[2 * s] != 0u ? BM_TP_PEER_REJECTED : rec[2 * s + 1] != sig ? BM_TP_MISMATCH : 0;
         if (why)
-            bm_tp_put_err(err, why, s, 0ull);
+            bm_tp_put_err(err, state, why, s, 0ull);
     }
 }
 
@@ -638,7 +644,7 @@ cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig
 
 cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, cudaStream_t stream)
 {
-    bm_tp_check_kernel<<<1, BM_TP_MAX_RANKS, 0, stream>>>(w->rec, w->nranks, sig, w->err_d);
+    bm_tp_check_kernel<<<1, BM_TP_MAX_RANKS, 0, stream>>>(w->rec, w->nranks, sig, w->err_d, w->epoch);
     return cudaGetLastError();
 }
 

@@ -105,9 +105,15 @@ struct bm_tp_err {
 
 
 /* Words of a rank's own device state after the BM_TP_MAX_BLOCKS epoch
- * copies: the claim of the grid that runs (0: none) and the count of its
- * blocks that finished. */
-enum { BM_TP_CLAIM = BM_TP_MAX_BLOCKS, BM_TP_DONE = BM_TP_MAX_BLOCKS + 1, BM_TP_STATE_WORDS = BM_TP_MAX_BLOCKS + 2 };
+ * copies: the claim of the grid that runs (0: none), the count of its
+ * blocks that finished, and the dead word (nonzero once a failure was
+ * recorded: later kernels then wait for nothing, bm_tp_claim). */
+enum {
+    BM_TP_CLAIM = BM_TP_MAX_BLOCKS,
+    BM_TP_DONE = BM_TP_MAX_BLOCKS + 1,
+    BM_TP_DEAD = BM_TP_MAX_BLOCKS + 2,
+    BM_TP_STATE_WORDS = BM_TP_MAX_BLOCKS + 3
+};
 
 struct bm_tp_ws {
     ncclComm_t comm;          /* NULL for an in-process group */
@@ -125,7 +131,7 @@ struct bm_tp_ws {
     size_t flags_off, errf_off, arr_off, sig_off, fail_off, ll_off, data_off, slot_bytes, region_bytes;
     int64_t ll_rows;
 
-    unsigned long long *epoch;     /* device: [BM_TP_STATE_WORDS]: the epoch copies, claim, done */
+    unsigned long long *epoch;     /* device: [BM_TP_STATE_WORDS]: the epoch copies, claim, done, dead */
     uint16_t *ag;                  /* UNFUSED all-gather rows */
     size_t ag_rows;
     uint32_t *rec;                 /* NCCL UNFUSED: [2 * BM_TP_MAX_RANKS] records (status, signature) */

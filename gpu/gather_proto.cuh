@@ -94,9 +94,14 @@ __device__ __forceinline__ uint16_t *bm_tp_slot(char *region, const bm_tp_params
 /* ---- failures ------------------------------------------------------------------ */
 
 /* Record a failure in the host-mapped record (any one of several racing
- * writers wins; all describe a real failure of this call). */
-__device__ __forceinline__ void bm_tp_put_err(bm_tp_err *err, int code, int peer, unsigned long long E)
+ * writers wins; all describe a real failure of this call), and mark the
+ * workspace dead on the device (state: its epoch words) so that the kernels
+ * already queued behind this one, eager or in a graph, give up at once
+ * instead of each waiting for the timeout. */
+__device__ __forceinline__ void bm_tp_put_err(bm_tp_err *err, unsigned long long *state, int code, int peer,
+                                              unsigned long long E)
 {
+    *(volatile unsigned long long *)(state + BM_TP_DEAD) = 1ull;
     err->peer = peer;
     err->epoch = E;
     err->code = (uint32_t)code;
@@ -105,21 +110,26 @@ __device__ __forceinline__ void bm_tp_put_err(bm_tp_err *err, int code, int peer
 
 __device__ __forceinline__ void bm_tp_record(const bm_tp_params &p, int code, int peer, unsigned long long E)
 {
-    bm_tp_put_err(p.err, code, peer, E);
+    bm_tp_put_err(p.err, p.epoch, code, peer, E);
 }
 
-/* A failure this rank found in epoch E (a timeout, a peer's rejection or
- * other arguments): recorded here, and published at every peer as
- * fail[r] = E, so that a peer waiting for this rank's rows or flags in E
- * stops at once instead of at its timeout, and a peer that already has this
- * rank's flag sees that the rows behind it are incomplete. */
-__device__ __forceinline__ void bm_tp_fail(const bm_tp_params &p, int code, int peer, unsigned long long E)
+/* fail[r] = E at every peer: a peer waiting for this rank's rows or flags
+ * in E stops at once instead of at its timeout, and a peer that already has
+ * this rank's flag sees that the rows behind it are incomplete. */
+__device__ __forceinline__ void bm_tp_publish_fail(const bm_tp_params &p, unsigned long long E)
 {
-    bm_tp_record(p, code, peer, E);
     for (int s = 0; s < p.nranks; ++s)
         if (s != p.rank)
             *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.fail_off, p.rank) = E;
     __threadfence_system();
+}
+
+/* A failure this rank found in epoch E (a timeout, a peer's rejection or
+ * other arguments): recorded here and published at every peer. */
+__device__ __forceinline__ void bm_tp_fail(const bm_tp_params &p, int code, int peer, unsigned long long E)
+{
+    bm_tp_record(p, code, peer, E);
+    bm_tp_publish_fail(p, E);
 }
 
 /* The signature word of epoch E: its low 32 bits beside the signature. */
@@ -298,10 +308,15 @@ __device__ __forceinline__ unsigned long long bm_tp_epoch(const bm_tp_params &p,
  * means two calls on this workspace overlap on the device (they were not
  * ordered on one stream): this block then computes nothing, and the
  * failure is recorded, which makes the workspace dead. Must follow the
- * programmatic-launch wait (the previous grid has completed). */
-__device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long long E)
+ * programmatic-launch wait (the previous grid has completed).
+ * dead (block-uniform): an earlier kernel of this workspace recorded a
+ * failure. The block then computes and waits for nothing, and publishes
+ * fail[r] = E at every peer, so that a peer's kernel of E stops at once
+ * too: after one failure, every queued kernel of every rank ends without
+ * waiting (the first failure's record stays). */
+__device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long long E, int &dead)
 {
-    int conc = 0;
+    int conc = 0, gone = 0;
     if (threadIdx.x == 0) {
         unsigned long long gid;
         asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
@@ -310,7 +325,12 @@ __device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long 
         conc = old != 0ull && old != me;
         if (conc)
             bm_tp_record(p, BM_TP_CONCURRENT, p.rank, E);
+        else if (*(volatile unsigned long long *)(p.epoch + BM_TP_DEAD) != 0ull) {
+            gone = 1;
+            bm_tp_publish_fail(p, E);
+        }
     }
+    dead = __syncthreads_or(gone);
     return __syncthreads_or(conc);
 }
 

@@ -271,12 +271,14 @@ static void free_data(data *d)
 
 /* One call of this rank with T tokens (hidden_arg: the hidden passed). */
 static __thread double g_call_ms; /* when the last call was made (for messages) */
+static __thread beam_workspace *g_call_ws; /* and on which workspace */
 static double now_ms(void);
 
 static beam_status call(beam_workspace *ws, data *d, int64_t T, int32_t hidden_arg, beam_strategy st,
                         cudaStream_t stream)
 {
     g_call_ms = now_ms();
+    g_call_ws = ws;
     const int H = d->pb.H, K = d->pb.K;
     const int64_t L = (T + g_R - 1) / g_R;
     const int64_t lo = (int64_t)g_rank * L;
@@ -285,6 +287,16 @@ static beam_status call(beam_workspace *ws, data *d, int64_t T, int32_t hidden_a
         ws, d->dx + (size_t)lo * K * H, d->dw + (size_t)lo * K, L, T, K, hidden_arg, d->pb.rs,
         d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->sc : NULL, d->pb.next ? &d->next : NULL, hid,
         d->pb.next ? d->dn : NULL, st, stream);
+}
+
+/* For a failure message: what the last call's workspace reports now (a
+ * call with no rows launches nothing; on a workspace that recorded a
+ * failure it returns that failure). */
+static const char *ws_state(data *d)
+{
+    if (!g_call_ws || call(g_call_ws, d, 0, d->pb.H, BEAM_STRATEGY_AUTO, g_stream) == BEAM_OK)
+        return "no failure recorded";
+    return beam_last_error();
 }
 
 /* Reset the outputs to the sentinel (and the in-place residual). */
@@ -310,9 +322,10 @@ static void verify(data *d, int64_t T, int64_t untouched_from, const char *what)
     if (d->pb.next) CK(cudaMemcpy(g_nbuf, d->dn, n * 2, cudaMemcpyDeviceToHost));
     for (i = 0; i < T * H; ++i) {
         if (g_hbuf[i] != d->ref_h[i])
-            FAIL("%s [%s] T=%lld: hidden[%lld][%lld] = 0x%04x, reference 0x%04x (%.0f ms after the call)", what,
-                 d->pb.name, (long long)T, (long long)(i / H), (long long)(i % H), g_hbuf[i], d->ref_h[i],
-                 now_ms() - g_call_ms);
+            FAIL("%s [%s] T=%lld: hidden[%lld][%lld] = 0x%04x, reference 0x%04x (%.0f ms after the call; "
+                 "workspace: %s)",
+                 what, d->pb.name, (long long)T, (long long)(i / H), (long long)(i % H), g_hbuf[i], d->ref_h[i],
+                 now_ms() - g_call_ms, ws_state(d));
         if (d->pb.next && g_nbuf[i] != d->ref_n[i])
             FAIL("%s [%s] T=%lld: normalized[%lld][%lld] = 0x%04x, reference 0x%04x", what, d->pb.name,
                  (long long)T, (long long)(i / H), (long long)(i % H), g_nbuf[i], d->ref_n[i]);
@@ -520,7 +533,14 @@ static void part_stress(uint64_t seed, int n)
             CK(cudaStreamEndCapture(st, &graph));
             CK(cudaGraphInstantiate(&ex[g], graph, 0));
             CK(cudaGraphDestroy(graph));
+            CK(cudaGraphUpload(ex[g], st));
         }
+        /* With ranks sharing a device (test_gather_group), instantiating,
+         * uploading or destroying a graph may wait for the device's other
+         * work, a peer's gather kernel included, which waits for this rank:
+         * no rank does so while a peer may have a call in flight. */
+        CK(cudaStreamSynchronize(st));
+        host_barrier();
         for (i = 1; i <= n; ++i) {
             g = (int)(rnd() % NG);
             if (i % check_every == 0) reset_outputs(&d, st);
@@ -531,7 +551,9 @@ static void part_stress(uint64_t seed, int n)
             }
         }
         CK(cudaStreamSynchronize(st));
+        host_barrier();
         for (g = 0; g < NG; ++g) CK(cudaGraphExecDestroy(ex[g]));
+        host_barrier();
     }
     /* the workspace is still in step: one more eager call of each kind */
     for (i = 0; i < 4; ++i) {
@@ -878,6 +900,24 @@ static void part_hosts(uint64_t seed)
     if (g_rank == 0) printf("hosts: ranks on different hosts take UNFUSED over NCCL's network transport, bit-identical\n");
 }
 
+/* The first kernel launched into a stream may wait for the device's other
+ * work (the runtime sets the stream up). With ranks sharing a device, that
+ * work can be a peer's gather kernel waiting for this rank: the rank's
+ * first launch would wait for the peer's timeout. So every rank launches a
+ * small kernel (a local operation) into its stream before any rank makes a
+ * gather call. */
+static void warm_stream(void)
+{
+    enum { H = 256 }; /* the smallest hidden size an operation takes */
+    uint16_t *buf;
+    CK(cudaMalloc((void **)&buf, 3 * H * 2));
+    CK(cudaMemsetAsync(buf, 0, 3 * H * 2, g_stream));
+    BK(beam_norm_residual_norm(buf, buf + H, 1, H, NULL, NULL, NULL, buf + 2 * H, NULL, g_stream));
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaFree(buf));
+    host_barrier();
+}
+
 void gp_run_parts(uint64_t seed, int stress, const char *only)
 {
     /* the largest outputs: part_large's 16384 x 4096 */
@@ -887,6 +927,7 @@ void gp_run_parts(uint64_t seed, int stress, const char *only)
     /* each rank its own stream: ranks that are threads must never share
      * the legacy default stream, which would serialize their kernels */
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    warm_stream();
     if (!only || !strcmp(only, "unfused")) part_unfused(seed);
     if (!only || !strcmp(only, "sweep")) part_sweep(seed);
     if (!only || !strcmp(only, "large")) part_large(seed);

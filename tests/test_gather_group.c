@@ -114,6 +114,11 @@ int main(void)
      * until the timeout. Eight ranks use up to 24 streams (part concurrent:
      * two more per rank). */
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    /* Loading a kernel on first launch (CUDA's lazy loading) waits for the
+     * device's running kernels, a peer's waiting gather kernel among them:
+     * load every kernel when the context is made. The library loads its
+     * own at workspace creation; this covers the test's and the runtime's. */
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         printf("test_gather_group: no GPU visible: skipped\n");
         return 77;
