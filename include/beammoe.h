@@ -100,11 +100,12 @@ BEAM_API beam_status beam_set_backend(const char *name);
 /* finalize: for each live token t < live_tokens,
  *   output[t] = post_norm( bf16( bf16(sum_k w[t][k] * x[t][k]) * routed_scale ) )
  * output is [live_tokens, hidden]. stream is a cudaStream_t (CPU: ignored). */
-BEAM_API beam_status beam_moe_finalize(
+typedef beam_status beam_moe_finalize_fn(
     const uint16_t *expert_outputs, const float *expert_weights,
     int64_t capacity, int64_t live_tokens, int32_t top_k, int32_t hidden,
     float routed_scale, const beam_norm *post_norm,
     uint16_t *output, void *stream);
+BEAM_API beam_moe_finalize_fn beam_moe_finalize;
 
 /* norm_residual_norm: for each token,
  *   x'         = pre_norm ? N(x) : x
@@ -114,22 +115,24 @@ BEAM_API beam_status beam_moe_finalize(
  * scales is a host array of two floats or NULL. hidden may be the residual
  * buffer itself (in-place update). normalized must be non-NULL exactly when
  * next_norm is given. */
-BEAM_API beam_status beam_norm_residual_norm(
+typedef beam_status beam_norm_residual_norm_fn(
     const uint16_t *x, const uint16_t *residual,
     int64_t tokens, int32_t hidden,
     const beam_norm *pre_norm, const float *scales, const beam_norm *next_norm,
     uint16_t *hidden_out, uint16_t *normalized, void *stream);
+BEAM_API beam_norm_residual_norm_fn beam_norm_residual_norm;
 
 /* finalize then norm_residual_norm (no pre-norm) in one operation:
  * strategy AUTO, FUSED (one pass over memory) or UNFUSED (the composition).
  * residual, hidden_out, normalized are [live_tokens, hidden]. */
-BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
+typedef beam_status beam_moe_finalize_norm_residual_norm_fn(
     const uint16_t *expert_outputs, const float *expert_weights,
     int64_t capacity, int64_t live_tokens, int32_t top_k, int32_t hidden,
     float routed_scale, const beam_norm *post_norm,
     const uint16_t *residual, const float *scales, const beam_norm *next_norm,
     uint16_t *hidden_out, uint16_t *normalized,
     beam_strategy strategy, void *stream);
+BEAM_API beam_moe_finalize_norm_residual_norm_fn beam_moe_finalize_norm_residual_norm;
 
 /* ---- tensor-parallel gather -------------------------------------------- */
 
@@ -183,7 +186,7 @@ BEAM_API beam_status beam_workspace_info(const beam_workspace *workspace,
  * those rows (local row i = global row r*L + i; capacity >= L). residual,
  * hidden_out and normalized are the full replicated [tokens, hidden] arrays
  * on every rank, and every rank returns the same bits. */
-BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
+typedef beam_status beam_moe_finalize_gather_norm_residual_norm_fn(
     beam_workspace *workspace,
     const uint16_t *expert_outputs, const float *expert_weights,
     int64_t capacity, int64_t tokens, int32_t top_k, int32_t hidden,
@@ -191,6 +194,50 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
     const uint16_t *residual, const float *scales, const beam_norm *next_norm,
     uint16_t *hidden_out, uint16_t *normalized,
     beam_strategy strategy, void *stream);
+BEAM_API beam_moe_finalize_gather_norm_residual_norm_fn beam_moe_finalize_gather_norm_residual_norm;
+
+/* ---- a backend's table -------------------------------------------------- */
+
+/* Every operation of one backend, for a program that drives several
+ * backends at once (the audit, the tests) or loads them itself: each
+ * backend library (libbeammoe_cpu, libbeammoe_cuda) exports one entry point,
+ * beam_backend_ops, that returns its table. Members are that library's
+ * beam_* functions: a workspace or group made through one table is used
+ * through the same table, and its failures are read with its last_error.
+ * The table only grows: a new member goes at the end, and BEAM_OPS_VERSION
+ * counts the layouts. */
+#define BEAM_OPS_VERSION 1
+
+typedef struct beam_ops {
+    uint32_t version;  /* BEAM_OPS_VERSION of the library that made it */
+    uint32_t size;     /* sizeof(beam_ops) there */
+    const char *name;  /* "cpu", "cuda" */
+    int32_t device_memory; /* 1: the arrays of a call are device memory */
+    const char *(*last_error)(void);
+    beam_moe_finalize_fn *moe_finalize;
+    beam_norm_residual_norm_fn *norm_residual_norm;
+    beam_moe_finalize_norm_residual_norm_fn *moe_finalize_norm_residual_norm;
+    beam_workspace_config (*workspace_config_default)(void);
+    beam_status (*cpu_group_create)(int32_t nranks, beam_cpu_group **group);
+    beam_status (*cpu_group_destroy)(beam_cpu_group *group);
+    beam_status (*workspace_create_cpu)(beam_cpu_group *group, int32_t rank, int64_t max_tokens,
+                                        int32_t hidden, const beam_workspace_config *cfg,
+                                        beam_workspace **workspace);
+    beam_status (*workspace_create_nccl)(void *nccl_comm, int64_t max_tokens, int32_t hidden,
+                                         const beam_workspace_config *cfg, beam_workspace **workspace);
+    beam_status (*workspace_destroy)(beam_workspace *workspace);
+    beam_status (*workspace_info)(const beam_workspace *workspace, int32_t *rank, int32_t *nranks);
+    beam_moe_finalize_gather_norm_residual_norm_fn *moe_finalize_gather_norm_residual_norm;
+} beam_ops;
+
+/* The table of backend `name` ("cpu", "cuda"; NULL: the backend that runs
+ * the calls now), for a caller built with `version` (BEAM_OPS_VERSION).
+ * libbeammoe loads the named backend's library and returns that library's
+ * own table; a backend library returns its own for its own name (or NULL).
+ * NULL when the backend is unknown, cannot load or cannot run here (CUDA
+ * with no device), or when version is not one this library serves; then
+ * beam_last_error() says which. */
+BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version);
 
 #ifdef __cplusplus
 }

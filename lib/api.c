@@ -7,6 +7,7 @@
  */
 #include "config.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -460,4 +461,76 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
     /* Even a rank whose arguments failed joins the collective, so that its
      * peers return an error too instead of waiting for it. */
     return BE->gather(&workspace->ws, &a, strategy, local);
+}
+
+/* ---- this library's table (beam_backend_ops) ------------------------- */
+
+/* Hidden aliases of the exported functions above: the table points at
+ * these, so that it reaches this library's code even where another library
+ * interposes a beam_* name (ELF symbol interposition). */
+#define BM_LOCAL(name) \
+    extern __typeof__(name) bm_local_##name __attribute__((alias(#name), visibility("hidden")))
+BM_LOCAL(beam_moe_finalize);
+BM_LOCAL(beam_norm_residual_norm);
+BM_LOCAL(beam_moe_finalize_norm_residual_norm);
+BM_LOCAL(beam_workspace_config_default);
+BM_LOCAL(beam_cpu_group_create);
+BM_LOCAL(beam_cpu_group_destroy);
+BM_LOCAL(beam_workspace_create_cpu);
+BM_LOCAL(beam_workspace_create_nccl);
+BM_LOCAL(beam_workspace_destroy);
+BM_LOCAL(beam_workspace_info);
+BM_LOCAL(beam_moe_finalize_gather_norm_residual_norm);
+#undef BM_LOCAL
+
+static const beam_ops bm_ops = {
+    BEAM_OPS_VERSION,
+    (uint32_t)sizeof(beam_ops),
+    NULL, /* name and device_memory: from BE and backends.def, bm_ops_fill */
+    0,
+    bm_last_error,
+    bm_local_beam_moe_finalize,
+    bm_local_beam_norm_residual_norm,
+    bm_local_beam_moe_finalize_norm_residual_norm,
+    bm_local_beam_workspace_config_default,
+    bm_local_beam_cpu_group_create,
+    bm_local_beam_cpu_group_destroy,
+    bm_local_beam_workspace_create_cpu,
+    bm_local_beam_workspace_create_nccl,
+    bm_local_beam_workspace_destroy,
+    bm_local_beam_workspace_info,
+    bm_local_beam_moe_finalize_gather_norm_residual_norm,
+};
+
+static beam_ops bm_ops_filled;
+static pthread_once_t bm_ops_once = PTHREAD_ONCE_INIT;
+
+static void bm_ops_fill(void)
+{
+    bm_ops_filled = bm_ops;
+    bm_ops_filled.name = BE->name;
+    bm_ops_filled.device_memory = bm_backend_device_memory(bm_backend_find(BE->name));
+}
+
+BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version)
+{
+    static const char fn[] = "beam_backend_ops";
+    bm_clear_error();
+    if (version != BEAM_OPS_VERSION) {
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: version=%u: this library serves table version %u", fn,
+                (unsigned)version, (unsigned)BEAM_OPS_VERSION);
+        return NULL;
+    }
+    if (name && strcmp(name, BE->name) != 0) {
+        if (bm_backend_find(name) >= 0)
+            bm_fail(BEAM_ERR_UNSUPPORTED,
+                    "%s: name=\"%s\": this library holds only the %s backend (libbeammoe loads any)", fn,
+                    name, BE->name);
+        else
+            bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: name=\"%s\" must be %s", fn, name, bm_backend_choices(1));
+        return NULL;
+    }
+    if (BE->available() != BEAM_OK) return NULL;
+    pthread_once(&bm_ops_once, bm_ops_fill);
+    return &bm_ops_filled;
 }

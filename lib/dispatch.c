@@ -3,8 +3,9 @@
  * backend library (libbeammoe_cpu or libbeammoe_cuda).
  *
  * Each backend library is loaded with dlopen(RTLD_LOCAL) and reached only
- * through a table of its entry points (bm_api below, filled by dlsym), so
- * this library never calls its own exported names. The backend checks the
+ * through its table (beam_ops of beammoe.h), which its one entry point,
+ * beam_backend_ops, returns; so this library never calls its own exported
+ * names, and one symbol is looked up per backend. The backend checks the
  * arguments; after a failed call its message is copied into this library's
  * thread-local message. The choice: BEAM_BACKEND=cpu|cuda|auto at first use,
  * or beam_set_backend(); "auto" takes CUDA when that library loads and sees a
@@ -36,60 +37,25 @@
 #error "BEAM_SO_SUFFIX comes from config.h (configure.ac)"
 #endif
 
-/* The entry points a backend library exports, as an X-macro:
- * X(name, return type, parameter list). */
-#define BM_API_LIST(X)                                                                          \
-    X(beam_last_error, const char *, (void))                                                   \
-    X(beam_backend_name, const char *, (void))                                                 \
-    X(beam_set_backend, beam_status, (const char *))                                           \
-    X(beam_moe_finalize, beam_status,                                                          \
-      (const uint16_t *, const float *, int64_t, int64_t, int32_t, int32_t, float,             \
-       const beam_norm *, uint16_t *, void *))                                                 \
-    X(beam_norm_residual_norm, beam_status,                                                    \
-      (const uint16_t *, const uint16_t *, int64_t, int32_t, const beam_norm *, const float *, \
-       const beam_norm *, uint16_t *, uint16_t *, void *))                                     \
-    X(beam_moe_finalize_norm_residual_norm, beam_status,                                       \
-      (const uint16_t *, const float *, int64_t, int64_t, int32_t, int32_t, float,             \
-       const beam_norm *, const uint16_t *, const float *, const beam_norm *, uint16_t *,      \
-       uint16_t *, beam_strategy, void *))                                                     \
-    X(beam_workspace_config_default, beam_workspace_config, (void))                            \
-    X(beam_cpu_group_create, beam_status, (int32_t, beam_cpu_group **))                        \
-    X(beam_cpu_group_destroy, beam_status, (beam_cpu_group *))                                 \
-    X(beam_workspace_create_cpu, beam_status,                                                  \
-      (beam_cpu_group *, int32_t, int64_t, int32_t, const beam_workspace_config *,             \
-       beam_workspace **))                                                                     \
-    X(beam_workspace_create_nccl, beam_status,                                                 \
-      (void *, int64_t, int32_t, const beam_workspace_config *, beam_workspace **))            \
-    X(beam_workspace_destroy, beam_status, (beam_workspace *))                                 \
-    X(beam_workspace_info, beam_status, (const beam_workspace *, int32_t *, int32_t *))        \
-    X(beam_moe_finalize_gather_norm_residual_norm, beam_status,                                \
-      (beam_workspace *, const uint16_t *, const float *, int64_t, int64_t, int32_t, int32_t,  \
-       float, const beam_norm *, const uint16_t *, const float *, const beam_norm *,           \
-       uint16_t *, uint16_t *, beam_strategy, void *))
-
-typedef struct bm_api {
-#define BM_FIELD(name, ret, params) ret(*name) params;
-    BM_API_LIST(BM_FIELD)
-#undef BM_FIELD
-} bm_api;
+typedef beam_ops const *bm_entry_fn(const char *, uint32_t);
 
 typedef struct bm_loaded {
     int tried;
     void *handle;
-    bm_api api;
-    char why[384]; /* why it did not load */
+    const beam_ops *ops; /* the backend library's own table */
+    char why[384];       /* why it did not load or cannot run */
 } bm_loaded;
 
 static pthread_mutex_t bm_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t bm_once = PTHREAD_ONCE_INIT;
 static bm_loaded bm_backends[BM_NBACKENDS];
-static const bm_api *bm_current;     /* read with __atomic_load_n */
+static const beam_ops *bm_current;  /* read with __atomic_load_n */
 static beam_status bm_init_status;   /* of BEAM_BACKEND at first use */
 static char bm_init_msg[512];
 
 /* A workspace of this library: the backend that made it and its handle. */
 struct beam_workspace {
-    const bm_api *be;
+    const beam_ops *be;
     beam_workspace *inner;
 };
 
@@ -119,7 +85,7 @@ static bm_loaded *bm_load(int b)
     Dl_info info;
     void *h = NULL;
 
-    if (l->tried) return l->handle ? l : NULL;
+    if (l->tried) return l->ops ? l : NULL;
     l->tried = 1;
     snprintf(file, sizeof file, "libbeammoe_%s%s", bm_backend_name(b), BEAM_SO_SUFFIX);
     if (env && *env) h = bm_try_open(env, file, l->why, sizeof l->why);
@@ -135,15 +101,34 @@ static bm_loaded *bm_load(int b)
     if (!h) h = bm_try_open(BEAM_LIBDIR, file, l->why, sizeof l->why);
     if (!h) h = bm_try_open(NULL, file, l->why, sizeof l->why);
     if (!h) return NULL;
-#define BM_SYM(name, ret, params)                                                      \
-    *(void **)(&l->api.name) = dlsym(h, #name);                                        \
-    if (!l->api.name) {                                                                \
-        snprintf(l->why, sizeof l->why, "%s lacks the symbol %s", file, #name);        \
-        dlclose(h);                                                                    \
-        return NULL;                                                                   \
+    /* one entry point: the backend's table, for this library's layout */
+    {
+        bm_entry_fn *entry;
+        *(void **)(&entry) = dlsym(h, "beam_backend_ops");
+        if (!entry) {
+            snprintf(l->why, sizeof l->why, "%s lacks the symbol beam_backend_ops", file);
+            dlclose(h);
+            return NULL;
+        }
+        l->ops = entry(bm_backend_name(b), BEAM_OPS_VERSION);
+        if (!l->ops) {
+            /* loaded, but cannot serve: its own message says why (no
+             * device, another table version); keep the library, it may
+             * hold the only copy of a message for later */
+            const char *(*msg)(void);
+            *(void **)(&msg) = dlsym(h, "beam_last_error");
+            snprintf(l->why, sizeof l->why, "%s", msg ? msg() : "beam_backend_ops returned NULL");
+            l->handle = h;
+            return NULL;
+        }
+        if (l->ops->version != BEAM_OPS_VERSION || l->ops->size < sizeof(beam_ops)) {
+            snprintf(l->why, sizeof l->why, "%s has table version %u (%u bytes); this library needs %u", file,
+                     (unsigned)l->ops->version, (unsigned)l->ops->size, (unsigned)BEAM_OPS_VERSION);
+            l->ops = NULL;
+            dlclose(h);
+            return NULL;
+        }
     }
-    BM_API_LIST(BM_SYM)
-#undef BM_SYM
     l->handle = h;
     return l;
 }
@@ -165,14 +150,15 @@ static beam_status bm_select(const char *name, const char *fn)
     /* "auto" tries the list from the bottom up, the CPU last */
     for (; b >= 0; b--) {
         l = bm_load(b);
-        if (!l) {
+        if (!l && bm_backends[b].handle) {
+            st = bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend cannot run here: %s", fn,
+                         bm_backend_name(b), bm_backends[b].why);
+        } else if (!l) {
             st = bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend did not load: %s", fn, bm_backend_name(b),
                          bm_backends[b].why);
-        } else if ((st = l->api.beam_set_backend(bm_backend_name(b))) != BEAM_OK) {
-            st = bm_fail(st, "%s: the %s backend cannot run here: %s", fn, bm_backend_name(b),
-                         l->api.beam_last_error());
         } else {
-            __atomic_store_n(&bm_current, &l->api, __ATOMIC_RELEASE);
+            st = BEAM_OK;
+            __atomic_store_n(&bm_current, l->ops, __ATOMIC_RELEASE);
             /* "auto" that fell back to the CPU succeeded: no stale message
              * about the CUDA attempt may be left for beam_last_error() */
             bm_clear_error();
@@ -192,9 +178,9 @@ static void bm_init(void)
 }
 
 /* The current backend, or NULL (then bm_no_backend() says why). */
-static const bm_api *bm_be(void)
+static const beam_ops *bm_be(void)
 {
-    const bm_api *be;
+    const beam_ops *be;
     pthread_once(&bm_once, bm_init);
     be = __atomic_load_n(&bm_current, __ATOMIC_ACQUIRE);
     return be;
@@ -206,9 +192,9 @@ static beam_status bm_no_backend(void)
 }
 
 /* Forward a call's status; on failure copy the backend's message. */
-static beam_status bm_ret(const bm_api *be, beam_status st)
+static beam_status bm_ret(const beam_ops *be, beam_status st)
 {
-    if (st != BEAM_OK) return bm_fail(st, "%s", be->beam_last_error());
+    if (st != BEAM_OK) return bm_fail(st, "%s", be->last_error());
     return BEAM_OK;
 }
 
@@ -216,8 +202,8 @@ static beam_status bm_ret(const bm_api *be, beam_status st)
 
 BEAM_API const char *beam_backend_name(void)
 {
-    const bm_api *be = bm_be();
-    return be ? be->beam_backend_name() : "none";
+    const beam_ops *be = bm_be();
+    return be ? be->name : "none";
 }
 
 BEAM_API beam_status beam_set_backend(const char *name)
@@ -232,10 +218,10 @@ BEAM_API beam_status beam_moe_finalize(const uint16_t *expert_outputs, const flo
                                        int32_t hidden, float routed_scale, const beam_norm *post_norm,
                                        uint16_t *output, void *stream)
 {
-    const bm_api *be = bm_be();
+    const beam_ops *be = bm_be();
     bm_clear_error();
     if (!be) return bm_no_backend();
-    return bm_ret(be, be->beam_moe_finalize(expert_outputs, expert_weights, capacity, live_tokens, top_k,
+    return bm_ret(be, be->moe_finalize(expert_outputs, expert_weights, capacity, live_tokens, top_k,
                                             hidden, routed_scale, post_norm, output, stream));
 }
 
@@ -244,10 +230,10 @@ BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *
                                              const beam_norm *next_norm, uint16_t *hidden_out,
                                              uint16_t *normalized, void *stream)
 {
-    const bm_api *be = bm_be();
+    const beam_ops *be = bm_be();
     bm_clear_error();
     if (!be) return bm_no_backend();
-    return bm_ret(be, be->beam_norm_residual_norm(x, residual, tokens, hidden, pre_norm, scales, next_norm,
+    return bm_ret(be, be->norm_residual_norm(x, residual, tokens, hidden, pre_norm, scales, next_norm,
                                                   hidden_out, normalized, stream));
 }
 
@@ -257,59 +243,59 @@ BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
     const uint16_t *residual, const float *scales, const beam_norm *next_norm, uint16_t *hidden_out,
     uint16_t *normalized, beam_strategy strategy, void *stream)
 {
-    const bm_api *be = bm_be();
+    const beam_ops *be = bm_be();
     bm_clear_error();
     if (!be) return bm_no_backend();
-    return bm_ret(be, be->beam_moe_finalize_norm_residual_norm(
+    return bm_ret(be, be->moe_finalize_norm_residual_norm(
                           expert_outputs, expert_weights, capacity, live_tokens, top_k, hidden, routed_scale,
                           post_norm, residual, scales, next_norm, hidden_out, normalized, strategy, stream));
 }
 
 BEAM_API beam_workspace_config beam_workspace_config_default(void)
 {
-    const bm_api *be = bm_be();
+    const beam_ops *be = bm_be();
     beam_workspace_config c;
-    if (be) return be->beam_workspace_config_default();
+    if (be) return be->workspace_config_default();
     memset(&c, 0, sizeof c);
     return c;
 }
 
 /* The CPU group is the CPU backend's, whichever backend is current. */
-static const bm_api *bm_cpu_be(const char *fn)
+static const beam_ops *bm_cpu_be(const char *fn)
 {
     bm_loaded *l;
     pthread_mutex_lock(&bm_mu);
     l = bm_load(BM_CPU);
     pthread_mutex_unlock(&bm_mu);
     if (!l) {
-        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend did not load: %s", fn, bm_backend_name(BM_CPU),
-                bm_backends[BM_CPU].why);
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend %s: %s", fn, bm_backend_name(BM_CPU),
+                bm_backends[BM_CPU].handle ? "cannot run here" : "did not load", bm_backends[BM_CPU].why);
         return NULL;
     }
-    return &l->api;
+    return l->ops;
 }
 
 BEAM_API beam_status beam_cpu_group_create(int32_t nranks, beam_cpu_group **group)
 {
-    const bm_api *be;
+    const beam_ops *be;
     bm_clear_error();
     be = bm_cpu_be("beam_cpu_group_create");
     if (!be) return BEAM_ERR_UNSUPPORTED;
-    return bm_ret(be, be->beam_cpu_group_create(nranks, group));
+    return bm_ret(be, be->cpu_group_create(nranks, group));
 }
 
 BEAM_API beam_status beam_cpu_group_destroy(beam_cpu_group *group)
 {
-    const bm_api *be;
+    const beam_ops *be;
     bm_clear_error();
     if (!group) return BEAM_OK;
     be = bm_cpu_be("beam_cpu_group_destroy");
     if (!be) return BEAM_ERR_UNSUPPORTED;
-    return bm_ret(be, be->beam_cpu_group_destroy(group));
+    return bm_ret(be, be->cpu_group_destroy(group));
 }
 
 /* Wrap a backend's new workspace so later calls reach the same backend. */
-static beam_status bm_wrap(const bm_api *be, beam_status st, beam_workspace *inner, beam_workspace **out,
+static beam_status bm_wrap(const beam_ops *be, beam_status st, beam_workspace *inner, beam_workspace **out,
                            const char *fn)
 {
     struct beam_workspace *w;
@@ -317,7 +303,7 @@ static beam_status bm_wrap(const bm_api *be, beam_status st, beam_workspace *inn
     w = (struct beam_workspace *)malloc(sizeof *w);
     if (!w) {
         /* Collective destroy is fine here: the CPU group's destroy is local. */
-        be->beam_workspace_destroy(inner);
+        be->workspace_destroy(inner);
         return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     }
     w->be = be;
@@ -331,7 +317,7 @@ BEAM_API beam_status beam_workspace_create_cpu(beam_cpu_group *group, int32_t ra
                                                beam_workspace **workspace)
 {
     static const char fn[] = "beam_workspace_create_cpu";
-    const bm_api *be;
+    const beam_ops *be;
     beam_workspace *inner = NULL;
     struct beam_workspace *w = NULL;
     beam_status st;
@@ -347,7 +333,7 @@ BEAM_API beam_status beam_workspace_create_cpu(beam_cpu_group *group, int32_t ra
      * rank fails at once instead of the others waiting for it, or holding
      * workspaces this rank does not. */
     if (workspace) w = (struct beam_workspace *)malloc(sizeof *w);
-    st = be->beam_workspace_create_cpu(group, rank, max_tokens, hidden, cfg, w ? &inner : NULL);
+    st = be->workspace_create_cpu(group, rank, max_tokens, hidden, cfg, w ? &inner : NULL);
     if (workspace && !w) return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     if (st != BEAM_OK || !w) {
         free(w);
@@ -363,14 +349,14 @@ BEAM_API beam_status beam_workspace_create_nccl(void *nccl_comm, int64_t max_tok
                                                 const beam_workspace_config *cfg, beam_workspace **workspace)
 {
     static const char fn[] = "beam_workspace_create_nccl";
-    const bm_api *be = bm_be();
+    const beam_ops *be = bm_be();
     beam_workspace *inner = NULL;
     beam_status st;
     bm_clear_error();
     if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
     *workspace = NULL;
     if (!be) return bm_no_backend();
-    st = be->beam_workspace_create_nccl(nccl_comm, max_tokens, hidden, cfg, &inner);
+    st = be->workspace_create_nccl(nccl_comm, max_tokens, hidden, cfg, &inner);
     return bm_wrap(be, st, inner, workspace, fn);
 }
 
@@ -379,7 +365,7 @@ BEAM_API beam_status beam_workspace_destroy(beam_workspace *workspace)
     beam_status st;
     bm_clear_error();
     if (!workspace) return BEAM_OK;
-    st = bm_ret(workspace->be, workspace->be->beam_workspace_destroy(workspace->inner));
+    st = bm_ret(workspace->be, workspace->be->workspace_destroy(workspace->inner));
     /* The backend refused (an argument error: a call on the workspace is
      * still in progress) and kept its handle: keep ours too. */
     if (st == BEAM_ERR_INVALID_ARGUMENT) return st;
@@ -392,7 +378,7 @@ BEAM_API beam_status beam_workspace_info(const beam_workspace *workspace, int32_
     bm_clear_error();
     if (!workspace)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_workspace_info: workspace must not be NULL");
-    return bm_ret(workspace->be, workspace->be->beam_workspace_info(workspace->inner, rank, nranks));
+    return bm_ret(workspace->be, workspace->be->workspace_info(workspace->inner, rank, nranks));
 }
 
 BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
@@ -405,8 +391,41 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
     if (!workspace)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
                        "beam_moe_finalize_gather_norm_residual_norm: workspace must not be NULL");
-    return bm_ret(workspace->be, workspace->be->beam_moe_finalize_gather_norm_residual_norm(
+    return bm_ret(workspace->be, workspace->be->moe_finalize_gather_norm_residual_norm(
                                      workspace->inner, expert_outputs, expert_weights, capacity, tokens,
                                      top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
                                      hidden_out, normalized, strategy, stream));
+}
+
+BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version)
+{
+    static const char fn[] = "beam_backend_ops";
+    const beam_ops *be;
+    bm_loaded *l;
+    int b;
+    bm_clear_error();
+    if (version != BEAM_OPS_VERSION) {
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: version=%u: this library serves table version %u", fn,
+                (unsigned)version, (unsigned)BEAM_OPS_VERSION);
+        return NULL;
+    }
+    if (!name) {
+        be = bm_be();
+        if (!be) bm_no_backend();
+        return be;
+    }
+    b = bm_backend_find(name);
+    if (b < 0) {
+        bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: name=\"%s\" must be %s", fn, name, bm_backend_choices(1));
+        return NULL;
+    }
+    pthread_mutex_lock(&bm_mu);
+    l = bm_load(b);
+    pthread_mutex_unlock(&bm_mu);
+    if (!l) {
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend %s: %s", fn, name,
+                bm_backends[b].handle ? "cannot run here" : "did not load", bm_backends[b].why);
+        return NULL;
+    }
+    return l->ops;
 }
