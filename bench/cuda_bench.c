@@ -111,6 +111,15 @@ static const shape shapes[] = {
     {4096, 4096}, {4096, 2048},
 };
 
+/* The CUDA backend's table: every timed call goes through it, and a failed
+ * one's message is that table's. */
+static const beam_ops *g_ops;
+#define OPS_OK(x)                                                                \
+    do {                                                                         \
+        beam_status ok_s_ = (x);                                                 \
+        if (ok_s_ != BEAM_OK) FAIL("%s: %s", #x, g_ops->last_error());          \
+    } while (0)
+
 /* Median time per call (us) of a graph of n calls of op; rotate: call i
  * uses buffer set i (else every call uses set 0). */
 static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *pool, size_t set_bytes,
@@ -134,13 +143,13 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         const float *sc = cf->scales ? scales : NULL;
         switch (cf->op) {
         case OP_FIN:
-            BK(beam_moe_finalize(x, w, T, T, K, H, cf->routed, nA, out, st));
+            OPS_OK(g_ops->moe_finalize(x, w, T, T, K, H, cf->routed, nA, out, st));
             break;
         case OP_NRN:
-            BK(beam_norm_residual_norm(x, res, T, H, nA, sc, next, out, nrm, st));
+            OPS_OK(g_ops->norm_residual_norm(x, res, T, H, nA, sc, next, out, nrm, st));
             break;
         default:
-            BK(beam_moe_finalize_norm_residual_norm(
+            OPS_OK(g_ops->moe_finalize_norm_residual_norm(
                 x, w, T, T, K, H, cf->routed, nA, res, sc, next, out, nrm,
                 cf->op == OP_FUSED ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED, st));
         }
@@ -181,6 +190,8 @@ int main(int argc, char **argv)
         return 77;
     }
     BK(beam_set_backend("cuda"));
+    g_ops = beam_backend_ops("cuda", BEAM_OPS_VERSION);
+    if (!g_ops) FAIL("beam_backend_ops(\"cuda\"): %s", beam_last_error());
     CK(cudaGetDevice(&dev));
     CK(cudaGetDeviceProperties(&prop, dev));
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -306,8 +317,8 @@ int main(int argc, char **argv)
         next.eps = 1e-6f;
         t0 = now_s();
         for (i = 0; i < n; i++)
-            BK(beam_moe_finalize_norm_residual_norm(x, w, 1, 0, K, H, 1.0f, &post, res, NULL, &next, out,
-                                                    nrm, BEAM_STRATEGY_FUSED, st));
+            OPS_OK(g_ops->moe_finalize_norm_residual_norm(x, w, 1, 0, K, H, 1.0f, &post, res, NULL, &next, out,
+                                                          nrm, BEAM_STRATEGY_FUSED, st));
         t1 = now_s();
         printf("\nhost overhead, fused op, every check incl. 7 pointer attribute queries, no launch: %.2f us/call\n",
                (t1 - t0) / n * 1e6);
@@ -318,8 +329,8 @@ int main(int argc, char **argv)
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             t0 = now_s();
             for (i = 0; i < m; i++)
-                BK(beam_moe_finalize_norm_residual_norm(x, w, 1, 1, K, H, 1.0f, &post, res, NULL, &next, out,
-                                                        nrm, BEAM_STRATEGY_FUSED, st));
+                OPS_OK(g_ops->moe_finalize_norm_residual_norm(x, w, 1, 1, K, H, 1.0f, &post, res, NULL, &next, out,
+                                                              nrm, BEAM_STRATEGY_FUSED, st));
             t1 = now_s();
             CK(cudaStreamEndCapture(st, &g));
             CK(cudaGraphDestroy(g));

@@ -14,6 +14,7 @@ BEAM_GPU_OBJS = gpu/launch.lo gpu/backend_cuda.lo
 BEAM_CU_DEPFILES += gpu/$(DEPDIR)/launch.Plo gpu/$(DEPDIR)/backend_cuda.Plo
 
 lib_LTLIBRARIES += libbeammoe_cuda.la
+BEAM_BACKEND_LIBS += libbeammoe_cuda.la
 libbeammoe_cuda_la_SOURCES = $(BEAM_LIB_CORE)
 # Own per-target flags: lib/*.c get object names of their own
 # (lib/libbeammoe_cuda_la-api.lo), distinct from the CPU library's.

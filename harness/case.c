@@ -596,20 +596,20 @@ int hc_bind(hc_bound *b, const hc_case *c, hc_op op, hc_out *o, unsigned how, ch
     return 0;
 }
 
-beam_status hc_call(const hc_bound *b, beam_strategy strategy, void *stream)
+beam_status hc_call(const beam_ops *ops, const hc_bound *b, beam_strategy strategy, void *stream)
 {
     const hc_case *c = b->c;
     const hc_spec *s = &c->s;
     const float *sc = s->scales ? c->scales : NULL;
     switch (b->op) {
     case HC_FINALIZE:
-        return beam_moe_finalize(b->experts, b->weights, c->cap, s->T, s->K, s->H, c->rs,
-                                 b->post_p, b->hidden, stream);
+        return ops->moe_finalize(b->experts, b->weights, c->cap, s->T, s->K, s->H, c->rs, b->post_p,
+                                 b->hidden, stream);
     case HC_NRN:
-        return beam_norm_residual_norm(b->x, b->residual, s->T, s->H, b->pre_p, sc, b->next_p,
-                                       b->hidden, b->normalized, stream);
+        return ops->norm_residual_norm(b->x, b->residual, s->T, s->H, b->pre_p, sc, b->next_p, b->hidden,
+                                       b->normalized, stream);
     case HC_FUSED:
-        return beam_moe_finalize_norm_residual_norm(
+        return ops->moe_finalize_norm_residual_norm(
             b->experts, b->weights, c->cap, s->T, s->K, s->H, c->rs, b->post_p, b->residual, sc,
             b->next_p, b->hidden, b->normalized, strategy, stream);
     }
@@ -646,20 +646,30 @@ void hc_unbind(hc_bound *b)
     b->nblocks = 0;
 }
 
-beam_status hc_run(const hc_case *c, hc_op op, beam_strategy strategy, unsigned how,
+beam_status hc_run(const beam_ops *ops, const hc_case *c, hc_op op, beam_strategy strategy, unsigned how,
                    hc_out *o, char *err, size_t errn)
 {
     hc_bound b;
     beam_status st;
     if (hc_bind(&b, c, op, o, how, err, errn))
         return (how & HC_DEVICE) ? BEAM_ERR_DEVICE : BEAM_ERR_OUT_OF_MEMORY;
-    st = hc_call(&b, strategy, NULL);
+    st = hc_call(ops, &b, strategy, NULL);
     if (st != BEAM_OK)
-        snprintf(err, errn, "%s: %s", beam_status_string(st), beam_last_error());
+        snprintf(err, errn, "%s: %s", beam_status_string(st), ops->last_error());
     else if (hc_finish(&b, err, errn))
         st = BEAM_ERR_DEVICE;
     hc_unbind(&b);
     return st;
+}
+
+const beam_ops *hc_ops(void)
+{
+    const beam_ops *ops = beam_backend_ops(NULL, BEAM_OPS_VERSION);
+    if (!ops) {
+        fprintf(stderr, "beam_backend_ops: %s\n", beam_last_error());
+        exit(1);
+    }
+    return ops;
 }
 
 beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t *hidden,
@@ -673,7 +683,7 @@ beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t 
         fprintf(stderr, "hc_lib: out of memory\n");
         exit(1);
     }
-    st = hc_run(c, op, strategy, hc_how(&c->s), &o, err, sizeof err);
+    st = hc_run(hc_ops(), c, op, strategy, hc_how(&c->s), &o, err, sizeof err);
     *untouched = hc_out_untouched(&o, c, op);
     /* hand the live rows back (the guard rows were checked above) */
     memcpy(hidden, o.hidden, sizeof(uint16_t) * TH);

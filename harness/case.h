@@ -135,18 +135,23 @@ unsigned hc_how(const hc_spec *s);
  * as the residual. 0, or -1 with a message in err. */
 int hc_bind(hc_bound *b, const hc_case *c, hc_op op, hc_out *o, unsigned how, char *err,
             size_t errn);
-/* One call on the selected backend (strategy: HC_FUSED only). */
-beam_status hc_call(const hc_bound *b, beam_strategy strategy, void *stream);
+/* One call through a backend's table (strategy: HC_FUSED only). */
+beam_status hc_call(const beam_ops *ops, const hc_bound *b, beam_strategy strategy, void *stream);
 /* Wait for the work (device) and copy the outputs back into o. 0, or -1. */
 int hc_finish(hc_bound *b, char *err, size_t errn);
 void hc_unbind(hc_bound *b);
 
 /* bind, call, finish, unbind: the library's status, or BEAM_ERR_DEVICE /
  * BEAM_ERR_OUT_OF_MEMORY for the harness's own memory, with err set. */
-beam_status hc_run(const hc_case *c, hc_op op, beam_strategy strategy, unsigned how,
+beam_status hc_run(const beam_ops *ops, const hc_case *c, hc_op op, beam_strategy strategy, unsigned how,
                    hc_out *o, char *err, size_t errn);
 
-/* The tests' shorthand: run on host memory laid out as the spec asks, and
+/* The table of the backend that runs the calls now (beam_backend_ops(NULL));
+ * exits with a message when there is none. */
+const beam_ops *hc_ops(void);
+
+/* The tests' shorthand: run on host memory laid out as the spec asks
+ * (through hc_ops()), and
  * hand back the live rows; *untouched as hc_out_untouched. */
 beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t *hidden,
                    uint16_t *normalized, int *untouched);

@@ -3,11 +3,13 @@
 # the repository root, with the .devbuild/ bundle that gpu-check.sh made.
 #
 # Runs, each with a time limit, logging into $OUT (default .devbuild/out):
-#   test_cuda.log   tests/test_cuda: CUDA vs CPU bit for bit (full sweep)
+#   test_cuda.log   tests/test_backends: every backend that runs here against
+#                   the CPU bit for bit (full sweep), then tests/test_cuda:
+#                   the CUDA contract and graph replays
 #   shapes.log      bench/shape_sweep check: the hardware BF16 conversion for
 #                   every FP32 value, every compiled launch shape against the
 #                   naive reference
-#   memcheck.log    the same test (BEAM_TEST_QUICK=1) under compute-sanitizer
+#   memcheck.log    the same tests (BEAM_TEST_QUICK=1) under compute-sanitizer
 #                   --tool memcheck
 #   racecheck.log   ... under --tool racecheck (shared-memory hazards)
 #   group.log       tests/test_gather_group: the tensor-parallel gather at
@@ -62,12 +64,17 @@ step() { # name log command...
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; \
   "$SAN" --version | tail -1; } > "$OUT/device.txt" 2>&1
-step test test_cuda.log "$B/bin/test_cuda"
+# (the programs as a script string: step runs its command under timeout)
+both='"$B/bin/test_backends" && "$B/bin/test_cuda"'
+export B
+step test test_cuda.log sh -c "$both"
 step shapes shapes.log "$B/bin/shape_sweep" check
-step memcheck memcheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool memcheck --error-exitcode 1 \
-    --leak-check full "$B/bin/test_cuda"
-step racecheck racecheck.log env BEAM_TEST_QUICK=1 "$SAN" --tool racecheck --error-exitcode 1 \
-    "$B/bin/test_cuda"
+sanitize='for t in test_backends test_cuda; do
+    BEAM_TEST_QUICK=1 "$SAN" "$@" --error-exitcode 1 "$B/bin/$t" || exit 1
+done'
+export SAN
+step memcheck memcheck.log sh -c "$sanitize" sh --tool memcheck --leak-check full
+step racecheck racecheck.log sh -c "$sanitize" sh --tool racecheck
 # the gather at every world size (2,000 stress calls each), then the
 # 10,000-call stress at eight ranks; longer steps (GROUP_TIMEOUT seconds)
 t_step=$T

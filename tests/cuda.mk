@@ -1,9 +1,11 @@
 # tests/cuda.mk - the CUDA test suite (included by the top Makefile.am inside
 # `if BEAM_WITH_CUDA`; paths relative to the top directory).
 #
-#   test_cuda   the CUDA backend against the CPU backend, bit for bit, through
-#               the dispatcher libbeammoe (see the file's header). Exits 77
-#               (skip) on a machine without a GPU, so `make check` passes on
+#   test_cuda   what only the CUDA backend has: its contract on device memory
+#               and calls captured in CUDA graphs, against the CPU bit for bit
+#               (see the file's header; its results over every operation and
+#               configuration: tests/test_backends, in tests/local.mk). Exits
+#               77 (skip) on a machine without a GPU, so `make check` passes on
 #               CI hosts that only compile it.
 #
 # The whole GPU run (this test, compute-sanitizer memcheck and racecheck, the

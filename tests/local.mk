@@ -12,6 +12,9 @@
 # (or run the binary, e.g. BEAM_TEST_SEED=123 ./tests/test_numerics).
 #
 # Programs:
+#   test_backends      every op of every backend of lib/backends.def that runs
+#                      here, through its table, against the CPU ground truth
+#                      (the CPU itself against the naive reference)
 #   test_numerics      sweep vs the naive reference (dispatcher, backend cpu)
 #   test_numerics_cpu  the same program linked to libbeammoe_cpu directly
 #   test_edges         hand-checked rounding vectors (libbeammoe_cpu)
@@ -45,7 +48,7 @@ tests_libbeamtest_la_LIBADD = harness/libharness.la
 BEAM_TEST_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) -I$(top_srcdir)/tests
 BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
 
-BEAM_CPU_TESTS = tests/test_numerics tests/test_numerics_cpu tests/test_edges \
+BEAM_CPU_TESTS = tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
 	tests/test_golden tests/test_threads tests/test_group tests/test_contract \
 	tests/test_dispatch tests/test_stack
 # test_oom replaces malloc, which valgrind replaces too: not in the valgrind
@@ -58,6 +61,13 @@ CLEANFILES += tests/test_isa.*.out
 # test_symbols.sh looks for the libraries under $top_builddir/.libs.
 AM_TESTS_ENVIRONMENT = top_builddir='$(top_builddir)'; top_srcdir='$(top_srcdir)'; \
 	export top_builddir top_srcdir;
+
+# Reaches every backend through libbeammoe, which dlopens their libraries:
+# build them first.
+tests_test_backends_SOURCES = tests/test_backends.c
+tests_test_backends_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_backends_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+EXTRA_tests_test_backends_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 
 tests_test_numerics_SOURCES = tests/test_numerics.c
 tests_test_numerics_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)

@@ -1,31 +1,18 @@
 /*
- * test_cuda.c - the CUDA backend against the CPU backend, bit for bit.
+ * test_cuda.c - what only the CUDA backend has: its contract on device
+ * memory and CUDA graphs. (Its results against the CPU's, bit for bit, over
+ * every operation and configuration: tests/test_backends.c, which runs
+ * every registered backend.)
  *
- * Links the dispatcher libbeammoe and switches between beam_set_backend("cpu")
- * (host buffers) and beam_set_backend("cuda") (device buffers) for the same
- * case, both run by the harness's runner (harness/case.c: the CUnit tests
- * and `beammoe audit` run cases the same way). Every output must match bit
- * for bit, and rows past the live ones (guard rows) must stay untouched.
- *
- *   sweep     every case of the CPU sweep: top_k 1,2,6,8,32 x hidden 256,
- *             2048,4096,7168,8192 x tokens 0,1,7,100, the other axes (norms,
- *             scales, routed_scale, in place, misaligned bases, exotic
- *             values, NaN padding rows) rotated; each op, each strategy
- *   random    a randomized sweep of 1500 shapes: top_k 1..32, hidden
- *             256..8192 step 256, tokens 0..5000 (log-uniform; a case's
- *             expert input capped at 8M values, so the run stays near two
- *             minutes on an H200 host); BEAM_TEST_QUICK=1 shrinks it (to 60,
- *             for compute-sanitizer runs)
- *   special   all-exotic inputs (subnormals, infinities, NaNs, signed zeros)
- *   cuda      CUDA-only contract: host pointers are refused with
- *             BEAM_ERR_INVALID_ARGUMENT and nothing is written; a call
- *             captured in a CUDA graph and replayed on a stream gives the
- *             same bits; the backend reports "cuda"
+ *   cuda      host pointers are refused with BEAM_ERR_INVALID_ARGUMENT and
+ *             nothing is written; tokens == 0 writes nothing; the backend
+ *             reports "cuda"
+ *   graph     cases of the CPU sweep, each call captured in a CUDA graph on
+ *             a fresh stream and replayed: the same bits as the CPU's
  *
  * Exits 77 (skip) when the CUDA backend is not usable here (no device).
  * BEAM_TEST_SEED reproduces a run (the seed is printed).
  */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +25,7 @@
 
 static uint64_t g_seed;
 static long g_runs;
+static const beam_ops *g_cpu, *g_cuda; /* the two backends' tables */
 
 #define CU_OK(call)                                                              \
     do {                                                                         \
@@ -60,13 +48,14 @@ static int dis_poison(const void *dp, size_t n)
     return ok;
 }
 
-/* One op of a case on the current backend through the harness's runner:
- * host memory for the CPU, device memory for CUDA, laid out as the spec asks.
- * capture (CUDA): the call is recorded in a CUDA graph on a fresh stream,
- * then the graph is replayed (proves it capturable and stream-ordered). */
-static beam_status run_on(const hc_case *d, hc_op op, beam_strategy strategy, int device,
+/* One op of a case through a backend's table: host memory for the CPU,
+ * device memory for CUDA, laid out as the spec asks. capture (CUDA): the
+ * call is recorded in a CUDA graph on a fresh stream, then the graph is
+ * replayed (proves it capturable and stream-ordered). */
+static beam_status run_on(const beam_ops *ops, const hc_case *d, hc_op op, beam_strategy strategy,
                           int capture, hc_out *o)
 {
+    const int device = ops->device_memory;
     hc_bound b;
     char err[400];
     beam_status st;
@@ -82,7 +71,7 @@ static beam_status run_on(const hc_case *d, hc_op op, beam_strategy strategy, in
         CU_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         CU_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     }
-    st = hc_call(&b, strategy, stream);
+    st = hc_call(ops, &b, strategy, stream);
     if (capture) {
         CU_OK(cudaStreamEndCapture(stream, &graph));
         if (st == BEAM_OK) {
@@ -118,7 +107,8 @@ static const char *strat_name(beam_strategy s)
     return s == BEAM_STRATEGY_FUSED ? "FUSED" : s == BEAM_STRATEGY_UNFUSED ? "UNFUSED" : "AUTO";
 }
 
-/* Returns 1 when the CUDA results equal the CPU's, guard rows included. */
+/* Returns 1 when the CUDA results (the call captured in a graph and
+ * replayed) equal the CPU's, guard rows included. */
 static int compare_case(const hc_case *d, hc_op op, beam_strategy strat, int capture)
 {
     size_t TH = (size_t)d->s.T * (size_t)d->s.H;
@@ -132,14 +122,12 @@ static int compare_case(const hc_case *d, hc_op op, beam_strategy strat, int cap
         exit(1);
     }
     hc_describe(&d->s, desc, sizeof desc);
-    CU_ASSERT_EQUAL_FATAL(beam_set_backend("cpu"), BEAM_OK);
-    cs = run_on(d, op, strat, 0, 0, &co);
-    CU_ASSERT_EQUAL_FATAL(beam_set_backend("cuda"), BEAM_OK);
-    gs = run_on(d, op, strat, 1, capture, &go);
+    cs = run_on(g_cpu, d, op, strat, 0, &co);
+    gs = run_on(g_cuda, d, op, strat, capture, &go);
     ++g_runs;
     if (cs != BEAM_OK || gs != BEAM_OK) {
         fprintf(stderr, "  %s %s %s: status cpu=%d cuda=%d (%s)\n", op_name(op), strat_name(strat), desc,
-                (int)cs, (int)gs, beam_last_error());
+                (int)cs, (int)gs, gs != BEAM_OK ? g_cuda->last_error() : g_cpu->last_error());
         ok = 0;
     } else {
         if (!hc_out_untouched(&go, d, op)) {
@@ -166,150 +154,6 @@ static int compare_all(const hc_case *d, int capture)
     ok &= compare_case(d, HC_NRN, BEAM_STRATEGY_AUTO, capture);
     for (i = 0; i < 3; i++) ok &= compare_case(d, HC_FUSED, strats[i], capture);
     return ok;
-}
-
-/* ---- sweep: the CPU test's cases ------------------------------------------ */
-
-static hc_spec sweep_spec(int i)
-{
-    return hc_sweep_spec(i);
-}
-
-static void test_sweep(void)
-{
-    int i, bad = 0, n = HC_SWEEP_SIZE, rot;
-    /* BEAM_TEST_QUICK (sanitizer runs): every third triple */
-    for (i = 0; i < n; i += hu_quick() ? 3 : 1) {
-        /* each triple twice: its rotation and the complementary one, so
-         * norms, in-place and misalignment each appear on and off */
-        for (rot = 0; rot < 2; rot++) {
-            hc_case d;
-            hc_spec s = sweep_spec(i + rot * 37), base = sweep_spec(i);
-            s.K = base.K;
-            s.H = base.H;
-            s.T = base.T;
-            hc_make(&d, &s, g_seed + (uint64_t)(2 * i + rot));
-            if (!compare_all(&d, 0)) ++bad;
-            hc_free(&d);
-        }
-    }
-    CU_ASSERT_EQUAL(bad, 0);
-}
-
-/* ---- prefill shapes ---------------------------------------------------------- */
-
-/* The launch shapes that only large T picks: the pipelined prefill kernel
- * (hidden > 4096, T >= 2048) with its vector and misaligned variants, and
- * the row kernel at prefill sizes. The randomized sweep's size cap never
- * reaches them. BEAM_TEST_QUICK (the sanitizer runs) keeps one small case of
- * the pipelined shape. */
-static void test_prefill(void)
-{
-    static const struct {
-        int64_t T;
-        int32_t K, H;
-        int misalign, post, inplace, exotic;
-    } full[] = {
-        {4096, 8, 7168, 0, HC_NORM_OFF, 0, 0},    {4096, 8, 7168, 1, HC_NORM_WEIGHT, 0, 0},
-        {2048, 8, 8192, 0, HC_NORM_WEIGHT, 1, 1}, {3001, 8, 4352, 1, HC_NORM_PLAIN, 0, 0},
-        {4096, 8, 4096, 0, HC_NORM_OFF, 0, 1},    {4096, 8, 2048, 1, HC_NORM_WEIGHT, 1, 0},
-    }, quick[] = {{2048, 2, 4608, 1, HC_NORM_WEIGHT, 0, 1}};
-    const int n = hu_quick() ? 1 : (int)(sizeof full / sizeof full[0]);
-    int i, bad = 0;
-    for (i = 0; i < n; i++) {
-        hc_case d;
-        hc_spec s;
-        memset(&s, 0, sizeof s);
-        s.T = hu_quick() ? quick[i].T : full[i].T;
-        s.K = hu_quick() ? quick[i].K : full[i].K;
-        s.H = hu_quick() ? quick[i].H : full[i].H;
-        s.misalign = hu_quick() ? quick[i].misalign : full[i].misalign;
-        s.post = hu_quick() ? quick[i].post : full[i].post;
-        s.inplace = hu_quick() ? quick[i].inplace : full[i].inplace;
-        s.exotic = hu_quick() ? quick[i].exotic : full[i].exotic;
-        s.pad = 2;
-        s.next = HC_NORM_WEIGHT;
-        s.scales = i % 2;
-        s.rs_one = i % 3 == 0;
-        hc_make(&d, &s, g_seed + 7919ULL * (uint64_t)(i + 1));
-        if (!compare_all(&d, 0)) ++bad;
-        hc_free(&d);
-    }
-    CU_ASSERT_EQUAL(bad, 0);
-}
-
-/* ---- randomized sweep ------------------------------------------------------ */
-
-static void test_random(void)
-{
-    hu_rng r;
-    int i, bad = 0, n = hu_quick() ? 60 : 1500;
-    /* expert input elements of one case at most (8M: 16 MB): keeps the
-     * generation, the CPU side and the copies short, so that the sweep takes
-     * about a minute on a 16-core GPU host; tokens near 5000 then come with
-     * small top_k * hidden */
-    const double cap_elems = hu_quick() ? 2e6 : 8e6;
-    hu_rng_init(&r, g_seed ^ 0x5EEDCAFEULL);
-    for (i = 0; i < n; i++) {
-        hc_case d;
-        hc_spec s;
-        hc_op op;
-        beam_strategy strat;
-        double lt;
-        memset(&s, 0, sizeof s);
-        s.K = 1 + (int32_t)hu_below(&r, 32);
-        s.H = 256 * (1 + (int32_t)hu_below(&r, 32));
-        /* tokens log-uniform in [0, 5000], 0 one time in 32 */
-        lt = (double)hu_below(&r, 1u << 20) / (double)(1u << 20) * log(5001.0);
-        s.T = hu_below(&r, 32) == 0 ? 0 : (int64_t)floor(exp(lt)) - 1;
-        if (s.T > 5000) s.T = 5000;
-        while (s.T > 1 && (double)s.T * s.K * s.H > cap_elems) s.T /= 2;
-        s.pad = hu_below(&r, 3);
-        s.post = hu_below(&r, 3);
-        s.pre = hu_below(&r, 3);
-        s.next = hu_below(&r, 3);
-        s.scales = hu_below(&r, 2);
-        s.rs_one = hu_below(&r, 2);
-        s.inplace = hu_below(&r, 3) == 0;
-        s.misalign = hu_below(&r, 5) == 0;
-        s.exotic = hu_below(&r, 8) == 0;
-        op = (hc_op)hu_below(&r, 3);
-        strat = op == HC_FUSED ? (beam_strategy)hu_below(&r, 3) : BEAM_STRATEGY_AUTO;
-        hc_make(&d, &s, g_seed + 1000003ULL * (uint64_t)(i + 1));
-        if (!compare_case(&d, op, strat, hu_below(&r, 16) == 0)) ++bad;
-        hc_free(&d);
-        if (bad > 10) break;
-    }
-    CU_ASSERT_EQUAL(bad, 0);
-}
-
-/* ---- special values -------------------------------------------------------- */
-
-static void test_special(void)
-{
-    static const int32_t hs[] = {256, 768, 7168, 8192};
-    int i, bad = 0;
-    for (i = 0; i < 24; i += hu_quick() ? 3 : 1) {
-        hc_case d;
-        hc_spec s;
-        memset(&s, 0, sizeof s);
-        s.K = i % 3 == 0 ? 1 : i % 3 == 1 ? 8 : 32;
-        s.H = hs[i % 4];
-        s.T = 1 + i * 3;
-        s.pad = 2;
-        s.post = i % 3;
-        s.pre = (i + 1) % 3;
-        s.next = (i + 2) % 3;
-        s.scales = i % 2;
-        s.rs_one = (i / 2) % 2;
-        s.inplace = (i / 3) % 2;
-        s.misalign = (i / 4) % 2;
-        s.exotic = 1;
-        hc_make(&d, &s, g_seed + 77 * (uint64_t)(i + 1));
-        if (!compare_all(&d, i % 4 == 0)) ++bad;
-        hc_free(&d);
-    }
-    CU_ASSERT_EQUAL(bad, 0);
 }
 
 /* ---- CUDA contract --------------------------------------------------------- */
@@ -396,7 +240,7 @@ static void test_graph(void)
     int i, bad = 0;
     for (i = 0; i < 100; i += hu_quick() ? 29 : 7) {
         hc_case d;
-        hc_spec s = sweep_spec(i);
+        hc_spec s = hc_sweep_spec(i);
         hc_make(&d, &s, g_seed + 999 * (uint64_t)(i + 1));
         if (!compare_all(&d, 1)) ++bad;
         hc_free(&d);
@@ -422,20 +266,22 @@ int main(void)
         return 1;
     }
     st = beam_set_backend("cuda");
-    if (st != BEAM_OK) {
+    g_cuda = beam_backend_ops("cuda", BEAM_OPS_VERSION);
+    if (st != BEAM_OK || !g_cuda) {
         printf("test_cuda: the cuda backend is not usable here (%s): skipped\n", beam_last_error());
         return 77;
+    }
+    g_cpu = beam_backend_ops("cpu", BEAM_OPS_VERSION);
+    if (!g_cpu) {
+        printf("test_cuda: the cpu backend: %s\n", beam_last_error());
+        return 1;
     }
     g_seed = hu_seed("test_cuda");
 
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     suite = CU_add_suite("cuda", NULL, NULL);
-    if (!suite || !CU_add_test(suite, "sweep of the CPU cases", test_sweep) ||
-        !CU_add_test(suite, "special values", test_special) ||
-        !CU_add_test(suite, "CUDA contract", test_cuda_contract) ||
-        !CU_add_test(suite, "CUDA graph capture", test_graph) ||
-        !CU_add_test(suite, "prefill shapes", test_prefill) ||
-        !CU_add_test(suite, "randomized sweep", test_random)) {
+    if (!suite || !CU_add_test(suite, "CUDA contract", test_cuda_contract) ||
+        !CU_add_test(suite, "CUDA graph capture", test_graph)) {
         CU_cleanup_registry();
         return 1;
     }
@@ -443,6 +289,6 @@ int main(void)
     CU_basic_run_tests();
     failures = (int)CU_get_number_of_failures();
     CU_cleanup_registry();
-    printf("test_cuda: %ld CPU-vs-CUDA comparisons, seed %llu\n", g_runs, (unsigned long long)g_seed);
+    printf("test_cuda: %ld CPU-vs-CUDA comparisons of graph replays, seed %llu\n", g_runs, (unsigned long long)g_seed);
     return failures ? 1 : 0;
 }

@@ -241,22 +241,28 @@ static const variant plain_variants[] = {{"plain", BEAM_STRATEGY_AUTO, 0, 0},
 static const variant thread_variants[] = {{"threads=1", BEAM_STRATEGY_FUSED, 0, 1},
                                           {"threads=3", BEAM_STRATEGY_FUSED, 0, 3}};
 
-/* Run one variant on the current backend into o; 0 or -1 with msg. */
-static int run_variant(const hc_case *p, hc_op op, hc_out *o, const variant *v, int on_device,
+/* Every backend's table, from audit_detect_backends (NULL: not audited);
+ * the calls of the audit go through these. */
+static const beam_ops *g_ops[BM_NBACKENDS];
+
+/* Run one variant through a backend's table into o; 0 or -1 with msg. */
+static int run_variant(const beam_ops *ops, const hc_case *p, hc_op op, hc_out *o, const variant *v, int on_device,
                        char *msg, size_t n)
 {
     beam_status st;
     int saved = omp_get_max_threads();
     if (v->threads) omp_set_num_threads(v->threads);
-    st = hc_run(p, op, v->strategy,
+    st = hc_run(ops, p, op, v->strategy,
                 (v->inplace ? HC_INPLACE : 0u) | (on_device ? HC_DEVICE : 0u), o, msg, n);
     if (v->threads) omp_set_num_threads(saved);
     return st == BEAM_OK ? 0 : -1;
 }
 
-static void run_variants(tally *t, const char *label, const char *backend, const hc_case *p,
-                         hc_op op, const hc_out *truth, const variant *vs, int nv, int on_device)
+static void run_variants(tally *t, const char *label, const beam_ops *ops, const hc_case *p,
+                         hc_op op, const hc_out *truth, const variant *vs, int nv)
 {
+    const char *backend = ops->name;
+    const int on_device = ops->device_memory;
     hc_out o;
     int i;
     char msg[600];
@@ -268,7 +274,7 @@ static void run_variants(tally *t, const char *label, const char *backend, const
         hu_cmp c;
         const variant *v = &vs[i];
         if (v->inplace && op == HC_FINALIZE) continue;
-        if (run_variant(p, op, &o, v, on_device, msg, sizeof msg)) {
+        if (run_variant(ops, p, op, &o, v, on_device, msg, sizeof msg)) {
             audit_print_error(t, label, backend, v->name, msg);
             continue;
         }
@@ -309,9 +315,9 @@ static void audit_problem(tally *t, const char *label, const hc_case *p, hc_op o
     if (op == HC_FUSED) {
         gather_row rows[GATHER_NSTRAT];
         int s;
-        run_variants(t, label, "cpu", p, op, truth, fused_variants, NELEM(fused_variants), 0);
+        run_variants(t, label, g_ops[BM_CPU], p, op, truth, fused_variants, NELEM(fused_variants));
         if (!quick)
-            run_variants(t, label, "cpu", p, op, truth, thread_variants, NELEM(thread_variants), 0);
+            run_variants(t, label, g_ops[BM_CPU], p, op, truth, thread_variants, NELEM(thread_variants));
         audit_gather(p, truth, rows);
         for (s = 0; s < GATHER_NSTRAT; s++) {
             if (rows[s].errors) {
@@ -322,26 +328,20 @@ static void audit_problem(tally *t, const char *label, const hc_case *p, hc_op o
             if (rows[s].detail[0]) printf("      %s\n", rows[s].detail);
         }
     } else {
-        run_variants(t, label, "cpu", p, op, truth, plain_variants, NELEM(plain_variants), 0);
+        run_variants(t, label, g_ops[BM_CPU], p, op, truth, plain_variants, NELEM(plain_variants));
         if (!quick) {
             variant tv[2] = {{"threads=1", BEAM_STRATEGY_AUTO, 0, 1},
                              {"threads=3", BEAM_STRATEGY_AUTO, 0, 3}};
-            run_variants(t, label, "cpu", p, op, truth, tv, 2, 0);
+            run_variants(t, label, g_ops[BM_CPU], p, op, truth, tv, 2);
         }
     }
 
     for (b = 0; b < BM_NBACKENDS; b++) {
-        const char *name = bm_backend_name(b);
-        int dev = bm_backend_device_memory(b);
         if (!(others >> b & 1u)) continue;
-        if (beam_set_backend(name) != BEAM_OK) {
-            audit_print_error(t, label, name, "-", beam_last_error());
-        } else if (op == HC_FUSED) {
-            run_variants(t, label, name, p, op, truth, fused_variants, NELEM(fused_variants), dev);
-        } else {
-            run_variants(t, label, name, p, op, truth, plain_variants, NELEM(plain_variants), dev);
-        }
-        beam_set_backend("cpu");
+        if (op == HC_FUSED)
+            run_variants(t, label, g_ops[b], p, op, truth, fused_variants, NELEM(fused_variants));
+        else
+            run_variants(t, label, g_ops[b], p, op, truth, plain_variants, NELEM(plain_variants));
     }
 }
 
@@ -385,11 +385,7 @@ static void audit_case(audit_ctx *ax, const acase *c, int index)
     }
 
     /* ground truth: the CPU backend, nothing else */
-    if (beam_set_backend("cpu") != BEAM_OK) {
-        audit_print_error(&ax->t, label, "cpu", "truth", beam_last_error());
-        goto done;
-    }
-    if (run_variant(&p, c->op, &truth, &truth_v, 0, msg, sizeof msg)) {
+    if (run_variant(g_ops[BM_CPU], &p, c->op, &truth, &truth_v, 0, msg, sizeof msg)) {
         audit_print_error(&ax->t, label, "cpu", "truth", msg);
         goto done;
     }
@@ -449,8 +445,9 @@ static int audit_input(const char *path, int quick)
         fprintf(stderr, "beammoe audit: --input: %s\n", ST_NO_JSON_C);
         return TOOL_EXIT_USAGE;
     }
-    if (beam_set_backend("cpu") != BEAM_OK)
-        return report_lib_error("audit", "beam_set_backend(\"cpu\")", BEAM_ERR_UNSUPPORTED);
+    g_ops[BM_CPU] = beam_backend_ops("cpu", BEAM_OPS_VERSION);
+    if (!g_ops[BM_CPU])
+        return report_lib_error(NULL, "audit", "beam_backend_ops(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     hu_escape(shown, sizeof shown, path, 0);
     if (st_open(&f, path, err, sizeof err)) {
         fprintf(stderr, "beammoe audit: %s: %s\n", shown, err);
@@ -470,10 +467,10 @@ static int audit_input(const char *path, int quick)
         rc = TOOL_EXIT_FAIL;
         goto out;
     }
-    st = hc_run(&p, op, BEAM_STRATEGY_FUSED, 0, &truth, msg, sizeof msg);
+    st = hc_run(g_ops[BM_CPU], &p, op, BEAM_STRATEGY_FUSED, 0, &truth, msg, sizeof msg);
     if (st != BEAM_OK) {
         fprintf(stderr, "beammoe audit: %s: the library rejects these tensors: %s: %s\n", shown,
-                beam_status_string(st), beam_last_error());
+                beam_status_string(st), g_ops[BM_CPU]->last_error());
         rc = (st == BEAM_ERR_INVALID_ARGUMENT || st == BEAM_ERR_UNSUPPORTED) ? TOOL_EXIT_USAGE
                                                                              : TOOL_EXIT_FAIL;
         goto out;
@@ -579,15 +576,15 @@ static unsigned audit_detect_backends(void)
     for (b = 0; b < BM_NBACKENDS; b++) {
         const char *name = bm_backend_name(b);
         why[b][0] = '\0';
+        g_ops[b] = b == BM_CPU ? g_ops[b] : beam_backend_ops(name, BEAM_OPS_VERSION);
         if (b == BM_CPU) continue;
-        if (beam_set_backend(name) != BEAM_OK)
+        if (!g_ops[b])
             snprintf(why[b], sizeof why[b], " (%s: %s)", name, beam_last_error());
-        else if (bm_backend_device_memory(b) && dev_open(msg, sizeof msg) != 0)
+        else if (g_ops[b]->device_memory && dev_open(msg, sizeof msg) != 0)
             snprintf(why[b], sizeof why[b], " (%s backend loads, but the tool cannot: %s)", name, msg);
         else
             others |= 1u << b;
     }
-    beam_set_backend("cpu");
     printf("backends: %s", bm_backend_name(BM_CPU));
     for (b = 0; b < BM_NBACKENDS; b++)
         if (others >> b & 1u) printf(", %s", bm_backend_name(b));
@@ -650,8 +647,9 @@ int cmd_audit(int argc, char **argv)
     }
 
     if (input) return audit_input(input, ax.quick);
-    if (beam_set_backend("cpu") != BEAM_OK)
-        return report_lib_error("audit", "beam_set_backend(\"cpu\")", BEAM_ERR_UNSUPPORTED);
+    g_ops[BM_CPU] = beam_backend_ops("cpu", BEAM_OPS_VERSION);
+    if (!g_ops[BM_CPU])
+        return report_lib_error(NULL, "audit", "beam_backend_ops(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     printf("beammoe audit: library %s, seed %llu, %s sweep, OpenMP threads %d\n", beam_version(),
            (unsigned long long)ax.seed, ax.quick ? "quick" : "full", omp_get_max_threads());
     ax.others = audit_detect_backends();

@@ -224,6 +224,9 @@ static void cpu_model(char *buf, size_t n)
     fclose(f);
 }
 
+/* The CPU backend's table: every timed call goes through it. */
+static const beam_ops *g_cpu;
+
 typedef struct bench_bufs {
     uint16_t *experts, *x, *residual, *hidden, *normalized, *output, *norm_w;
     float *weights;
@@ -240,14 +243,14 @@ static beam_status call_op(const bench_bufs *b, const bench_cfg *c, int64_t firs
     const size_t r = (size_t)first, KH = (size_t)BENCH_K * BENCH_H, H = BENCH_H;
     uint16_t *nrm = c->next ? b->normalized + r * H : NULL;
     if (c->op == BENCH_OP_FUSED)
-        return beam_moe_finalize_norm_residual_norm(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
-                                                    BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H, sc,
-                                                    next, b->hidden + r * H, nrm, BEAM_STRATEGY_FUSED, NULL);
+        return g_cpu->moe_finalize_norm_residual_norm(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
+                                                      BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H, sc,
+                                                      next, b->hidden + r * H, nrm, BEAM_STRATEGY_FUSED, NULL);
     if (c->op == BENCH_OP_NRN)
-        return beam_norm_residual_norm(b->x + r * H, b->residual + r * H, T, BENCH_H, pre, sc, next,
-                                       b->hidden + r * H, nrm, NULL);
-    return beam_moe_finalize(b->experts + r * KH, b->weights + r * BENCH_K, T, T, BENCH_K, BENCH_H, 1.0f,
-                             pre, b->output + r * H, NULL);
+        return g_cpu->norm_residual_norm(b->x + r * H, b->residual + r * H, T, BENCH_H, pre, sc, next,
+                                         b->hidden + r * H, nrm, NULL);
+    return g_cpu->moe_finalize(b->experts + r * KH, b->weights + r * BENCH_K, T, T, BENCH_K, BENCH_H, 1.0f,
+                               pre, b->output + r * H, NULL);
 }
 
 static const char *op_fn(int op)
@@ -281,7 +284,7 @@ static double time_op(const bench_bufs *b, const bench_cfg *c, int64_t T, double
     for (i = 0; i < 2 && st == BEAM_OK; i++) /* warm-up: thread pool, lazy binding */
         st = call_op(b, c, hot ? 0 : (cursor++ % slices) * T, T);
     if (st != BEAM_OK) {
-        report_lib_error("bench", op_fn(c->op), st);
+        report_lib_error(g_cpu, "bench", op_fn(c->op), st);
         return -1.0;
     }
     start = hu_now();
@@ -329,7 +332,6 @@ int cmd_bench(int argc, char **argv)
     size_t rowsH = (size_t)BENCH_TMAX * BENCH_H;
     double rd, best[NCFG][MAXT], best_copy[NCFG][MAXT];
     char model[256], *csrc = NULL, *cdst = NULL;
-    beam_status st;
 
     for (i = 0; i < NCFG; i++) cfgs[i] = i + 1;
     optind = 1;
@@ -392,8 +394,8 @@ int cmd_bench(int argc, char **argv)
         bench_usage(stdout);
         return TOOL_EXIT_OK;
     }
-    st = beam_set_backend("cpu");
-    if (st != BEAM_OK) return report_lib_error("bench", "beam_set_backend(\"cpu\")", st);
+    g_cpu = beam_backend_ops("cpu", BEAM_OPS_VERSION);
+    if (!g_cpu) return report_lib_error(NULL, "bench", "beam_backend_ops(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     if (threads) omp_set_num_threads(threads);
     threads = omp_get_max_threads();
     isa = bm_cpu_pick_isa();

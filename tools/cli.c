@@ -130,10 +130,10 @@ int tool_exit_status(beam_status st)
                                                                         : TOOL_EXIT_FAIL;
 }
 
-int report_lib_error(const char *cmd, const char *what, beam_status st)
+int report_lib_error(const beam_ops *ops, const char *cmd, const char *what, beam_status st)
 {
-    fprintf(stderr, "beammoe %s: %s failed: %s: %s\n", cmd, what,
-            beam_status_string(st), beam_last_error());
+    fprintf(stderr, "beammoe %s: %s failed: %s: %s\n", cmd, what, beam_status_string(st),
+            ops ? ops->last_error() : beam_last_error());
     return TOOL_EXIT_FAIL;
 }
 

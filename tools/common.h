@@ -62,7 +62,10 @@ int no_operands(const char *cmd, int argc, char **argv, int optind_);
 
 /* Library error: print "beammoe <cmd>: <what>: <status>: <beam_last_error()>";
  * returns TOOL_EXIT_FAIL. */
-int report_lib_error(const char *cmd, const char *what, beam_status st);
+/* A failed library call: its status and message (ops: the table it was
+ * called through, whose last_error holds the message; NULL: this library's
+ * beam_last_error). */
+int report_lib_error(const beam_ops *ops, const char *cmd, const char *what, beam_status st);
 /* The exit status for a library status under the tool's rule:
  * invalid argument or unsupported (the caller's input, or a backend that is
  * not available) 2, any other error 1. */

@@ -123,7 +123,8 @@ int cmd_run(int argc, char **argv)
     hc_spec spec;
     float scales[2] = {1.0f, 1.0f}, rs = 1.0f, eps = 1e-6f;
     uint64_t seed = 1;
-    int opt, i, be, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
+    int opt, i, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
+    const beam_ops *ops;
     hc_case p;
     hc_out o;
     hc_bound b;
@@ -260,11 +261,15 @@ int cmd_run(int argc, char **argv)
             return tool_exit_status(st);
         }
     }
-    be = bm_backend_find(beam_backend_name());
-    on_device = be >= 0 && bm_backend_device_memory(be);
+    /* the calls go through the backend's table */
+    ops = beam_backend_ops(NULL, BEAM_OPS_VERSION);
+    if (!ops) {
+        fprintf(stderr, "beammoe run: beam_backend_ops: %s\n", beam_last_error());
+        return TOOL_EXIT_FAIL;
+    }
+    on_device = ops->device_memory;
     if (on_device && dev_open(msg, sizeof msg)) {
-        fprintf(stderr, "beammoe run: the %s backend cannot be used by this tool: %s\n", bm_backend_name(be),
-                msg);
+        fprintf(stderr, "beammoe run: the %s backend cannot be used by this tool: %s\n", ops->name, msg);
         return TOOL_EXIT_USAGE;
     }
 
@@ -298,10 +303,10 @@ int cmd_run(int argc, char **argv)
     }
 
     /* one untimed call: first-touch of pages, lazy loading, errors */
-    st = hc_call(&b, strategy, NULL);
+    st = hc_call(ops, &b, strategy, NULL);
     if (st != BEAM_OK) {
         /* invalid argument (sizes, NaN, eps, ...) is exit status 2 */
-        report_lib_error("run", op == HC_FINALIZE ? "beam_moe_finalize"
+        report_lib_error(ops, "run", op == HC_FINALIZE ? "beam_moe_finalize"
                                 : op == HC_NRN    ? "beam_norm_residual_norm"
                                                   : "beam_moe_finalize_norm_residual_norm",
                          st);
@@ -310,14 +315,14 @@ int cmd_run(int argc, char **argv)
     }
     for (i = 0; i < iters; i++) {
         double t0 = hu_now();
-        st = hc_call(&b, strategy, NULL);
+        st = hc_call(ops, &b, strategy, NULL);
         if (on_device && dev_sync()) {
             fprintf(stderr, "beammoe run: %s\n", dev_last_error());
             goto out_b;
         }
         times[i] = hu_now() - t0;
         if (st != BEAM_OK) {
-            report_lib_error("run", "timed call", st);
+            report_lib_error(ops, "run", "timed call", st);
             rc = tool_exit_status(st);
             goto out_b;
         }
