@@ -3,7 +3,8 @@
 `pip install ./python` (from the top of a build tree, after `make`) copies
 the libraries of the build tree's .libs/ into the package as beammoe/_libs/,
 under their sonames: libbeammoe.so.0 (the dispatcher), libbeammoe_cpu.so.0
-and, when the CUDA backend was built, libbeammoe_cuda.so.0 (".so.0": the
+and every other backend library the build made, libbeammoe_cuda.so.0 when
+the CUDA backend was built (".so.0": the
 ABI of configure.ac, whose copy in beammoe/_lib.py configure checks, and
 which this file reads from there). The dispatcher finds its backends
 beside itself, so the installed package works from any directory with no
@@ -18,6 +19,7 @@ Environment, at install time:
                          finds an installed libbeammoe through pkg-config or
                          the system loader (see beammoe/_lib.py)
 """
+import glob
 import os
 import re
 import shutil
@@ -40,8 +42,9 @@ def _so_suffix():
 
 
 SO_SUFFIX = _so_suffix()
-SONAMES = tuple("libbeammoe%s%s" % (b, SO_SUFFIX) for b in ("", "_cpu", "_cuda"))
-REQUIRED = SONAMES[:2]
+# the dispatcher and the CPU backend always; every other backend library
+# (libbeammoe_<name>, lib/backends.def) that the build made
+REQUIRED = ("libbeammoe" + SO_SUFFIX, "libbeammoe_cpu" + SO_SUFFIX)
 
 
 def _libraries():
@@ -50,7 +53,8 @@ def _libraries():
         return []
     build = os.path.abspath(os.environ.get("BEAMMOE_BUILD_DIR") or os.path.dirname(HERE))
     libs = os.path.join(build, ".libs")
-    found = [(os.path.realpath(os.path.join(libs, n)), n) for n in SONAMES
+    names = set(REQUIRED) | {os.path.basename(p) for p in glob.glob(os.path.join(libs, "libbeammoe_*" + SO_SUFFIX))}
+    found = [(os.path.realpath(os.path.join(libs, n)), n) for n in sorted(names)
              if os.path.exists(os.path.join(libs, n))]
     missing = [n for n in REQUIRED if n not in [name for _, name in found]]
     if missing:

@@ -84,7 +84,7 @@ expect 2 "is not a non-negative integer" $RUN --tokens 4 --top-k 2 --hidden 256 
 # ---- run: options ----
 expect 2 --top-k $RUN --tokens 4 --hidden 256
 expect 2 --iters $RUN --tokens 4 --top-k 2 --hidden 256 --iters 0
-expect 2 "not cpu, cuda or auto" $RUN --tokens 4 --top-k 2 --hidden 256 --backend tpu
+expect 2 "'tpu' is not" $RUN --tokens 4 --top-k 2 --hidden 256 --backend tpu
 expect 2 "unrecognized option" $RUN --tokens 4 --top-k 2 --hidden 256 --bogus
 expect 2 "unexpected argument" $RUN --tokens 4 --top-k 2 --hidden 256 extra
 expect 2 "applies to --op nrn only" $RUN --tokens 4 --top-k 2 --hidden 256 --pre-norm

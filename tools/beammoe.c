@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backends.h"
 #include "common.h"
 
 #ifndef PACKAGE_VERSION
@@ -34,7 +35,7 @@ static void tool_usage(FILE *f)
             "  bench   CPU backend throughput as a fraction of memcpy bandwidth\n"
             "\n"
             "'beammoe <command> --help' describes a command's options.\n"
-            "Environment: BEAM_BACKEND=cpu|cuda|auto picks the backend of 'run' when\n"
+            "Environment: BEAM_BACKEND (%s or auto) picks the backend of 'run' when\n"
             "--backend is not given.\n"
             "\n"
             "Exit status, the same rule for every command:\n"
@@ -51,7 +52,8 @@ static void tool_usage(FILE *f)
             "     infinite scales, eps < 0, ...); sizes larger than this host's\n"
             "     memory; a backend that is not available here (--backend,\n"
             "     BEAM_BACKEND); an --input file that cannot be used; an --output\n"
-            "     path that cannot be written (nothing is written then)\n");
+            "     path that cannot be written (nothing is written then)\n",
+            bm_backend_choices(0));
 }
 
 /* The command line, run: its exit status. */

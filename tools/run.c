@@ -32,7 +32,7 @@ static void run_usage(FILE *f)
             "  --tokens T           live tokens (rows)\n"
             "  --top-k K            experts per token (finalize, fused)\n"
             "  --hidden H           hidden size\n"
-            "  --backend B          cpu, cuda or auto (default: the library's choice,\n"
+            "  --backend B          %s or auto (default: the library's choice,\n"
             "                       BEAM_BACKEND or auto)\n"
             "  --op OP              finalize, nrn (norm_residual_norm) or fused\n"
             "                       (finalize_norm_residual_norm, the default)\n"
@@ -60,7 +60,8 @@ static void run_usage(FILE *f)
             "run; 2 a bad option or value, sizes or values the library rejects (NaN,\n"
             "infinite, top_k, hidden, ...), inputs larger than this host's memory, a\n"
             "backend that is not available here, or an --output that cannot be written\n"
-            "(then nothing is written). 'beammoe --help' has the rule of every command.\n");
+            "(then nothing is written). 'beammoe --help' has the rule of every command.\n",
+            bm_backend_choices(0));
 }
 
 static int usage_error(const char *fmt, ...)
