@@ -322,8 +322,12 @@ static int pick_backends(void)
 
 int main(void)
 {
-    CU_pSuite suite;
-    int failures, n;
+    static const suite_test tests[] = {{"sweep of the CPU cases", test_sweep},
+                                       {"special values", test_special},
+                                       {"prefill shapes", test_prefill},
+                                       {"randomized sweep", test_random},
+                                       {NULL, NULL}};
+    int rc, n;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_seed = hu_seed("test_backends");
@@ -333,19 +337,7 @@ int main(void)
         printf("test_backends: no backend to test: skipped\n");
         return 77;
     }
-    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
-    suite = CU_add_suite("backends", NULL, NULL);
-    if (!suite || !CU_add_test(suite, "sweep of the CPU cases", test_sweep) ||
-        !CU_add_test(suite, "special values", test_special) ||
-        !CU_add_test(suite, "prefill shapes", test_prefill) ||
-        !CU_add_test(suite, "randomized sweep", test_random)) {
-        CU_cleanup_registry();
-        return 1;
-    }
-    CU_basic_set_mode(CU_BRM_VERBOSE);
-    CU_basic_run_tests();
-    failures = (int)CU_get_number_of_failures();
-    CU_cleanup_registry();
+    rc = suite_run("backends", tests);
     printf("test_backends: %ld comparisons, seed %llu\n", g_runs, (unsigned long long)g_seed);
-    return failures ? 1 : 0;
+    return rc;
 }
