@@ -222,7 +222,7 @@ BEAM_API beam_status beam_moe_finalize(const uint16_t *expert_outputs, const flo
     bm_clear_error();
     if (!be) return bm_no_backend();
     return bm_ret(be, be->moe_finalize(expert_outputs, expert_weights, capacity, live_tokens, top_k,
-                                            hidden, routed_scale, post_norm, output, stream));
+                                       hidden, routed_scale, post_norm, output, stream));
 }
 
 BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *residual, int64_t tokens,
@@ -234,7 +234,7 @@ BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *
     bm_clear_error();
     if (!be) return bm_no_backend();
     return bm_ret(be, be->norm_residual_norm(x, residual, tokens, hidden, pre_norm, scales, next_norm,
-                                                  hidden_out, normalized, stream));
+                                             hidden_out, normalized, stream));
 }
 
 BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
