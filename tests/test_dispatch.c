@@ -36,6 +36,39 @@ static void small_call_works(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* Every backend's table through libbeammoe: the CPU's always, by name; the
+ * calls through it run on that backend and report with its last_error. */
+static void test_tables(void)
+{
+    const beam_ops *cpu = beam_backend_ops("cpu", BEAM_OPS_VERSION), *cur;
+    uint16_t x[256], out[256];
+    float w = 1.0f;
+    int h;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(cpu);
+    CU_ASSERT_STRING_EQUAL(cpu->name, "cpu");
+    CU_ASSERT_EQUAL(cpu->version, BEAM_OPS_VERSION);
+    CU_ASSERT(cpu->size >= sizeof(beam_ops));
+    CU_ASSERT_EQUAL(cpu->device_memory, 0);
+    CU_ASSERT_EQUAL(beam_set_backend("cpu"), BEAM_OK);
+    cur = beam_backend_ops(NULL, BEAM_OPS_VERSION);
+    CU_ASSERT_PTR_EQUAL(cur, cpu);
+    for (h = 0; h < 256; h++)
+        x[h] = 0x4000; /* 2.0 */
+    CU_ASSERT_EQUAL(cpu->moe_finalize(x, &w, 1, 1, 1, 256, 1.0f, NULL, out, NULL), BEAM_OK);
+    CU_ASSERT_EQUAL(out[0], 0x4000);
+    CU_ASSERT_EQUAL(cpu->moe_finalize(x, &w, 1, 1, 1, 100, 1.0f, NULL, out, NULL), BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(cpu->last_error(), "hidden=100"));
+    /* refusals: unknown name, another version, a backend that cannot run */
+    CU_ASSERT_PTR_NULL(beam_backend_ops("tpu", BEAM_OPS_VERSION));
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "must be"));
+    CU_ASSERT_PTR_NULL(beam_backend_ops("cpu", BEAM_OPS_VERSION + 1));
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "table version"));
+    if (!g_gpu_host) {
+        CU_ASSERT_PTR_NULL(beam_backend_ops("cuda", BEAM_OPS_VERSION));
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "cuda backend"));
+    }
+}
+
 static void test_version(void)
 {
     char want[32];
@@ -234,6 +267,7 @@ static void test_small_stack(void)
 int main(int argc, char **argv)
 {
     static const suite_test tests[] = {{"version", test_version},
+                                    {"backend tables", test_tables},
                                     {"select cpu", test_select_cpu},
                                     {"unknown backend names", test_bogus},
                                     {"cuda", test_cuda},

@@ -445,6 +445,23 @@ static void test_direct_backend(void)
     CU_ASSERT_NOT_EQUAL(beam_set_backend("bogus"), BEAM_OK);
     CU_ASSERT_NOT_EQUAL(beam_set_backend(NULL), BEAM_OK);
     CU_ASSERT_STRING_EQUAL(beam_backend_name(), "cpu");
+    /* its table: for its own name or NULL; another backend's name is
+     * refused (libbeammoe loads any), and so is another table version */
+    {
+        const beam_ops *ops = beam_backend_ops(NULL, BEAM_OPS_VERSION);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
+        CU_ASSERT_PTR_EQUAL(beam_backend_ops("cpu", BEAM_OPS_VERSION), ops);
+        CU_ASSERT_STRING_EQUAL(ops->name, "cpu");
+        CU_ASSERT_EQUAL(ops->version, BEAM_OPS_VERSION);
+        CU_ASSERT_EQUAL(ops->size, sizeof(beam_ops));
+        CU_ASSERT_EQUAL(ops->device_memory, 0);
+        CU_ASSERT_PTR_NULL(beam_backend_ops("cuda", BEAM_OPS_VERSION));
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "holds only the cpu backend"));
+        CU_ASSERT_PTR_NULL(beam_backend_ops("bogus", BEAM_OPS_VERSION));
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "must be"));
+        CU_ASSERT_PTR_NULL(beam_backend_ops(NULL, BEAM_OPS_VERSION + 1));
+        CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "table version"));
+    }
 }
 
 int main(void)
