@@ -51,14 +51,14 @@ def per_call_us(fn, iters, repeats, sync):
 
 
 def c_call(g, w, T, K, H, residual, pw, nw):
-    """The library's own time: the CPU backend's fused entry point through
-    ctypes (the library the package calls), every argument prepared once as
-    a plain int (CPU tensors; outputs preallocated)."""
+    """The library's own time: the fused operation of the CPU backend's
+    table through ctypes (the function the package calls), every argument
+    prepared once as a plain int (CPU tensors; outputs preallocated)."""
     import ctypes
 
     from beammoe import _lib
 
-    lib = _lib.backend_library("cpu")
+    ops = _lib.backend_ops("cpu")
     hid, nrm = torch.empty_like(residual), torch.empty_like(residual)
     spare_buf = (ctypes.c_uint64 * 2)()  # a non-NULL address for empty tensors
 
@@ -67,7 +67,7 @@ def c_call(g, w, T, K, H, residual, pw, nw):
 
     post = _lib.BeamNorm(pw.data_ptr(), 1e-6)
     nxt = _lib.BeamNorm(nw.data_ptr(), 1e-6)
-    f = lib.beam_moe_finalize_norm_residual_norm
+    f = ops.moe_finalize_norm_residual_norm
     args = (p(g), p(w), max(T, 1), T, K, H, 2.5, ctypes.addressof(post), p(residual), None, ctypes.addressof(nxt),
             p(hid), p(nrm), 0, None)
 
@@ -75,7 +75,7 @@ def c_call(g, w, T, K, H, residual, pw, nw):
 
     def call():
         if f(*args) != 0 or keep is None:
-            raise RuntimeError(_lib.last_error(lib))
+            raise RuntimeError(_lib.last_error(ops))
     return call
 
 

@@ -14,11 +14,16 @@ libbeammoe (the run-time dispatcher) is found, in order:
 
 The dispatcher finds its backends (libbeammoe_cpu.so.0, libbeammoe_cuda.so.0)
 in ``$BEAM_BACKEND_DIR``, beside itself, in its configured libdir, or through
-the loader. The operations on tensors call the backend of the tensors' device
-directly (``backend_library``): the dispatcher loads and checks it once, and
-the same loaded copy is then reached by its soname, so CPU and CUDA calls never
-wait for each other. Workspaces and CPU groups go through the dispatcher, which
-ties each workspace to the backend that made it.
+the loader. Every operation is read from a backend's table, struct beam_ops
+(``BeamOps``), which ``beam_backend_ops(name, BEAM_OPS_VERSION)`` of the
+dispatcher returns: the table of the backend library it loaded and checked
+for this host, so a call through it runs that library's code with no
+forwarding, and CPU and CUDA calls never wait for each other. The tensor
+operations take the table of their tensors' device (``backend_ops``); a
+workspace or a CPU group is made, used and destroyed through the table of its
+backend, whose ``last_error`` says why a call through it failed. The
+dispatcher's own names (the version, the status strings, its backend choice,
+the tables) are plain prototypes (``_PROTOTYPES``).
 """
 import ctypes
 import ctypes.util
@@ -70,53 +75,62 @@ _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
 _F = ctypes.c_float
-_NORM_P = ctypes.POINTER(BeamNorm)
-_ST = ctypes.c_int
+_ST = ctypes.c_int  # beam_status and beam_strategy
+_FN = ctypes.CFUNCTYPE  # C calls that release the GIL while they run
 
-# name: (restype, argtypes). Pointers to data are plain void pointers (the
-# addresses come from tensor.data_ptr()); the scales array is a float[2].
-# python/tests/test_prototypes.py checks both tables against beammoe.h.
+# The layout of struct beam_ops that BeamOps mirrors.
+BEAM_OPS_VERSION = 1
+
+
+class BeamOps(ctypes.Structure):
+    """struct beam_ops: one backend library's table, member by member.
+
+    Every pointer to data, to a beam_norm and to the scales array is a plain
+    void pointer: the callers pass ints (tensor.data_ptr(), the address of a
+    cached BeamNorm), which costs less per call than a ctypes object. The
+    table only grows, so a library's may be larger than this (size)."""
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("name", ctypes.c_char_p),
+        ("device_memory", ctypes.c_int32),
+        ("last_error", _FN(ctypes.c_char_p)),
+        ("moe_finalize", _FN(_ST, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P)),
+        ("norm_residual_norm", _FN(_ST, _P, _P, _I64, _I32, _P, _P, _P, _P, _P, _P)),
+        ("moe_finalize_norm_residual_norm",
+         _FN(_ST, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _ST, _P)),
+        ("workspace_config_default", _FN(BeamWorkspaceConfig)),
+        ("cpu_group_create", _FN(_ST, _I32, ctypes.POINTER(_P))),
+        ("cpu_group_destroy", _FN(_ST, _P)),
+        ("workspace_create_cpu",
+         _FN(_ST, _P, _I32, _I64, _I32, ctypes.POINTER(BeamWorkspaceConfig), ctypes.POINTER(_P))),
+        ("workspace_create_nccl", _FN(_ST, _P, _I64, _I32, ctypes.POINTER(BeamWorkspaceConfig), ctypes.POINTER(_P))),
+        ("workspace_destroy", _FN(_ST, _P)),
+        ("workspace_info", _FN(_ST, _P, ctypes.POINTER(_I32), ctypes.POINTER(_I32))),
+        ("moe_finalize_gather_norm_residual_norm",
+         _FN(_ST, _P, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _ST, _P)),
+    ]
+
+
+_FUNCTION = type(_FN(None))  # the class of CFUNCTYPE prototypes
+_OPERATIONS = tuple(n for n, t in BeamOps._fields_ if isinstance(t, _FUNCTION))
+
+# The dispatcher's own functions: name: (restype, argtypes). Every operation
+# is a member of BeamOps instead (one prototype for each); beam_last_error is
+# in both, since each library keeps its own message.
+# python/tests/test_prototypes.py checks both against beammoe.h.
 _PROTOTYPES = {
     "beam_status_string": (ctypes.c_char_p, [_ST]),
     "beam_last_error": (ctypes.c_char_p, []),
     "beam_version": (ctypes.c_char_p, []),
     "beam_backend_name": (ctypes.c_char_p, []),
     "beam_set_backend": (_ST, [ctypes.c_char_p]),
-    "beam_moe_finalize": (_ST, [_P, _P, _I64, _I64, _I32, _I32, _F, _NORM_P, _P, _P]),
-    "beam_norm_residual_norm": (_ST, [_P, _P, _I64, _I32, _NORM_P, _P, _NORM_P, _P, _P, _P]),
-    "beam_moe_finalize_norm_residual_norm": (
-        _ST, [_P, _P, _I64, _I64, _I32, _I32, _F, _NORM_P, _P, _P, _NORM_P, _P, _P, ctypes.c_int, _P]),
-    "beam_workspace_config_default": (BeamWorkspaceConfig, []),
-    "beam_cpu_group_create": (_ST, [_I32, ctypes.POINTER(_P)]),
-    "beam_cpu_group_destroy": (_ST, [_P]),
-    "beam_workspace_create_cpu": (
-        _ST, [_P, _I32, _I64, _I32, ctypes.POINTER(BeamWorkspaceConfig), ctypes.POINTER(_P)]),
-    "beam_workspace_create_nccl": (
-        _ST, [_P, _I64, _I32, ctypes.POINTER(BeamWorkspaceConfig), ctypes.POINTER(_P)]),
-    "beam_workspace_destroy": (_ST, [_P]),
-    "beam_workspace_info": (_ST, [_P, ctypes.POINTER(_I32), ctypes.POINTER(_I32)]),
-    "beam_moe_finalize_gather_norm_residual_norm": (
-        _ST, [_P, _P, _P, _I64, _I64, _I32, _I32, _F, _NORM_P, _P, _P, _NORM_P, _P, _P,
-              ctypes.c_int, _P]),
-}
-
-# The backends' entry points that the tensor operations call, with every
-# pointer (norms and scales too) a plain address: the callers pass ints.
-FAST_PROTOTYPES = {
-    "beam_last_error": (ctypes.c_char_p, []),
-    "beam_backend_name": (ctypes.c_char_p, []),
-    "beam_moe_finalize": (_ST, [_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P]),
-    "beam_norm_residual_norm": (_ST, [_P, _P, _I64, _I32, _P, _P, _P, _P, _P, _P]),
-    "beam_moe_finalize_norm_residual_norm": (
-        _ST, [_P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, ctypes.c_int, _P]),
-    "beam_moe_finalize_gather_norm_residual_norm": (
-        _ST, [_P, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, ctypes.c_int, _P]),
+    "beam_backend_ops": (ctypes.POINTER(BeamOps), [ctypes.c_char_p, ctypes.c_uint32]),
 }
 
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
-_backend = None  # the backend this package last selected in the dispatcher ("cpu"/"cuda")
 
 
 def _pkgconfig_libdir():
@@ -203,89 +217,74 @@ def library_path():
     return _lib_path
 
 
-def last_error(lib=None):
-    msg = (lib or library()).beam_last_error()
+def last_error(ops=None):
+    """The calling thread's message for its last failed call through `ops`
+    (a Backend), or through the dispatcher's own functions (None)."""
+    msg = ops.last_error() if ops is not None else library().beam_last_error()
     return msg.decode("utf-8", "replace") if msg else ""
 
 
-def check(status, what, lib=None):
-    """Raise the exception for a failed call (status != BEAM_OK)."""
+def check(status, what, ops=None):
+    """Raise the exception for a failed call (status != BEAM_OK) through
+    `ops` (a Backend; None: the dispatcher), with that library's message."""
     if status != BEAM_OK:
-        msg = last_error(lib) or "%s failed" % what
+        msg = last_error(ops) or "%s failed" % what
         raise_for_status(status, msg)
 
 
-_gate = threading.Condition(threading.Lock())
-_inflight = 0  # dispatcher calls running on _backend right now
-
-
 def set_backend(name):
-    """Make `name` ("cpu" or "cuda") the dispatcher's backend now (waits for
-    dispatcher calls running on the other backend to return)."""
-    with backend(name):
-        pass
+    """Make `name` ("cpu" or "cuda") the dispatcher's backend
+    (beam_set_backend): what backend_name() reports. The package's calls do
+    not depend on it: each goes through the table of its own backend."""
+    check(library().beam_set_backend(name.encode()), "beam_set_backend")
 
 
-class backend:
-    """A context for calls through the dispatcher on backend `name`.
+class Backend:
+    """One backend's table (struct beam_ops) for the calls: its name and
+    each operation as an attribute (moe_finalize, ..., last_error), a ctypes
+    function called with the arguments of the C member. The members are read
+    once here: reading a field of a ctypes Structure makes a new function
+    object every time."""
 
-    The dispatcher's choice is process-wide, so a thread must not switch it
-    while another thread's call runs on the other backend. Calls on the same
-    backend run concurrently; a switch waits until the running calls have
-    returned. The tensor operations do not use this: they call the backend
-    library of their device directly (backend_library)."""
+    def __init__(self, table):
+        self.table = table  # a BeamOps in the library's memory (never unloaded)
+        self.name = table.name.decode()
+        self.device_memory = bool(table.device_memory)
+        for member in _OPERATIONS:
+            setattr(self, member, getattr(table, member))
 
-    __slots__ = ("name",)
-
-    def __init__(self, name):
-        self.name = name
-
-    def __enter__(self):
-        global _backend, _inflight
-        with _gate:
-            while _backend != self.name and _inflight > 0:
-                _gate.wait()
-            if _backend != self.name:
-                check(library().beam_set_backend(self.name.encode()), "beam_set_backend")
-                _backend = self.name
-            _inflight += 1
-        return self
-
-    def __exit__(self, *exc):
-        global _inflight
-        with _gate:
-            _inflight -= 1
-            if _inflight == 0:
-                _gate.notify_all()
+    def __repr__(self):
+        return "Backend(%r)" % self.name
 
 
-_backend_libs = {}
+_backends = {}
 
 
-def backend_library(name):
-    """The backend library `name` ("cpu" or "cuda") itself, with the fast
-    prototypes: the copy the dispatcher loaded and accepted for this host
-    (beam_set_backend), reached by its soname. BeamError when that backend
-    does not load or cannot run here."""
-    lib = _backend_libs.get(name)
-    if lib is not None:
-        return lib
-    set_backend(name)  # the dispatcher loads it and checks it can run here
+def backend_ops(name):
+    """The table of backend `name` ("cpu" or "cuda") as a Backend: the very
+    library the dispatcher loaded and accepted for this host, read once.
+    BeamError when that backend does not load or cannot run here."""
+    ops = _backends.get(name)
+    if ops is not None:
+        return ops
+    lib = library()
     with _lock:
-        lib = _backend_libs.get(name)
-        if lib is None:
-            soname = "libbeammoe_%s%s" % (name, SO_SUFFIX)
-            try:
-                lib = ctypes.CDLL(soname)
-            except OSError as e:
-                raise OSError("beammoe: the dispatcher loaded the %s backend but %s cannot be opened "
-                              "by its name: %s" % (name, soname, e)) from None
-            _declare(lib, FAST_PROTOTYPES)
-            got = lib.beam_backend_name()
-            if got != name.encode():
-                raise OSError("beammoe: %s reports backend %r, not %r" % (soname, got, name))
-            _backend_libs[name] = lib
-    return lib
+        ops = _backends.get(name)
+        if ops is None:
+            p = lib.beam_backend_ops(name.encode(), BEAM_OPS_VERSION)
+            if not p:
+                raise_for_status(BEAM_ERR_UNSUPPORTED, last_error() or "beam_backend_ops(\"%s\") failed" % name)
+            table = p.contents
+            # The library serves only the version asked for; a smaller table
+            # would be read past its end.
+            if table.version != BEAM_OPS_VERSION or table.size < ctypes.sizeof(BeamOps):
+                raise OSError("beammoe: the %s backend's table has version %d (%d bytes); this package reads "
+                              "version %d (%d bytes)" % (name, table.version, table.size, BEAM_OPS_VERSION,
+                                                        ctypes.sizeof(BeamOps)))
+            if table.name != name.encode():
+                raise OSError("beammoe: beam_backend_ops(\"%s\") returned the table of %r" % (name, table.name))
+            ops = _backends[name] = Backend(table)
+    return ops
 
 
 def backend_name():

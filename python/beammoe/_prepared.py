@@ -39,12 +39,12 @@ class PreparedCall:
     require grad are refused when it is prepared.
     """
 
-    __slots__ = ("name", "_f", "_args", "_lib", "_check", "_written", "_result", "_keep", "_cuda", "_index")
+    __slots__ = ("name", "_f", "_args", "_ops", "_check", "_written", "_result", "_keep", "_cuda", "_index")
 
-    def __init__(self, name, lib, fname, args, check, written, result, keep, cuda_index):
+    def __init__(self, name, ops, member, args, check, written, result, keep, cuda_index):
         self.name = name
-        self._lib = lib
-        self._f = getattr(lib, fname)
+        self._ops = ops  # the backend's table: its last_error explains a failure
+        self._f = getattr(ops, member)
         self._args = args
         self._check = check  # ((tensor, data_ptr), ...)
         self._written = written  # tensors to bump (not inference tensors)
@@ -63,7 +63,7 @@ class PreparedCall:
         else:
             st = self._f(*self._args)
         if st:
-            _lib.check(st, self.name, self._lib)
+            _lib.check(st, self.name, self._ops)
         for t in self._written:
             _increment_version(t)
         return self._result
@@ -158,5 +158,5 @@ def prepare_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next
     check = tuple((t, t.data_ptr()) for t in {id(t): t for t in every}.values())
     written = tuple(t for t in ((hidden, normalized) if not inplace else (residual, normalized))
                     if t is not None and not t.is_inference())
-    return PreparedCall(fn, _run._backend(dev), "beam_moe_finalize_norm_residual_norm", args, check, written,
+    return PreparedCall(fn, _run._backend(dev), "moe_finalize_norm_residual_norm", args, check, written,
                         (hidden, normalized), (post, nxt, sc, g, w, residual, pw, nw), cuda)

@@ -1,9 +1,9 @@
 """The library calls themselves, on arguments already checked.
 
-Each function takes checked Python values and tensors, picks the backend
-library of the tensors' device (the CPU backend for CPU tensors, the CUDA
-backend for CUDA tensors, the workspace's own for the gather), and makes one
-ctypes call. CUDA calls run on torch's current stream of the tensors' device,
+Each function takes checked Python values and tensors, picks the table of
+the backend of the tensors' device (the CPU backend's for CPU tensors, the
+CUDA backend's for CUDA tensors, the workspace's own for the gather), and
+makes one ctypes call through it. CUDA calls run on torch's current stream of the tensors' device,
 with that device made current for the call. Both the eager functions of
 ops.py and the torch.library operations (_torch_ops.py) end here.
 
@@ -73,8 +73,8 @@ def _scales_ref(s):
 
 _NONE = (None, None)
 _CPU_DEVICE = torch.device("cpu")
-_cpu_lib = None
-_cuda_lib = None
+_cpu_ops = None
+_cuda_ops = None
 
 if hasattr(torch._C, "_cuda_getCurrentRawStream"):
     def _raw_stream(index):
@@ -91,22 +91,23 @@ else:  # pragma: no cover - older torch
 
 
 def _backend(dev):
-    """The backend library of the tensors' device."""
-    global _cpu_lib, _cuda_lib
+    """The table of the backend of the tensors' device (a _lib.Backend)."""
+    global _cpu_ops, _cuda_ops
     if dev == _CPU_DEVICE:
-        if _cpu_lib is None:
-            _cpu_lib = _lib.backend_library("cpu")
-        return _cpu_lib
-    if _cuda_lib is None:
-        _cuda_lib = _lib.backend_library("cuda")
-    return _cuda_lib
+        if _cpu_ops is None:
+            _cpu_ops = _lib.backend_ops("cpu")
+        return _cpu_ops
+    if _cuda_ops is None:
+        _cuda_ops = _lib.backend_ops("cuda")
+    return _cuda_ops
 
 
-def _invoke(lib, fname, dev, args):
-    """lib.fname(*args, stream) on device `dev`; raise on a failed status.
-    CPU calls pass no stream; CUDA calls pass torch's current stream of the
-    tensors' device, which is made current for the call when it is not."""
-    f = getattr(lib, fname)
+def _invoke(ops, member, dev, args):
+    """ops.member(*args, stream) on device `dev`; raise on a failed status
+    with the message of that table's library. CPU calls pass no stream; CUDA
+    calls pass torch's current stream of the tensors' device, which is made
+    current for the call when it is not."""
+    f = getattr(ops, member)
     if dev == _CPU_DEVICE:
         st = f(*args, None)
     else:
@@ -118,12 +119,12 @@ def _invoke(lib, fname, dev, args):
         else:
             st = f(*args, _raw_stream(index))
     if st:
-        _lib.check(st, fname, lib)
+        _lib.check(st, "beam_" + member, ops)
 
 
 def finalize(dev, g, w, capacity, live, top_k, hidden, routed_scale, pw, pe, out):
     keep_post, post = _norm(pw, pe)
-    _invoke(_backend(dev), "beam_moe_finalize", dev,
+    _invoke(_backend(dev), "moe_finalize", dev,
             (addr(g), addr(w), capacity, live, top_k, hidden, routed_scale, post, addr(out)))
     del keep_post
 
@@ -133,7 +134,7 @@ def fused(dev, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, resi
     keep_post, post = _norm(pw, pe)
     keep_next, nxt = _norm(nw, ne)
     keep_s, sp = _scales_ref(s)
-    _invoke(_backend(dev), "beam_moe_finalize_norm_residual_norm", dev,
+    _invoke(_backend(dev), "moe_finalize_norm_residual_norm", dev,
             (g.data_ptr() or _EMPTY_ADDR, w.data_ptr() or _EMPTY_ADDR, capacity, tokens, top_k, hidden,
              routed_scale, post, residual.data_ptr() or _EMPTY_ADDR, sp, nxt, hidden_out.data_ptr() or _EMPTY_ADDR,
              (normalized.data_ptr() or _EMPTY_ADDR) if normalized is not None else None, strategy))
@@ -144,36 +145,19 @@ def norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, hi
     keep_pre, pre_p = _norm(prw, pre)
     keep_next, nxt = _norm(nw, ne)
     keep_s, sp = _scales_ref(s)
-    _invoke(_backend(dev), "beam_norm_residual_norm", dev,
+    _invoke(_backend(dev), "norm_residual_norm", dev,
             (addr(x), addr(residual), tokens, hidden, pre_p, sp, nxt, addr(hidden_out),
              addr(normalized) if normalized is not None else None))
     del keep_pre, keep_next, keep_s
 
 
-_dispatcher = None
-
-
-class _Dispatcher:
-    """The dispatcher's gather (with plain-address prototypes: the workspace
-    carries its backend) and its error message, as _invoke reads them."""
-
-    def __init__(self):
-        lib = _lib.library()
-        f = lib["beam_moe_finalize_gather_norm_residual_norm"]  # its own function object
-        f.restype, f.argtypes = _lib.FAST_PROTOTYPES["beam_moe_finalize_gather_norm_residual_norm"]
-        self.beam_moe_finalize_gather_norm_residual_norm = f
-        self.beam_last_error = lib.beam_last_error
-
-
-def gather(dev, handle, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne,
+def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne,
            hidden_out, normalized, strategy):
-    global _dispatcher
-    if _dispatcher is None:
-        _dispatcher = _Dispatcher()
+    """The gather on workspace `handle` through `ops`, the table that made it."""
     keep_post, post = _norm(pw, pe)
     keep_next, nxt = _norm(nw, ne)
     keep_s, sp = _scales_ref(s)
-    _invoke(_dispatcher, "beam_moe_finalize_gather_norm_residual_norm", dev,
+    _invoke(ops, "moe_finalize_gather_norm_residual_norm", dev,
             (handle, addr(g), addr(w), capacity, tokens, top_k, hidden, routed_scale, post, addr(residual), sp,
              nxt, addr(hidden_out), addr(normalized) if normalized is not None else None, strategy))
     del keep_post, keep_next, keep_s

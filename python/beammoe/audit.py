@@ -873,14 +873,12 @@ def _probe_library(K, H):
     from them: a call with no rows checks them and writes nothing."""
     if K > 2**31 - 1 or H > 2**31 - 1:
         raise ValueError("top_k=%d, hidden=%d: out of the 32-bit range" % (K, H))
-    lib = _lib.library()
-    with _lib.backend("cpu"):
-        st = lib.beam_moe_finalize(ctypes.addressof(_PROBE_X), ctypes.addressof(_PROBE_W), 0, 0, K, H,
-                                   1.0, None, ctypes.addressof(_PROBE_OUT), None)
-        msg = _lib.last_error() if st != _lib.BEAM_OK else ""
+    ops = _lib.backend_ops("cpu")
+    st = ops.moe_finalize(ctypes.addressof(_PROBE_X), ctypes.addressof(_PROBE_W), 0, 0, K, H, 1.0, None,
+                          ctypes.addressof(_PROBE_OUT), None)
     if st != _lib.BEAM_OK:
         raise ValueError("the library rejects this shape: %s: %s"
-                         % (lib.beam_status_string(st).decode(), msg))
+                         % (_lib.library().beam_status_string(st).decode(), _lib.last_error(ops)))
 
 
 # valid (never written) addresses for the probe, as the C tool's static buffers
@@ -1041,7 +1039,7 @@ def _cuda_usable():
     if not torch.cuda.is_available():
         return "no CUDA device visible to torch"
     try:
-        _lib.set_backend("cuda")
+        _lib.backend_ops("cuda")
     except Exception as e:  # BeamError: the backend does not load
         return "libbeammoe's CUDA backend does not run here: %s" % e
     return None

@@ -69,10 +69,10 @@ def _thresholds(fn, oneshot, separate, twoshot_alias, oneshot_alias, timeout_ms)
     return one, two, tmo
 
 
-def _config(one, two, tmo):
-    """The full beam_workspace_config: the backend's defaults (call with the
-    workspace's backend selected in the dispatcher) with the given fields."""
-    cfg = _lib.library().beam_workspace_config_default()
+def _config(ops, one, two, tmo):
+    """The full beam_workspace_config: the defaults of the backend whose
+    table is `ops` (the workspace's) with the given fields."""
+    cfg = ops.workspace_config_default()
     if one is not None:
         cfg.oneshot_max_tokens = one
     if two is not None:
@@ -90,9 +90,10 @@ class CpuGroup:
     def __init__(self, nranks):
         fn = "beammoe.CpuGroup"
         nranks = A.integer(fn, "nranks", nranks, A.INT32)
-        lib = _lib.library()
+        ops = _lib.backend_ops("cpu")  # the group is the CPU backend's, as its workspaces
         h = ctypes.c_void_p()
-        _lib.check(lib.beam_cpu_group_create(nranks, ctypes.byref(h)), "beam_cpu_group_create")
+        _lib.check(ops.cpu_group_create(nranks, ctypes.byref(h)), "beam_cpu_group_create", ops)
+        self._ops = ops
         self._handle = h.value
         self.nranks = nranks
 
@@ -109,7 +110,7 @@ class CpuGroup:
     def close(self):
         if self._handle is not None:
             h, self._handle = self._handle, None
-            _lib.check(_lib.library().beam_cpu_group_destroy(h), "beam_cpu_group_destroy")
+            _lib.check(self._ops.cpu_group_destroy(h), "beam_cpu_group_destroy", self._ops)
 
     def __enter__(self):
         return self
@@ -248,19 +249,15 @@ class Workspace:
         rank = dist.get_rank(group)
         nranks = dist.get_world_size(group)
 
-        lib = _lib.library()
-        _lib.set_backend("cuda")  # loads libbeammoe_cuda, and with it the NCCL it uses
+        ops = _lib.backend_ops("cuda")  # loads libbeammoe_cuda, and with it the NCCL it uses
         obj = [_nccl.unique_id() if rank == 0 else None]
         dist.broadcast_object_list(obj, src=_group_src(dist, group), group=group)
         with torch.cuda.device(self.device):
             comm = _nccl.comm_init_rank(nranks, obj[0], rank)
             h = ctypes.c_void_p()
-            # The defaults and the creation both come from the CUDA backend.
-            with _lib.backend("cuda"):
-                cfg = _config(one, two, tmo)
-                st = lib.beam_workspace_create_nccl(comm, max_tokens, hidden_size, ctypes.byref(cfg),
-                                                    ctypes.byref(h))
-                msg = _lib.last_error() if st != _lib.BEAM_OK else ""
+            cfg = _config(ops, one, two, tmo)
+            st = ops.workspace_create_nccl(comm, max_tokens, hidden_size, ctypes.byref(cfg), ctypes.byref(h))
+            msg = _lib.last_error(ops) if st != _lib.BEAM_OK else ""
             if st != _lib.BEAM_OK:
                 try:
                     _nccl.comm_destroy(comm)
@@ -268,7 +265,7 @@ class Workspace:
                     pass
                 raise_for_status(st, msg or "beam_workspace_create_nccl failed")
         self._comm = comm
-        self._opened(h.value, cfg)
+        self._opened(ops, h.value, cfg)
         self._set_thresholds(moe_gather_separate_norm_min_tokens)
 
     def _init_process_group_cpu(self, fn, dist, group, max_tokens, hidden_size, one, two, tmo):
@@ -282,8 +279,7 @@ class Workspace:
         self._init_fields(max_tokens, hidden_size, torch.device("cpu"), pg)
         self._pg = True
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        with _lib.backend("cpu"):  # the CPU backend's defaults
-            cfg = _config(one, two, tmo)
+        cfg = _config(_lib.backend_ops("cpu"), one, two, tmo)  # the CPU backend's defaults
         err = None
         try:
             _check_shape_and_config(fn, max_tokens, hidden_size, cfg.oneshot_max_tokens, cfg.twoshot_max_tokens,
@@ -313,14 +309,13 @@ class Workspace:
                                     twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
         self = cls.__new__(cls)
         self._init_fields(max_tokens, hidden_size, torch.device("cpu"), group)
-        lib = _lib.library()
-        with _lib.backend("cpu"):  # the defaults of the backend that runs the workspace
-            cfg = _config(one, two, tmo)
+        ops = group._ops  # the table that made the group makes its workspaces
+        cfg = _config(ops, one, two, tmo)
         h = ctypes.c_void_p()
-        _lib.check(lib.beam_workspace_create_cpu(group.handle, rank, max_tokens, hidden_size, ctypes.byref(cfg),
-                                                 ctypes.byref(h)),
-                   "beam_workspace_create_cpu")
-        self._opened(h.value, cfg)
+        _lib.check(ops.workspace_create_cpu(group.handle, rank, max_tokens, hidden_size, ctypes.byref(cfg),
+                                            ctypes.byref(h)),
+                   "beam_workspace_create_cpu", ops)
+        self._opened(ops, h.value, cfg)
         self._set_thresholds(moe_gather_separate_norm_min_tokens)
         return self
 
@@ -340,6 +335,7 @@ class Workspace:
         self.device = device
         self.device_group = group
         self._handle = None
+        self._ops = None  # the table of the backend that made the library workspace
         self._comm = None
         self._lock = threading.Lock()
         self.rank = self.world_size = None
@@ -351,12 +347,14 @@ class Workspace:
         self._peerless = False  # a CUDA workspace without peer memory: AUTO is UNFUSED always
         self._all_gather = None
 
-    def _opened(self, handle, cfg):
+    def _opened(self, ops, handle, cfg):
+        """A library workspace made through `ops`: every later call on it goes
+        through the same table (its handle means nothing to another)."""
+        self._ops = ops
         self._handle = handle
         self._cfg = (cfg.oneshot_max_tokens, cfg.twoshot_max_tokens, cfg.timeout_ms)
         r, n = ctypes.c_int32(), ctypes.c_int32()
-        _lib.check(_lib.library().beam_workspace_info(handle, ctypes.byref(r), ctypes.byref(n)),
-                   "beam_workspace_info")
+        _lib.check(ops.workspace_info(handle, ctypes.byref(r), ctypes.byref(n)), "beam_workspace_info", ops)
         self.rank, self.world_size = r.value, n.value
         _open[handle] = self
 
@@ -494,23 +492,23 @@ class Workspace:
     def _run_gather(self, dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st):
         """The library's gather with AUTO resolved from the attributes (the
         library's own rule while they are the values it was handed)."""
-        handle = self.handle
+        handle, ops = self.handle, self._ops
         if st != _AUTO or self._c_auto:
-            _run.gather(dev, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
-                        n, st)
+            _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
+                        h, n, st)
             return
         st = self._auto_enum(tokens)
         try:
-            _run.gather(dev, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
-                        n, st)
+            _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
+                        h, n, st)
         except BeamUnsupportedError as e:
             # A CUDA workspace without peer memory (every rank alike, before
             # anything was launched): AUTO is UNFUSED there, as in the library.
             if st == _UNFUSED or "needs peer memory" not in str(e):
                 raise
             self._peerless = True
-            _run.gather(dev, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
-                        n, _UNFUSED)
+            _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
+                        h, n, _UNFUSED)
 
     @property
     def handle(self):
@@ -536,15 +534,16 @@ class Workspace:
         _open.pop(h, None)
         if self._pg:
             return
+        ops = self._ops
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
-                st = _lib.library().beam_workspace_destroy(h)
-                msg = _lib.last_error() if st != _lib.BEAM_OK else ""
+                st = ops.workspace_destroy(h)
+                msg = _lib.last_error(ops) if st != _lib.BEAM_OK else ""
                 if comm is not None:
                     _nccl.comm_destroy(comm)
         else:
-            st = _lib.library().beam_workspace_destroy(h)
-            msg = _lib.last_error() if st != _lib.BEAM_OK else ""
+            st = ops.workspace_destroy(h)
+            msg = _lib.last_error(ops) if st != _lib.BEAM_OK else ""
         if st != _lib.BEAM_OK:
             raise_for_status(st, msg or "beam_workspace_destroy failed")
 

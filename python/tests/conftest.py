@@ -36,7 +36,7 @@ def cuda_backend_skip_reason():
     import beammoe
     from beammoe import _lib
     try:
-        _lib.set_backend("cuda")
+        _lib.backend_ops("cuda")
     except beammoe.BeamError as e:
         return "libbeammoe's CUDA backend does not run here: %s" % e
     return None

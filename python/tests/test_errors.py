@@ -187,6 +187,24 @@ def test_cuda_backend_unavailable_is_beam_error():
         pytest.skip("the CUDA backend loaded and runs (a GPU torch cannot see?)")
     finally:
         _lib.set_backend("cpu")
+    with pytest.raises(beammoe.BeamUnsupportedError, match=r"^beam_backend_ops: the cuda backend"):
+        _lib.backend_ops("cuda")  # the table the CUDA tensors' calls would take
+
+
+def test_message_of_the_library_that_ran_the_call(case):
+    """A call goes through its backend's table, and a failure is explained by
+    that library's message: the dispatcher, which never saw the call, keeps
+    its own (here of a refused beam_set_backend)."""
+    g, w, out = case
+    cpu = _lib.backend_ops("cpu")  # read first: beam_backend_ops clears the dispatcher's message
+    lib = _lib.library()
+    assert lib.beam_set_backend(b"no-such-backend") == _lib.BEAM_ERR_INVALID_ARGUMENT
+    dispatcher = _lib.last_error()
+    assert "no-such-backend" in dispatcher
+    with pytest.raises(ValueError, match=r"^beam_moe_finalize: routed_scale=inf must be finite"):
+        beammoe.beam_moe_finalize(g, w, out, float("inf"))
+    assert _lib.last_error() == dispatcher
+    assert _lib.last_error(cpu).startswith("beam_moe_finalize: routed_scale=inf")
 
 
 def test_messages_are_per_thread(case):

@@ -269,9 +269,9 @@ def test_library_workspace_auto_follows_assigned_thresholds(gen, monkeypatch):
     seen = []
     real = _run.gather
 
-    def spy(dev, handle, *args):
+    def spy(dev, ops, handle, *args):
         seen.append(args[-1])
-        return real(dev, handle, *args)
+        return real(dev, ops, handle, *args)
 
     monkeypatch.setattr(_run, "gather", spy)
     g, w, residual, pw, nw = _data(gen, 6)

@@ -2,6 +2,7 @@
 backend library that the dispatcher loaded (one file per library in the
 process), and an installed package uses the libraries it carries."""
 import ast
+import ctypes
 import os
 
 import pytest
@@ -35,8 +36,30 @@ def test_one_copy_of_each_library():
     assert os.path.dirname(next(iter(maps["libbeammoe_cpu"]))) == here, "the backend is not beside the dispatcher"
 
 
-def test_backend_library_is_the_backend():
-    assert _lib.backend_library("cpu").beam_backend_name() == b"cpu"
+def test_backend_table_is_the_backends():
+    """The CPU table comes from libbeammoe_cpu itself, in the layout that
+    _lib.BeamOps mirrors (the same build: the very size of struct beam_ops)."""
+    ops = _lib.backend_ops("cpu")
+    assert ops is _lib.backend_ops("cpu")  # read once
+    assert ops.name == "cpu" and not ops.device_memory
+    assert ops.table.version == _lib.BEAM_OPS_VERSION
+    assert ops.table.size == ctypes.sizeof(_lib.BeamOps)
+    # the calls run the backend's code, with no forwarding by the dispatcher
+    path = _dl_file(ctypes.cast(ops.moe_finalize, ctypes.c_void_p).value)
+    assert os.path.basename(path).startswith("libbeammoe_cpu."), path
+
+
+def _dl_file(address):
+    """The file of the shared object that holds `address` (dladdr)."""
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    dladdr = getattr(ctypes.CDLL(None), "dladdr", None)
+    if dladdr is None:
+        pytest.skip("dladdr is not in the process's global namespace")
+    info = DlInfo()
+    assert dladdr(ctypes.c_void_p(address), ctypes.byref(info)), hex(address)
+    return os.fsdecode(info.dli_fname)
 
 
 @pytest.mark.skipif(not os.path.isdir(_lib._BUNDLED), reason="the package carries no libraries (not installed "

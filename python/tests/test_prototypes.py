@@ -3,18 +3,23 @@
 ctypes takes whatever _lib.py says: a prototype with a parameter too few, an
 int32_t declared where the header has int64_t or a field of a struct out of
 order loads and runs, and passes wrong bits to the library. This test reads
-the header (its BEAM_API declarations, typedefs and enums, in the header's
-own style) and checks every prototype table of _lib.py against it:
+the header (its BEAM_API declarations, function types, typedefs, enums and
+#define'd numbers, in the header's own style) and checks _lib.py against it:
 
-- every exported function has a prototype in _lib._PROTOTYPES, with the
-  header's number of parameters and, for each parameter and the result, a
-  ctypes type of the same kind (int64_t: c_int64, an enum: c_int, a struct
+- the operations are the members of struct beam_ops, which _lib.BeamOps
+  mirrors field by field, in order: each function member a CFUNCTYPE with
+  the header's number of parameters and, for each parameter and the result,
+  a ctypes type of the same kind (int64_t: c_int64, an enum: c_int, a struct
   by value: its ctypes.Structure, a pointer: c_void_p or a POINTER of the
-  pointee's kind, const char *: c_char_p);
-- _PROTOTYPES and FAST_PROTOTYPES declare no function the header lacks,
-  and FAST_PROTOTYPES's entries match the header too;
-- the ctypes Structures have the header's fields, in its order; the status
-  and strategy constants have the header's values.
+  pointee's kind, const char *: c_char_p); _lib.BEAM_OPS_VERSION is the
+  header's BEAM_OPS_VERSION;
+- every other exported function (the dispatcher's own: version, status
+  strings, backend choice, the tables) has a prototype in _lib._PROTOTYPES
+  of the same kinds, and _PROTOTYPES declares nothing else: an exported
+  beam_X that is the table's member X is declared once, as the member
+  (beam_last_error excepted: each library keeps its own message);
+- the other ctypes Structures have the header's fields, in its order; the
+  status and strategy constants have the header's values.
 
 Pure Python, no torch: _lib.py (and _errors.py, which it imports) is loaded
 without the package's __init__ (which imports torch). The header is the one
@@ -38,6 +43,7 @@ _HEADER = os.path.normpath(os.path.join(_HERE, "..", "..", "include", "beammoe.h
 _SCALARS = {
     "int64_t": ctypes.c_int64,
     "int32_t": ctypes.c_int32,
+    "uint32_t": ctypes.c_uint32,
     "uint16_t": ctypes.c_uint16,
     "float": ctypes.c_float,
     "double": ctypes.c_double,
@@ -53,15 +59,19 @@ pytestmark = pytest.mark.skipif(not os.path.exists(_HEADER),
 # ---- the header ---------------------------------------------------------------------------------
 
 class Header:
-    """What beammoe.h declares: functions {name: (ret, [params])}, enums
-    {name: {constant: value}}, structs {name: [(field, type)]}, opaque
-    struct names; a type is (base name, number of '*')."""
+    """What beammoe.h declares: functions {name: (ret, [params])}, function
+    types {name: (ret, [params])} (a typedef'd one by its name, a struct's
+    function-pointer member as "struct.member"), enums {name: {constant:
+    value}}, structs {name: [(field, type)]}, opaque struct names, defines
+    {NAME: int}; a type is (base name, number of '*')."""
 
     def __init__(self, text):
         text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
         text = re.sub(r"//[^\n]*", " ", text)
+        self.defines = {n: int(v) for n, v in re.findall(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+(\d+)[ \t]*$",
+                                                          text, flags=re.M)}
         text = re.sub(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", " ", text, flags=re.M)  # directives, continued lines too
-        self.enums, self.structs, self.opaque, self.functions = {}, {}, set(), {}
+        self.enums, self.structs, self.opaque, self.functions, self.fntypes = {}, {}, set(), {}, {}
         for tag, body, name in re.findall(r"typedef\s+enum\s+(\w+)\s*\{([^}]*)\}\s*(\w+)\s*;", text):
             assert tag == name, "typedef enum %s {...} %s: the header's style is one name" % (tag, name)
             values, nxt = {}, 0
@@ -74,20 +84,46 @@ class Header:
             self.enums[name] = values
         for tag, body, name in re.findall(r"typedef\s+struct\s+(\w+)\s*\{([^}]*)\}\s*(\w+)\s*;", text):
             assert tag == name, "typedef struct %s {...} %s: the header's style is one name" % (tag, name)
-            self.structs[name] = [self.declaration(d) for d in body.split(";") if d.strip()]
+            self.structs[name] = [self.field(name, d) for d in body.split(";") if d.strip()]
         for tag, name in re.findall(r"typedef\s+struct\s+(\w+)\s+(\w+)\s*;", text):
             assert tag == name, "typedef struct %s %s: the header's style is one name" % (tag, name)
             self.opaque.add(name)
+        typedef_fns = re.findall(r"\btypedef\s+([^;{}()]*?)\s*\b(\w+)\s*\(([^()]*)\)\s*;", text)
+        for ret, name, params in typedef_fns:
+            self.fntypes[name] = (self.declaration(ret, named=False), self.parameters(params))
+        # a typedef the patterns above did not read (a pointer to a function,
+        # an array): better a failure here than a type unchecked
+        assert len(re.findall(r"\btypedef\b", text)) == \
+            len(self.enums) + len(self.structs) + len(self.opaque) + len(typedef_fns), \
+            "beammoe.h has a typedef this test cannot read"
         for ret, name, params in re.findall(r"\bBEAM_API\s+([^;{}()]*?)\s*\b(\w+)\s*\(([^()]*)\)\s*;", text):
-            rtype = self.declaration(ret, named=False)
-            plist = [p.strip() for p in params.split(",")]
-            args = [] if plist == ["void"] else [self.declaration(p)[1] for p in plist]
-            assert name not in self.functions, "%s is declared twice" % name
-            self.functions[name] = (rtype, args)
-        # a BEAM_API the pattern above did not read (a function-pointer
+            self.declare(name, (self.declaration(ret, named=False), self.parameters(params)))
+        for fntype, name in re.findall(r"\bBEAM_API\s+(\w+)\s+(\w+)\s*;", text):
+            assert fntype in self.fntypes, "BEAM_API %s %s: %s is no function type" % (fntype, name, fntype)
+            self.declare(name, self.fntypes[fntype])
+        # a BEAM_API the patterns above did not read (a function-pointer
         # parameter, a macro): better a failure here than a function unchecked
         assert len(self.functions) == len(re.findall(r"\bBEAM_API\b", text)), \
             "beammoe.h has a BEAM_API declaration this test cannot read"
+
+    def declare(self, name, signature):
+        assert name not in self.functions, "%s is declared twice" % name
+        self.functions[name] = signature
+
+    def parameters(self, text):
+        """The types of a parameter list ("void": none)."""
+        plist = [p.strip() for p in text.split(",")]
+        return [] if plist == ["void"] else [self.declaration(p)[1] for p in plist]
+
+    def field(self, struct, text):
+        """(name, type) of a struct's member; a pointer to a function written
+        out, "ret (*name)(params)", is a function type "struct.name"."""
+        m = re.fullmatch(r"\s*([^()]*?)\(\s*\*\s*(\w+)\s*\)\s*\(([^()]*)\)\s*", text)
+        if not m:
+            return self.declaration(text)
+        key = "%s.%s" % (struct, m.group(2))
+        self.fntypes[key] = (self.declaration(m.group(1), named=False), self.parameters(m.group(3)))
+        return m.group(2), (key, 1)
 
     def declaration(self, text, named=True):
         """(name, (base, stars)) of "const uint16_t *weight"; (base, stars)
@@ -109,6 +145,8 @@ class Header:
             return "struct"
         if base in self.opaque:
             return "opaque"
+        if base in self.fntypes:
+            return "function"
         raise AssertionError("beammoe.h: unknown type %s (the test's map of C types lacks it)" % base)
 
 
@@ -130,7 +168,7 @@ def accepted(header, lib, ctype, result=False):
             cls = getattr(lib, _structure_name(base), None)
             assert cls is not None, "_lib.py has no ctypes.Structure %s for struct %s" % (_structure_name(base), base)
             return [cls]
-        if kind == "opaque":
+        if kind in ("opaque", "function"):
             return []  # never passed by value
         return [_SCALARS[base]]
     out = [ctypes.c_void_p] + [ctypes.POINTER(t) for t in accepted(header, lib, (base, stars - 1)) if t is not None]
@@ -145,8 +183,13 @@ def _show(header, ctype):
 
 
 _CTYPES_NAMES = {}
-for _n in ("c_int64", "c_int32", "c_uint16", "c_float", "c_double", "c_char", "c_void_p", "c_char_p"):
+for _n in ("c_int64", "c_int32", "c_uint32", "c_uint16", "c_float", "c_double", "c_char", "c_void_p", "c_char_p"):
     _CTYPES_NAMES.setdefault(getattr(ctypes, _n), _n)  # c_int32 is c_int, c_int64 c_long: the header's names
+
+# ctypes.CFUNCTYPE's prototypes: their class, and their flags (cdecl, the GIL
+# released during the call; PYFUNCTYPE's hold it, WINFUNCTYPE's are stdcall)
+_CFUNCTYPE = ctypes.CFUNCTYPE(None)
+_FUNCTION_CLASS = type(_CFUNCTYPE)
 
 
 def _tname(t):
@@ -159,35 +202,65 @@ def _tname(t):
     return getattr(t, "__name__", repr(t))
 
 
-def prototype_faults(header, lib, table, table_name, complete):
-    """The faults of one prototype table of _lib.py against the header (a list
-    of messages); complete: every header function must be in it."""
+def signature_faults(header, lib, where, res, args, signature):
+    """The faults of one declared function (result, parameters) against the
+    header's signature (ret, [params]); `where` names it in the messages."""
+    cret, cargs = signature
     faults = []
+    if res not in accepted(header, lib, cret, result=True):
+        faults.append("%s: the result is %s, but the header returns %s (one of: %s)"
+                      % (where, _tname(res), _show(header, cret),
+                         ", ".join(_tname(t) for t in accepted(header, lib, cret, result=True))))
+    if len(args) != len(cargs):
+        faults.append("%s: %d parameters, but the header has %d" % (where, len(args), len(cargs)))
+        return faults
+    for i, (a, c) in enumerate(zip(args, cargs)):
+        if a not in accepted(header, lib, c):
+            faults.append("%s: parameter %d is %s, but the header has %s (one of: %s)"
+                          % (where, i, _tname(a), _show(header, c),
+                             ", ".join(_tname(t) for t in accepted(header, lib, c))))
+    return faults
+
+
+def table_members(header):
+    """{member: function type} of struct beam_ops's functions."""
+    return {f: t[0] for f, t in header.structs["beam_ops"] if header.kind(t[0]) == "function" and t[1] == 1}
+
+
+# Exported by the dispatcher and a member of the table too, declared in both:
+# each library keeps its own message, and a failed call is explained by the
+# library that ran it.
+_ALSO_DISPATCHER = {"beam_last_error"}
+
+
+def prototype_faults(header, lib, table, table_name="_PROTOTYPES"):
+    """The faults of _lib's prototype table of the dispatcher's own
+    functions: each against the header; every exported function declared
+    once, there or as a member of the table (beam_X: member X)."""
+    faults = []
+    members = table_members(header)
     for name in sorted(set(table) - set(header.functions)):
         faults.append("%s declares %s, which include/beammoe.h does not export" % (table_name, name))
-    if complete:
-        for name in sorted(set(header.functions) - set(table)):
+    for name in sorted(header.functions):
+        member = name[len("beam_"):] if name.startswith("beam_") else None
+        if member in members:
+            if header.fntypes[members[member]] != header.functions[name]:
+                faults.append("include/beammoe.h: struct beam_ops.%s is not of %s's type" % (member, name))
+            if name in table and name not in _ALSO_DISPATCHER:
+                faults.append("%s declares %s, which _lib.py reads from the table (BeamOps.%s): one prototype "
+                              "each" % (table_name, name, member))
+        elif name not in table:
             faults.append("%s has no prototype for %s (include/beammoe.h)" % (table_name, name))
     for name in sorted(set(table) & set(header.functions)):
         res, args = table[name]
-        cret, cargs = header.functions[name]
-        if res not in accepted(header, lib, cret, result=True):
-            faults.append("%s[%r]: the result is %s, but the header returns %s (one of: %s)"
-                          % (table_name, name, _tname(res), _show(header, cret),
-                             ", ".join(_tname(t) for t in accepted(header, lib, cret, result=True))))
-        if len(args) != len(cargs):
-            faults.append("%s[%r]: %d parameters, but the header has %d"
-                          % (table_name, name, len(args), len(cargs)))
-            continue
-        for i, (a, c) in enumerate(zip(args, cargs)):
-            if a not in accepted(header, lib, c):
-                faults.append("%s[%r]: parameter %d is %s, but the header has %s (one of: %s)"
-                              % (table_name, name, i, _tname(a), _show(header, c),
-                                 ", ".join(_tname(t) for t in accepted(header, lib, c))))
+        faults += signature_faults(header, lib, "%s[%r]" % (table_name, name), res, args, header.functions[name])
     return faults
 
 
 def structure_faults(header, lib):
+    """The faults of _lib's ctypes Structures (BeamOps too) against the
+    header's structs: the fields in order, each of its field's kind; a
+    function member a CFUNCTYPE of its function type."""
     faults = []
     for cname, fields in sorted(header.structs.items()):
         cls = getattr(lib, _structure_name(cname), None)
@@ -200,9 +273,20 @@ def structure_faults(header, lib):
                           % (cls.__name__, got, cname, [f for f, _ in fields]))
             continue
         for (fname, ftype), (_, t) in zip(fields, cls._fields_):
-            if t not in accepted(header, lib, ftype):
-                faults.append("%s.%s is %s, but struct %s has %s"
-                              % (cls.__name__, fname, _tname(t), cname, _show(header, ftype)))
+            where = "%s.%s" % (cls.__name__, fname)
+            if header.kind(ftype[0]) == "function" and ftype[1] == 1:
+                if not isinstance(t, _FUNCTION_CLASS):
+                    faults.append("%s is %s, not a ctypes.CFUNCTYPE (struct %s's member is a function)"
+                                  % (where, _tname(t), cname))
+                    continue
+                if t._flags_ != _CFUNCTYPE._flags_:
+                    faults.append("%s has the ctypes flags 0x%x, not ctypes.CFUNCTYPE's 0x%x (PYFUNCTYPE holds the "
+                                  "GIL during the call)" % (where, t._flags_, _CFUNCTYPE._flags_))
+                    continue
+                faults += signature_faults(header, lib, where, t._restype_, list(t._argtypes_),
+                                           header.fntypes[ftype[0]])
+            elif t not in accepted(header, lib, ftype):
+                faults.append("%s is %s, but struct %s has %s" % (where, _tname(t), cname, _show(header, ftype)))
     return faults
 
 
@@ -245,21 +329,34 @@ def lib():
 
 def test_header_is_read(header):
     """The parser found what the header holds (an empty reading would check nothing)."""
-    assert len(header.functions) >= 15, sorted(header.functions)
-    assert header.functions["beam_moe_finalize"][1][2] == ("int64_t", 0)
+    assert len(header.functions) >= 17, sorted(header.functions)
+    assert header.functions["beam_moe_finalize"][1][2] == ("int64_t", 0)  # through beam_moe_finalize_fn
+    assert header.functions["beam_moe_finalize"] == header.fntypes["beam_moe_finalize_fn"]
     assert header.functions["beam_cpu_group_create"][1][1] == ("beam_cpu_group", 2)
     assert header.functions["beam_status_string"][0] == ("char", 1)
+    assert header.functions["beam_backend_ops"][0] == ("beam_ops", 1)
     assert "beam_status" in header.enums and "beam_strategy" in header.enums
     assert "beam_norm" in header.structs and "beam_workspace" in header.opaque
+    ops = dict(header.structs["beam_ops"])
+    assert list(ops)[:4] == ["version", "size", "name", "device_memory"]
+    assert ops["moe_finalize"] == ("beam_moe_finalize_fn", 1)
+    assert header.fntypes[ops["last_error"][0]] == (("char", 1), [])
+    assert len(table_members(header)) >= 12
+    assert header.defines["BEAM_OPS_VERSION"] >= 1
 
 
-def test_every_function_has_its_prototype(header, lib):
-    faults = prototype_faults(header, lib, lib._PROTOTYPES, "_PROTOTYPES", complete=True)
+def test_the_table(header, lib):
+    """BeamOps against struct beam_ops: every field in order, every
+    function member's CFUNCTYPE (its result and parameters)."""
+    assert hasattr(lib, "BeamOps"), "_lib.py has no ctypes.Structure BeamOps for struct beam_ops"
+    faults = [f for f in structure_faults(header, lib) if f.startswith("BeamOps")]
     assert not faults, "\n".join(faults)
+    assert lib.BEAM_OPS_VERSION == header.defines["BEAM_OPS_VERSION"]
+    assert lib._OPERATIONS == tuple(table_members(header))
 
 
-def test_fast_prototypes(header, lib):
-    faults = prototype_faults(header, lib, lib.FAST_PROTOTYPES, "FAST_PROTOTYPES", complete=False)
+def test_every_function_is_declared_once(header, lib):
+    faults = prototype_faults(header, lib, lib._PROTOTYPES)
     assert not faults, "\n".join(faults)
 
 
@@ -280,27 +377,66 @@ def test_a_broken_prototype_is_caught(header, lib):
     """The check itself: each kind of mistake in a copy of the table is reported."""
     good = dict(lib._PROTOTYPES)
     i64, i32, p = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p
-    res, args = good["beam_moe_finalize"]
+    res, args = good["beam_backend_ops"]
     cases = {
-        "parameters": dict(good, beam_moe_finalize=(res, args[:-1])),
-        "is c_int32": dict(good, beam_moe_finalize=(res, [args[0], args[1], i32] + args[3:])),
-        "the result is c_void_p": dict(good, beam_workspace_config_default=(p, [])),
+        "parameters": dict(good, beam_backend_ops=(res, args[:-1])),
+        "parameter 1 is c_int32": dict(good, beam_backend_ops=(res, [args[0], i32])),
+        "the result is c_int32": dict(good, beam_version=(i32, [])),
         "no prototype for beam_version": {k: v for k, v in good.items() if k != "beam_version"},
         "does not export": dict(good, beam_moe_finalize_v2=(ctypes.c_int, [i64])),
-        "parameter 1 is c_int64": dict(good, beam_cpu_group_create=(ctypes.c_int, [i32, i64])),
+        "reads from the table": dict(good, beam_workspace_destroy=(ctypes.c_int, [p])),
     }
     for words, table in cases.items():
-        faults = prototype_faults(header, lib, table, "_PROTOTYPES", complete=True)
+        faults = prototype_faults(header, lib, table)
+        assert len(faults) == 1 and words in faults[0], (words, faults)
+
+
+def test_a_broken_table_is_caught(header, lib):
+    """The check itself on copies of BeamOps, each with one mistake."""
+    fields = list(lib.BeamOps._fields_)
+    at = {name: i for i, (name, _) in enumerate(fields)}
+    fin = dict(fields)["moe_finalize"]
+    i32 = ctypes.c_int32
+
+    def changed(name, t):
+        out = list(fields)
+        out[at[name]] = (name, t)
+        return out
+
+    def swapped(a, b):
+        out = list(fields)
+        out[at[a]], out[at[b]] = out[at[b]], out[at[a]]
+        return out
+
+    cases = [
+        ("moe_finalize: 9 parameters", changed("moe_finalize", ctypes.CFUNCTYPE(fin._restype_, *fin._argtypes_[:-1]))),
+        ("moe_finalize: parameter 2 is c_int32", changed(
+            "moe_finalize", ctypes.CFUNCTYPE(fin._restype_, *(fin._argtypes_[:2] + (i32,) + fin._argtypes_[3:])))),
+        ("workspace_config_default: the result is c_int32", changed("workspace_config_default",
+                                                                    ctypes.CFUNCTYPE(i32))),
+        ("last_error is c_void_p, not a ctypes.CFUNCTYPE", changed("last_error", ctypes.c_void_p)),
+        ("workspace_destroy has the ctypes flags",
+         changed("workspace_destroy", ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p))),
+        ("BeamOps.size is c_int64", changed("size", ctypes.c_int64)),
+        ("has the fields", swapped("workspace_destroy", "workspace_info")),
+        ("has the fields", [f for f in fields if f[0] != "moe_finalize_gather_norm_residual_norm"]),
+    ]
+    for words, broken in cases:
+        stand_in = types.SimpleNamespace(**vars(lib))
+        stand_in.BeamOps = type("BeamOps", (ctypes.Structure,), {"_fields_": broken})
+        faults = structure_faults(header, stand_in)
         assert len(faults) == 1 and words in faults[0], (words, faults)
 
 
 def test_the_header_style_is_read():
     """The parser on a small header of the same style (comments, macros,
-    multi-line declarations, pointers written either way)."""
+    multi-line declarations, pointers written either way, function types,
+    a table of function pointers)."""
     h = Header("""
         #define BEAM_API __attribute__((visibility("default")))
         #define LONG_MACRO(x) \\
             (x)
+        #define BEAM_T_VERSION 3
         /* a comment with BEAM_API beam_fake(void); inside */
         typedef enum beam_e { A = 0, B, C = 7 } beam_e;
         typedef struct beam_s { const uint16_t *w; /* x */ float eps; } beam_s;
@@ -310,12 +446,31 @@ def test_the_header_style_is_read():
             const uint16_t* x, int64_t n,   // rows
             beam_o **out, const beam_s *s);
         BEAM_API beam_s beam_c(void);
+        typedef beam_e beam_d_fn(
+            beam_o *o, uint32_t n);
+        BEAM_API beam_d_fn beam_d;
+        typedef struct beam_t {
+            uint32_t version;
+            const char *(*msg)(void);
+            beam_d_fn *d;
+        } beam_t;
     """)
     assert h.enums == {"beam_e": {"A": 0, "B": 1, "C": 7}}
-    assert h.structs == {"beam_s": [("w", ("uint16_t", 1)), ("eps", ("float", 0))]}
+    assert h.structs == {
+        "beam_s": [("w", ("uint16_t", 1)), ("eps", ("float", 0))],
+        "beam_t": [("version", ("uint32_t", 0)), ("msg", ("beam_t.msg", 1)), ("d", ("beam_d_fn", 1))],
+    }
     assert h.opaque == {"beam_o"}
+    assert h.defines == {"BEAM_T_VERSION": 3}
+    assert h.fntypes == {
+        "beam_d_fn": (("beam_e", 0), [("beam_o", 1), ("uint32_t", 0)]),
+        "beam_t.msg": (("char", 1), []),
+    }
     assert h.functions == {
         "beam_a": (("char", 1), [("beam_e", 0)]),
         "beam_b": (("beam_e", 0), [("uint16_t", 1), ("int64_t", 0), ("beam_o", 2), ("beam_s", 1)]),
         "beam_c": (("beam_s", 0), []),
+        "beam_d": (("beam_e", 0), [("beam_o", 1), ("uint32_t", 0)]),
     }
+    with pytest.raises(AssertionError, match="a typedef this test cannot read"):
+        Header("typedef int (*beam_cb)(void);")

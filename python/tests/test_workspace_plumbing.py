@@ -17,9 +17,10 @@ from beammoe import _lib, _nccl
 dist = pytest.importorskip("torch.distributed")
 
 
-class _Lib:
-    """The real library, with create_nccl/destroy of a CPU workspace (a real
-    handle, so beam_workspace_info works) standing in for the NCCL ones."""
+class _CudaOps:
+    """The CUDA backend's table as the workspace uses it: the CPU backend's
+    real table, with create_nccl/destroy of a CPU workspace (a real handle,
+    so workspace_info works) standing in for the NCCL ones."""
 
     def __init__(self, real, group, calls):
         self._real, self._group, self._calls = real, group, calls
@@ -27,15 +28,15 @@ class _Lib:
     def __getattr__(self, name):
         return getattr(self._real, name)
 
-    def beam_workspace_create_nccl(self, comm, max_tokens, hidden, cfg, out):
+    def workspace_create_nccl(self, comm, max_tokens, hidden, cfg, out):
         c = cfg._obj  # ctypes.byref(config)
         self._calls.append(("create", comm, max_tokens, hidden,
                             (c.oneshot_max_tokens, c.twoshot_max_tokens, c.timeout_ms)))
-        return self._real.beam_workspace_create_cpu(self._group.handle, 0, max_tokens, hidden, cfg, out)
+        return self._real.workspace_create_cpu(self._group.handle, 0, max_tokens, hidden, cfg, out)
 
-    def beam_workspace_destroy(self, h):
+    def workspace_destroy(self, h):
         self._calls.append(("destroy",))
-        return self._real.beam_workspace_destroy(h)
+        return self._real.workspace_destroy(h)
 
 
 def _settle():
@@ -52,10 +53,16 @@ def stubbed(monkeypatch):
         pytest.skip("torch.distributed with gloo is not available")
     calls = []
     grp = beammoe.CpuGroup(1)
-    lib = _Lib(_lib.library(), grp, calls)
-    monkeypatch.setattr(_lib, "library", lambda: lib)
-    monkeypatch.setattr(_lib, "set_backend", lambda name: calls.append(("backend", name)))
-    monkeypatch.setattr(_lib, "backend", lambda name: contextlib.nullcontext())
+    real = _lib.backend_ops
+    cuda = _CudaOps(real("cpu"), grp, calls)
+
+    def backend_ops(name):
+        if name != "cuda":
+            return real(name)
+        calls.append(("backend", name))
+        return cuda
+
+    monkeypatch.setattr(_lib, "backend_ops", backend_ops)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
@@ -89,7 +96,7 @@ def test_workspace_collective_plumbing(stubbed):
         assert ws.moe_gather_oneshot_max_tokens == 3 and ws.timeout_ms == 1234
         assert ws.moe_gather_separate_norm_min_tokens is None  # never unfused (the default)
     assert ws.closed
-    defaults = _lib._lib.beam_workspace_config_default()  # the real library (stub undone later)
+    defaults = _lib.backend_ops("cpu").workspace_config_default()  # the stand-in's
     names = [c[0] for c in calls]
     assert names == ["backend", "comm_init", "create", "destroy", "comm_destroy"], calls
     assert calls[1] == ("comm_init", 1, True, 0)
@@ -102,7 +109,7 @@ def test_workspace_collective_plumbing(stubbed):
 
 def test_workspace_on_a_subgroup(stubbed):
     sub = dist.new_group(ranks=[0], backend="gloo")
-    defaults = _lib._lib.beam_workspace_config_default()
+    defaults = _lib.backend_ops("cpu").workspace_config_default()
     with beammoe.Workspace(sub, 16, 256, moe_gather_separate_norm_min_tokens=9) as ws:
         assert ws.world_size == 1 and ws.device_group is sub
         assert ws.moe_gather_separate_norm_min_tokens == 9 and ws.twoshot_max_tokens == 8
