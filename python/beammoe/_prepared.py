@@ -64,8 +64,8 @@ class PreparedCall:
             st = self._f(*self._args)
         if st:
             _lib.check(st, self.name, self._ops)
-        for t in self._written:
-            _increment_version(t)
+        if self._written:
+            _calls.increment_versions(self._written)
         return self._result
 
     def _call_cuda(self):
@@ -79,11 +79,6 @@ class PreparedCall:
         return "PreparedCall(%s)" % self.name
 
 
-if hasattr(torch.autograd, "graph") and hasattr(torch.autograd.graph, "increment_version"):
-    _increment_version = torch.autograd.graph.increment_version
-else:  # torch < 2.1: a copy onto itself bumps the counter and changes no bit
-    def _increment_version(t):
-        t.copy_(t)
 
 
 def _output(fn, name, t, like):
