@@ -29,6 +29,18 @@ expect() {
     fi
 }
 RUN="run --iters 1"
+# expect_env VALUE: `beammoe run` with BEAM_BACKEND=VALUE exits 2, naming it
+expect_env() {
+    checks=$((checks + 1))
+    out=$(BEAM_BACKEND=$1 timeout 60 "$tool" $RUN --tokens 4 --top-k 2 --hidden 256 2>&1 >/dev/null)
+    got=$?
+    if [ "$got" = 2 ] && printf '%s\n' "$out" | grep -q "BEAM_BACKEND=$1"; then
+        echo "ok:   BEAM_BACKEND=$1 beammoe run ...: exit 2"
+    else
+        echo "FAIL: BEAM_BACKEND=$1 beammoe run ...: exit $got (want 2): $out"
+        fail=$((fail + 1))
+    fi
+}
 
 # ---- the command itself ----
 expect 2 "missing command"
@@ -111,25 +123,9 @@ if "$tool" $RUN --tokens 1 --top-k 1 --hidden 256 --backend cuda >/dev/null 2>&1
     echo "note: the cuda backend runs here: its not-available case was not tried"
 else
     expect 2 "--backend cuda" $RUN --tokens 4 --top-k 2 --hidden 256 --backend cuda
-    checks=$((checks + 1))
-    out=$(BEAM_BACKEND=cuda "$tool" $RUN --tokens 4 --top-k 2 --hidden 256 2>&1 >/dev/null)
-    got=$?
-    if [ "$got" = 2 ] && printf '%s\n' "$out" | grep -q "BEAM_BACKEND=cuda"; then
-        echo "ok:   BEAM_BACKEND=cuda beammoe run ...: exit 2"
-    else
-        echo "FAIL: BEAM_BACKEND=cuda beammoe run ...: exit $got (want 2): $out"
-        fail=$((fail + 1))
-    fi
+    expect_env cuda
 fi
-checks=$((checks + 1))
-out=$(BEAM_BACKEND=tpu "$tool" $RUN --tokens 4 --top-k 2 --hidden 256 2>&1 >/dev/null)
-got=$?
-if [ "$got" = 2 ] && printf '%s\n' "$out" | grep -q "BEAM_BACKEND=tpu"; then
-    echo "ok:   BEAM_BACKEND=tpu beammoe run ...: exit 2"
-else
-    echo "FAIL: BEAM_BACKEND=tpu beammoe run ...: exit $got (want 2): $out"
-    fail=$((fail + 1))
-fi
+expect_env tpu
 # ---- run: done ----
 expect 0 "" $RUN --tokens 4 --top-k 2 --hidden 256
 expect 0 "" $RUN --tokens 0 --top-k 2 --hidden 256 --seed 0x10

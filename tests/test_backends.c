@@ -44,26 +44,6 @@ static long g_runs;
 static const beam_ops *g_cpu;                /* the ground truth of the others */
 static const beam_ops *g_ops[BM_NBACKENDS];  /* NULL: not tested here */
 
-/* One op of a case through a backend's table into o (device buffers where
- * the backend takes device memory), laid out as the spec asks. */
-static beam_status run_on(const beam_ops *ops, const hc_case *d, hc_op op, beam_strategy strategy, hc_out *o)
-{
-    hc_bound b;
-    char err[400];
-    beam_status st;
-    if (hc_bind(&b, d, op, o, hc_how(&d->s) | (ops->device_memory ? HC_DEVICE : 0u), err, sizeof err)) {
-        fprintf(stderr, "hc_bind: %s\n", err);
-        exit(1);
-    }
-    st = hc_call(ops, &b, strategy, NULL);
-    if (hc_finish(&b, err, sizeof err)) {
-        fprintf(stderr, "hc_finish: %s\n", err);
-        exit(1);
-    }
-    hc_unbind(&b);
-    return st;
-}
-
 static const char *strat_name(beam_strategy s)
 {
     return s == BEAM_STRATEGY_FUSED ? "FUSED" : s == BEAM_STRATEGY_UNFUSED ? "UNFUSED" : "AUTO";
@@ -76,23 +56,25 @@ static int compare_case(const beam_ops *ops, const hc_case *d, hc_op op, beam_st
     hc_out want, got;
     int ok = 1;
     beam_status ws = BEAM_OK, gs;
-    char desc[256];
+    char desc[256], werr[400] = "", gerr[400] = "";
 
     if (hc_out_make(&want, d, 2) || hc_out_make(&got, d, 2)) {
         fprintf(stderr, "out of host memory\n");
         exit(1);
     }
     hc_describe(&d->s, desc, sizeof desc);
+    /* the harness's runner: the case laid out as its spec asks, on device
+     * buffers where the backend takes device memory */
     if (ops == g_cpu)
         hc_reference(d, op, &want);
     else
-        ws = run_on(g_cpu, d, op, strat, &want);
-    gs = run_on(ops, d, op, strat, &got);
+        ws = hc_run(g_cpu, d, op, strat, hc_how(&d->s), &want, werr, sizeof werr);
+    gs = hc_run(ops, d, op, strat, hc_how(&d->s) | (ops->device_memory ? HC_DEVICE : 0u), &got, gerr,
+                sizeof gerr);
     ++g_runs;
     if (ws != BEAM_OK || gs != BEAM_OK) {
         fprintf(stderr, "  %s %s %s %s: status cpu=%d %s=%d (%s)\n", ops->name, hc_op_name(op),
-                strat_name(strat), desc, (int)ws, ops->name, (int)gs,
-                gs != BEAM_OK ? ops->last_error() : g_cpu->last_error());
+                strat_name(strat), desc, (int)ws, ops->name, (int)gs, gs != BEAM_OK ? gerr : werr);
         ok = 0;
     } else {
         if (!hc_out_untouched(&got, d, op)) {
