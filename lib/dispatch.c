@@ -133,6 +133,28 @@ static bm_loaded *bm_load(int b)
     return l;
 }
 
+/* Why backend b has no table (after bm_load returned NULL): unsupported,
+ * with the message set. */
+static beam_status bm_load_failed(int b, const char *fn)
+{
+    return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend %s: %s", fn, bm_backend_name(b),
+                   bm_backends[b].handle ? "cannot run here" : "did not load", bm_backends[b].why);
+}
+
+/* Backend b's table, loading it once; NULL with the message set. */
+static const beam_ops *bm_table(int b, const char *fn)
+{
+    bm_loaded *l;
+    pthread_mutex_lock(&bm_mu);
+    l = bm_load(b);
+    pthread_mutex_unlock(&bm_mu);
+    if (!l) {
+        bm_load_failed(b, fn);
+        return NULL;
+    }
+    return l->ops;
+}
+
 /* Make `name` current; BEAM_OK or an error with the message set. */
 static beam_status bm_select(const char *name, const char *fn)
 {
@@ -150,12 +172,8 @@ static beam_status bm_select(const char *name, const char *fn)
     /* "auto" tries the list from the bottom up, the CPU last */
     for (; b >= 0; b--) {
         l = bm_load(b);
-        if (!l && bm_backends[b].handle) {
-            st = bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend cannot run here: %s", fn,
-                         bm_backend_name(b), bm_backends[b].why);
-        } else if (!l) {
-            st = bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend did not load: %s", fn, bm_backend_name(b),
-                         bm_backends[b].why);
+        if (!l) {
+            st = bm_load_failed(b, fn);
         } else {
             st = BEAM_OK;
             __atomic_store_n(&bm_current, l->ops, __ATOMIC_RELEASE);
@@ -260,26 +278,14 @@ BEAM_API beam_workspace_config beam_workspace_config_default(void)
     return c;
 }
 
-/* The CPU group is the CPU backend's, whichever backend is current. */
-static const beam_ops *bm_cpu_be(const char *fn)
-{
-    bm_loaded *l;
-    pthread_mutex_lock(&bm_mu);
-    l = bm_load(BM_CPU);
-    pthread_mutex_unlock(&bm_mu);
-    if (!l) {
-        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend %s: %s", fn, bm_backend_name(BM_CPU),
-                bm_backends[BM_CPU].handle ? "cannot run here" : "did not load", bm_backends[BM_CPU].why);
-        return NULL;
-    }
-    return l->ops;
-}
+/* The CPU group and its workspaces are the CPU backend's, whichever
+ * backend is current: bm_table(BM_CPU, ...) below. */
 
 BEAM_API beam_status beam_cpu_group_create(int32_t nranks, beam_cpu_group **group)
 {
     const beam_ops *be;
     bm_clear_error();
-    be = bm_cpu_be("beam_cpu_group_create");
+    be = bm_table(BM_CPU, "beam_cpu_group_create");
     if (!be) return BEAM_ERR_UNSUPPORTED;
     return bm_ret(be, be->cpu_group_create(nranks, group));
 }
@@ -289,7 +295,7 @@ BEAM_API beam_status beam_cpu_group_destroy(beam_cpu_group *group)
     const beam_ops *be;
     bm_clear_error();
     if (!group) return BEAM_OK;
-    be = bm_cpu_be("beam_cpu_group_destroy");
+    be = bm_table(BM_CPU, "beam_cpu_group_destroy");
     if (!be) return BEAM_ERR_UNSUPPORTED;
     return bm_ret(be, be->cpu_group_destroy(group));
 }
@@ -323,7 +329,7 @@ BEAM_API beam_status beam_workspace_create_cpu(beam_cpu_group *group, int32_t ra
     beam_status st;
     bm_clear_error();
     if (workspace) *workspace = NULL;
-    be = bm_cpu_be(fn);
+    be = bm_table(BM_CPU, fn);
     if (!be)
         return workspace ? BEAM_ERR_UNSUPPORTED
                          : bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
@@ -401,7 +407,6 @@ BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version)
 {
     static const char fn[] = "beam_backend_ops";
     const beam_ops *be;
-    bm_loaded *l;
     int b;
     bm_clear_error();
     if (version != BEAM_OPS_VERSION) {
@@ -419,13 +424,5 @@ BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version)
         bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: name=\"%s\" must be %s", fn, name, bm_backend_choices(1));
         return NULL;
     }
-    pthread_mutex_lock(&bm_mu);
-    l = bm_load(b);
-    pthread_mutex_unlock(&bm_mu);
-    if (!l) {
-        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend %s: %s", fn, name,
-                bm_backends[b].handle ? "cannot run here" : "did not load", bm_backends[b].why);
-        return NULL;
-    }
-    return l->ops;
+    return bm_table(b, fn);
 }
