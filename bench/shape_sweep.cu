@@ -249,6 +249,7 @@ static bm_shape pick_for(int op, int64_t T, int H, int normA)
     q.hidden = H;
     q.experts = op == 1 ? NULL : &dummy;
     q.x = op == 1 ? &dummy : NULL;
+    q.residual = op == 0 ? NULL : &dummy;
     q.normA = normA;
     return bm_pick_shape(q);
 }
@@ -284,7 +285,7 @@ static int check()
                 fprintf(stderr,
                         "FAIL op=%d K=%d H=%d T=%ld cap=%ld nA=%d/%d nB=%d/%d sc=%d inpl=%d mis=%d sp=%d shape=%d,%d,%d: %ld\n",
                         c.op, c.K, c.H, (long)c.T, (long)c.cap, c.normA, c.normA_w, c.normB, c.normB_w, c.scales,
-                        c.inplace, c.misalign, c.special, s.nt, s.j, s.d * 1000 + s.u * 100 + s.cs * 10 + s.pdl, b);
+                        c.inplace, c.misalign, c.special, s.nt, s.j, s.st * 10000 + s.d * 1000 + s.u * 100 + s.cs * 10 + s.pdl, b);
                 total_bad += b;
             }
         }
@@ -492,7 +493,7 @@ int perf(int argc, char **argv)
             cands.push_back(pick_for(op, T, H, cf.normA));
             for (auto s : others) {
                 const bm_shape &c0 = cands[0];
-                if (s.nt == c0.nt && s.j == c0.j && s.u == c0.u && s.cs == c0.cs && s.pdl == c0.pdl && s.d == c0.d && s.mb == c0.mb) continue;
+                if (s.nt == c0.nt && s.j == c0.j && s.u == c0.u && s.cs == c0.cs && s.pdl == c0.pdl && s.d == c0.d && s.mb == c0.mb && s.st == c0.st) continue;
                 cands.push_back(s);
             }
             double best = 1e30; bm_shape bs = cands[0]; double picked = 0;
@@ -521,8 +522,8 @@ int perf(int argc, char **argv)
                     for (int i = 0; i < eager; ++i)
                         CK(bm_launch_rows(mk(i % pb.nsets), sh, 1, st));
                     CK(cudaStreamSynchronize(st));
-                    printf("eager T=%d H=%d %s shape %d,%d,%d,cs%d,d%d: %d launches\n", T, H, cf.name, sh.nt,
-                           sh.j, sh.u, sh.cs, sh.d, eager);
+                    printf("eager T=%d H=%d %s shape %d,%d,%d,cs%d,d%d,st%d: %d launches\n", T, H, cf.name, sh.nt,
+                           sh.j, sh.u, sh.cs, sh.d, sh.st, eager);
                     continue;
                 }
                 cudaGraph_t g; cudaGraphExec_t ge;
@@ -553,14 +554,14 @@ int perf(int argc, char **argv)
                 double us = median(ts);
                 if (ci == 0) picked = us;
                 if (us < best) { best = us; bs = sh; }
-                if (verbose) printf("  T=%5d H=%d %-9s shape %4d,%d,%d,cs%d,pdl%d,d%d,mb%d: %9.2f us  %7.1f GB/s  %5.1f%% floor\n", T, H, cf.name,
-                       sh.nt, sh.j, sh.u, sh.cs, sh.pdl, sh.d, sh.mb, us, bytes / us / 1e3, 100.0 * (bytes / copy_gbs / 1e3) / us);
+                if (verbose) printf("  T=%5d H=%d %-9s shape %4d,%d,%d,cs%d,pdl%d,d%d,mb%d,st%d: %9.2f us  %7.1f GB/s  %5.1f%% floor\n", T, H, cf.name,
+                       sh.nt, sh.j, sh.u, sh.cs, sh.pdl, sh.d, sh.mb, sh.st, us, bytes / us / 1e3, 100.0 * (bytes / copy_gbs / 1e3) / us);
                 CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
             }
             if (eager) continue;
-            printf("SUMMARY T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d %9.2f us (%5.1f%%) floor %.2f us\n",
-                   T, H, cf.name, cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, cands[0].mb, picked,
-                   100.0 * (bytes / copy_gbs / 1e3) / picked, bs.nt, bs.j, bs.u, bs.cs, bs.pdl, bs.d, bs.mb, best,
+            printf("SUMMARY T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%) floor %.2f us\n",
+                   T, H, cf.name, cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, cands[0].mb, cands[0].st, picked,
+                   100.0 * (bytes / copy_gbs / 1e3) / picked, bs.nt, bs.j, bs.u, bs.cs, bs.pdl, bs.d, bs.mb, bs.st, best,
                    100.0 * (bytes / copy_gbs / 1e3) / best, bytes / copy_gbs / 1e3);
         }
         CK(cudaFree(pb.pool)); CK(cudaFree(nw));

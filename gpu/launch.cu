@@ -30,6 +30,14 @@
     X(512, 1, 4, 1) X(128, 2, 4, 1) X(128, 2, 4, 8) X(256, 1, 4, 1)            \
     X(256, 1, 4, 8)
 
+/* norm_residual_norm's prefill shapes (NT, J, MB, HINT): MB resident blocks
+ * per multiprocessor asked of the compiler; HINT the L2 policy of the row
+ * loads (nrn_kernel.cuh). */
+#define BM_NRNS(X)                                                            \
+    X(512, 2, 2, 0) X(512, 2, 2, 1) X(512, 2, 2, 2) X(1024, 1, 2, 1)           \
+    X(256, 2, 4, 0) X(256, 2, 4, 1) X(256, 2, 4, 2) X(128, 2, 8, 0)            \
+    X(128, 2, 8, 1) X(128, 2, 8, 2) X(256, 1, 8, 1)
+
 static int next_pow2(int c)
 {
     int n = 1;
@@ -69,6 +77,21 @@ bm_shape bm_pick_shape(const bm_row_params &p)
     s.d = 0;
     s.u = 0;
     s.mb = 1;
+    s.st = 0;
+    /* norm_residual_norm (no expert slots, a residual): the nrn kernel
+     * (nrn_kernel.cuh), one row per block, its row loads marked
+     * evict_last; measured faster than the cluster row kernel at every
+     * decode size too for H > 4096 (T = 1, 8, 64), and than every other
+     * kernel at T >= 512 but for a pre-norm with H > 4096, where the
+     * pipelined kernel with 3 blocks per multiprocessor stays ahead */
+    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? n2 >= 1024 : !(p.normA && n2 >= 1024))) {
+        s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
+        s.j = 2;
+        s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
+        s.st = 2; /* HINT 1: evict_last */
+        s.pdl = rows <= 64;
+        return s;
+    }
     if (rows <= 64) {
         /* decode: one chunk per thread, the whole row loaded at once, the
          * row spread over a cluster of up to 8 multiprocessors as long as
@@ -86,23 +109,17 @@ bm_shape bm_pick_shape(const bm_row_params &p)
     }
     /* prefill: the fastest shape of bench/shape_sweep on an H200 for each
      * kind of row (docs/PERF.md): the pipelined kernel where a row has many
-     * items (finalize: K slots and the residual); the register-resident row
-     * kernel, or the pipeline with more blocks per multiprocessor when a
-     * pre-norm adds a second reduction, where it has two (x, residual) */
+     * items (finalize: K slots and the residual); for norm_residual_norm
+     * rows with a pre-norm and H > 4096, the pipeline with 3 blocks per
+     * multiprocessor (the two reductions of a row hidden behind more rows) */
     if (n2 >= 1024) {
         if (fin) {
             s.nt = 512; s.j = 2; s.d = 3;
-        } else if (!p.normA) {
-            s.nt = 512; s.j = 2; s.u = 2;
         } else {
             s.nt = 512; s.j = 2; s.d = 4; s.mb = 3;
         }
     } else if (n2 == 512) {
-        if (fin) {
-            s.nt = 256; s.j = 2; s.d = 4;
-        } else {
-            s.nt = 256; s.j = 2; s.u = 4;
-        }
+        s.nt = 256; s.j = 2; s.d = 4; /* fin (nrn rows took the nrn kernel) */
     } else if (n2 == 256) {
         if (fin) {
             s.nt = 256; s.j = 1; s.d = 4;
@@ -117,8 +134,9 @@ bm_shape bm_pick_shape(const bm_row_params &p)
 
 bm_shape bm_row_twin(bm_shape s)
 {
-    if (s.d > 0) {
+    if (s.d > 0 || s.st > 0) {
         s.d = 0;
+        s.st = 0;
         s.mb = 1;
         s.u = s.j >= 4 ? 2 : s.j == 2 ? (s.nt >= 512 ? 2 : 4) : (s.nt >= 1024 ? 2 : s.nt >= 512 ? 4 : 8);
     }
@@ -129,6 +147,15 @@ int bm_shape_ok(bm_shape s, int hidden)
 {
     if ((long)s.cs * s.nt * s.j < hidden / 8)
         return 0;
+    if (s.st > 0) {
+        if (s.cs != 1 || s.d != 0)
+            return 0;
+#define BM_SOK(NT, J, MB, HINT) \
+    if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT) return 1;
+        BM_NRNS(BM_SOK)
+#undef BM_SOK
+        return 0;
+    }
     if (s.d > 0) {
         if (s.cs != 1)
             return 0;
@@ -149,13 +176,17 @@ int bm_shape_list(bm_shape *out, int max)
 {
     int n = 0;
 #define BM_LROW(NT, J, U, CS) \
-    if (n < max) out[n] = bm_shape{NT, J, U, CS, CS > 1, 0, 1}; ++n;
+    if (n < max) out[n] = bm_shape{NT, J, U, CS, CS > 1, 0, 1, 0}; ++n;
 #define BM_LPIPE(NT, J, D, MB) \
-    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, D, MB}; ++n;
+    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, D, MB, 0}; ++n;
+#define BM_LNRN(NT, J, MB, HINT) \
+    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, 0, MB, 1 + HINT}; ++n;
     BM_SHAPES(BM_LROW)
     BM_PIPES(BM_LPIPE)
+    BM_NRNS(BM_LNRN)
 #undef BM_LROW
 #undef BM_LPIPE
+#undef BM_LNRN
     return n;
 }
 
@@ -255,6 +286,17 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
 {
     if (p.rows <= 0)
         return cudaSuccess;
+    if (s.st > 0 && vec && s.cs == 1 && !p.experts && p.residual) {
+        /* one row per block; rows beyond the grid: a grid-stride loop */
+        const int64_t cap = (int64_t)(INT_MAX / 8);
+        const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
+#define BM_SGO(NT, J, MB, HINT)                                                   \
+        if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT)             \
+            return bm_launch(bm_nrn_kernel<NT, J, MB, HINT>, p, blocks, NT, 1, 0, s.pdl, stream);
+        BM_NRNS(BM_SGO)
+#undef BM_SGO
+        return cudaErrorInvalidConfiguration;
+    }
     if (s.d > 0 && vec && s.cs == 1) {
 #define BM_PGO(NT, J, D, MB)                                                      \
         if (s.nt == NT && s.j == J && s.d == D && s.mb == MB)                     \
@@ -264,8 +306,8 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
 #undef BM_PGO
         return cudaErrorInvalidConfiguration;
     }
-    if (s.d > 0)
-        s = bm_row_twin(s); /* a base not 16-byte aligned */
+    if (s.d > 0 || s.st > 0)
+        s = bm_row_twin(s); /* a base not 16-byte aligned, or rows the nrn kernel does not take */
     /* One row (or one cluster per row) per block; rows beyond the grid are
      * taken by a grid-stride loop. */
     const int64_t cap = (int64_t)(INT_MAX / 8);
@@ -302,9 +344,14 @@ cudaError_t bm_preload_rows(void)
         e = r;                                                                        \
     if ((r = cudaFuncGetAttributes(&fa, bm_pipe_kernel<NT, J, D, MB, false>)) != cudaSuccess) \
         e = r;
+#define BM_PRE_NRN(NT, J, MB, HINT)                                                 \
+    if ((r = cudaFuncGetAttributes(&fa, bm_nrn_kernel<NT, J, MB, HINT>)) != cudaSuccess) \
+        e = r;
     BM_SHAPES(BM_PRE_ROW)
     BM_PIPES(BM_PRE_PIPE)
+    BM_NRNS(BM_PRE_NRN)
 #undef BM_PRE_ROW
 #undef BM_PRE_PIPE
+#undef BM_PRE_NRN
     return e;
 }

@@ -13,7 +13,7 @@
  *    programmatic dependent launch so that its start overlaps the tail of
  *    the preceding kernel (the kernel waits for it before reading memory);
  *  - prefill: the pipelined kernel (pipe_kernel.cuh) for finalize and the
- *    fused op, the row kernel or the pipeline for norm_residual_norm,
+ *    fused op, the nrn kernel (nrn_kernel.cuh) for norm_residual_norm,
  *    as measured per hidden size.
  * Launch shapes were chosen with bench/shape_sweep on an H200 (docs/PERF.md).
  */
@@ -24,6 +24,7 @@
 
 #include "pipe_kernel.cuh"
 #include "row_kernel.cuh"
+#include "nrn_kernel.cuh"
 
 struct bm_shape {
     int nt;  /* threads per block: 32 .. 1024, a power of two */
@@ -33,16 +34,22 @@ struct bm_shape {
     int pdl; /* launch with programmatic stream serialization */
     int d;   /* > 0: the pipelined kernel (pipe_kernel.cuh) with d stages
               * (vector path, cs == 1, u unused); 0: the row kernel */
-    int mb;  /* pipelined kernel: resident blocks per multiprocessor asked of
-              * the compiler (its register budget); 1 otherwise */
+    int mb;  /* pipelined and nrn kernels: resident blocks per
+              * multiprocessor asked of the compiler (its register budget);
+              * 1 otherwise */
+    int st;  /* > 0: norm_residual_norm's prefill kernel (nrn_kernel.cuh;
+              * vector path, cs == 1, u and d unused), its row loads with
+              * L2 policy st - 1 (0 none, 1 evict_last, 2 evict_first) */
 };
 
 /* The shape the library uses for the launch p (rows, hidden, and what the
  * row holds: finalize or not, a pre-norm or not). */
 bm_shape bm_pick_shape(const bm_row_params &p);
 
-/* The row-kernel shape that stands in for a pipelined one when a base is not
- * 16-byte aligned (cp.async needs 16-byte alignment); other shapes as is. */
+/* The row-kernel shape that stands in for a pipelined or nrn one when a
+ * base is not 16-byte aligned (both load 16 bytes at a time), and for an
+ * nrn one on rows it does not take (expert slots, no residual); other
+ * shapes as is. */
 bm_shape bm_row_twin(bm_shape s);
 
 /* 1 when the shape is one of the compiled instantiations and covers hidden. */

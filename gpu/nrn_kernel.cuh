@@ -1,0 +1,126 @@
+/*
+ * nrn_kernel.cuh - norm_residual_norm's prefill kernel (internal).
+ *
+ * A norm_residual_norm row is two loads (x, residual) and two stores
+ * (hidden, normalized) around one or two block reductions: what bounds it
+ * is how soon each row's loads are issued and how little waits between
+ * them. Differences from the general row kernel (row_kernel.cuh), each
+ * measured on an H200 with bench/shape_sweep (docs/PERF.md):
+ *  - x and the residual are loaded into registers together, at the row's
+ *    start (both loads in flight at once);
+ *  - the norm weights' chunks are loaded into registers beside the row, at
+ *    its start, instead of being prefetched into L1 at kernel start and
+ *    read after the reduction: a prefetch per block of a grid of one block
+ *    per row cost about 5% at H = 7168, and a load after the reduction
+ *    puts an L2 round trip on the row's critical path. (Holding the row as
+ *    packed BF16 bits to fit more blocks per multiprocessor measured 1-10%
+ *    slower.)
+ *  - HINT picks an L2 policy for the row loads (0 none, 1 evict_last,
+ *    2 evict_first), since the best one was measured per shape.
+ * The arithmetic is the stages of row_ops.cuh in the same order, so the
+ * bits are those of every other kernel. Vector path only (16-byte loads),
+ * rows with a residual, no expert slots; gpu/launch.cu sends every other
+ * call to the row kernel of the same NT and J.
+ */
+#ifndef BEAMMOE_GPU_NRN_KERNEL_CUH
+#define BEAMMOE_GPU_NRN_KERNEL_CUH
+
+#include "row_ops.cuh"
+
+/* 16-byte load with an L2 eviction policy (HINT 1 evict_last, 2
+ * evict_first; 0 a plain load). */
+template <int HINT>
+__device__ __forceinline__ bm_pack8 bm_load8_hint(const uint16_t *p, uint64_t pol)
+{
+    bm_pack8 r;
+    if (HINT == 0) {
+        const uint4 q = *reinterpret_cast<const uint4 *>(p);
+        r.w[0] = q.x; r.w[1] = q.y; r.w[2] = q.z; r.w[3] = q.w;
+    } else {
+        asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                     : "=r"(r.w[0]), "=r"(r.w[1]), "=r"(r.w[2]), "=r"(r.w[3])
+                     : "l"(p), "l"(pol));
+    }
+    return r;
+}
+
+template <int HINT>
+__device__ __forceinline__ uint64_t bm_l2_policy()
+{
+    uint64_t pol = 0;
+    if (HINT == 1)
+        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    else if (HINT == 2)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
+template <int NT, int J, int MB, int HINT>
+__global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const bm_row_params p)
+{
+    __shared__ float red[2][NT];
+    bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0};
+    const int C = p.hidden >> 3;
+    const int H = p.hidden;
+    const int t = threadIdx.x;
+    const uint64_t pol = bm_l2_policy<HINT>();
+    const uint16_t *wA = p.normA ? p.wA : NULL;
+    const uint16_t *wB = p.normB ? p.wB : NULL;
+    const bm_pack8 zero = {{0u, 0u, 0u, 0u}};
+
+    bm_pdl_wait();
+    bm_pdl_trigger();
+
+    for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+        bm_pack8 xr[J], rr[J], wa[J], wb[J];
+        float v[J][8];
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = t + j * NT;
+            xr[j] = rr[j] = wa[j] = wb[j] = zero;
+            if (c < C) {
+                xr[j] = bm_load8_hint<HINT>(p.x + (size_t)row * H + (size_t)c * 8, pol);
+                rr[j] = bm_load8_hint<HINT>(p.residual + (size_t)row * H + (size_t)c * 8, pol);
+                if (wA)
+                    wa[j] = bm_load8<true>(wA + (size_t)c * 8);
+                if (wB)
+                    wb[j] = bm_load8<true>(wB + (size_t)c * 8);
+            }
+            bm_unpack8(xr[j], v[j]); /* padding chunks: +0 */
+        }
+
+        /* ---- norm A (pre-norm) of x ---- */
+        if (p.normA) {
+            const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsA);
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+                if (t + j * NT < C)
+                    bm_norm_apply8(v[j], inv, wA != NULL, wa[j]);
+        }
+
+        /* ---- scales, residual add -> hidden ---- */
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = t + j * NT;
+            if (c >= C)
+                continue;
+            const bm_pack8 pk = bm_residual8(v[j], rr[j], p.has_scales, p.scale_x, p.scale_r);
+            bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, pk);
+        }
+
+        /* ---- norm B of hidden -> normalized ---- */
+        if (p.normB) {
+            const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsB);
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                const int c = t + j * NT;
+                if (c >= C)
+                    continue;
+                const bm_pack8 pk = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
+                bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
+            }
+        }
+    }
+}
+
+#endif
