@@ -22,10 +22,13 @@
 #   bench.txt       bench/cuda_bench: copy bandwidth, each op per shape
 #   python.log      the Python suite (python/tests) on the GPU: CUDA tensors,
 #                   torch.ops.beammoe under torch.compile and CUDA graphs
-#   compare.txt     bench/torch_compare.py: beammoe beside torch.compile of
-#                   the reference pipeline, same process, same method
+#   compare.txt     bench/torch_compare.py --modes cold: beammoe beside
+#                   torch.compile of the reference, every operation and
+#                   configuration, same process, same method (its own
+#                   timeout, COMPARE_TIMEOUT, default 900 s)
+#   gemm.txt        bench/gemm_pair.py: [expert GEMM, step] layers in a graph
 #   overhead.txt    bench/python_overhead.py --device cuda
-# (the three Python steps run when python3 imports torch)
+# (the four Python steps run when python3 imports torch)
 #   summary.txt     one line per step: status and duration
 # Exit status: 0 when every step passed.
 #
@@ -33,7 +36,7 @@
 # GROUP_TIMEOUT (seconds for each of the two long gather steps, default
 # 600), SKIP (a space-separated list of steps to leave out: test shapes
 # memcheck racecheck group group-stress group-memcheck group-racecheck bench
-# python compare overhead).
+# python compare gemm overhead).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -103,7 +106,11 @@ if python3 -c 'import torch' >/dev/null 2>&1; then
     PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
     export BEAMMOE_LIBRARY PYTHONPATH
     step python python.log python3 -m pytest -q -rs -p no:cacheprovider python/tests
-    step compare compare.txt python3 bench/torch_compare.py --device cuda
+    t_step=$T
+    T=${COMPARE_TIMEOUT:-900}
+    step compare compare.txt python3 bench/torch_compare.py --device cuda --modes cold
+    T=$t_step
+    step gemm gemm.txt python3 bench/gemm_pair.py
     step overhead overhead.txt python3 bench/python_overhead.py --device cuda
 else
     echo "python: skipped (python3 cannot import torch)" >> "$OUT/summary.txt"
@@ -115,5 +122,5 @@ grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.l
     "$OUT/group-racecheck.log" 2>/dev/null | sort | uniq -c
 cat "$OUT/bench.txt" 2>/dev/null
 tail -3 "$OUT/python.log" 2>/dev/null
-cat "$OUT/compare.txt" "$OUT/overhead.txt" 2>/dev/null
+cat "$OUT/compare.txt" "$OUT/gemm.txt" "$OUT/overhead.txt" 2>/dev/null
 exit $fail
