@@ -4,7 +4,8 @@
  *
  *   shape_sweep check   the hardware BF16 conversion against the integer
  *                       formula for every FP32 value, then every compiled
- *                       launch shape (gpu/launch.cu BM_SHAPES, BM_PIPES)
+ *                       launch shape (gpu/launch.cu BM_SHAPES, BM_PIPES,
+ *                       BM_NRNS)
  *                       against harness/naive_ref.c, bit for bit, on random
  *                       cases (special values, NaN padding rows, misaligned
  *                       bases, in place, every op)

@@ -80,11 +80,16 @@ bm_shape bm_pick_shape(const bm_row_params &p)
     s.st = 0;
     /* norm_residual_norm (no expert slots, a residual): the nrn kernel
      * (nrn_kernel.cuh), one row per block, its row loads marked
-     * evict_last; measured faster than the cluster row kernel at every
-     * decode size too for H > 4096 (T = 1, 8, 64), and than every other
-     * kernel at T >= 512 but for a pre-norm with H > 4096, where the
-     * pipelined kernel with 3 blocks per multiprocessor stays ahead */
-    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? n2 >= 1024 : !(p.normA && n2 >= 1024))) {
+     * evict_last. Measured (bench/shape_sweep, cuda_bench): at decode for
+     * H > 4096 it beats the cluster row kernel without a pre-norm at
+     * T = 1, 8, 64 and with one from T = 64 (at T = 1 the cluster's eight
+     * multiprocessors do the two reductions' loads sooner: 2.91 against
+     * 3.04 us); in prefill it beats every other kernel but for a pre-norm
+     * with H > 4096, where the pipelined kernel with 3 blocks per
+     * multiprocessor stays ahead */
+    const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
+    const bool nrn_prefill = !(p.normA && n2 >= 1024);
+    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode : nrn_prefill)) {
         s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
         s.j = 2;
         s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;

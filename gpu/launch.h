@@ -12,6 +12,9 @@
  *    in flight at once, on up to 8 multiprocessors), launched with
  *    programmatic dependent launch so that its start overlaps the tail of
  *    the preceding kernel (the kernel waits for it before reading memory);
+ *    norm_residual_norm with H > 4096 takes the nrn kernel (one block per
+ *    row, also with programmatic dependent launch) but for a pre-norm at
+ *    T <= 8;
  *  - prefill: the pipelined kernel (pipe_kernel.cuh) for finalize and the
  *    fused op, the nrn kernel (nrn_kernel.cuh) for norm_residual_norm,
  *    as measured per hidden size.
