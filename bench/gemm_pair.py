@@ -27,23 +27,16 @@ same output bytes).
 """
 import argparse
 import os
-import statistics
 import sys
 
-_here = os.path.dirname(os.path.abspath(__file__))
-_pkg = os.path.join(os.path.dirname(_here), "python")
-if os.path.isdir(os.path.join(_pkg, "beammoe")) and _pkg not in sys.path:
-    sys.path.append(_pkg)  # the source tree's package when none is installed
-
-try:
-    import torch
-except ImportError:
-    sys.exit("gemm_pair.py: PyTorch is not installed")
+# torch_compare.py, beside this file, finds the package (the source tree's
+# when none is installed) and PyTorch, and holds the reference and the
+# timing helper
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_compare as tc  # noqa: E402
 
 import beammoe  # noqa: E402
-
-sys.path.insert(0, _here)
-import torch_compare as tc  # noqa: E402  (the reference and the timing helper)
+import torch  # noqa: E402
 
 BF16 = torch.bfloat16
 K = tc.K
