@@ -1,5 +1,6 @@
 /*
- * nrn_kernel.cuh - norm_residual_norm's prefill kernel (internal).
+ * nrn_kernel.cuh - norm_residual_norm's own kernel (internal): prefill at
+ * H >= 2048, decode at H > 4096 (gpu/launch.cu, bm_pick_shape).
  *
  * A norm_residual_norm row is two loads (x, residual) and two stores
  * (hidden, normalized) around one or two block reductions: what bounds it
@@ -20,7 +21,10 @@
  *    at the large shapes and up to 2% ahead in some runs (the others are
  *    compiled for bench/shape_sweep).
  * The arithmetic is the stages of row_ops.cuh in the same order, so the
- * bits are those of every other kernel. Vector path only (16-byte loads),
+ * bits are those of every other kernel. x may be the buffer of hidden or
+ * normalized (UNFUSED's second launch) and the residual that of hidden (in
+ * place): each thread loads its chunks of a row before it stores them, and
+ * no other thread touches them. Vector path only (16-byte loads),
  * rows with a residual, no expert slots; gpu/launch.cu sends every other
  * call to the row kernel of the same NT and J.
  */
