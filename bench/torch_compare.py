@@ -218,7 +218,7 @@ def as_pair(r):
     return r if isinstance(r, (tuple, list)) else (r,)
 
 
-def fresh(cfg, args):
+def fresh(args):
     """The inputs of one call, copied, so that an in-place call leaves args intact."""
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
@@ -228,12 +228,12 @@ def check_line(cfg, t, h, args, compiled):
     reference differs from beammoe only where torch's reduction order does;
     Inductor also drops intermediate BF16 roundings (its default
     emulate_precision_casts=False), so the compiled reference differs more."""
-    outs = {s: [o.clone() for o in as_pair(cfg.beam(s)(*fresh(cfg, args)))] for s in cfg.strategies(True)}
+    outs = {s: [o.clone() for o in as_pair(cfg.beam(s)(*fresh(args)))] for s in cfg.strategies(True)}
     want = outs[cfg.strategies(True)[0]]
     same = all(all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(want, o))
                for o in outs.values())
-    eager = as_pair(cfg.reference()(*fresh(cfg, args)))
-    got = as_pair(compiled(*fresh(cfg, args)))
+    eager = as_pair(cfg.reference()(*fresh(args)))
+    got = as_pair(compiled(*fresh(args)))
     parts = ["%s T=%d H=%d:" % (cfg.label, t, h)]
     if len(outs) > 1:
         parts.append("beammoe strategies %s;" % ("bit-identical" if same else "DIFFER"))

@@ -79,8 +79,6 @@ class PreparedCall:
         return "PreparedCall(%s)" % self.name
 
 
-
-
 def _output(fn, name, t, like):
     A.tensor(fn, name, t, BF16, 2)
     if t.shape != like.shape:

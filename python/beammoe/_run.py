@@ -3,8 +3,8 @@
 Each function takes checked Python values and tensors, picks the table of
 the backend of the tensors' device (the CPU backend's for CPU tensors, the
 CUDA backend's for CUDA tensors, the workspace's own for the gather), and
-makes one ctypes call through it. CUDA calls run on torch's current stream of the tensors' device,
-with that device made current for the call. Both the eager functions of
+makes one ctypes call through it. CUDA calls run on torch's current stream
+of the tensors' device, with that device made current for the call. Both the eager functions of
 ops.py and the torch.library operations (_torch_ops.py) end here.
 
 Norm structs and scales arrays are cached by their contents (the weight's
