@@ -48,7 +48,7 @@ tests_libbeamtest_la_LIBADD = harness/libharness.la
 BEAM_TEST_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) -I$(top_srcdir)/tests
 BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
 
-BEAM_CPU_TESTS = tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
+BEAM_CPU_TESTS = tests/test_fp8 tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
 	tests/test_golden tests/test_threads tests/test_group tests/test_contract \
 	tests/test_dispatch tests/test_stack
 # test_oom replaces malloc, which valgrind replaces too: not in the valgrind
@@ -68,6 +68,12 @@ tests_test_backends_SOURCES = tests/test_backends.c
 tests_test_backends_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_backends_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 EXTRA_tests_test_backends_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
+
+# The FP8 conversion of cpu/fp8.h, exhaustive over BF16 (groundwork: it
+# moves behind the API with the quantized output).
+tests_test_fp8_SOURCES = tests/test_fp8.c
+tests_test_fp8_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_fp8_LDADD = $(BEAM_TEST_LIBS)
 
 tests_test_numerics_SOURCES = tests/test_numerics.c
 tests_test_numerics_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
