@@ -31,25 +31,58 @@ static beam_status bm_cpu_op(const bm_args *a, int op, const char *fn)
     return BEAM_OK;
 }
 
+/* An op with a quantized output: the op writes normalized (the caller's
+ * array, or a temporary one when only the quantized form is asked for),
+ * then each row of it is quantized. The temporary is allocated before
+ * anything is written. */
+static beam_status bm_cpu_quantized(const bm_args *a, beam_status (*op)(const bm_args *), const char *fn)
+{
+    bm_args b = *a;
+    uint16_t *tmp = NULL;
+    beam_status st;
+    if (!a->q.kind) return op(a);
+    if (!a->normalized) {
+        tmp = (uint16_t *)malloc((size_t)a->tokens * (size_t)a->hidden * sizeof *tmp);
+        if (!tmp)
+            return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: no host memory for the %lld x %d normalized rows "
+                           "to quantize", fn, (long long)a->tokens, (int)a->hidden);
+        b.normalized = tmp;
+    }
+    st = op(&b);
+    if (st == BEAM_OK) bm_cpu_quant_rows(&b, b.normalized);
+    free(tmp);
+    return st;
+}
+
 static beam_status bm_cpu_finalize(const bm_args *a)
 {
     return bm_cpu_op(a, BM_OP_FINALIZE, "beam_moe_finalize");
 }
 
-static beam_status bm_cpu_norm_residual_norm(const bm_args *a)
+static beam_status bm_cpu_nrn_rows(const bm_args *a)
 {
     return bm_cpu_op(a, BM_OP_NRN, "beam_norm_residual_norm");
 }
 
+static beam_status bm_cpu_norm_residual_norm(const bm_args *a)
+{
+    return bm_cpu_quantized(a, bm_cpu_nrn_rows, "beam_norm_residual_norm");
+}
+
 /* One pass: the finalized row never leaves the thread's scratch. */
-static beam_status bm_cpu_fused(const bm_args *a)
+static beam_status bm_cpu_fused_rows(const bm_args *a)
 {
     return bm_cpu_op(a, BM_OP_FUSED, "beam_moe_finalize_norm_residual_norm");
 }
 
+static beam_status bm_cpu_fused(const bm_args *a)
+{
+    return bm_cpu_quantized(a, bm_cpu_fused_rows, "beam_moe_finalize_norm_residual_norm");
+}
+
 /* The composition: finalize all rows into a scratch array, then
  * norm_residual_norm over it (no pre-norm). Same bits as the fused pass. */
-static beam_status bm_cpu_unfused(const bm_args *a)
+static beam_status bm_cpu_unfused_rows(const bm_args *a)
 {
     static const char fn[] = "beam_moe_finalize_norm_residual_norm";
     bm_args b = *a;
@@ -71,6 +104,11 @@ static beam_status bm_cpu_unfused(const bm_args *a)
     bm_cpu_scratch_free(&s);
     free(tmp);
     return BEAM_OK;
+}
+
+static beam_status bm_cpu_unfused(const bm_args *a)
+{
+    return bm_cpu_quantized(a, bm_cpu_unfused_rows, "beam_moe_finalize_norm_residual_norm");
 }
 
 static beam_workspace_config bm_cpu_ws_default(void)

@@ -17,6 +17,8 @@
 #include <string.h>
 
 #define BM_FP8_MAX 448.0f
+/* The floor of a group's largest magnitude (vLLM's eps default) */
+#define BM_FP8_GROUP_EPS 1e-10f
 
 static inline uint32_t bm_fp8_bits(float v)
 {

@@ -37,4 +37,8 @@ void bm_cpu_scratch_free(bm_scratch *s);
 /* Every row of op over a, on at most s->slots threads; cannot fail. */
 void bm_cpu_run(const bm_args *a, int op, const bm_scratch *s);
 
+/* a->q's quantized output from the [tokens, hidden] BF16 rows of
+ * normalized (cpu/quant.c); cannot fail. */
+void bm_cpu_quant_rows(const bm_args *a, const uint16_t *normalized);
+
 #endif

@@ -134,6 +134,61 @@ typedef beam_status beam_moe_finalize_norm_residual_norm_fn(
     beam_strategy strategy, void *stream);
 BEAM_API beam_moe_finalize_norm_residual_norm_fn beam_moe_finalize_norm_residual_norm;
 
+/* ---- the next layer's FP8 input (docs/numerics.md#fp8) ------------------- */
+
+/* How normalized is quantized: FP8 E4M3 codes (torch.float8_e4m3fn) and
+ * FP32 scales, with the semantics of vLLM's quantization kernels. */
+typedef enum beam_quant_kind {
+    BEAM_QUANT_FP8_GROUP = 1,  /* dynamic: a scale per token and group of group_size values */
+    BEAM_QUANT_FP8_TOKEN = 2,  /* dynamic: a scale per token */
+    BEAM_QUANT_FP8_TENSOR = 3  /* static: the caller's scale for the whole tensor */
+} beam_quant_kind;
+
+/* flags */
+#define BEAM_QUANT_UE8M0 1u     /* dynamic scales rounded up to a power of two */
+#define BEAM_QUANT_COL_MAJOR 2u /* GROUP: scales[g * scale_ld + t] instead of
+                                 * scales[t * (hidden / group_size) + g] */
+
+/* The quantized output of an operation's normalized rows: for token t and
+ * element h, values[t * hidden + h] = e4m3(clamp(normalized[t][h] / s)),
+ * where s is the scale of h's group (GROUP), of t (TOKEN) or `scale`
+ * (TENSOR). It equals quantizing the BF16 normalized output afterwards, bit
+ * for bit, on every backend. */
+typedef struct beam_quant {
+    int32_t kind;       /* beam_quant_kind */
+    int32_t group_size; /* GROUP: 128 or 64; otherwise 0 */
+    uint32_t flags;     /* BEAM_QUANT_UE8M0 (GROUP, TOKEN), BEAM_QUANT_COL_MAJOR (GROUP) */
+    float scale;        /* TENSOR: finite, > 0; otherwise 0 */
+    uint8_t *values;    /* [tokens, hidden] E4M3 codes, written */
+    float *scales;      /* GROUP: [tokens, hidden / group_size] row-major, or
+                         * column-major with scale_ld; TOKEN: [tokens];
+                         * written. TENSOR: NULL */
+    int64_t scale_ld;   /* COL_MAJOR: floats from one group's column to the
+                         * next, >= tokens (DeepGEMM pads it to a multiple
+                         * of 4); otherwise 0 */
+} beam_quant;
+
+/* norm_residual_norm with a quantized output of normalized: quant NULL is
+ * the plain operation. With quant, next_norm is required and normalized may
+ * be NULL (only the quantized form is written) or a [tokens, hidden] array
+ * (both are written). */
+typedef beam_status beam_norm_residual_norm_q_fn(
+    const uint16_t *x, const uint16_t *residual,
+    int64_t tokens, int32_t hidden,
+    const beam_norm *pre_norm, const float *scales, const beam_norm *next_norm,
+    uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant, void *stream);
+BEAM_API beam_norm_residual_norm_q_fn beam_norm_residual_norm_q;
+
+/* beam_moe_finalize_norm_residual_norm with a quantized output, as above. */
+typedef beam_status beam_moe_finalize_norm_residual_norm_q_fn(
+    const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t live_tokens, int32_t top_k, int32_t hidden,
+    float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm,
+    uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant,
+    beam_strategy strategy, void *stream);
+BEAM_API beam_moe_finalize_norm_residual_norm_q_fn beam_moe_finalize_norm_residual_norm_q;
+
 /* ---- tensor-parallel gather -------------------------------------------- */
 
 typedef struct beam_workspace beam_workspace;
@@ -205,8 +260,9 @@ BEAM_API beam_moe_finalize_gather_norm_residual_norm_fn beam_moe_finalize_gather
  * beam_* functions: a workspace or group made through one table is used
  * through the same table, and its failures are read with its last_error.
  * The table only grows: a new member goes at the end, and BEAM_OPS_VERSION
- * counts the layouts. */
-#define BEAM_OPS_VERSION 1
+ * counts the layouts (version 2 added the *_q members); a library serves
+ * every version up to its own, whose members are a prefix of its table. */
+#define BEAM_OPS_VERSION 2
 
 typedef struct beam_ops {
     uint32_t version;  /* BEAM_OPS_VERSION of the library that made it */
@@ -228,6 +284,9 @@ typedef struct beam_ops {
     beam_status (*workspace_destroy)(beam_workspace *workspace);
     beam_status (*workspace_info)(const beam_workspace *workspace, int32_t *rank, int32_t *nranks);
     beam_moe_finalize_gather_norm_residual_norm_fn *moe_finalize_gather_norm_residual_norm;
+    /* version >= 2 */
+    beam_norm_residual_norm_q_fn *norm_residual_norm_q;
+    beam_moe_finalize_norm_residual_norm_q_fn *moe_finalize_norm_residual_norm_q;
 } beam_ops;
 
 /* The table of backend `name` ("cpu", "cuda"; NULL: the backend that runs
@@ -235,8 +294,8 @@ typedef struct beam_ops {
  * libbeammoe loads the named backend's library and returns that library's
  * own table; a backend library returns its own for its own name (or NULL).
  * NULL when the backend is unknown, cannot load or cannot run here (CUDA
- * with no device), or when version is not one this library serves; then
- * beam_last_error() says which. */
+ * with no device), or when version is not one this library serves (0, or
+ * above its BEAM_OPS_VERSION); then beam_last_error() says which. */
 BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version);
 
 #ifdef __cplusplus

@@ -127,6 +127,15 @@ static beam_status bm_check_next(const char *fn, const beam_norm *next_norm,
     return BEAM_OK;
 }
 
+/* The extent of normalized: rows when a next norm writes it, none when it
+ * is not written (no next norm, or only the quantized form: NULL with a
+ * quant). */
+static size_t bm_normalized_bytes(const bm_args *a, const uint16_t *normalized, size_t rows)
+{
+    if (!a->next.on || (a->q.kind && !normalized)) return 0;
+    return rows;
+}
+
 /* beam_moe_finalize after its message is cleared: the checks, then the
  * backend's call. */
 static beam_status bm_finalize_call(const uint16_t *experts, const float *weights, int64_t capacity,
@@ -161,31 +170,30 @@ BEAM_API beam_status beam_moe_finalize(const uint16_t *expert_outputs, const flo
                             routed_scale, post_norm, output, stream);
 }
 
-BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *residual,
-                                             int64_t tokens, int32_t hidden,
-                                             const beam_norm *pre_norm, const float *scales,
-                                             const beam_norm *next_norm, uint16_t *hidden_out,
-                                             uint16_t *normalized, void *stream)
+/* norm_residual_norm with or without its quantized output (quant NULL). */
+static beam_status bm_nrn_call(const char *fn, const uint16_t *x, const uint16_t *residual, int64_t tokens,
+                               int32_t hidden, const beam_norm *pre_norm, const float *scales,
+                               const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized,
+                               const beam_quant *quant, void *stream)
 {
-    static const char fn[] = "beam_norm_residual_norm";
     bm_args a;
-    bm_ptr p[6];
+    bm_ptr p[8];
     size_t rows;
-    bm_clear_error();
     memset(&a, 0, sizeof a);
     BM_CHECK(bm_check_hidden(fn, hidden));
     BM_CHECK(bm_check_rows(fn, "tokens", tokens, "tokens", tokens, 1, hidden));
     BM_CHECK(bm_check_norm(fn, "pre_norm", pre_norm, &a.pre));
     BM_CHECK(bm_check_scales(fn, scales, &a.has_scales, &a.scale_x, &a.scale_r));
     BM_CHECK(bm_check_next(fn, next_norm, normalized, &a));
+    BM_CHECK(bm_check_quant(fn, quant, a.next.on, tokens, hidden, &a.q, p + 6));
     rows = bm_rows_bytes(tokens, hidden);
     p[0] = bm_in("x", x, rows);
     p[1] = bm_allow_in_place(bm_in("residual", residual, rows));
     p[2] = bm_in("pre_norm->weight", a.pre.weight, a.pre.weight ? bm_rows_bytes(1, hidden) : 0);
     p[3] = bm_in("next_norm->weight", a.next.weight, a.next.weight ? bm_rows_bytes(1, hidden) : 0);
     p[4] = bm_allow_in_place(bm_out("hidden_out", hidden_out, rows));
-    p[5] = bm_out("normalized", normalized, a.next.on ? rows : 0);
-    BM_CHECK(bm_backend_pointers(fn, p, 6));
+    p[5] = bm_out("normalized", normalized, bm_normalized_bytes(&a, normalized, rows));
+    BM_CHECK(bm_backend_pointers(fn, p, 8));
     if (tokens == 0) return BEAM_OK;
     a.x = x;
     a.residual = residual;
@@ -197,6 +205,28 @@ BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *
     return BE->norm_residual_norm(&a);
 }
 
+BEAM_API beam_status beam_norm_residual_norm(const uint16_t *x, const uint16_t *residual,
+                                             int64_t tokens, int32_t hidden,
+                                             const beam_norm *pre_norm, const float *scales,
+                                             const beam_norm *next_norm, uint16_t *hidden_out,
+                                             uint16_t *normalized, void *stream)
+{
+    bm_clear_error();
+    return bm_nrn_call("beam_norm_residual_norm", x, residual, tokens, hidden, pre_norm, scales, next_norm,
+                       hidden_out, normalized, NULL, stream);
+}
+
+BEAM_API beam_status beam_norm_residual_norm_q(const uint16_t *x, const uint16_t *residual,
+                                               int64_t tokens, int32_t hidden,
+                                               const beam_norm *pre_norm, const float *scales,
+                                               const beam_norm *next_norm, uint16_t *hidden_out,
+                                               uint16_t *normalized, const beam_quant *quant, void *stream)
+{
+    bm_clear_error();
+    return bm_nrn_call("beam_norm_residual_norm_q", x, residual, tokens, hidden, pre_norm, scales, next_norm,
+                       hidden_out, normalized, quant, stream);
+}
+
 /* Checks of the fused op's arguments, shared with the gather, which passes
  * rows = its token count (residual and outputs) and capacity/live for the
  * expert buffers. */
@@ -205,13 +235,14 @@ static beam_status bm_check_fused(const char *fn, const uint16_t *experts, const
                                   int32_t hidden, float routed_scale, const beam_norm *post_norm,
                                   const uint16_t *residual, const float *scales,
                                   const beam_norm *next_norm, uint16_t *hidden_out,
-                                  uint16_t *normalized, bm_args *a)
+                                  uint16_t *normalized, const beam_quant *quant, bm_args *a)
 {
-    bm_ptr p[7];
+    bm_ptr p[9];
     size_t row_bytes;
     BM_CHECK(bm_check_finalize_stage(fn, capacity, live, top_k, hidden, routed_scale, post_norm, a));
     BM_CHECK(bm_check_scales(fn, scales, &a->has_scales, &a->scale_x, &a->scale_r));
     BM_CHECK(bm_check_next(fn, next_norm, normalized, a));
+    BM_CHECK(bm_check_quant(fn, quant, a->next.on, rows, hidden, &a->q, p + 7));
     row_bytes = bm_rows_bytes(rows, hidden);
     p[0] = bm_in("expert_outputs", experts, (size_t)capacity * (size_t)top_k * bm_rows_bytes(1, hidden));
     p[1] = bm_in32("expert_weights", weights, (size_t)capacity * (size_t)top_k * FP32);
@@ -219,14 +250,32 @@ static beam_status bm_check_fused(const char *fn, const uint16_t *experts, const
     p[3] = bm_allow_in_place(bm_in("residual", residual, row_bytes));
     p[4] = bm_in("next_norm->weight", a->next.weight, a->next.weight ? bm_rows_bytes(1, hidden) : 0);
     p[5] = bm_allow_in_place(bm_out("hidden_out", hidden_out, row_bytes));
-    p[6] = bm_out("normalized", normalized, a->next.on ? row_bytes : 0);
-    BM_CHECK(bm_backend_pointers(fn, p, 7));
+    p[6] = bm_out("normalized", normalized, bm_normalized_bytes(a, normalized, row_bytes));
+    BM_CHECK(bm_backend_pointers(fn, p, 9));
     a->experts = experts;
     a->weights = weights;
     a->residual = residual;
     a->hidden_out = hidden_out;
     a->normalized = normalized;
     return BEAM_OK;
+}
+
+static beam_status bm_fused_call(const char *fn, const uint16_t *expert_outputs, const float *expert_weights,
+                                 int64_t capacity, int64_t live_tokens, int32_t top_k, int32_t hidden,
+                                 float routed_scale, const beam_norm *post_norm, const uint16_t *residual,
+                                 const float *scales, const beam_norm *next_norm, uint16_t *hidden_out,
+                                 uint16_t *normalized, const beam_quant *quant, beam_strategy strategy,
+                                 void *stream)
+{
+    bm_args a;
+    memset(&a, 0, sizeof a);
+    BM_CHECK(bm_check_strategy(fn, strategy, 0));
+    BM_CHECK(bm_check_fused(fn, expert_outputs, expert_weights, capacity, live_tokens, live_tokens,
+                            top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
+                            hidden_out, normalized, quant, &a));
+    if (live_tokens == 0) return BEAM_OK;
+    a.stream = stream;
+    return strategy == BEAM_STRATEGY_UNFUSED ? BE->unfused(&a) : BE->fused(&a);
 }
 
 BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
@@ -236,17 +285,23 @@ BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
     const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized,
     beam_strategy strategy, void *stream)
 {
-    static const char fn[] = "beam_moe_finalize_norm_residual_norm";
-    bm_args a;
     bm_clear_error();
-    memset(&a, 0, sizeof a);
-    BM_CHECK(bm_check_strategy(fn, strategy, 0));
-    BM_CHECK(bm_check_fused(fn, expert_outputs, expert_weights, capacity, live_tokens, live_tokens,
-                            top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
-                            hidden_out, normalized, &a));
-    if (live_tokens == 0) return BEAM_OK;
-    a.stream = stream;
-    return strategy == BEAM_STRATEGY_UNFUSED ? BE->unfused(&a) : BE->fused(&a);
+    return bm_fused_call("beam_moe_finalize_norm_residual_norm", expert_outputs, expert_weights, capacity,
+                         live_tokens, top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
+                         hidden_out, normalized, NULL, strategy, stream);
+}
+
+BEAM_API beam_status beam_moe_finalize_norm_residual_norm_q(
+    const uint16_t *expert_outputs, const float *expert_weights, int64_t capacity,
+    int64_t live_tokens, int32_t top_k, int32_t hidden, float routed_scale,
+    const beam_norm *post_norm, const uint16_t *residual, const float *scales,
+    const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized,
+    const beam_quant *quant, beam_strategy strategy, void *stream)
+{
+    bm_clear_error();
+    return bm_fused_call("beam_moe_finalize_norm_residual_norm_q", expert_outputs, expert_weights, capacity,
+                         live_tokens, top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
+                         hidden_out, normalized, quant, strategy, stream);
 }
 
 /* ---- tensor-parallel gather -------------------------------------------- */
@@ -428,7 +483,7 @@ static beam_status bm_check_gather(const char *fn, const bm_ws *ws, const uint16
                        "%s: capacity=%lld must be >= ceil(tokens / ranks) = %lld (tokens=%lld, ranks=%d)", fn,
                        (long long)capacity, (long long)per_rank, (long long)tokens, (int)ws->nranks);
     BM_CHECK(bm_check_fused(fn, experts, weights, capacity, owned, tokens, top_k, hidden, routed_scale,
-                            post_norm, residual, scales, next_norm, hidden_out, normalized, a));
+                            post_norm, residual, scales, next_norm, hidden_out, normalized, NULL, a));
     a->tokens = tokens;
     return BEAM_OK;
 }
@@ -481,6 +536,8 @@ BM_LOCAL(beam_workspace_create_nccl);
 BM_LOCAL(beam_workspace_destroy);
 BM_LOCAL(beam_workspace_info);
 BM_LOCAL(beam_moe_finalize_gather_norm_residual_norm);
+BM_LOCAL(beam_norm_residual_norm_q);
+BM_LOCAL(beam_moe_finalize_norm_residual_norm_q);
 #undef BM_LOCAL
 
 static const beam_ops bm_ops = {
@@ -500,6 +557,8 @@ static const beam_ops bm_ops = {
     bm_local_beam_workspace_destroy,
     bm_local_beam_workspace_info,
     bm_local_beam_moe_finalize_gather_norm_residual_norm,
+    bm_local_beam_norm_residual_norm_q,
+    bm_local_beam_moe_finalize_norm_residual_norm_q,
 };
 
 static beam_ops bm_ops_filled;
@@ -516,8 +575,8 @@ BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version)
 {
     static const char fn[] = "beam_backend_ops";
     bm_clear_error();
-    if (version != BEAM_OPS_VERSION) {
-        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: version=%u: this library serves table version %u", fn,
+    if (version < 1 || version > BEAM_OPS_VERSION) {
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: version=%u: this library serves table versions 1 to %u", fn,
                 (unsigned)version, (unsigned)BEAM_OPS_VERSION);
         return NULL;
     }

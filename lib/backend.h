@@ -28,6 +28,20 @@ typedef struct bm_norm {
     float eps;
 } bm_norm;
 
+/* The quantized output of normalized after checking (beam_quant):
+ * kind 0 means none. Scales of group g of token t: scales[t * ld_t + g * ld_g]
+ * (GROUP row-major: ld_t = hidden / group, ld_g = 1; column-major: ld_t = 1,
+ * ld_g = scale_ld; TOKEN: ld_t = 1, group = hidden). */
+typedef struct bm_quant {
+    int kind;      /* 0 or BEAM_QUANT_FP8_* */
+    int group;     /* values per scale: group_size, or hidden for TOKEN */
+    int ue8m0;
+    float scale;   /* TENSOR */
+    uint8_t *values;
+    float *scales;
+    int64_t ld_t, ld_g;
+} bm_quant;
+
 /* One checked call. Which fields are used depends on the operation:
  *  finalize:            experts, weights, top_k, routed_scale, post -> output
  *  norm_residual_norm:  x, pre, scales, residual, next -> hidden_out, normalized
@@ -53,7 +67,9 @@ typedef struct bm_args {
 
     uint16_t *output;
     uint16_t *hidden_out;  /* may equal residual */
-    uint16_t *normalized;  /* non-NULL exactly when next.on */
+    uint16_t *normalized;  /* non-NULL exactly when next.on, except with a
+                              quantized output: then it may be NULL */
+    bm_quant q;            /* the quantized output of normalized (needs next.on) */
 
     int64_t tokens;
     int32_t hidden;

@@ -159,3 +159,89 @@ beam_status bm_check_strategy(const char *fn, beam_strategy s, int gather)
                                                    : "AUTO, FUSED or UNFUSED");
     return BEAM_OK;
 }
+
+beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on, int64_t tokens,
+                           int32_t hidden, bm_quant *out, bm_ptr p[2])
+{
+    const uint32_t known = BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR;
+    size_t scale_count = 0;
+    out->kind = 0;
+    out->group = 0;
+    out->ue8m0 = 0;
+    out->scale = 0.0f;
+    out->values = NULL;
+    out->scales = NULL;
+    out->ld_t = out->ld_g = 0;
+    p[0].name = "quant->values";
+    p[0].ptr = NULL;
+    p[0].bytes = 0;
+    p[0].align = 1;
+    p[0].is_output = 1;
+    p[0].in_place = 0;
+    p[1] = p[0];
+    p[1].name = "quant->scales";
+    p[1].align = 4;
+    if (!quant) return BEAM_OK;
+    if (!next_on)
+        return bm_fail(BAD, "%s: quant needs next_norm (it quantizes normalized)", fn);
+    if (quant->flags & ~known)
+        return bm_fail(BAD, "%s: quant->flags=0x%x has unknown bits (known: BEAM_QUANT_UE8M0, "
+                       "BEAM_QUANT_COL_MAJOR)", fn, (unsigned)quant->flags);
+    switch (quant->kind) {
+    case BEAM_QUANT_FP8_GROUP:
+        if (quant->group_size != 128 && quant->group_size != 64)
+            return bm_fail(BAD, "%s: quant->group_size=%d must be 128 or 64", fn, (int)quant->group_size);
+        out->group = quant->group_size;
+        if (quant->flags & BEAM_QUANT_COL_MAJOR) {
+            if (quant->scale_ld < tokens)
+                return bm_fail(BAD, "%s: quant->scale_ld=%lld must be >= tokens=%lld (column-major scales)",
+                               fn, (long long)quant->scale_ld, (long long)tokens);
+            out->ld_t = 1;
+            out->ld_g = quant->scale_ld;
+            /* the last group's column ends at its last token */
+            scale_count = tokens ? (size_t)(hidden / out->group - 1) * (size_t)quant->scale_ld + (size_t)tokens : 0;
+        } else {
+            if (quant->scale_ld != 0)
+                return bm_fail(BAD, "%s: quant->scale_ld=%lld must be 0 without BEAM_QUANT_COL_MAJOR", fn,
+                               (long long)quant->scale_ld);
+            out->ld_t = hidden / out->group;
+            out->ld_g = 1;
+            scale_count = (size_t)tokens * (size_t)(hidden / out->group);
+        }
+        break;
+    case BEAM_QUANT_FP8_TOKEN:
+        if (quant->group_size != 0)
+            return bm_fail(BAD, "%s: quant->group_size=%d must be 0 for BEAM_QUANT_FP8_TOKEN", fn,
+                           (int)quant->group_size);
+        if (quant->flags & BEAM_QUANT_COL_MAJOR)
+            return bm_fail(BAD, "%s: quant->flags: BEAM_QUANT_COL_MAJOR is for BEAM_QUANT_FP8_GROUP", fn);
+        if (quant->scale_ld != 0)
+            return bm_fail(BAD, "%s: quant->scale_ld=%lld must be 0 for BEAM_QUANT_FP8_TOKEN", fn,
+                           (long long)quant->scale_ld);
+        out->group = hidden;
+        out->ld_t = 1;
+        scale_count = (size_t)tokens;
+        break;
+    case BEAM_QUANT_FP8_TENSOR:
+        if (quant->group_size != 0 || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
+            return bm_fail(BAD, "%s: BEAM_QUANT_FP8_TENSOR takes only quant->scale and quant->values "
+                           "(group_size, flags, scale_ld must be 0, scales NULL)", fn);
+        if (!isfinite(quant->scale) || !(quant->scale > 0.0f))
+            return bm_fail(BAD, "%s: quant->scale=%g must be finite and > 0", fn, (double)quant->scale);
+        out->group = hidden;
+        out->scale = quant->scale;
+        break;
+    default:
+        return bm_fail(BAD, "%s: quant->kind=%d must be BEAM_QUANT_FP8_GROUP (1), BEAM_QUANT_FP8_TOKEN (2) "
+                       "or BEAM_QUANT_FP8_TENSOR (3)", fn, (int)quant->kind);
+    }
+    out->kind = quant->kind;
+    out->ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0;
+    out->values = quant->values;
+    out->scales = quant->scales;
+    p[0].ptr = quant->values;
+    p[0].bytes = (size_t)tokens * (size_t)hidden;
+    p[1].ptr = quant->scales;
+    p[1].bytes = scale_count * sizeof(float);
+    return BEAM_OK;
+}

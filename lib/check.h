@@ -27,6 +27,11 @@ beam_status bm_check_scales(const char *fn, const float *scales, int *has, float
  * no output overlapping an input or another output (exception: an output and
  * an input both marked in_place may be exactly the same buffer). */
 beam_status bm_check_pointers(const char *fn, const bm_ptr *p, int n);
+/* quant NULL -> out->kind = 0; else its form, sizes and flags against
+ * tokens and hidden (next_on: a next norm is given). Fills p[0] (values)
+ * and p[1] (scales) for the pointer checks. */
+beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on, int64_t tokens,
+                           int32_t hidden, bm_quant *out, bm_ptr p[2]);
 /* Local ops: AUTO, FUSED, UNFUSED. Gather: AUTO, ONESHOT, TWOSHOT, UNFUSED. */
 beam_status bm_check_strategy(const char *fn, beam_strategy s, int gather);
 const char *bm_strategy_name(beam_strategy s);

@@ -269,6 +269,33 @@ BEAM_API beam_status beam_moe_finalize_norm_residual_norm(
                           post_norm, residual, scales, next_norm, hidden_out, normalized, strategy, stream));
 }
 
+BEAM_API beam_status beam_norm_residual_norm_q(const uint16_t *x, const uint16_t *residual, int64_t tokens,
+                                               int32_t hidden, const beam_norm *pre_norm, const float *scales,
+                                               const beam_norm *next_norm, uint16_t *hidden_out,
+                                               uint16_t *normalized, const beam_quant *quant, void *stream)
+{
+    const beam_ops *be = bm_be();
+    bm_clear_error();
+    if (!be) return bm_no_backend();
+    return bm_ret(be, be->norm_residual_norm_q(x, residual, tokens, hidden, pre_norm, scales, next_norm,
+                                               hidden_out, normalized, quant, stream));
+}
+
+BEAM_API beam_status beam_moe_finalize_norm_residual_norm_q(
+    const uint16_t *expert_outputs, const float *expert_weights, int64_t capacity, int64_t live_tokens,
+    int32_t top_k, int32_t hidden, float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm, uint16_t *hidden_out,
+    uint16_t *normalized, const beam_quant *quant, beam_strategy strategy, void *stream)
+{
+    const beam_ops *be = bm_be();
+    bm_clear_error();
+    if (!be) return bm_no_backend();
+    return bm_ret(be, be->moe_finalize_norm_residual_norm_q(
+                          expert_outputs, expert_weights, capacity, live_tokens, top_k, hidden, routed_scale,
+                          post_norm, residual, scales, next_norm, hidden_out, normalized, quant, strategy,
+                          stream));
+}
+
 BEAM_API beam_workspace_config beam_workspace_config_default(void)
 {
     const beam_ops *be = bm_be();
@@ -409,8 +436,8 @@ BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version)
     const beam_ops *be;
     int b;
     bm_clear_error();
-    if (version != BEAM_OPS_VERSION) {
-        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: version=%u: this library serves table version %u", fn,
+    if (version < 1 || version > BEAM_OPS_VERSION) {
+        bm_fail(BEAM_ERR_UNSUPPORTED, "%s: version=%u: this library serves table versions 1 to %u", fn,
                 (unsigned)version, (unsigned)BEAM_OPS_VERSION);
         return NULL;
     }

@@ -15,6 +15,10 @@
 #   test_backends      every op of every backend of lib/backends.def that runs
 #                      here, through its table, against the CPU ground truth
 #                      (the CPU itself against the naive reference)
+#   test_fp8           the E4M3 conversion and scales of cpu/fp8.h against a
+#                      nearest-value search, every BF16 value
+#   test_quant         the quantized output of normalized (beam_*_q), every
+#                      backend, against the test's own model
 #   test_numerics      sweep vs the naive reference (dispatcher, backend cpu)
 #   test_numerics_cpu  the same program linked to libbeammoe_cpu directly
 #   test_edges         hand-checked rounding vectors (libbeammoe_cpu)
@@ -48,7 +52,7 @@ tests_libbeamtest_la_LIBADD = harness/libharness.la
 BEAM_TEST_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) -I$(top_srcdir)/tests
 BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
 
-BEAM_CPU_TESTS = tests/test_fp8 tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
+BEAM_CPU_TESTS = tests/test_fp8 tests/test_quant tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
 	tests/test_golden tests/test_threads tests/test_group tests/test_contract \
 	tests/test_dispatch tests/test_stack
 # test_oom replaces malloc, which valgrind replaces too: not in the valgrind
@@ -74,6 +78,13 @@ EXTRA_tests_test_backends_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 tests_test_fp8_SOURCES = tests/test_fp8.c
 tests_test_fp8_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_fp8_LDADD = $(BEAM_TEST_LIBS)
+
+# The quantized output of normalized, every backend, against the test's own
+# model of docs/numerics.md#fp8.
+tests_test_quant_SOURCES = tests/test_quant.c
+tests_test_quant_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_quant_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+EXTRA_tests_test_quant_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 
 tests_test_numerics_SOURCES = tests/test_numerics.c
 tests_test_numerics_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)

@@ -1,0 +1,518 @@
+/*
+ * test_quant.c - the quantized output of normalized (beam_*_q), every
+ * backend that runs here, against a model of docs/numerics.md#fp8 written
+ * in this file.
+ *
+ *   The model: the backend's own plain call gives hidden and normalized
+ *   (test_backends checks those against the naive reference and the CPU);
+ *   each row of normalized is quantized here: the group's (or token's)
+ *   largest magnitude, its FP32 scale, and the nearest of the 254 finite
+ *   E4M3 values found by search (ties to the even code), after the clamp.
+ *   Then the backend's *_q call must give the same hidden and normalized
+ *   and the model's values and scales bit for bit, with every byte past
+ *   them (guards, column-major padding) untouched.
+ *
+ *   forms     GROUP 128 and 64, row- and column-major scales, with and
+ *             without UE8M0; TOKEN with and without UE8M0; TENSOR
+ *   ops       norm_residual_norm_q (with and without a pre-norm), and the
+ *             fused op's _q under FUSED and UNFUSED; normalized written too
+ *             or only the quantized form (normalized NULL)
+ *   values    random rows with zeros, subnormals, infinities and NaN
+ *   errors    each rule of the quant argument: INVALID_ARGUMENT, nothing
+ *             written
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "beammoe.h"
+#include "devmem.h"
+#include "suite.h"
+#include "util.h"
+
+#define GUARD 64
+#define POISON8 0xA5u
+#define POISON32 0x7FA5A5A5u /* a NaN no scale can be */
+
+static uint64_t g_seed;
+static uint64_t g_rng;
+static const beam_ops *g_ops[2]; /* cpu, cuda (NULL: not here) */
+static long g_calls;
+
+static uint64_t rnd(void)
+{
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+static float f32(uint32_t u)
+{
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+static uint32_t bits(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+
+static float widen(uint16_t b)
+{
+    return f32((uint32_t)b << 16);
+}
+
+/* a BF16 input value: mostly normal numbers of a few magnitudes, sometimes
+ * zeros, subnormals, infinities or NaN */
+static uint16_t rbf16(int exotic)
+{
+    static const uint16_t sp[] = {0x0000, 0x8000, 0x0001, 0x8003, 0x7F80, 0xFF80, 0x7FC0, 0x7F7F, 0x0080};
+    if (exotic && rnd() % 64 == 0) return sp[rnd() % (sizeof sp / sizeof sp[0])];
+    return (uint16_t)(((rnd() & 1) << 15) | ((118 + rnd() % 14) << 7) | (rnd() & 0x7F));
+}
+
+/* ---- the model --------------------------------------------------------------- */
+
+static double g_val[256];
+
+static void model_init(void)
+{
+    int c;
+    for (c = 0; c < 256; c++) {
+        const int e = (c >> 3) & 15, m = c & 7;
+        const double v = e ? ldexp(8.0 + m, e - 10) : ldexp((double)m, -9);
+        g_val[c] = (c & 0x80) ? -v : v;
+    }
+}
+
+/* e4m3(clamp(v)): clamp = fminf(fmaxf(v, -448), 448) (a NaN becomes -448),
+ * then the nearest finite code of v's sign, ties to the even code */
+static uint8_t model_e4m3(float v)
+{
+    int c, best = -1;
+    double bd = 0.0;
+    v = fminf(fmaxf(v, -448.0f), 448.0f);
+    for (c = 0; c < 256; c++) {
+        double d;
+        if ((c & 0x7F) == 0x7F || (signbit(v) != 0) != ((c & 0x80) != 0)) continue;
+        d = fabs(g_val[c] - (double)v);
+        if (best < 0 || d < bd || (d == bd && (c & 1) == 0)) {
+            best = c;
+            bd = d;
+        }
+    }
+    return (uint8_t)best;
+}
+
+/* the smallest power of two >= s (s > 0 finite), by frexpf */
+static float model_pow2ceil(float s)
+{
+    int e;
+    const float m = frexpf(s, &e); /* s = m * 2^e, m in [0.5, 1) */
+    if (isinf(s)) return s;
+    return m == 0.5f ? s : ldexpf(1.0f, e);
+}
+
+static float model_scale(const beam_quant *q, const uint16_t *y, int n)
+{
+    float amax = 0.0f, s;
+    int i;
+    if (q->kind == BEAM_QUANT_FP8_TENSOR) return q->scale;
+    for (i = 0; i < n; i++) {
+        const float a = fabsf(widen(y[i]));
+        if (a > amax) amax = a; /* a NaN is never greater */
+    }
+    if (q->kind == BEAM_QUANT_FP8_GROUP) {
+        s = (amax > 1e-10f ? amax : 1e-10f) / 448.0f;
+        if (q->flags & BEAM_QUANT_UE8M0) s = model_pow2ceil(s > 1e-10f ? s : 1e-10f);
+    } else {
+        s = amax / 448.0f;
+        if (s < 1.0f / (448.0f * 512.0f)) s = 1.0f / (448.0f * 512.0f);
+        if (q->flags & BEAM_QUANT_UE8M0) s = model_pow2ceil(s);
+    }
+    return s;
+}
+
+/* values and scales of T rows of normalized, into arrays laid out as q says */
+static void model_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals,
+                        float *scales)
+{
+    const int n = q->kind == BEAM_QUANT_FP8_GROUP ? q->group_size : H;
+    int64_t t;
+    int g, i;
+    for (t = 0; t < T; t++)
+        for (g = 0; g < H / n; g++) {
+            const uint16_t *y = nrm + t * H + (int64_t)g * n;
+            const float s = model_scale(q, y, n);
+            if (q->kind == BEAM_QUANT_FP8_GROUP)
+                scales[(q->flags & BEAM_QUANT_COL_MAJOR) ? g * q->scale_ld + t : t * (H / n) + g] = s;
+            else if (q->kind == BEAM_QUANT_FP8_TOKEN)
+                scales[t] = s;
+            for (i = 0; i < n; i++) vals[t * H + (int64_t)g * n + i] = model_e4m3(widen(y[i]) / s);
+        }
+}
+
+/* ---- buffers on the backend's memory ------------------------------------------ */
+
+typedef struct buf {
+    void *host, *dev; /* dev: the backend's pointer (== host on the CPU) */
+    size_t bytes;
+} buf;
+
+static void buf_make(buf *b, const beam_ops *ops, size_t bytes, const void *init, int poison)
+{
+    b->bytes = bytes;
+    b->host = malloc(bytes ? bytes : 1);
+    if (!b->host) exit(1);
+    if (init)
+        memcpy(b->host, init, bytes);
+    else
+        memset(b->host, poison, bytes);
+    b->dev = b->host;
+    if (ops->device_memory) {
+        b->dev = dev_alloc(bytes ? bytes : 1);
+        if (!b->dev || dev_upload(b->dev, b->host, bytes)) {
+            fprintf(stderr, "device memory: %s\n", dev_last_error());
+            exit(1);
+        }
+    }
+}
+
+static void buf_fetch(buf *b, const beam_ops *ops)
+{
+    if (ops->device_memory && dev_download(b->host, b->dev, b->bytes)) {
+        fprintf(stderr, "device memory: %s\n", dev_last_error());
+        exit(1);
+    }
+}
+
+static void buf_free(buf *b, const beam_ops *ops)
+{
+    if (ops->device_memory) dev_free(b->dev);
+    free(b->host);
+}
+
+/* ---- one case ------------------------------------------------------------------- */
+
+enum { OP_NRN, OP_NRN_PRE, OP_FUSED, OP_UNFUSED, NOPS };
+static const char *const op_names[NOPS] = {"nrn", "nrn+pre", "fused FUSED", "fused UNFUSED"};
+
+static size_t scale_floats(const beam_quant *q, int64_t T, int32_t H)
+{
+    if (q->kind == BEAM_QUANT_FP8_TOKEN) return (size_t)T;
+    if (q->kind != BEAM_QUANT_FP8_GROUP) return 0;
+    if (q->flags & BEAM_QUANT_COL_MAJOR) return (size_t)(H / q->group_size) * (size_t)q->scale_ld;
+    return (size_t)T * (size_t)(H / q->group_size);
+}
+
+static void describe(char *d, size_t n, const beam_quant *q, int op, int64_t T, int32_t H, int with_nrm)
+{
+    snprintf(d, n, "%s T=%lld H=%d kind=%d group=%d flags=%u ld=%lld scale=%g normalized=%s", op_names[op],
+             (long long)T, (int)H, (int)q->kind, (int)q->group_size, (unsigned)q->flags, (long long)q->scale_ld,
+             (double)q->scale, with_nrm ? "yes" : "NULL");
+}
+
+/* 1 when the backend's *_q call matches the model */
+static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quant q, int with_nrm)
+{
+    const int K = 6;
+    const size_t TH = (size_t)T * (size_t)H;
+    const size_t nsc = scale_floats(&q, T, H);
+    uint16_t *x = malloc((TH + 1) * 2), *res = malloc((TH + 1) * 2), *ex = malloc(((size_t)K * TH + 1) * 2);
+    uint16_t *wpre = malloc((size_t)H * 2), *wnext = malloc((size_t)H * 2);
+    float *wts = malloc(((size_t)K * T + 1) * 4);
+    uint16_t *hid_ref = malloc((TH + 1) * 2), *nrm_ref = malloc((TH + 1) * 2);
+    uint8_t *vals_ref = malloc(TH + GUARD);
+    float *sc_ref = malloc((nsc + GUARD) * 4);
+    buf bx, bres, bex, bwts, bwpre, bwnext, bhid, bnrm, bvals, bsc;
+    beam_norm pre = {NULL, 1e-6f}, next = {NULL, 1e-5f};
+    const float scales2[2] = {0.75f, 1.25f};
+    const float *scales = rnd() % 2 ? scales2 : NULL;
+    beam_status st;
+    size_t i;
+    int ok = 1;
+    char d[256];
+
+    if (!x || !res || !ex || !wpre || !wnext || !wts || !hid_ref || !nrm_ref || !vals_ref || !sc_ref) exit(1);
+    for (i = 0; i < TH; i++) {
+        x[i] = rbf16(1);
+        res[i] = rbf16(1);
+    }
+    for (i = 0; i < (size_t)K * TH; i++) ex[i] = rbf16(1);
+    for (i = 0; i < (size_t)K * (size_t)T; i++) wts[i] = (float)(rnd() % 1000 + 1) / 1000.0f;
+    for (i = 0; i < (size_t)H; i++) {
+        wpre[i] = (uint16_t)(0x3F00 + rnd() % 0x100);
+        wnext[i] = (uint16_t)(0x3F00 + rnd() % 0x100 + (rnd() % 16 == 0 ? 0x8000 : 0));
+    }
+    buf_make(&bx, ops, TH * 2, x, 0);
+    buf_make(&bres, ops, TH * 2, res, 0);
+    buf_make(&bex, ops, (size_t)K * TH * 2, ex, 0);
+    buf_make(&bwts, ops, (size_t)K * (size_t)T * 4, wts, 0);
+    buf_make(&bwpre, ops, (size_t)H * 2, wpre, 0);
+    buf_make(&bwnext, ops, (size_t)H * 2, wnext, 0);
+    pre.weight = bwpre.dev;
+    next.weight = bwnext.dev;
+
+    /* the reference: the same backend's plain call */
+    buf_make(&bhid, ops, TH * 2, NULL, 0xEE);
+    buf_make(&bnrm, ops, TH * 2, NULL, 0xEE);
+    if (op == OP_NRN || op == OP_NRN_PRE)
+        st = ops->norm_residual_norm(bx.dev, bres.dev, T, H, op == OP_NRN_PRE ? &pre : NULL, scales, &next,
+                                     bhid.dev, bnrm.dev, NULL);
+    else
+        st = ops->moe_finalize_norm_residual_norm(bex.dev, bwts.dev, T, T, K, H, 2.5f, NULL, bres.dev, scales,
+                                                  &next, bhid.dev, bnrm.dev,
+                                                  op == OP_FUSED ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED,
+                                                  NULL);
+    if (st != BEAM_OK) {
+        fprintf(stderr, "  plain %s: status %d (%s)\n", op_names[op], (int)st, ops->last_error());
+        exit(1);
+    }
+    if (ops->device_memory) dev_sync();
+    buf_fetch(&bhid, ops);
+    buf_fetch(&bnrm, ops);
+    memcpy(hid_ref, bhid.host, TH * 2);
+    memcpy(nrm_ref, bnrm.host, TH * 2);
+    memset(vals_ref, POISON8, TH + GUARD);
+    for (i = 0; i < nsc + GUARD; i++) memcpy(&sc_ref[i], &(uint32_t){POISON32}, 4);
+    model_quant(&q, nrm_ref, T, H, vals_ref, sc_ref);
+    buf_free(&bhid, ops);
+    buf_free(&bnrm, ops);
+
+    /* the call under test, on poisoned outputs with guards */
+    buf_make(&bhid, ops, TH * 2, NULL, 0xEE);
+    buf_make(&bnrm, ops, TH * 2, NULL, 0xEE);
+    buf_make(&bvals, ops, TH + GUARD, NULL, POISON8);
+    {
+        float *p = malloc((nsc + GUARD) * 4);
+        if (!p) exit(1);
+        for (i = 0; i < nsc + GUARD; i++) memcpy(&p[i], &(uint32_t){POISON32}, 4);
+        buf_make(&bsc, ops, (nsc + GUARD) * 4, p, 0);
+        free(p);
+    }
+    q.values = bvals.dev;
+    q.scales = q.kind == BEAM_QUANT_FP8_TENSOR ? NULL : bsc.dev;
+    if (op == OP_NRN || op == OP_NRN_PRE) {
+        /* x and residual again: an in-place reference never ran, inputs are intact */
+        st = ops->norm_residual_norm_q(bx.dev, bres.dev, T, H, op == OP_NRN_PRE ? &pre : NULL, scales, &next,
+                                       bhid.dev, with_nrm ? bnrm.dev : NULL, &q, NULL);
+    } else {
+        st = ops->moe_finalize_norm_residual_norm_q(
+            bex.dev, bwts.dev, T, T, K, H, 2.5f, NULL, bres.dev, scales, &next, bhid.dev,
+            with_nrm ? bnrm.dev : NULL, &q, op == OP_FUSED ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED, NULL);
+    }
+    ++g_calls;
+    describe(d, sizeof d, &q, op, T, H, with_nrm);
+    if (st != BEAM_OK) {
+        fprintf(stderr, "  %s %s: status %d (%s)\n", ops->name, d, (int)st, ops->last_error());
+        ok = 0;
+    } else {
+        if (ops->device_memory) dev_sync();
+        buf_fetch(&bhid, ops);
+        buf_fetch(&bnrm, ops);
+        buf_fetch(&bvals, ops);
+        buf_fetch(&bsc, ops);
+        if (memcmp(bhid.host, hid_ref, TH * 2)) {
+            fprintf(stderr, "  %s %s: hidden differs from the plain call's\n", ops->name, d);
+            ok = 0;
+        }
+        for (i = 0; i < TH && ok; i++)
+            if (((uint16_t *)bnrm.host)[i] != (with_nrm ? nrm_ref[i] : 0xEEEEu)) {
+                fprintf(stderr, "  %s %s: normalized[%zu] = %04x, want %04x\n", ops->name, d, i,
+                        ((uint16_t *)bnrm.host)[i], with_nrm ? nrm_ref[i] : 0xEEEEu);
+                ok = 0;
+            }
+        for (i = 0; i < TH + GUARD && ok; i++)
+            if (((uint8_t *)bvals.host)[i] != vals_ref[i]) {
+                fprintf(stderr, "  %s %s: values[%zu] (row %zu col %zu) = %02x, want %02x (normalized %04x)\n",
+                        ops->name, d, i, i / (size_t)H, i % (size_t)H, ((uint8_t *)bvals.host)[i], vals_ref[i],
+                        i < TH ? nrm_ref[i] : 0);
+                ok = 0;
+            }
+        for (i = 0; i < nsc + GUARD && ok; i++)
+            if (bits(((float *)bsc.host)[i]) != bits(sc_ref[i])) {
+                fprintf(stderr, "  %s %s: scales[%zu] = %08x, want %08x\n", ops->name, d, i,
+                        bits(((float *)bsc.host)[i]), bits(sc_ref[i]));
+                ok = 0;
+            }
+    }
+    if (!ok) fprintf(stderr, "  ^ seed %llu\n", (unsigned long long)g_seed);
+    buf_free(&bx, ops);
+    buf_free(&bres, ops);
+    buf_free(&bex, ops);
+    buf_free(&bwts, ops);
+    buf_free(&bwpre, ops);
+    buf_free(&bwnext, ops);
+    buf_free(&bhid, ops);
+    buf_free(&bnrm, ops);
+    buf_free(&bvals, ops);
+    buf_free(&bsc, ops);
+    free(x), free(res), free(ex), free(wpre), free(wnext), free(wts);
+    free(hid_ref), free(nrm_ref), free(vals_ref), free(sc_ref);
+    return ok;
+}
+
+/* the forms of the quantized output for T rows */
+static int forms(beam_quant *out, int64_t T)
+{
+    int n = 0, g, f;
+    const int groups[2] = {128, 64};
+    for (g = 0; g < 2; g++)
+        for (f = 0; f < 4; f++) {
+            beam_quant q;
+            memset(&q, 0, sizeof q);
+            q.kind = BEAM_QUANT_FP8_GROUP;
+            q.group_size = groups[g];
+            q.flags = (f & 1 ? BEAM_QUANT_UE8M0 : 0u) | (f & 2 ? BEAM_QUANT_COL_MAJOR : 0u);
+            /* column-major: DeepGEMM's leading dimension, T rounded up to 4 */
+            if (f & 2) q.scale_ld = (T + 3) / 4 * 4;
+            out[n++] = q;
+        }
+    for (f = 0; f < 2; f++) {
+        memset(&out[n], 0, sizeof out[n]);
+        out[n].kind = BEAM_QUANT_FP8_TOKEN;
+        out[n++].flags = f ? BEAM_QUANT_UE8M0 : 0u;
+    }
+    memset(&out[n], 0, sizeof out[n]);
+    out[n].kind = BEAM_QUANT_FP8_TENSOR;
+    out[n++].scale = 0.0125f;
+    return n;
+}
+
+static void test_forms(void)
+{
+    static const int32_t hs[] = {256, 2048, 7168};
+    static const int64_t ts[] = {1, 7, 100};
+    int b, hi, ti, fi, bad = 0;
+    for (b = 0; b < 2; b++) {
+        const beam_ops *ops = g_ops[b];
+        if (!ops) continue;
+        for (hi = 0; hi < 3; hi++)
+            for (ti = 0; ti < 3; ti++) {
+                beam_quant qs[16];
+                const int nf = forms(qs, ts[ti]);
+                for (fi = 0; fi < nf; fi++) {
+                    /* every form once per shape, under a rotating op and
+                     * normalized given or not */
+                    const int op = (int)((hi * 3 + ti + fi) % NOPS);
+                    if (!run_case(ops, op, ts[ti], hs[hi], qs[fi], (int)((hi + ti + fi) % 2))) ++bad;
+                }
+            }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* every op with every form, at one shape with many rows (the prefill
+ * kernels) */
+static void test_prefill(void)
+{
+    int b, fi, op, bad = 0;
+    for (b = 0; b < 2; b++) {
+        const beam_ops *ops = g_ops[b];
+        if (!ops) continue;
+        for (op = 0; op < NOPS; op++) {
+            beam_quant qs[16];
+            const int nf = forms(qs, 300);
+            for (fi = 0; fi < nf; fi += ops->device_memory ? 1 : 3)
+                if (!run_case(ops, op, 300, fi % 2 ? 4096 : 2048, qs[fi], fi % 2)) ++bad;
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* ---- errors ----------------------------------------------------------------------- */
+
+static void test_errors(void)
+{
+    const int32_t H = 256;
+    const int64_t T = 2;
+    uint16_t x[512], res[512], hid[512], nrm[512], w[256];
+    uint8_t vals[512];
+    float sc[64];
+    beam_norm next = {w, 1e-6f};
+    const beam_ops *ops = g_ops[0];
+    struct {
+        const char *what;
+        beam_quant q;
+        int next_on;
+    } bad[12];
+    int n = 0, i;
+    for (i = 0; i < 512; i++) x[i] = res[i] = 0x3F80;
+    for (i = 0; i < 256; i++) w[i] = 0x3F80;
+#define BAD(WHAT, NEXT, ...)                                                          \
+    do {                                                                              \
+        beam_quant q_ = {__VA_ARGS__};                                                \
+        bad[n].what = WHAT;                                                           \
+        bad[n].q = q_;                                                                \
+        bad[n].next_on = NEXT;                                                        \
+        ++n;                                                                          \
+    } while (0)
+    BAD("kind 0", 1, 0, 0, 0, 0.0f, vals, sc, 0);
+    BAD("kind 4", 1, 4, 0, 0, 0.0f, vals, sc, 0);
+    BAD("group 32", 1, BEAM_QUANT_FP8_GROUP, 32, 0, 0.0f, vals, sc, 0);
+    BAD("unknown flag", 1, BEAM_QUANT_FP8_GROUP, 128, 4u, 0.0f, vals, sc, 0);
+    BAD("col-major ld < tokens", 1, BEAM_QUANT_FP8_GROUP, 128, BEAM_QUANT_COL_MAJOR, 0.0f, vals, sc, 1);
+    BAD("row-major with an ld", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 4);
+    BAD("token with a group", 1, BEAM_QUANT_FP8_TOKEN, 128, 0, 0.0f, vals, sc, 0);
+    BAD("tensor scale 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 0.0f, vals, NULL, 0);
+    BAD("tensor scale inf", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, INFINITY, vals, NULL, 0);
+    BAD("tensor with scales", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 1.0f, vals, sc, 0);
+    BAD("values NULL", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, NULL, sc, 0);
+    BAD("no next norm", 0, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 0);
+#undef BAD
+    for (i = 0; i < n; i++) {
+        beam_status st;
+        memset(hid, 0xEE, sizeof hid);
+        memset(nrm, 0xEE, sizeof nrm);
+        memset(vals, POISON8, sizeof vals);
+        st = ops->norm_residual_norm_q(x, res, T, H, NULL, NULL, bad[i].next_on ? &next : NULL, hid,
+                                       bad[i].next_on ? nrm : NULL, &bad[i].q, NULL);
+        if (st != BEAM_ERR_INVALID_ARGUMENT || hid[0] != 0xEEEE || vals[0] != POISON8) {
+            fprintf(stderr, "  %s: status %d (%s), hidden[0] %04x, values[0] %02x\n", bad[i].what, (int)st,
+                    ops->last_error(), hid[0], vals[0]);
+            CU_FAIL("a bad quant argument was taken");
+        } else if (!strstr(ops->last_error(), "quant")) {
+            fprintf(stderr, "  %s: message \"%s\" does not name quant\n", bad[i].what, ops->last_error());
+            CU_FAIL("message");
+        }
+    }
+    /* normalized NULL without a quant: still an error */
+    CU_ASSERT_EQUAL(ops->norm_residual_norm_q(x, res, T, H, NULL, NULL, &next, hid, NULL, NULL, NULL),
+                    BEAM_ERR_INVALID_ARGUMENT);
+}
+
+int main(void)
+{
+    static const suite_test tests[] = {{"every form on every backend", test_forms},
+                                       {"prefill shapes", test_prefill},
+                                       {"bad quant arguments", test_errors},
+                                       {NULL, NULL}};
+    char why[256];
+    g_seed = hu_seed("test_quant");
+    g_rng = g_seed;
+    model_init();
+    g_ops[0] = beam_backend_ops("cpu", BEAM_OPS_VERSION);
+    if (!g_ops[0]) {
+        fprintf(stderr, "test_quant: no CPU backend: %s\n", beam_last_error());
+        return 1;
+    }
+    g_ops[1] = beam_backend_ops("cuda", BEAM_OPS_VERSION);
+    if (g_ops[1] && dev_open(why, sizeof why)) {
+        fprintf(stderr, "test_quant: cuda runs here, but the test cannot reach its memory: %s\n", why);
+        return 1;
+    }
+    printf("test_quant: backends cpu%s\n", g_ops[1] ? ", cuda" : "");
+    {
+        const int rc = suite_run("test_quant", tests);
+        printf("test_quant: %ld quantized calls checked, seed %llu\n", g_calls, (unsigned long long)g_seed);
+        return rc;
+    }
+}
