@@ -137,6 +137,15 @@ void bm_set_residual(bm_row_params &p, const bm_args *a)
     p.epsB = a->next.eps;
     p.out = a->hidden_out;
     p.normalized = a->next.on ? a->normalized : NULL;
+    /* the quantized output of normalized (lib/ checked it needs next.on) */
+    p.qkind = a->q.kind;
+    p.qgroup = a->q.group;
+    p.que8m0 = a->q.ue8m0;
+    p.qscale = a->q.scale;
+    p.qvalues = a->q.values;
+    p.qscales = a->q.scales;
+    p.qld_t = a->q.ld_t;
+    p.qld_g = a->q.ld_g;
 }
 
 static beam_status bm_cuda_finalize(const bm_args *a)

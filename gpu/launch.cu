@@ -105,6 +105,16 @@ bm_shape bm_pick_shape(const bm_row_params &p)
         int cs = rows > 1 ? 4 : 8; /* measured: 8 blocks only pay for one row */
         while (cs > 1 && (rows * cs > sms || n2 / cs < 64))
             cs /= 2;
+        if (p.qkind == BM_QUANT_TOKEN) {
+            /* a token's scale needs the row's maximum: one block per row
+             * (BM_SHAPES has 32 .. 256 threads with U = 8, 512 with 4,
+             * 1024 with 2) */
+            s.nt = n2;
+            s.j = 1;
+            s.u = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
+            s.pdl = 1;
+            return s;
+        }
         s.cs = cs;
         s.nt = n2 / cs;
         s.j = 1;
@@ -206,6 +216,9 @@ int bm_params_vec_ok(const bm_row_params &p)
     for (const void *q : ptrs)
         if (q && !aligned16(q))
             return 0;
+    /* the quantized values: 8 bytes per chunk */
+    if (p.qvalues && ((uintptr_t)p.qvalues & 7u) != 0)
+        return 0;
     return 1;
 }
 
@@ -291,6 +304,8 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
 {
     if (p.rows <= 0)
         return cudaSuccess;
+    if (p.qkind == BM_QUANT_TOKEN && s.cs > 1)
+        return cudaErrorInvalidConfiguration; /* a token's maximum is a block's */
     if (s.st > 0 && vec && s.cs == 1 && !p.experts && p.residual) {
         /* one row per block; rows beyond the grid: a grid-stride loop */
         const int64_t cap = (int64_t)(INT_MAX / 8);

@@ -31,7 +31,7 @@
 #ifndef BEAMMOE_GPU_NRN_KERNEL_CUH
 #define BEAMMOE_GPU_NRN_KERNEL_CUH
 
-#include "row_ops.cuh"
+#include "row_kernel.cuh"
 
 /* 16-byte load with an L2 eviction policy (HINT 1 evict_last, 2
  * evict_first; 0 a plain load). */
@@ -117,14 +117,12 @@ __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const bm_row_params p)
         /* ---- norm B of hidden -> normalized ---- */
         if (p.normB) {
             const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsB);
+            bm_pack8 pk[J];
 #pragma unroll
-            for (int j = 0; j < J; ++j) {
-                const int c = t + j * NT;
-                if (c >= C)
-                    continue;
-                const bm_pack8 pk = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
-                bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
-            }
+            for (int j = 0; j < J; ++j)
+                if (t + j * NT < C)
+                    pk[j] = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
+            bm_out_normalized<NT, J, true, NT>(p, row, pk, v, C, t);
         }
     }
 }

@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_r
         /* ---- norm B ---- */
         if (p.normB) {
             bm_norm_stage<NT, J, 1, true, NT>(v, pk, p.wB, p.epsB, H, C, t, tc, false);
-            bm_store_row<J, true, NT>(p.normalized + (size_t)row * H, pk, C, t);
+            bm_out_normalized<NT, J, true, NT>(p, row, pk, v, C, t);
         }
     }
     bm_cp_async_wait_group<0>();

@@ -39,6 +39,7 @@
 
 #include <cooperative_groups.h>
 
+#include "quant.cuh"
 #include "row_ops.cuh"
 
 /* Arguments of one launch (passed by value). */
@@ -63,11 +64,84 @@ struct bm_row_params {
     float epsB;
 
     uint16_t *out;        /* finalize output, or hidden */
-    uint16_t *normalized; /* written when normB */
+    uint16_t *normalized; /* written when normB and not NULL */
+
+    /* the quantized output of normalized (normB): qkind 0 none, else
+     * BEAM_QUANT_FP8_*; scale of group g of row t at
+     * qscales[t * qld_t + g * qld_g] (lib/backend.h bm_quant) */
+    int qkind, qgroup, que8m0;
+    float qscale;
+    uint8_t *qvalues;
+    float *qscales;
+    int64_t qld_t, qld_g;
 
     int64_t rows;
     int32_t hidden;
 };
+
+/* The quantized output of one row's normalized values (docs/numerics.md#fp8):
+ * v holds f(normalized) of the thread's chunks c = g0 + j * STRIDE (c >= C:
+ * padding). Groups of 128 or 64 values are 16 or 8 chunks of consecutive
+ * lanes, so a group's maximum is a shuffle among them; a token's maximum is
+ * a block maximum (the caller runs one block per row: no cluster). Every
+ * thread of the block must call it. */
+template <int NT, int J, bool VEC, int STRIDE>
+__device__ __forceinline__ void bm_quant_row(const bm_row_params &p, int64_t row, const float (&v)[J][8],
+                                             int C, int g0)
+{
+    const int H = p.hidden;
+    float s = p.qscale;
+    if (p.qkind == BM_QUANT_TOKEN) {
+        float m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+            if (g0 + j * STRIDE < C)
+                m = fmaxf(m, bm_absmax8(v[j]));
+        s = bm_fp8_token_scale_dev(bm_block_max<NT>(m), p.que8m0);
+        if (threadIdx.x == 0)
+            p.qscales[row * p.qld_t] = s;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * STRIDE;
+        if (p.qkind == BM_QUANT_GROUP) {
+            const int lanes = p.qgroup >> 3;
+            s = bm_fp8_group_scale_dev(bm_lanes_max(bm_absmax8(v[j]), lanes), p.que8m0);
+            if (c < C && c % lanes == 0)
+                p.qscales[row * p.qld_t + (int64_t)(c / lanes) * p.qld_g] = s;
+        }
+        if (c >= C)
+            continue;
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            lo |= bm_fp8_quant_dev(v[j][e], s) << (8 * e);
+            hi |= bm_fp8_quant_dev(v[j][e + 4], s) << (8 * e);
+        }
+        uint8_t *dst = p.qvalues + (size_t)row * H + (size_t)c * 8;
+        if (VEC) {
+            *reinterpret_cast<uint2 *>(dst) = make_uint2(lo, hi);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                dst[e] = (uint8_t)(lo >> (8 * e));
+                dst[e + 4] = (uint8_t)(hi >> (8 * e));
+            }
+        }
+    }
+}
+
+/* Norm B's output: the BF16 rows (when asked for) and the quantized form
+ * (when asked for). pk: the thread's packed chunks, v: the same widened. */
+template <int NT, int J, bool VEC, int STRIDE>
+__device__ __forceinline__ void bm_out_normalized(const bm_row_params &p, int64_t row, const bm_pack8 (&pk)[J],
+                                                  const float (&v)[J][8], int C, int g0)
+{
+    if (p.normalized)
+        bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
+    if (p.qkind)
+        bm_quant_row<NT, J, VEC, STRIDE>(p, row, v, C, g0);
+}
 
 /* a = +0; a = a + w[k] * f(x[k]) for k in order, for U slots at a time
  * (all U*J loads are issued before the first use). */
@@ -211,7 +285,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         /* ---- norm B ---- */
         if (p.normB) {
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, last_row);
-            bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * H, pk, C, g0);
+            bm_out_normalized<NT, J, VEC, STRIDE>(p, row, pk, v, C, g0);
         }
     }
     if (xchg)

@@ -12,7 +12,8 @@
 #      executables of tests/test_cuda, bench/cuda_bench, bench/shape_sweep,
 #      tests/test_gather_group, tests/test_gather_nccl and bench/gather_bench
 #      (libtool's .libs/
-#      binaries, not its wrapper scripts; tests/test_backends too); the GPU
+#      binaries, not its wrapper scripts; tests/test_backends and
+#      tests/test_quant too); the GPU
 #      host needs no libtool,
 #      CUnit or build. Every program is built by the makefiles; this script
 #      compiles nothing itself.
@@ -37,7 +38,7 @@ if ! grep -q '^libbeammoe_cuda_la' Makefile; then
     exit 1
 fi
 make -j"$jobs"
-progs="tests/test_backends tests/test_cuda bench/cuda_bench bench/shape_sweep tests/test_gather_group tests/test_gather_nccl bench/gather_bench"
+progs="tests/test_backends tests/test_cuda tests/test_quant bench/cuda_bench bench/shape_sweep tests/test_gather_group tests/test_gather_nccl bench/gather_bench"
 make -j"$jobs" $progs
 
 rm -rf .devbuild/lib .devbuild/bin

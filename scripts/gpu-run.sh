@@ -5,7 +5,8 @@
 # Runs, each with a time limit, logging into $OUT (default .devbuild/out):
 #   test_cuda.log   tests/test_backends: every backend that runs here against
 #                   the CPU bit for bit (full sweep), then tests/test_cuda:
-#                   the CUDA contract and graph replays
+#                   the CUDA contract and graph replays, then
+#                   tests/test_quant: the quantized output of normalized
 #   shapes.log      bench/shape_sweep check: the hardware BF16 conversion for
 #                   every FP32 value, every compiled launch shape against the
 #                   naive reference
@@ -68,11 +69,11 @@ step() { # name log command...
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; \
   "$SAN" --version | tail -1; } > "$OUT/device.txt" 2>&1
 # (the programs as a script string: step runs its command under timeout)
-both='"$B/bin/test_backends" && "$B/bin/test_cuda"'
+both='"$B/bin/test_backends" && "$B/bin/test_cuda" && "$B/bin/test_quant"'
 export B
 step test test_cuda.log sh -c "$both"
 step shapes shapes.log "$B/bin/shape_sweep" check
-sanitize='for t in test_backends test_cuda; do
+sanitize='for t in test_backends test_cuda test_quant; do
     BEAM_TEST_QUICK=1 "$SAN" "$@" --error-exitcode 1 "$B/bin/$t" || exit 1
 done'
 export SAN

@@ -213,15 +213,15 @@ static size_t scale_floats(const beam_quant *q, int64_t T, int32_t H)
     return (size_t)T * (size_t)(H / q->group_size);
 }
 
-static void describe(char *d, size_t n, const beam_quant *q, int op, int64_t T, int32_t H, int with_nrm)
+static void describe(char *d, size_t n, const beam_quant *q, int op, int64_t T, int32_t H, int with_nrm, int off)
 {
-    snprintf(d, n, "%s T=%lld H=%d kind=%d group=%d flags=%u ld=%lld scale=%g normalized=%s", op_names[op],
-             (long long)T, (int)H, (int)q->kind, (int)q->group_size, (unsigned)q->flags, (long long)q->scale_ld,
-             (double)q->scale, with_nrm ? "yes" : "NULL");
+    snprintf(d, n, "%s T=%lld H=%d kind=%d group=%d flags=%u ld=%lld scale=%g normalized=%s values+%d",
+             op_names[op], (long long)T, (int)H, (int)q->kind, (int)q->group_size, (unsigned)q->flags,
+             (long long)q->scale_ld, (double)q->scale, with_nrm ? "yes" : "NULL", off);
 }
 
 /* 1 when the backend's *_q call matches the model */
-static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quant q, int with_nrm)
+static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quant q, int with_nrm, int off)
 {
     const int K = 6;
     const size_t TH = (size_t)T * (size_t)H;
@@ -290,7 +290,9 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
     /* the call under test, on poisoned outputs with guards */
     buf_make(&bhid, ops, TH * 2, NULL, 0xEE);
     buf_make(&bnrm, ops, TH * 2, NULL, 0xEE);
-    buf_make(&bvals, ops, TH + GUARD, NULL, POISON8);
+    /* off: the values' base that many bytes past an aligned one (the
+     * kernels' byte-store path) */
+    buf_make(&bvals, ops, (size_t)off + TH + GUARD, NULL, POISON8);
     {
         float *p = malloc((nsc + GUARD) * 4);
         if (!p) exit(1);
@@ -298,7 +300,7 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
         buf_make(&bsc, ops, (nsc + GUARD) * 4, p, 0);
         free(p);
     }
-    q.values = bvals.dev;
+    q.values = (uint8_t *)bvals.dev + off;
     q.scales = q.kind == BEAM_QUANT_FP8_TENSOR ? NULL : bsc.dev;
     if (op == OP_NRN || op == OP_NRN_PRE) {
         /* x and residual again: an in-place reference never ran, inputs are intact */
@@ -310,7 +312,7 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
             with_nrm ? bnrm.dev : NULL, &q, op == OP_FUSED ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED, NULL);
     }
     ++g_calls;
-    describe(d, sizeof d, &q, op, T, H, with_nrm);
+    describe(d, sizeof d, &q, op, T, H, with_nrm, off);
     if (st != BEAM_OK) {
         fprintf(stderr, "  %s %s: status %d (%s)\n", ops->name, d, (int)st, ops->last_error());
         ok = 0;
@@ -330,11 +332,16 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
                         ((uint16_t *)bnrm.host)[i], with_nrm ? nrm_ref[i] : 0xEEEEu);
                 ok = 0;
             }
+        for (i = 0; i < (size_t)off && ok; i++)
+            if (((uint8_t *)bvals.host)[i] != POISON8) {
+                fprintf(stderr, "  %s %s: wrote before values\n", ops->name, d);
+                ok = 0;
+            }
         for (i = 0; i < TH + GUARD && ok; i++)
-            if (((uint8_t *)bvals.host)[i] != vals_ref[i]) {
+            if (((uint8_t *)bvals.host)[off + i] != vals_ref[i]) {
                 fprintf(stderr, "  %s %s: values[%zu] (row %zu col %zu) = %02x, want %02x (normalized %04x)\n",
-                        ops->name, d, i, i / (size_t)H, i % (size_t)H, ((uint8_t *)bvals.host)[i], vals_ref[i],
-                        i < TH ? nrm_ref[i] : 0);
+                        ops->name, d, i, i / (size_t)H, i % (size_t)H, ((uint8_t *)bvals.host)[off + i],
+                        vals_ref[i], i < TH ? nrm_ref[i] : 0);
                 ok = 0;
             }
         for (i = 0; i < nsc + GUARD && ok; i++)
@@ -403,7 +410,9 @@ static void test_forms(void)
                     /* every form once per shape, under a rotating op and
                      * normalized given or not */
                     const int op = (int)((hi * 3 + ti + fi) % NOPS);
-                    if (!run_case(ops, op, ts[ti], hs[hi], qs[fi], (int)((hi + ti + fi) % 2))) ++bad;
+                    if (!run_case(ops, op, ts[ti], hs[hi], qs[fi], (int)((hi + ti + fi) % 2),
+                                  (hi + ti + fi) % 4 == 0 ? 3 : 0))
+                        ++bad;
                 }
             }
     }
@@ -422,7 +431,7 @@ static void test_prefill(void)
             beam_quant qs[16];
             const int nf = forms(qs, 300);
             for (fi = 0; fi < nf; fi += ops->device_memory ? 1 : 3)
-                if (!run_case(ops, op, 300, fi % 2 ? 4096 : 2048, qs[fi], fi % 2)) ++bad;
+                if (!run_case(ops, op, 300, fi % 2 ? 4096 : 2048, qs[fi], fi % 2, 0)) ++bad;
         }
     }
     CU_ASSERT_EQUAL(bad, 0);
