@@ -258,7 +258,7 @@ static cudaError_t bm_launch(K kernel, const bm_row_params &p, unsigned blocks, 
  * device, and a persistent grid of one wave (multiprocessors x resident
  * blocks from the occupancy API), both cached per device (host-side
  * attribute calls, not stream work: legal during graph capture). */
-template <int NT, int J, int D, int MB, bool FIN>
+template <int NT, int J, int D, int MB, bool FIN, bool Q>
 static cudaError_t bm_go_pipe(const bm_row_params &p, int pdl, cudaStream_t stream)
 {
     enum { MAX_DEV = 64 };
@@ -273,10 +273,10 @@ static cudaError_t bm_go_pipe(const bm_row_params &p, int pdl, cudaStream_t stre
     int w = wave[dev].load(std::memory_order_relaxed);
     if (w == 0) {
         int per_sm = 0;
-        e = cudaFuncSetAttribute(bm_pipe_kernel<NT, J, D, MB, FIN>,
+        e = cudaFuncSetAttribute(bm_pipe_kernel<NT, J, D, MB, FIN, Q>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bm_pipe_kernel<NT, J, D, MB, FIN>,
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bm_pipe_kernel<NT, J, D, MB, FIN, Q>,
                                                               NT, smem);
         if (e != cudaSuccess)
             return e;
@@ -284,19 +284,28 @@ static cudaError_t bm_go_pipe(const bm_row_params &p, int pdl, cudaStream_t stre
         wave[dev].store(w, std::memory_order_relaxed);
     }
     const int64_t grid = p.rows < (int64_t)w ? p.rows : (int64_t)w;
-    return bm_launch(bm_pipe_kernel<NT, J, D, MB, FIN>, p, (unsigned)grid, NT, 1, smem, pdl, stream);
+    return bm_launch(bm_pipe_kernel<NT, J, D, MB, FIN, Q>, p, (unsigned)grid, NT, 1, smem, pdl, stream);
 }
 
 /* The row kernel of one shape: vector or scalar path, finalize or not. */
+template <int NT, int J, int U, int CS, bool Q>
+static cudaError_t bm_go_row_q(const bm_row_params &p, unsigned blocks, int pdl, int vec,
+                               cudaStream_t stream)
+{
+    if (p.experts)
+        return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, true, Q>, p, blocks, NT, CS, 0, pdl, stream)
+                   : bm_launch(bm_row_kernel<NT, J, U, CS, false, true, Q>, p, blocks, NT, CS, 0, pdl, stream);
+    return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, false, Q>, p, blocks, NT, CS, 0, pdl, stream)
+               : bm_launch(bm_row_kernel<NT, J, U, CS, false, false, Q>, p, blocks, NT, CS, 0, pdl, stream);
+}
+
+/* ... with or without the quantized output compiled in */
 template <int NT, int J, int U, int CS>
 static cudaError_t bm_go_row(const bm_row_params &p, unsigned blocks, int pdl, int vec,
                              cudaStream_t stream)
 {
-    if (p.experts)
-        return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, true>, p, blocks, NT, CS, 0, pdl, stream)
-                   : bm_launch(bm_row_kernel<NT, J, U, CS, false, true>, p, blocks, NT, CS, 0, pdl, stream);
-    return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, false>, p, blocks, NT, CS, 0, pdl, stream)
-               : bm_launch(bm_row_kernel<NT, J, U, CS, false, false>, p, blocks, NT, CS, 0, pdl, stream);
+    return p.qkind ? bm_go_row_q<NT, J, U, CS, true>(p, blocks, pdl, vec, stream)
+                   : bm_go_row_q<NT, J, U, CS, false>(p, blocks, pdl, vec, stream);
 }
 
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
@@ -312,7 +321,8 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
 #define BM_SGO(NT, J, MB, HINT)                                                   \
         if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT)             \
-            return bm_launch(bm_nrn_kernel<NT, J, MB, HINT>, p, blocks, NT, 1, 0, s.pdl, stream);
+            return p.qkind ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, true>, p, blocks, NT, 1, 0, s.pdl, stream) \
+                           : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, false>, p, blocks, NT, 1, 0, s.pdl, stream);
         BM_NRNS(BM_SGO)
 #undef BM_SGO
         return cudaErrorInvalidConfiguration;
@@ -320,8 +330,10 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
     if (s.d > 0 && vec && s.cs == 1) {
 #define BM_PGO(NT, J, D, MB)                                                      \
         if (s.nt == NT && s.j == J && s.d == D && s.mb == MB)                     \
-            return p.experts ? bm_go_pipe<NT, J, D, MB, true>(p, s.pdl, stream)   \
-                             : bm_go_pipe<NT, J, D, MB, false>(p, s.pdl, stream);
+            return p.experts ? (p.qkind ? bm_go_pipe<NT, J, D, MB, true, true>(p, s.pdl, stream)     \
+                                        : bm_go_pipe<NT, J, D, MB, true, false>(p, s.pdl, stream))   \
+                             : (p.qkind ? bm_go_pipe<NT, J, D, MB, false, true>(p, s.pdl, stream)    \
+                                        : bm_go_pipe<NT, J, D, MB, false, false>(p, s.pdl, stream));
         BM_PIPES(BM_PGO)
 #undef BM_PGO
         return cudaErrorInvalidConfiguration;
@@ -350,26 +362,28 @@ cudaError_t bm_preload_rows(void)
 {
     cudaFuncAttributes fa;
     cudaError_t e = cudaSuccess, r;
-#define BM_PRE_ROW(NT, J, U, CS)                                                      \
-    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, true, true>)) != cudaSuccess)   \
-        e = r;                                                                        \
-    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, false, true>)) != cudaSuccess)  \
-        e = r;                                                                        \
-    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, true, false>)) != cudaSuccess)  \
-        e = r;                                                                        \
-    if ((r = cudaFuncGetAttributes(&fa, bm_row_kernel<NT, J, U, CS, false, false>)) != cudaSuccess) \
+#define BM_PRE(K)                                                                     \
+    if ((r = cudaFuncGetAttributes(&fa, K)) != cudaSuccess)                           \
         e = r;
+#define BM_PRE_ROW_Q(NT, J, U, CS, Q)                                                 \
+    BM_PRE((bm_row_kernel<NT, J, U, CS, true, true, Q>))                              \
+    BM_PRE((bm_row_kernel<NT, J, U, CS, false, true, Q>))                             \
+    BM_PRE((bm_row_kernel<NT, J, U, CS, true, false, Q>))                             \
+    BM_PRE((bm_row_kernel<NT, J, U, CS, false, false, Q>))
+#define BM_PRE_ROW(NT, J, U, CS) BM_PRE_ROW_Q(NT, J, U, CS, false) BM_PRE_ROW_Q(NT, J, U, CS, true)
 #define BM_PRE_PIPE(NT, J, D, MB)                                                     \
-    if ((r = cudaFuncGetAttributes(&fa, bm_pipe_kernel<NT, J, D, MB, true>)) != cudaSuccess)  \
-        e = r;                                                                        \
-    if ((r = cudaFuncGetAttributes(&fa, bm_pipe_kernel<NT, J, D, MB, false>)) != cudaSuccess) \
-        e = r;
-#define BM_PRE_NRN(NT, J, MB, HINT)                                                 \
-    if ((r = cudaFuncGetAttributes(&fa, bm_nrn_kernel<NT, J, MB, HINT>)) != cudaSuccess) \
-        e = r;
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, false>))                               \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, false>))                              \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, true>))                                \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, true>))
+#define BM_PRE_NRN(NT, J, MB, HINT)                                                   \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, false>))                                   \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, true>))
     BM_SHAPES(BM_PRE_ROW)
     BM_PIPES(BM_PRE_PIPE)
     BM_NRNS(BM_PRE_NRN)
+#undef BM_PRE
+#undef BM_PRE_ROW_Q
 #undef BM_PRE_ROW
 #undef BM_PRE_PIPE
 #undef BM_PRE_NRN

@@ -61,7 +61,7 @@ __device__ __forceinline__ uint64_t bm_l2_policy()
     return pol;
 }
 
-template <int NT, int J, int MB, int HINT>
+template <int NT, int J, int MB, int HINT, bool Q>
 __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const bm_row_params p)
 {
     __shared__ float red[2][NT];
@@ -117,12 +117,25 @@ __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const bm_row_params p)
         /* ---- norm B of hidden -> normalized ---- */
         if (p.normB) {
             const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsB);
-            bm_pack8 pk[J];
+            if constexpr (Q) {
+                bm_pack8 pk[J];
 #pragma unroll
-            for (int j = 0; j < J; ++j)
-                if (t + j * NT < C)
-                    pk[j] = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
-            bm_out_normalized<NT, J, true, NT>(p, row, pk, v, C, t);
+                for (int j = 0; j < J; ++j)
+                    if (t + j * NT < C)
+                        pk[j] = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
+                bm_out_normalized<NT, J, true, NT, Q>(p, row, pk, v, C, t);
+            } else {
+                /* each chunk stored as soon as it is normalized: fewer live
+                 * registers than collecting the row (no spill at 64) */
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const int c = t + j * NT;
+                    if (c >= C)
+                        continue;
+                    const bm_pack8 pk = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
+                    bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
+                }
+            }
         }
     }
 }

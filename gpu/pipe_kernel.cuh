@@ -46,7 +46,7 @@ struct bm_pipe_cursor {
     int item; /* 0 .. n_items-1 within the row */
 };
 
-template <int NT, int J, int D, int MB, bool FIN>
+template <int NT, int J, int D, int MB, bool FIN, bool Q>
 __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_row_params p)
 {
     __shared__ float red[2][NT];
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_r
         /* ---- norm B ---- */
         if (p.normB) {
             bm_norm_stage<NT, J, 1, true, NT>(v, pk, p.wB, p.epsB, H, C, t, tc, false);
-            bm_out_normalized<NT, J, true, NT>(p, row, pk, v, C, t);
+            bm_out_normalized<NT, J, true, NT, Q>(p, row, pk, v, C, t);
         }
     }
     bm_cp_async_wait_group<0>();

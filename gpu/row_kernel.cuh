@@ -132,15 +132,21 @@ __device__ __forceinline__ void bm_quant_row(const bm_row_params &p, int64_t row
 }
 
 /* Norm B's output: the BF16 rows (when asked for) and the quantized form
- * (when asked for). pk: the thread's packed chunks, v: the same widened. */
-template <int NT, int J, bool VEC, int STRIDE>
+ * (when asked for). pk: the thread's packed chunks, v: the same widened. Q:
+ * the kernel was compiled with the quantized output (a kernel without it
+ * holds no registers for it: the plain kernels stay as fast as before). */
+template <int NT, int J, bool VEC, int STRIDE, bool Q>
 __device__ __forceinline__ void bm_out_normalized(const bm_row_params &p, int64_t row, const bm_pack8 (&pk)[J],
                                                   const float (&v)[J][8], int C, int g0)
 {
-    if (p.normalized)
+    if constexpr (Q) {
+        if (p.normalized)
+            bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
+        if (p.qkind)
+            bm_quant_row<NT, J, VEC, STRIDE>(p, row, v, C, g0);
+    } else {
         bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
-    if (p.qkind)
-        bm_quant_row<NT, J, VEC, STRIDE>(p, row, v, C, g0);
+    }
 }
 
 /* a = +0; a = a + w[k] * f(x[k]) for k in order, for U slots at a time
@@ -175,7 +181,7 @@ __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
         }
 }
 
-template <int NT, int J, int U, int CS, bool VEC, bool FIN>
+template <int NT, int J, int U, int CS, bool VEC, bool FIN, bool Q>
 __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
 {
     __shared__ float red[2][NT];
@@ -285,7 +291,7 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
         /* ---- norm B ---- */
         if (p.normB) {
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, last_row);
-            bm_out_normalized<NT, J, VEC, STRIDE>(p, row, pk, v, C, g0);
+            bm_out_normalized<NT, J, VEC, STRIDE, Q>(p, row, pk, v, C, g0);
         }
     }
     if (xchg)
