@@ -96,10 +96,11 @@ static beam_status bm_cuda_check_pointers(const char *fn, const bm_ptr *p, int n
 
 /* ---- operations ----------------------------------------------------------- */
 
-static beam_status bm_cuda_run(const char *fn, const bm_row_params &p, void *stream)
+static beam_status bm_cuda_run(const char *fn, const bm_row_params &p, void *stream,
+                               const bm_quant_params *q = nullptr)
 {
-    const bm_shape s = bm_pick_shape(p);
-    cudaError_t e = bm_launch_rows(p, s, bm_params_vec_ok(p), (cudaStream_t)stream);
+    const bm_shape s = bm_pick_shape(p, q ? q->kind : 0);
+    cudaError_t e = bm_launch_rows(p, s, bm_params_vec_ok(p, q), (cudaStream_t)stream, q);
     if (e != cudaSuccess)
         return bm_fail(BEAM_ERR_DEVICE, "%s: kernel launch failed: %s", fn, cudaGetErrorString(e));
     return BEAM_OK;
@@ -137,15 +138,21 @@ void bm_set_residual(bm_row_params &p, const bm_args *a)
     p.epsB = a->next.eps;
     p.out = a->hidden_out;
     p.normalized = a->next.on ? a->normalized : NULL;
-    /* the quantized output of normalized (lib/ checked it needs next.on) */
-    p.qkind = a->q.kind;
-    p.qgroup = a->q.group;
-    p.que8m0 = a->q.ue8m0;
-    p.qscale = a->q.scale;
-    p.qvalues = a->q.values;
-    p.qscales = a->q.scales;
-    p.qld_t = a->q.ld_t;
-    p.qld_g = a->q.ld_g;
+}
+
+/* the quantized output of normalized (lib/ checked it needs next.on) */
+bm_quant_params bm_quant_of(const bm_args *a)
+{
+    bm_quant_params q;
+    q.kind = a->q.kind;
+    q.group = a->q.group;
+    q.ue8m0 = a->q.ue8m0;
+    q.scale = a->q.scale;
+    q.values = a->q.values;
+    q.scales = a->q.scales;
+    q.ld_t = a->q.ld_t;
+    q.ld_g = a->q.ld_g;
+    return q;
 }
 
 static beam_status bm_cuda_finalize(const bm_args *a)
@@ -164,7 +171,8 @@ static beam_status bm_cuda_norm_residual_norm(const bm_args *a)
     p.wA = a->pre.weight;
     p.epsA = a->pre.eps;
     bm_set_residual(p, a);
-    return bm_cuda_run("beam_norm_residual_norm", p, a->stream);
+    const bm_quant_params q = bm_quant_of(a);
+    return bm_cuda_run("beam_norm_residual_norm", p, a->stream, &q);
 }
 
 /* One kernel: each input byte read once, each output byte written once; the
@@ -174,7 +182,8 @@ static beam_status bm_cuda_fused(const bm_args *a)
     bm_row_params p = bm_params_base(a);
     bm_set_finalize(p, a);
     bm_set_residual(p, a);
-    return bm_cuda_run("beam_moe_finalize_norm_residual_norm", p, a->stream);
+    const bm_quant_params q = bm_quant_of(a);
+    return bm_cuda_run("beam_moe_finalize_norm_residual_norm", p, a->stream, &q);
 }
 
 /* The composition: the finalize kernel writes the finalized rows into a
@@ -204,7 +213,8 @@ static beam_status bm_cuda_unfused(const bm_args *a)
     bm_row_params r = bm_params_base(a);
     r.x = scratch;
     bm_set_residual(r, a);
-    return bm_cuda_run(fn, r, a->stream);
+    const bm_quant_params q = bm_quant_of(a);
+    return bm_cuda_run(fn, r, a->stream, &q);
 }
 
 /* The gather (gpu/gather*.cu) brings its own defaults, measured on two

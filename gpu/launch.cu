@@ -66,7 +66,7 @@ static int bm_device_sms(void)
     return n;
 }
 
-bm_shape bm_pick_shape(const bm_row_params &p)
+bm_shape bm_pick_shape(const bm_row_params &p, int qkind)
 {
     const int64_t rows = p.rows;
     const int n2 = next_pow2(p.hidden / 8); /* 32 .. 1024 */
@@ -105,7 +105,7 @@ bm_shape bm_pick_shape(const bm_row_params &p)
         int cs = rows > 1 ? 4 : 8; /* measured: 8 blocks only pay for one row */
         while (cs > 1 && (rows * cs > sms || n2 / cs < 64))
             cs /= 2;
-        if (p.qkind == BM_QUANT_TOKEN) {
+        if (qkind == BM_QUANT_TOKEN) {
             /* a token's scale needs the row's maximum: one block per row
              * (BM_SHAPES has 32 .. 256 threads with U = 8, 512 with 4,
              * 1024 with 2) */
@@ -210,14 +210,14 @@ static int aligned16(const void *p)
     return ((uintptr_t)p & 15u) == 0;
 }
 
-int bm_params_vec_ok(const bm_row_params &p)
+int bm_params_vec_ok(const bm_row_params &p, const bm_quant_params *q)
 {
     const void *ptrs[] = {p.experts, p.x, p.wA, p.residual, p.wB, p.out, p.normalized};
     for (const void *q : ptrs)
         if (q && !aligned16(q))
             return 0;
     /* the quantized values: 8 bytes per chunk */
-    if (p.qvalues && ((uintptr_t)p.qvalues & 7u) != 0)
+    if (q && q->kind && ((uintptr_t)q->values & 7u) != 0)
         return 0;
     return 1;
 }
@@ -225,8 +225,8 @@ int bm_params_vec_ok(const bm_row_params &p)
 /* The one launch helper: grid of `blocks` blocks of nt threads, clusters
  * of cs blocks, smem bytes of dynamic shared memory, programmatic
  * dependent launch when pdl. */
-template <typename K>
-static cudaError_t bm_launch(K kernel, const bm_row_params &p, unsigned blocks, int nt, int cs,
+template <typename K, typename P>
+static cudaError_t bm_launch(K kernel, const P &p, unsigned blocks, int nt, int cs,
                              size_t smem, int pdl, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
@@ -259,7 +259,7 @@ static cudaError_t bm_launch(K kernel, const bm_row_params &p, unsigned blocks, 
  * blocks from the occupancy API), both cached per device (host-side
  * attribute calls, not stream work: legal during graph capture). */
 template <int NT, int J, int D, int MB, bool FIN, bool Q>
-static cudaError_t bm_go_pipe(const bm_row_params &p, int pdl, cudaStream_t stream)
+static cudaError_t bm_go_pipe(const typename bm_kparams<Q>::type &p, int pdl, cudaStream_t stream)
 {
     enum { MAX_DEV = 64 };
     static std::atomic<int> wave[MAX_DEV];
@@ -289,7 +289,7 @@ static cudaError_t bm_go_pipe(const bm_row_params &p, int pdl, cudaStream_t stre
 
 /* The row kernel of one shape: vector or scalar path, finalize or not. */
 template <int NT, int J, int U, int CS, bool Q>
-static cudaError_t bm_go_row_q(const bm_row_params &p, unsigned blocks, int pdl, int vec,
+static cudaError_t bm_go_row_q(const typename bm_kparams<Q>::type &p, unsigned blocks, int pdl, int vec,
                                cudaStream_t stream)
 {
     if (p.experts)
@@ -301,28 +301,37 @@ static cudaError_t bm_go_row_q(const bm_row_params &p, unsigned blocks, int pdl,
 
 /* ... with or without the quantized output compiled in */
 template <int NT, int J, int U, int CS>
-static cudaError_t bm_go_row(const bm_row_params &p, unsigned blocks, int pdl, int vec,
-                             cudaStream_t stream)
+static cudaError_t bm_go_row(const bm_row_params &p, const bm_row_params_q *pq, unsigned blocks, int pdl,
+                             int vec, cudaStream_t stream)
 {
-    return p.qkind ? bm_go_row_q<NT, J, U, CS, true>(p, blocks, pdl, vec, stream)
-                   : bm_go_row_q<NT, J, U, CS, false>(p, blocks, pdl, vec, stream);
+    return pq ? bm_go_row_q<NT, J, U, CS, true>(*pq, blocks, pdl, vec, stream)
+              : bm_go_row_q<NT, J, U, CS, false>(p, blocks, pdl, vec, stream);
 }
 
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
-                           cudaStream_t stream)
+                           cudaStream_t stream, const bm_quant_params *q)
 {
+    /* with a quantized output: the kernels compiled with it, their larger
+     * parameter block */
+    bm_row_params_q pqv;
+    const bm_row_params_q *pq = NULL;
     if (p.rows <= 0)
         return cudaSuccess;
-    if (p.qkind == BM_QUANT_TOKEN && s.cs > 1)
-        return cudaErrorInvalidConfiguration; /* a token's maximum is a block's */
+    if (q && q->kind) {
+        static_cast<bm_row_params &>(pqv) = p;
+        pqv.q = *q;
+        pq = &pqv;
+        if (q->kind == BM_QUANT_TOKEN && s.cs > 1)
+            return cudaErrorInvalidConfiguration; /* a token's maximum is a block's */
+    }
     if (s.st > 0 && vec && s.cs == 1 && !p.experts && p.residual) {
         /* one row per block; rows beyond the grid: a grid-stride loop */
         const int64_t cap = (int64_t)(INT_MAX / 8);
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
 #define BM_SGO(NT, J, MB, HINT)                                                   \
         if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT)             \
-            return p.qkind ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, true>, p, blocks, NT, 1, 0, s.pdl, stream) \
-                           : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, false>, p, blocks, NT, 1, 0, s.pdl, stream);
+            return pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, true>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
+                      : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, false>, p, blocks, NT, 1, 0, s.pdl, stream);
         BM_NRNS(BM_SGO)
 #undef BM_SGO
         return cudaErrorInvalidConfiguration;
@@ -330,10 +339,10 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
     if (s.d > 0 && vec && s.cs == 1) {
 #define BM_PGO(NT, J, D, MB)                                                      \
         if (s.nt == NT && s.j == J && s.d == D && s.mb == MB)                     \
-            return p.experts ? (p.qkind ? bm_go_pipe<NT, J, D, MB, true, true>(p, s.pdl, stream)     \
-                                        : bm_go_pipe<NT, J, D, MB, true, false>(p, s.pdl, stream))   \
-                             : (p.qkind ? bm_go_pipe<NT, J, D, MB, false, true>(p, s.pdl, stream)    \
-                                        : bm_go_pipe<NT, J, D, MB, false, false>(p, s.pdl, stream));
+            return p.experts ? (pq ? bm_go_pipe<NT, J, D, MB, true, true>(*pq, s.pdl, stream)        \
+                                   : bm_go_pipe<NT, J, D, MB, true, false>(p, s.pdl, stream))      \
+                             : (pq ? bm_go_pipe<NT, J, D, MB, false, true>(*pq, s.pdl, stream)       \
+                                   : bm_go_pipe<NT, J, D, MB, false, false>(p, s.pdl, stream));
         BM_PIPES(BM_PGO)
 #undef BM_PGO
         return cudaErrorInvalidConfiguration;
@@ -346,7 +355,7 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
     const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap) * (unsigned)s.cs;
 #define BM_GO(NT, J, U, CS)                                                       \
     if (s.nt == NT && s.j == J && s.u == U && s.cs == CS)                         \
-        return bm_go_row<NT, J, U, CS>(p, blocks, s.pdl, vec, stream);
+        return bm_go_row<NT, J, U, CS>(p, pq, blocks, s.pdl, vec, stream);
     BM_SHAPES(BM_GO)
 #undef BM_GO
     return cudaErrorInvalidConfiguration;

@@ -46,8 +46,9 @@ struct bm_shape {
 };
 
 /* The shape the library uses for the launch p (rows, hidden, and what the
- * row holds: finalize or not, a pre-norm or not). */
-bm_shape bm_pick_shape(const bm_row_params &p);
+ * row holds: finalize or not, a pre-norm or not; qkind: the quantized
+ * output's kind, 0 none). */
+bm_shape bm_pick_shape(const bm_row_params &p, int qkind = 0);
 
 /* The row-kernel shape that stands in for a pipelined or nrn one when a
  * base is not 16-byte aligned (both load 16 bytes at a time), and for an
@@ -62,8 +63,9 @@ int bm_shape_ok(bm_shape s, int hidden);
  * into out; returns how many there are. For bench/shape_sweep. */
 int bm_shape_list(bm_shape *out, int max);
 
-/* 1 when every BF16 base of p is 16-byte aligned (the vector path). */
-int bm_params_vec_ok(const bm_row_params &p);
+/* 1 when every BF16 base of p is 16-byte aligned and the quantized values
+ * (q, when not NULL) 8-byte aligned (the vector path). */
+int bm_params_vec_ok(const bm_row_params &p, const bm_quant_params *q = nullptr);
 
 /* The row kernel's parameters from a checked call (gpu/backend_cuda.cu):
  * stage A as finalize (experts, weights, routed scale, post-norm), stage B
@@ -72,14 +74,17 @@ int bm_params_vec_ok(const bm_row_params &p);
 struct bm_args;
 void bm_set_finalize(bm_row_params &p, const struct bm_args *a);
 void bm_set_residual(bm_row_params &p, const struct bm_args *a);
+/* The quantized output of a checked call (kind 0: none). */
+bm_quant_params bm_quant_of(const struct bm_args *a);
 
 /* Load every row kernel (lazy module loading would otherwise load one at
  * its first launch, which can wait for the device to be idle). */
 cudaError_t bm_preload_rows(void);
 
 /* Launch on stream; returns cudaGetLastError() of the launch. rows == 0
- * launches nothing. */
+ * launches nothing. q: the quantized output of normalized (NULL or kind 0:
+ * none), which launches the kernels compiled with it. */
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
-                           cudaStream_t stream);
+                           cudaStream_t stream, const bm_quant_params *q = nullptr);
 
 #endif

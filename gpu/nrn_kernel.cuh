@@ -62,7 +62,7 @@ __device__ __forceinline__ uint64_t bm_l2_policy()
 }
 
 template <int NT, int J, int MB, int HINT, bool Q>
-__global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const bm_row_params p)
+__global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
     bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0};

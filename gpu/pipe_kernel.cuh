@@ -47,7 +47,7 @@ struct bm_pipe_cursor {
 };
 
 template <int NT, int J, int D, int MB, bool FIN, bool Q>
-__global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const bm_row_params p)
+__global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
     bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0};

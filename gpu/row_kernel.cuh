@@ -64,19 +64,38 @@ struct bm_row_params {
     float epsB;
 
     uint16_t *out;        /* finalize output, or hidden */
-    uint16_t *normalized; /* written when normB and not NULL */
-
-    /* the quantized output of normalized (normB): qkind 0 none, else
-     * BEAM_QUANT_FP8_*; scale of group g of row t at
-     * qscales[t * qld_t + g * qld_g] (lib/backend.h bm_quant) */
-    int qkind, qgroup, que8m0;
-    float qscale;
-    uint8_t *qvalues;
-    float *qscales;
-    int64_t qld_t, qld_g;
+    uint16_t *normalized; /* written when normB (with a quantized output:
+                           * when not NULL) */
 
     int64_t rows;
     int32_t hidden;
+};
+
+/* The quantized output of normalized (norm B): kind 0 none, else
+ * BEAM_QUANT_FP8_*; the scale of group g of row t at
+ * scales[t * ld_t + g * ld_g] (lib/backend.h bm_quant). Only the kernels
+ * compiled with it (Q) take it, in bm_row_params_q: a larger parameter
+ * block changed how the compiler laid out the plain kernels (the nrn
+ * kernel at T = 4096, H = 7168: 59 -> 68 us on an H200). */
+struct bm_quant_params {
+    int kind, group, ue8m0;
+    float scale;
+    uint8_t *values;
+    float *scales;
+    int64_t ld_t, ld_g;
+};
+struct bm_row_params_q : bm_row_params {
+    bm_quant_params q;
+};
+/* The parameter block of a kernel compiled with (Q) or without the
+ * quantized output. */
+template <bool Q>
+struct bm_kparams {
+    typedef bm_row_params type;
+};
+template <>
+struct bm_kparams<true> {
+    typedef bm_row_params_q type;
 };
 
 /* The quantized output of one row's normalized values (docs/numerics.md#fp8):
@@ -86,29 +105,30 @@ struct bm_row_params {
  * a block maximum (the caller runs one block per row: no cluster). Every
  * thread of the block must call it. */
 template <int NT, int J, bool VEC, int STRIDE>
-__device__ __forceinline__ void bm_quant_row(const bm_row_params &p, int64_t row, const float (&v)[J][8],
+__device__ __forceinline__ void bm_quant_row(const bm_row_params_q &p, int64_t row, const float (&v)[J][8],
                                              int C, int g0)
 {
     const int H = p.hidden;
-    float s = p.qscale;
-    if (p.qkind == BM_QUANT_TOKEN) {
+    const bm_quant_params &q = p.q;
+    float s = q.scale;
+    if (q.kind == BM_QUANT_TOKEN) {
         float m = 0.0f;
 #pragma unroll
         for (int j = 0; j < J; ++j)
             if (g0 + j * STRIDE < C)
                 m = fmaxf(m, bm_absmax8(v[j]));
-        s = bm_fp8_token_scale_dev(bm_block_max<NT>(m), p.que8m0);
+        s = bm_fp8_token_scale_dev(bm_block_max<NT>(m), q.ue8m0);
         if (threadIdx.x == 0)
-            p.qscales[row * p.qld_t] = s;
+            q.scales[row * q.ld_t] = s;
     }
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = g0 + j * STRIDE;
-        if (p.qkind == BM_QUANT_GROUP) {
-            const int lanes = p.qgroup >> 3;
-            s = bm_fp8_group_scale_dev(bm_lanes_max(bm_absmax8(v[j]), lanes), p.que8m0);
+        if (q.kind == BM_QUANT_GROUP) {
+            const int lanes = q.group >> 3;
+            s = bm_fp8_group_scale_dev(bm_lanes_max(bm_absmax8(v[j]), lanes), q.ue8m0);
             if (c < C && c % lanes == 0)
-                p.qscales[row * p.qld_t + (int64_t)(c / lanes) * p.qld_g] = s;
+                q.scales[row * q.ld_t + (int64_t)(c / lanes) * q.ld_g] = s;
         }
         if (c >= C)
             continue;
@@ -118,7 +138,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_row_params &p, int64_t row
             lo |= bm_fp8_quant_dev(v[j][e], s) << (8 * e);
             hi |= bm_fp8_quant_dev(v[j][e + 4], s) << (8 * e);
         }
-        uint8_t *dst = p.qvalues + (size_t)row * H + (size_t)c * 8;
+        uint8_t *dst = q.values + (size_t)row * H + (size_t)c * 8;
         if (VEC) {
             *reinterpret_cast<uint2 *>(dst) = make_uint2(lo, hi);
         } else {
@@ -136,14 +156,13 @@ __device__ __forceinline__ void bm_quant_row(const bm_row_params &p, int64_t row
  * the kernel was compiled with the quantized output (a kernel without it
  * holds no registers for it: the plain kernels stay as fast as before). */
 template <int NT, int J, bool VEC, int STRIDE, bool Q>
-__device__ __forceinline__ void bm_out_normalized(const bm_row_params &p, int64_t row, const bm_pack8 (&pk)[J],
-                                                  const float (&v)[J][8], int C, int g0)
+__device__ __forceinline__ void bm_out_normalized(const typename bm_kparams<Q>::type &p, int64_t row,
+                                                  const bm_pack8 (&pk)[J], const float (&v)[J][8], int C, int g0)
 {
     if constexpr (Q) {
         if (p.normalized)
             bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
-        if (p.qkind)
-            bm_quant_row<NT, J, VEC, STRIDE>(p, row, v, C, g0);
+        bm_quant_row<NT, J, VEC, STRIDE>(p, row, v, C, g0);
     } else {
         bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
     }
@@ -182,7 +201,7 @@ __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
 }
 
 template <int NT, int J, int U, int CS, bool VEC, bool FIN, bool Q>
-__global__ void __launch_bounds__(NT) bm_row_kernel(const bm_row_params p)
+__global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
     __shared__ bm_xchg<NT, CS> xc[1];
