@@ -71,6 +71,19 @@ class BeamWorkspaceConfig(ctypes.Structure):
     ]
 
 
+class BeamQuant(ctypes.Structure):
+    """struct beam_quant: the quantized output of normalized (the *_q calls)."""
+    _fields_ = [
+        ("kind", ctypes.c_int32),
+        ("group_size", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("scale", ctypes.c_float),
+        ("values", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("scale_ld", ctypes.c_int64),
+    ]
+
+
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _I32 = ctypes.c_int32
@@ -79,7 +92,7 @@ _ST = ctypes.c_int  # beam_status and beam_strategy
 _FN = ctypes.CFUNCTYPE  # C calls that release the GIL while they run
 
 # The layout of struct beam_ops that BeamOps mirrors.
-BEAM_OPS_VERSION = 1
+BEAM_OPS_VERSION = 2
 
 
 class BeamOps(ctypes.Structure):
@@ -109,6 +122,10 @@ class BeamOps(ctypes.Structure):
         ("workspace_info", _FN(_ST, _P, ctypes.POINTER(_I32), ctypes.POINTER(_I32))),
         ("moe_finalize_gather_norm_residual_norm",
          _FN(_ST, _P, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _ST, _P)),
+        # version 2
+        ("norm_residual_norm_q", _FN(_ST, _P, _P, _I64, _I32, _P, _P, _P, _P, _P, _P, _P)),
+        ("moe_finalize_norm_residual_norm_q",
+         _FN(_ST, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _P, _ST, _P)),
     ]
 
 
@@ -275,9 +292,10 @@ def backend_ops(name):
             if not p:
                 raise_for_status(BEAM_ERR_UNSUPPORTED, last_error() or "beam_backend_ops(\"%s\") failed" % name)
             table = p.contents
-            # The library serves only the version asked for; a smaller table
-            # would be read past its end.
-            if table.version != BEAM_OPS_VERSION or table.size < ctypes.sizeof(BeamOps):
+            # A library serves every version up to its own (the members of
+            # a version are a prefix of the next's); a smaller table would be
+            # read past its end.
+            if table.version < BEAM_OPS_VERSION or table.size < ctypes.sizeof(BeamOps):
                 raise OSError("beammoe: the %s backend's table has version %d (%d bytes); this package reads "
                               "version %d (%d bytes)" % (name, table.version, table.size, BEAM_OPS_VERSION,
                                                         ctypes.sizeof(BeamOps)))

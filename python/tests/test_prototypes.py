@@ -45,6 +45,7 @@ _SCALARS = {
     "int32_t": ctypes.c_int32,
     "uint32_t": ctypes.c_uint32,
     "uint16_t": ctypes.c_uint16,
+    "uint8_t": ctypes.c_uint8,
     "float": ctypes.c_float,
     "double": ctypes.c_double,
     "int": ctypes.c_int,
