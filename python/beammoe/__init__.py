@@ -49,6 +49,7 @@ if _torch_release(_torch.__version__) < MIN_TORCH:
 from ._errors import (BeamArgumentError, BeamCommError, BeamDeviceError, BeamError, BeamOutOfMemoryError,
                       BeamUnsupportedError)
 from ._lib import backend_name, library_path, version
+from .fp8 import FP8Quant, beam_moe_finalize_norm_residual_norm_fp8, beam_norm_residual_norm_fp8
 from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
@@ -67,6 +68,9 @@ def __getattr__(name):
 
 __all__ = [
     "MoEOutput",
+    "FP8Quant",
+    "beam_moe_finalize_norm_residual_norm_fp8",
+    "beam_norm_residual_norm_fp8",
     "beam_moe_finalize",
     "beam_moe_finalize_norm_residual_norm",
     "beam_moe_finalize_gather_norm_residual_norm",

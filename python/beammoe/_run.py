@@ -18,7 +18,7 @@ import ctypes
 import torch
 
 from . import _lib
-from ._lib import BeamNorm
+from ._lib import BeamNorm, BeamQuant  # noqa: F401  (BeamQuant: for fp8.py)
 
 # An empty tensor's data_ptr() is 0, but the library tells "absent" (NULL)
 # from "present, no rows" (e.g. normalized must be non-NULL exactly when
@@ -149,6 +149,30 @@ def norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, hi
             (addr(x), addr(residual), tokens, hidden, pre_p, sp, nxt, addr(hidden_out),
              addr(normalized) if normalized is not None else None))
     del keep_pre, keep_next, keep_s
+
+
+def norm_residual_norm_q(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, hidden_out, normalized, quant):
+    """norm_residual_norm with the quantized output described by quant (a
+    BeamQuant, kept alive by the caller)."""
+    keep_pre, pre_p = _norm(prw, pre)
+    keep_next, nxt = _norm(nw, ne)
+    keep_s, sp = _scales_ref(s)
+    _invoke(_backend(dev), "norm_residual_norm_q", dev,
+            (addr(x), addr(residual), tokens, hidden, pre_p, sp, nxt, addr(hidden_out),
+             addr(normalized) if normalized is not None else None, ctypes.addressof(quant)))
+    del keep_pre, keep_next, keep_s
+
+
+def fused_q(dev, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne, hidden_out,
+            normalized, strategy, quant):
+    keep_post, post = _norm(pw, pe)
+    keep_next, nxt = _norm(nw, ne)
+    keep_s, sp = _scales_ref(s)
+    _invoke(_backend(dev), "moe_finalize_norm_residual_norm_q", dev,
+            (addr(g), addr(w), capacity, tokens, top_k, hidden, routed_scale, post, addr(residual), sp, nxt,
+             addr(hidden_out), addr(normalized) if normalized is not None else None, ctypes.addressof(quant),
+             strategy))
+    del keep_post, keep_next, keep_s
 
 
 def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne,

@@ -1,0 +1,167 @@
+"""The next layer's FP8 input, in the same pass (docs/numerics.md#fp8).
+
+    quant = beammoe.FP8Quant("group", group_size=128)        # DeepGEMM / vLLM per-token-group
+    hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_norm_residual_norm_fp8(
+        beammoe.MoEOutput(gemm2, weights), residual, post_w, 1e-6, next_w, 1e-6, None, 2.5, quant=quant)
+
+The operations with a next norm also write that norm's output quantized to
+FP8 E4M3 (torch.float8_e4m3fn; torch.uint8 bits on a torch without it),
+with vLLM's semantics:
+
+  FP8Quant("group", group_size=128 or 64, ue8m0=False, column_major=False)
+      a dynamic scale per token and group: q_scales [tokens, hidden / group]
+      FP32, or the same shape with strides (1, ld) where ld is tokens rounded
+      up to a multiple of 4 (column_major: the layout DeepGEMM reads);
+      ue8m0: scales rounded up to powers of two
+  FP8Quant("token", ue8m0=False)
+      a dynamic scale per token: q_scales [tokens, 1]
+  FP8Quant("tensor", scale=s)
+      the caller's static scale: q_scales is a one-element tensor holding s
+
+q equals quantizing the BF16 normalized output afterwards, bit for bit, on
+every backend. keep_normalized=False (the default) writes only the FP8 form
+(normalized is None); True writes both. Eager calls only: these are not
+torch operators yet (torch.compile and CUDA graphs of them are to come).
+"""
+import torch
+
+from . import _run
+from . import _tensors as A
+from ._calls import increment_versions, no_autograd_write, route
+from ._checks import FUSED, FUSED_NAMES, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
+from ._lib import STRATEGIES
+
+_KINDS = {"group": 1, "token": 2, "tensor": 3}
+_UE8M0 = 1
+_COL_MAJOR = 2
+# torch.float8_e4m3fn where torch has it (>= 2.1)
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+
+
+class FP8Quant:
+    """How normalized is quantized (see the module's text)."""
+
+    __slots__ = ("kind", "group_size", "ue8m0", "column_major", "scale")
+
+    def __init__(self, kind="group", group_size=128, ue8m0=False, column_major=False, scale=None):
+        if kind not in _KINDS:
+            raise ValueError("FP8Quant: kind=%r must be \"group\", \"token\" or \"tensor\"" % (kind,))
+        A.flag("FP8Quant", "ue8m0", ue8m0)
+        A.flag("FP8Quant", "column_major", column_major)
+        if kind == "group":
+            if group_size not in (128, 64) or isinstance(group_size, bool):
+                raise ValueError("FP8Quant: group_size=%r must be 128 or 64" % (group_size,))
+        elif column_major:
+            raise ValueError("FP8Quant: column_major is for kind=\"group\"")
+        if kind == "tensor":
+            if ue8m0:
+                raise ValueError("FP8Quant: ue8m0 is for the dynamic kinds (\"group\", \"token\")")
+            scale = A.number("FP8Quant", "scale", scale)
+            if not scale > 0.0:
+                raise ValueError("FP8Quant: scale=%r must be > 0" % (scale,))
+        elif scale is not None:
+            raise ValueError("FP8Quant: scale is for kind=\"tensor\" (a static scale)")
+        self.kind = kind
+        self.group_size = group_size if kind == "group" else 0
+        self.ue8m0 = ue8m0
+        self.column_major = column_major
+        self.scale = scale
+
+    def __repr__(self):
+        if self.kind == "tensor":
+            return "FP8Quant(\"tensor\", scale=%r)" % self.scale
+        return "FP8Quant(%r, group_size=%d, ue8m0=%r, column_major=%r)" % (
+            self.kind, self.group_size, self.ue8m0, self.column_major)
+
+    def outputs(self, tokens, hidden, device):
+        """(q, q_scales, the beam_quant struct for them) for tokens x hidden."""
+        q = torch.empty(tokens, hidden, dtype=_FP8 if _FP8 is not None else torch.uint8, device=device)
+        flags = (_UE8M0 if self.ue8m0 else 0) | (_COL_MAJOR if self.column_major else 0)
+        ld = 0
+        if self.kind == "group":
+            groups = hidden // self.group_size
+            if self.column_major:
+                ld = (tokens + 3) // 4 * 4
+                scales = torch.empty(groups, ld, dtype=torch.float32, device=device).t()[:tokens]
+            else:
+                scales = torch.empty(tokens, groups, dtype=torch.float32, device=device)
+        elif self.kind == "token":
+            scales = torch.empty(tokens, 1, dtype=torch.float32, device=device)
+        else:
+            scales = torch.full((1,), self.scale, dtype=torch.float32, device=device)
+        struct = _run.BeamQuant(_KINDS[self.kind], self.group_size, flags,
+                                self.scale if self.kind == "tensor" else 0.0, _run.addr(q),
+                                None if self.kind == "tensor" else _run.addr(scales), ld)
+        return q, scales, struct
+
+
+def _quant_arg(fn, quant):
+    if not isinstance(quant, FP8Quant):
+        raise TypeError("%s: quant must be a beammoe.FP8Quant, got %s" % (fn, type(quant).__name__))
+    return quant
+
+
+def _eager_only(fn, eager):
+    if not eager:
+        raise NotImplementedError("%s: the FP8 output runs in eager calls on plain CPU or CUDA tensors only "
+                                  "(not under torch.compile, a dispatch mode or torch.jit.trace: it is not a "
+                                  "torch operator yet)" % fn)
+
+
+def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
+                                scales=None, *, quant, inplace=False, keep_normalized=False):
+    """beam_norm_residual_norm with the next norm's output also (or only) in FP8.
+
+    Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
+    fn = NRN + "_fp8"
+    tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
+                                                    scales)
+    quant = _quant_arg(fn, quant)
+    A.flag(fn, "inplace", inplace)
+    A.flag(fn, "keep_normalized", keep_normalized)
+    if ne is None:
+        raise ValueError("%s: next_eps must be given (the FP8 output quantizes the next norm's output)" % fn)
+    dev, eager, recording = route(fn, NRN_NAMES, (x, residual, prw, nw))
+    _eager_only(fn, eager)
+    if inplace:
+        no_autograd_write(fn, "residual", residual, recording, eager)
+    with torch.no_grad():
+        h = residual if inplace else torch.empty_like(residual)
+        n = torch.empty_like(residual) if keep_normalized else None
+        q, qs, struct = quant.outputs(tokens, hidden, dev)
+        _run.norm_residual_norm_q(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, struct)
+    if inplace:
+        increment_versions((residual,))  # written behind torch's back: as its in-place ops do
+    return h, n, q, qs
+
+
+def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                                             routed_scale=1.0, *, quant, strategy=None, inplace=False,
+                                             keep_normalized=False):
+    """beam_moe_finalize_norm_residual_norm with the next norm's output also (or only) in FP8.
+
+    Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
+    fn = FUSED + "_fp8"
+    g, w = A.moe_output(fn, x)
+    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
+        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+        A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES))
+    quant = _quant_arg(fn, quant)
+    A.flag(fn, "inplace", inplace)
+    A.flag(fn, "keep_normalized", keep_normalized)
+    if ne is None:
+        raise ValueError("%s: next_eps must be given (the FP8 output quantizes the next norm's output)" % fn)
+    tokens = residual.shape[0]
+    dev, eager, recording = route(fn, FUSED_NAMES, (g, w, residual, pw, nw))
+    _eager_only(fn, eager)
+    if inplace:
+        no_autograd_write(fn, "residual", residual, recording, eager)
+    with torch.no_grad():
+        h = residual if inplace else torch.empty_like(residual)
+        n = torch.empty_like(residual) if keep_normalized else None
+        q, qs, struct = quant.outputs(tokens, hidden, dev)
+        _run.fused_q(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
+                     struct)
+    if inplace:
+        increment_versions((residual,))
+    return h, n, q, qs
