@@ -14,7 +14,9 @@
  * Bytes per call (docs/PERF.md): finalize reads T*K*H*2 + T*K*4, writes
  * T*H*2; norm_residual_norm reads x and residual, writes hidden and
  * normalized (4 T*H*2); the fused op is finalize plus the residual read and
- * the two writes; each norm weight adds H*2.
+ * the two writes; each norm weight adds H*2. The "fp8" configurations write
+ * the next norm's output as FP8 only (beam_*_q, normalized NULL): T*H bytes
+ * of values and their FP32 scales instead of T*H*2.
  *
  * Printed per configuration: microseconds, GB/s and the fraction of the
  * copy floor (bytes over the copy bandwidth). For T <= 64 also "hot us": 50
@@ -52,20 +54,26 @@ typedef struct bench_cfg {
     const char *name;
     int op, normA, normA_w, scales;
     float routed;
+    int quant; /* the next norm's output in FP8 only (beam_*_q): 0 no, else
+                * BEAM_QUANT_FP8_GROUP (group 128), _TOKEN, _TENSOR */
 } bench_cfg;
 
 static const bench_cfg cfgs[] = {
-    {"finalize", OP_FIN, 0, 0, 0, 1.0f},
-    {"finalize+post", OP_FIN, 1, 1, 0, 1.0f},
-    {"finalize+post0", OP_FIN, 1, 0, 0, 2.5f},
-    {"nrn", OP_NRN, 0, 0, 0, 1.0f},
-    {"nrn+pre", OP_NRN, 1, 1, 0, 1.0f},
-    {"nrn+pre+scales", OP_NRN, 1, 1, 1, 1.0f},
-    {"fused", OP_FUSED, 0, 0, 0, 1.0f},
-    {"fused+post", OP_FUSED, 1, 1, 0, 1.0f},
-    {"fused+post0", OP_FUSED, 1, 0, 0, 1.0f},
-    {"fused+post+scales", OP_FUSED, 1, 1, 1, 2.5f},
-    {"unfused+post", OP_UNFUSED, 1, 1, 0, 1.0f},
+    {"finalize", OP_FIN, 0, 0, 0, 1.0f, 0},
+    {"finalize+post", OP_FIN, 1, 1, 0, 1.0f, 0},
+    {"finalize+post0", OP_FIN, 1, 0, 0, 2.5f, 0},
+    {"nrn", OP_NRN, 0, 0, 0, 1.0f, 0},
+    {"nrn+pre", OP_NRN, 1, 1, 0, 1.0f, 0},
+    {"nrn+pre+scales", OP_NRN, 1, 1, 1, 1.0f, 0},
+    {"fused", OP_FUSED, 0, 0, 0, 1.0f, 0},
+    {"fused+post", OP_FUSED, 1, 1, 0, 1.0f, 0},
+    {"fused+post0", OP_FUSED, 1, 0, 0, 1.0f, 0},
+    {"fused+post+scales", OP_FUSED, 1, 1, 1, 2.5f, 0},
+    {"unfused+post", OP_UNFUSED, 1, 1, 0, 1.0f, 0},
+    {"nrn fp8 group", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_FP8_GROUP},
+    {"fused+post fp8 group", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_GROUP},
+    {"fused+post fp8 token", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TOKEN},
+    {"fused+post fp8 tensor", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TENSOR},
 };
 enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
@@ -141,6 +149,23 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         const beam_norm *nA = cf->normA ? normA : NULL;
         static const float scales[2] = {0.75f, 1.25f};
         const float *sc = cf->scales ? scales : NULL;
+        /* FP8 only: the values, then the scales, in normalized's region */
+        beam_quant q;
+        memset(&q, 0, sizeof q);
+        q.kind = cf->quant;
+        q.group_size = cf->quant == BEAM_QUANT_FP8_GROUP ? 128 : 0;
+        q.scale = cf->quant == BEAM_QUANT_FP8_TENSOR ? 0.0125f : 0.0f;
+        q.values = (uint8_t *)nrm;
+        q.scales = cf->quant == BEAM_QUANT_FP8_TENSOR ? NULL : (float *)(void *)((char *)nrm + (size_t)T * H);
+        if (cf->quant) {
+            if (cf->op == OP_NRN)
+                OPS_OK(g_ops->norm_residual_norm_q(x, res, T, H, nA, sc, next, out, NULL, &q, st));
+            else
+                OPS_OK(g_ops->moe_finalize_norm_residual_norm_q(
+                    x, w, T, T, K, H, cf->routed, nA, res, sc, next, out, NULL, &q,
+                    cf->op == OP_FUSED ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED, st));
+            continue;
+        }
         switch (cf->op) {
         case OP_FIN:
             OPS_OK(g_ops->moe_finalize(x, w, T, T, K, H, cf->routed, nA, out, st));
@@ -227,7 +252,7 @@ int main(int argc, char **argv)
     printf("configurations: nrn = norm_residual_norm with the next norm; +post / +pre: the post-norm of\n"
            "finalize / the pre-norm, with weight (post0: without); +scales: scales (0.75, 1.25); every op\n"
            "with a residual has the next norm with weight; fused+post is the reference module's call\n\n");
-    printf("%-6s %-5s %-18s %10s %9s %8s %8s\n", "T", "H", "configuration", "us", "GB/s", "floor%",
+    printf("%-6s %-5s %-22s %10s %9s %8s %8s\n", "T", "H", "configuration", "us", "GB/s", "floor%",
            "hot us");
     for (si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int64_t T = shapes[si].T;
@@ -273,9 +298,13 @@ int main(int argc, char **argv)
             const int op = cf->op;
             const double wA = cf->normA && cf->normA_w ? H * 2.0 : 0.0;
             const double fin_b = (double)bx + bw + brow + (op == OP_FIN ? wA : 0.0);
+            /* normalized's bytes, or the FP8 values and scales instead */
+            const double nrm_b = !cf->quant ? (double)brow
+                                 : (double)T * H + (cf->quant == BEAM_QUANT_FP8_GROUP ? T * (H / 128) * 4.0
+                                                    : cf->quant == BEAM_QUANT_FP8_TOKEN ? T * 4.0 : 0.0);
             const double bytes = op == OP_FIN   ? fin_b
-                                 : op == OP_NRN ? 4.0 * brow + wA + H * 2.0
-                                                : fin_b + wA + 2.0 * brow + H * 2.0;
+                                 : op == OP_NRN ? 3.0 * brow + nrm_b + wA + H * 2.0
+                                                : fin_b + wA + brow + nrm_b + H * 2.0;
             double us, hot = 0.0;
             if (quick && cf->normA != (op != OP_NRN)) continue;
             us = time_calls(st, e0, e1, pool, set_bytes, nsets, 1, cf, T, H, K, o_w, o_res, o_out, o_nrm,
@@ -285,7 +314,7 @@ int main(int argc, char **argv)
             if (T <= 64)
                 hot = time_calls(st, e0, e1, pool, set_bytes, 50, 0, cf, T, H, K, o_w, o_res, o_out,
                                  o_nrm, &post, &next, reps, times);
-            printf("%-6lld %-5d %-18s %10.2f %9.0f %7.1f%%", (long long)T, (int)H, cf->name, us,
+            printf("%-6lld %-5d %-22s %10.2f %9.0f %7.1f%%", (long long)T, (int)H, cf->name, us,
                    bytes / us / 1e3, 100.0 * bytes / copy_gbs / 1e3 / us);
             if (hot > 0)
                 printf(" %8.2f\n", hot);
