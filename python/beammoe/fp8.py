@@ -95,17 +95,35 @@ class FP8Quant:
         return q, scales, struct
 
 
-def _quant_arg(fn, quant):
+def _flags_and_next(fn, quant, inplace, keep_normalized, ne):
+    """The arguments both functions add to the plain ones; returns quant."""
     if not isinstance(quant, FP8Quant):
         raise TypeError("%s: quant must be a beammoe.FP8Quant, got %s" % (fn, type(quant).__name__))
+    A.flag(fn, "inplace", inplace)
+    A.flag(fn, "keep_normalized", keep_normalized)
+    if ne is None:
+        raise ValueError("%s: next_eps must be given (the FP8 output quantizes the next norm's output)" % fn)
     return quant
 
 
-def _eager_only(fn, eager):
+def _run_fp8(fn, quant, names, tensors, residual, tokens, hidden, inplace, keep_normalized, call):
+    """(hidden, normalized | None, q, q_scales): the outputs made, then
+    call(dev, hidden, normalized, beam_quant struct). Eager calls only."""
+    dev, eager, recording = route(fn, names, tensors)
     if not eager:
         raise NotImplementedError("%s: the FP8 output runs in eager calls on plain CPU or CUDA tensors only "
                                   "(not under torch.compile, a dispatch mode or torch.jit.trace: it is not a "
                                   "torch operator yet)" % fn)
+    if inplace:
+        no_autograd_write(fn, "residual", residual, recording, eager)
+    with torch.no_grad():
+        h = residual if inplace else torch.empty_like(residual)
+        n = torch.empty_like(residual) if keep_normalized else None
+        q, qs, struct = quant.outputs(tokens, hidden, dev)
+        call(dev, h, n, struct)
+    if inplace:
+        increment_versions((residual,))  # written behind torch's back: as its in-place ops do
+    return h, n, q, qs
 
 
 def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
@@ -116,23 +134,10 @@ def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next
     fn = NRN + "_fp8"
     tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
                                                     scales)
-    quant = _quant_arg(fn, quant)
-    A.flag(fn, "inplace", inplace)
-    A.flag(fn, "keep_normalized", keep_normalized)
-    if ne is None:
-        raise ValueError("%s: next_eps must be given (the FP8 output quantizes the next norm's output)" % fn)
-    dev, eager, recording = route(fn, NRN_NAMES, (x, residual, prw, nw))
-    _eager_only(fn, eager)
-    if inplace:
-        no_autograd_write(fn, "residual", residual, recording, eager)
-    with torch.no_grad():
-        h = residual if inplace else torch.empty_like(residual)
-        n = torch.empty_like(residual) if keep_normalized else None
-        q, qs, struct = quant.outputs(tokens, hidden, dev)
-        _run.norm_residual_norm_q(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, struct)
-    if inplace:
-        increment_versions((residual,))  # written behind torch's back: as its in-place ops do
-    return h, n, q, qs
+    quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
+    return _run_fp8(fn, quant, NRN_NAMES, (x, residual, prw, nw), residual, tokens, hidden, inplace,
+                    keep_normalized, lambda dev, h, n, struct: _run.norm_residual_norm_q(
+                        dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, struct))
 
 
 def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
@@ -146,22 +151,9 @@ def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps,
     capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
         fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
         A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES))
-    quant = _quant_arg(fn, quant)
-    A.flag(fn, "inplace", inplace)
-    A.flag(fn, "keep_normalized", keep_normalized)
-    if ne is None:
-        raise ValueError("%s: next_eps must be given (the FP8 output quantizes the next norm's output)" % fn)
+    quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
     tokens = residual.shape[0]
-    dev, eager, recording = route(fn, FUSED_NAMES, (g, w, residual, pw, nw))
-    _eager_only(fn, eager)
-    if inplace:
-        no_autograd_write(fn, "residual", residual, recording, eager)
-    with torch.no_grad():
-        h = residual if inplace else torch.empty_like(residual)
-        n = torch.empty_like(residual) if keep_normalized else None
-        q, qs, struct = quant.outputs(tokens, hidden, dev)
-        _run.fused_q(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
-                     struct)
-    if inplace:
-        increment_versions((residual,))
-    return h, n, q, qs
+    return _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
+                    keep_normalized, lambda dev, h, n, struct: _run.fused_q(
+                        dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
+                        struct))
