@@ -16,6 +16,10 @@ on torch's current stream, with no host synchronization).
     norm_residual_norm_(x, residual!, ...) -> normalized
     moe_finalize_gather_norm_residual_norm(workspace, gemm2, weights, residual, ...) -> (hidden, normalized)
     moe_finalize_gather_norm_residual_norm_(workspace, ... residual! ...) -> normalized
+    norm_residual_norm_fp8(x, residual, pre_weight?, pre_eps?, next_weight?, next_eps, scales?, kind,
+        group_size, flags, scale, keep_normalized) -> (hidden, normalized, q, q_scales)
+    moe_finalize_norm_residual_norm_fp8(gemm2, weights, residual, ..., routed_scale, strategy, kind,
+        group_size, flags, scale, keep_normalized) -> (hidden, normalized, q, q_scales)
 
 `!` marks the tensor written in place; every other tensor is read only and
 every result is a new tensor. Without a next norm (next_eps None) the
@@ -36,6 +40,7 @@ from torch import Tensor
 
 from . import _pgather
 from . import _run
+from ._fp8_layout import empty_outputs, struct as quant_struct
 from . import _tensors as A
 from ._calls import HAVE_TORCH_OPS
 from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
@@ -203,11 +208,63 @@ def _register():
         return _fake_fused(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
                            routed_scale, strategy)[1]
 
+    # ---- the FP8 output of the next norm (beammoe.fp8): q and q_scales as
+    # _fp8_layout makes them; normalized empty unless kept
+    def fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized):
+        if next_eps is None:
+            raise ValueError("the FP8 output needs next_eps (it quantizes the next norm's output)")
+        tokens, hidden = residual.shape
+        q, qs = empty_outputs(kind, group_size, flags, scale, tokens, hidden, residual.device)
+        n = torch.empty_like(residual) if keep_normalized else _no_normalized(residual)
+        return torch.empty_like(residual), n, q, qs
+
+    @custom_op("beammoe::norm_residual_norm_fp8", mutates_args=())
+    def nrn_fp8(x: Tensor, residual: Tensor, pre_weight: Optional[Tensor], pre_eps: Optional[float],
+                next_weight: Optional[Tensor], next_eps: Optional[float], scales: Optional[List[float]], kind: int,
+                group_size: int, flags: int, scale: float,
+                keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        tokens, hidden, prw, pre, nw, ne, s = check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
+                                                        next_eps, scales)
+        dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
+        h, n, q, qs = fp8_out(residual, ne, kind, group_size, flags, scale, keep_normalized)
+        _run.norm_residual_norm_q(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h,
+                                  n if keep_normalized else None,
+                                  quant_struct(kind, group_size, flags, scale, q, qs))
+        return h, n, q, qs
+
+    @nrn_fp8.register_fake
+    def _(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, kind, group_size, flags, scale,
+          keep_normalized):
+        check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
+        return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
+
+    @custom_op("beammoe::moe_finalize_norm_residual_norm_fp8", mutates_args=())
+    def fused_fp8(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
+                  post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
+                  scales: Optional[List[float]], routed_scale: float, strategy: int, kind: int, group_size: int,
+                  flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        capacity, top_k, hidden, pw, pe, nw, ne, s, rs, st = check_fused(
+            _FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+            strategy)
+        dev = A.same_device(_FUSED, _FUSED_NAMES, (gemm2, weights, residual, pw, nw))
+        h, n, q, qs = fp8_out(residual, ne, kind, group_size, flags, scale, keep_normalized)
+        _run.fused_q(dev, gemm2, weights, capacity, residual.shape[0], top_k, hidden, rs, pw, pe, residual, s, nw,
+                     ne, h, n if keep_normalized else None, st, quant_struct(kind, group_size, flags, scale, q, qs))
+        return h, n, q, qs
+
+    @fused_fp8.register_fake
+    def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy,
+          kind, group_size, flags, scale, keep_normalized):
+        check_fused(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                    routed_scale, strategy)
+        return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
+
     # Autograd: the functional operations refuse a backward pass with a clear
     # message (torch allows no formula on an operation that writes in place;
     # the beammoe functions refuse those writes while autograd records).
     for op, name in ((fused, "moe_finalize_norm_residual_norm"), (nrn, "norm_residual_norm"),
-                     (gather, "moe_finalize_gather_norm_residual_norm")):
+                     (gather, "moe_finalize_gather_norm_residual_norm"), (nrn_fp8, "norm_residual_norm_fp8"),
+                     (fused_fp8, "moe_finalize_norm_residual_norm_fp8")):
         op.register_autograd(_refuse_backward(name), setup_context=_setup_context)
 
 

@@ -20,22 +20,19 @@ with vLLM's semantics:
 
 q equals quantizing the BF16 normalized output afterwards, bit for bit, on
 every backend. keep_normalized=False (the default) writes only the FP8 form
-(normalized is None); True writes both. Eager calls only: these are not
-torch operators yet (torch.compile and CUDA graphs of them are to come).
+(normalized is None); True writes both. With torch >= 2.4 they are also
+torch operators (torch.ops.beammoe.*_fp8: torch.compile, CUDA graphs), but
+for inplace=True, which runs in eager calls only.
 """
 import torch
 
 from . import _run
 from . import _tensors as A
-from ._calls import increment_versions, no_autograd_write, route
+from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
+from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, route
 from ._checks import FUSED, FUSED_NAMES, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
+from ._fp8_layout import COL_MAJOR, KINDS, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
-
-_KINDS = {"group": 1, "token": 2, "tensor": 3}
-_UE8M0 = 1
-_COL_MAJOR = 2
-# torch.float8_e4m3fn where torch has it (>= 2.1)
-_FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
 class FP8Quant:
@@ -44,7 +41,7 @@ class FP8Quant:
     __slots__ = ("kind", "group_size", "ue8m0", "column_major", "scale")
 
     def __init__(self, kind="group", group_size=128, ue8m0=False, column_major=False, scale=None):
-        if kind not in _KINDS:
+        if kind not in KINDS:
             raise ValueError("FP8Quant: kind=%r must be \"group\", \"token\" or \"tensor\"" % (kind,))
         A.flag("FP8Quant", "ue8m0", ue8m0)
         A.flag("FP8Quant", "column_major", column_major)
@@ -73,26 +70,11 @@ class FP8Quant:
         return "FP8Quant(%r, group_size=%d, ue8m0=%r, column_major=%r)" % (
             self.kind, self.group_size, self.ue8m0, self.column_major)
 
-    def outputs(self, tokens, hidden, device):
-        """(q, q_scales, the beam_quant struct for them) for tokens x hidden."""
-        q = torch.empty(tokens, hidden, dtype=_FP8 if _FP8 is not None else torch.uint8, device=device)
-        flags = (_UE8M0 if self.ue8m0 else 0) | (_COL_MAJOR if self.column_major else 0)
-        ld = 0
-        if self.kind == "group":
-            groups = hidden // self.group_size
-            if self.column_major:
-                ld = (tokens + 3) // 4 * 4
-                scales = torch.empty(groups, ld, dtype=torch.float32, device=device).t()[:tokens]
-            else:
-                scales = torch.empty(tokens, groups, dtype=torch.float32, device=device)
-        elif self.kind == "token":
-            scales = torch.empty(tokens, 1, dtype=torch.float32, device=device)
-        else:
-            scales = torch.full((1,), self.scale, dtype=torch.float32, device=device)
-        struct = _run.BeamQuant(_KINDS[self.kind], self.group_size, flags,
-                                self.scale if self.kind == "tensor" else 0.0, _run.addr(q),
-                                None if self.kind == "tensor" else _run.addr(scales), ld)
-        return q, scales, struct
+    def fields(self):
+        """(kind, group_size, flags, scale): the library's encoding (the
+        torch operators' arguments)."""
+        flags = (UE8M0 if self.ue8m0 else 0) | (COL_MAJOR if self.column_major else 0)
+        return KINDS[self.kind], self.group_size, flags, self.scale if self.kind == "tensor" else 0.0
 
 
 def _flags_and_next(fn, quant, inplace, keep_normalized, ne):
@@ -108,19 +90,24 @@ def _flags_and_next(fn, quant, inplace, keep_normalized, ne):
 
 def _run_fp8(fn, quant, names, tensors, residual, tokens, hidden, inplace, keep_normalized, call):
     """(hidden, normalized | None, q, q_scales): the outputs made, then
-    call(dev, hidden, normalized, beam_quant struct). Eager calls only."""
+    call(dev, hidden, normalized, beam_quant struct) in an eager call; None
+    when the call is to go through the torch operator instead."""
     dev, eager, recording = route(fn, names, tensors)
     if not eager:
-        raise NotImplementedError("%s: the FP8 output runs in eager calls on plain CPU or CUDA tensors only "
-                                  "(not under torch.compile, a dispatch mode or torch.jit.trace: it is not a "
-                                  "torch operator yet)" % fn)
+        if inplace or not HAVE_TORCH_OPS:
+            raise NotImplementedError(
+                "%s: %s runs in eager calls on plain CPU or CUDA tensors only (not under torch.compile, a "
+                "dispatch mode or torch.jit.trace)" % (fn, "inplace=True" if HAVE_TORCH_OPS else
+                                                        "with torch %s, the FP8 output" % torch.__version__))
+        return None  # the caller goes through its torch operator
     if inplace:
         no_autograd_write(fn, "residual", residual, recording, eager)
+    kind, group, flags, scale = quant.fields()
     with torch.no_grad():
         h = residual if inplace else torch.empty_like(residual)
         n = torch.empty_like(residual) if keep_normalized else None
-        q, qs, struct = quant.outputs(tokens, hidden, dev)
-        call(dev, h, n, struct)
+        q, qs = empty_outputs(kind, group, flags, scale, tokens, hidden, dev)
+        call(dev, h, n, struct(kind, group, flags, scale, q, qs))
     if inplace:
         increment_versions((residual,))  # written behind torch's back: as its in-place ops do
     return h, n, q, qs
@@ -135,9 +122,14 @@ def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next
     tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
                                                     scales)
     quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
-    return _run_fp8(fn, quant, NRN_NAMES, (x, residual, prw, nw), residual, tokens, hidden, inplace,
-                    keep_normalized, lambda dev, h, n, struct: _run.norm_residual_norm_q(
-                        dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, struct))
+    out = _run_fp8(fn, quant, NRN_NAMES, (x, residual, prw, nw), residual, tokens, hidden, inplace,
+                   keep_normalized, lambda dev, h, n, st: _run.norm_residual_norm_q(
+                       dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, st))
+    if out is not None:
+        return out
+    h, n, q, qs = torch.ops.beammoe.norm_residual_norm_fp8(
+        x, residual, prw, pre, nw, ne, list(s) if s is not None else None, *quant.fields(), keep_normalized)
+    return h, (n if keep_normalized else None), q, qs
 
 
 def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
@@ -153,7 +145,13 @@ def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps,
         A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES))
     quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
     tokens = residual.shape[0]
-    return _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
-                    keep_normalized, lambda dev, h, n, struct: _run.fused_q(
-                        dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
-                        struct))
+    out = _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
+                   keep_normalized, lambda dev, h, n, qst: _run.fused_q(
+                       dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
+                       qst))
+    if out is not None:
+        return out
+    h, n, q, qs = torch.ops.beammoe.moe_finalize_norm_residual_norm_fp8(
+        g, w, residual, pw, pe, nw, ne, list(s) if s is not None else None, scale, st, *quant.fields(),
+        keep_normalized)
+    return h, (n if keep_normalized else None), q, qs

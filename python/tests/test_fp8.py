@@ -166,3 +166,71 @@ def test_scaled_mm():
     got = torch._scaled_mm(q, wgt.t(), scale_a=qs, scale_b=w_s, out_dtype=BF16)
     want = torch._scaled_mm(want_q, wgt.t(), scale_a=want_s.reshape(-1, 1), scale_b=w_s, out_dtype=BF16)
     assert torch.equal(got, want)
+
+
+needs_ops = pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS or FP8 is None,
+                               reason="torch %s: no torch.library.custom_op or no float8" % torch.__version__)
+
+
+@needs_ops
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("form", [0, 3, 5, 6])
+def test_compiled(dev, form):
+    """torch.compile(fullgraph=True) through torch.ops.beammoe.*_fp8: the
+    eager call's bits, shapes and strides."""
+    quant = FORMS[form]
+    x, r, g, w, nw = inputs(6, 512, dev, 40 + form)
+
+    def both(x, r, g, w):
+        a = beammoe.beam_norm_residual_norm_fp8(x, r, nw, 1e-6, nw, 1e-6, None, quant=quant)
+        b = beammoe.beam_moe_finalize_norm_residual_norm_fp8(beammoe.MoEOutput(g, w), r, nw, 1e-6, nw, 1e-6,
+                                                             (0.5, 2.0), 2.5, quant=quant, keep_normalized=True)
+        return a, b
+
+    torch._dynamo.reset()
+    got = torch.compile(both, fullgraph=True)(x, r, g, w)
+    want = both(x, r, g, w)
+    for ga, wa in zip(got, want):
+        assert ga[1] is None or torch.equal(ga[1], wa[1])
+        assert torch.equal(ga[0], wa[0])
+        assert torch.equal(ga[2].view(torch.uint8), wa[2].view(torch.uint8))
+        assert torch.equal(ga[3], wa[3]) and ga[3].stride() == wa[3].stride()
+
+
+@needs_ops
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph():
+    """Captured in a CUDA graph and replayed on new inputs: the eager bits."""
+    quant = beammoe.FP8Quant("group", 128)
+    x, r, _, _, nw = inputs(16, 2048, "cuda", 99)
+    static_x, static_r = x.clone(), r.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        beammoe.beam_norm_residual_norm_fp8(static_x, static_r, None, None, nw, 1e-6, None, quant=quant)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = beammoe.beam_norm_residual_norm_fp8(static_x, static_r, None, None, nw, 1e-6, None, quant=quant)
+    x2, r2, _, _, _ = inputs(16, 2048, "cuda", 100)
+    static_x.copy_(x2)
+    static_r.copy_(r2)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = beammoe.beam_norm_residual_norm_fp8(x2, r2, None, None, nw, 1e-6, None, quant=quant)
+    assert torch.equal(out[0], want[0])
+    assert torch.equal(out[2].view(torch.uint8), want[2].view(torch.uint8)) and torch.equal(out[3], want[3])
+
+
+def test_inplace_not_compiled():
+    """inplace=True has no torch operator: under torch.compile it says so."""
+    if not hasattr(torch, "compile"):
+        pytest.skip("torch %s has no torch.compile" % torch.__version__)
+    x, r, _, _, nw = inputs(2, 256, "cpu", 8)
+
+    def f(x, r):
+        return beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
+                                                   quant=beammoe.FP8Quant("token"), inplace=True)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"runs in eager calls"):
+        torch.compile(f, fullgraph=True)(x, r)
