@@ -19,8 +19,13 @@ static float bm_quant_scale(const bm_quant *q, const uint16_t *y, int n)
 {
     float absmax = 0.0f, s;
     int i;
-    for (i = 0; i < n; i++)
-        absmax = fmaxf(absmax, fabsf(bm_f(y[i]))); /* fmaxf skips a NaN */
+    /* fmaxf(absmax, |y|), written as a comparison: a NaN is never greater,
+     * so it is skipped as fmaxf skips it (and GCC 12 for aarch64 fails
+     * with an internal error when it vectorizes the fmaxf reduction) */
+    for (i = 0; i < n; i++) {
+        const float a = fabsf(bm_f(y[i]));
+        if (a > absmax) absmax = a;
+    }
     if (q->kind == BEAM_QUANT_FP8_GROUP) return bm_fp8_group_scale(absmax, BM_FP8_GROUP_EPS, q->ue8m0);
     s = bm_fp8_token_scale(absmax);
     return q->ue8m0 ? bm_pow2_ceil(s) : s;
