@@ -3,7 +3,8 @@
  * one (a contributor's tool: drives gpu/launch.cu directly, without lib/).
  *
  *   shape_sweep check   the hardware BF16 conversion against the integer
- *                       formula for every FP32 value, then every compiled
+ *                       formula for every FP32 value, the quantized
+ *                       output's arithmetic (fp8_check.cuh), then every compiled
  *                       launch shape (gpu/launch.cu BM_SHAPES, BM_PIPES,
  *                       BM_NRNS)
  *                       against harness/naive_ref.c, bit for bit, on random
@@ -28,6 +29,7 @@
 #include <cuda_runtime.h>
 
 #include "checks.h"
+#include "fp8_check.cuh"
 #include "launch.h"
 extern "C" {
 #include "naive_ref.h"
@@ -257,7 +259,7 @@ static bm_shape pick_for(int op, int64_t T, int H, int normA)
 
 static int check()
 {
-    if (check_cvt()) return 1;
+    if (check_cvt() || check_fp8()) return 1;
     long total_bad = 0, ncases = 0;
     const int Hs[] = {256, 512, 768, 2048, 4096, 7168, 8192, 1280, 6912};
     const int Ks[] = {1, 2, 6, 8, 32, 3, 7};

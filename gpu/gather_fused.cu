@@ -52,12 +52,42 @@
 
 #define BM_TP_U 4 /* expert slots loaded ahead (two chunks per thread) */
 
+/* The parameters of the kernels compiled with the quantized output of
+ * normalized (Q), as the row kernel's (row_kernel.cuh): the plain kernels
+ * keep the smaller block. */
+struct bm_tp_params_q : bm_tp_params {
+    bm_quant_params q;
+};
+template <bool Q>
+struct bm_tp_kparams {
+    typedef bm_tp_params type;
+};
+template <>
+struct bm_tp_kparams<true> {
+    typedef bm_tp_params_q type;
+};
+
+/* Normalized rows out (st: this block stores): the BF16 row where the call
+ * has one, and with Q the quantized form. Every thread of the block calls
+ * it (the quantization's maxima are shuffles and block reductions). */
+template <int NT, int J, int CS, bool VEC, int STRIDE, bool Q>
+__device__ __forceinline__ void bm_tp_out_normalized(const typename bm_tp_kparams<Q>::type &p, int64_t g,
+                                                     const bm_pack8 (&pk)[J], const float (&v)[J][8], int C,
+                                                     int g0, bm_tree_ctx<NT, CS> &tc, bool st)
+{
+    if (st && p.normalized)
+        bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)g * p.hidden, pk, C, g0);
+    if constexpr (Q)
+        bm_quant_row<NT, J, CS, VEC, STRIDE>(p.q, p.hidden, g, v, C, g0, tc, false, st);
+}
+
 /* Stage B and norm B of docs/numerics.md on the thread's chunks of row g
  * (v: f(finalized row) in; pk: its bits out, hidden then normalized):
  * stores hidden and normalized when st, and pushes both to every peer when
  * PUSH && push (TWOSHOT). */
-template <int NT, int J, int CS, bool VEC, bool PUSH>
-__device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[J][8], bm_pack8 (&pk)[J],
+template <int NT, int J, int CS, bool VEC, bool PUSH, bool Q>
+__device__ __forceinline__ void bm_tp_stage_b(const typename bm_tp_kparams<Q>::type &p, float (&v)[J][8],
+                                              bm_pack8 (&pk)[J],
                                               const bm_pack8 (&res)[J], int64_t g, int par, int C, int g0,
                                               bm_tree_ctx<NT, CS> &tc, bool st, bool push)
 {
@@ -73,8 +103,7 @@ __device__ __forceinline__ void bm_tp_stage_b(const bm_tp_params &p, float (&v)[
         bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
     if (p.normB) {
         bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, false);
-        if (st)
-            bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)g * H, pk, C, g0);
+        bm_tp_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, g, pk, v, C, g0, tc, st);
         if (PUSH && push)
             bm_tp_push<J, STRIDE>(p, par, 1, g, pk, C, g0);
     }
@@ -94,8 +123,8 @@ __device__ __forceinline__ void bm_tp_load_res(const bm_tp_params &p, bm_pack8 (
     }
 }
 
-template <int NT, int J, int CS, bool VEC, bool TWO>
-__global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
+template <int NT, int J, int CS, bool VEC, bool TWO, bool Q>
+__global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
     __shared__ bm_xchg<NT, CS> xc[1];
@@ -185,7 +214,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
             else
                 bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
         }
-        bm_tp_stage_b<NT, J, CS, VEC, TWO>(p, v, pk, res, g, par, C, g0, tc, !bad, !bad);
+        bm_tp_stage_b<NT, J, CS, VEC, TWO, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, !bad);
     }
 
     if (!ll) {
@@ -220,10 +249,19 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
                             nv[j] = bm_tp_load8_cg(ns + (size_t)c * 8);
                     }
                 }
-                if (!bad) {
+                if (!bad)
                     bm_store_row<J, VEC, STRIDE>(p.hidden_out + (size_t)g * H, hv, C, g0);
-                    if (p.normB)
-                        bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)g * H, nv, C, g0);
+                if (p.normB) {
+                    /* the quantized form from the pushed BF16 row: the
+                     * same bits as the owner's (a function of that row) */
+                    float nf[J][8];
+#pragma unroll
+                    for (int j = 0; j < J; ++j) {
+                        if (g0 + j * STRIDE >= C || bad)
+                            nv[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+                        bm_unpack8(nv[j], nf[j]);
+                    }
+                    bm_tp_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, g, nv, nf, C, g0, tc, !bad);
                 }
             } else {
                 float v[J][8];
@@ -248,7 +286,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const bm_tp_params p)
                 }
                 if (ll)
                     bad = __syncthreads_or(bad | tbad);
-                bm_tp_stage_b<NT, J, CS, VEC, false>(p, v, pk, res, g, par, C, g0, tc, !bad, false);
+                bm_tp_stage_b<NT, J, CS, VEC, false, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, false);
             }
         }
     }
@@ -410,13 +448,13 @@ static int bm_tp_next_pow2(int c)
  * row's loads are spread over several multiprocessors. Larger: two chunks
  * per thread, one block per row group. Depends on L and hidden only, so
  * every rank picks the same shape. */
-int bm_tp_shape_index(int64_t L, int hidden)
+int bm_tp_shape_index(int64_t L, int hidden, int qkind)
 {
     const int n2 = bm_tp_next_pow2(hidden / 8); /* 32 .. 1024 */
     if (L > 128 && n2 >= 256)
         return n2 == 1024 ? 17 : (n2 == 512 ? 16 : 15);
     int cs = 8;
-    while (cs > 1 && (L * cs > 132 || n2 / cs < 64))
+    while (cs > 1 && (L * cs > 132 || n2 / cs < 64 || qkind == BM_QUANT_TOKEN))
         cs /= 2;
     const int nt = n2 / cs;
 #define BM_PICK(I, NT, J, CS) \
@@ -426,11 +464,13 @@ int bm_tp_shape_index(int64_t L, int hidden)
     return 5; /* not reached: every (nt, cs) above is listed */
 }
 
-/* Blocks of a launch shape (BM_TP_NSHAPES: the all-gather kernel) that
- * are resident at once on this device, both fused kernels counted. */
-int bm_tp_occupancy_cap(int shape)
+/* Blocks of a launch shape (cap index: BM_TP_NCAPS) that are resident at
+ * once on this device, both fused kernels (ONESHOT, TWOSHOT) counted. */
+int bm_tp_occupancy_cap(int index)
 {
     int dev = 0, sms = 0, per = 0, per2 = 0, cs = 1;
+    const bool q = index > BM_TP_NSHAPES;
+    const int shape = q ? index - BM_TP_NSHAPES - 1 : index;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
@@ -440,14 +480,18 @@ int bm_tp_occupancy_cap(int shape)
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_allgather_kernel, 256, 0);
         per2 = per;
     }
-#define BM_OCC(I, NT, J, CS)                                                                           \
-    if (shape == I) {                                                                                  \
-        cs = CS;                                                                                       \
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false>,  \
-                                                          NT, 0);                                      \
-        if (e == cudaSuccess)                                                                          \
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, bm_tp_kernel<NT, J, CS, true, true>, \
-                                                              NT, 0);                                  \
+#define BM_OCC(I, NT, J, CS)                                                                               \
+    if (shape == I) {                                                                                      \
+        cs = CS;                                                                                           \
+        e = q ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false, true>, \
+                                                              NT, 0)                                       \
+              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false, false>, \
+                                                              NT, 0);                                      \
+        if (e == cudaSuccess)                                                                              \
+            e = q ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, bm_tp_kernel<NT, J, CS, true, true, true>, \
+                                                                  NT, 0)                                   \
+                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, bm_tp_kernel<NT, J, CS, true, true, false>, \
+                                                                  NT, 0);                                  \
     }
     BM_TP_SHAPES(BM_OCC)
 #undef BM_OCC
@@ -477,12 +521,13 @@ void bm_tp_caps(int share, int32_t *caps)
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
         sms = 1;
     cudaGetLastError();
-    for (int i = 0; i <= BM_TP_NSHAPES; ++i) {
+    for (int i = 0; i < BM_TP_NCAPS; ++i) {
         int c = bm_tp_occupancy_cap(i);
         if (share > 1) {
+            const int shape = i > BM_TP_NSHAPES ? i - BM_TP_NSHAPES - 1 : i;
             int cs = 1;
 #define BM_CS(I, NT, J, CS) \
-    if (i == I) cs = CS;
+    if (shape == I) cs = CS;
             BM_TP_SHAPES(BM_CS)
 #undef BM_CS
             const int half = sms / (2 * share * cs);
@@ -497,13 +542,15 @@ cudaError_t bm_tp_preload(void)
 {
     cudaFuncAttributes fa;
     cudaError_t e = bm_preload_rows(), r;
-#define BM_PRE(I, NT, J, CS)                                                                            \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, false>)) != cudaSuccess) e = r;  \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, false>)) != cudaSuccess) e = r; \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, true>)) != cudaSuccess) e = r;   \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, true>)) != cudaSuccess) e = r;
+#define BM_PRE_Q(NT, J, CS, Q)                                                                              \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, false, Q>)) != cudaSuccess) e = r;  \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, false, Q>)) != cudaSuccess) e = r; \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, true, Q>)) != cudaSuccess) e = r;   \
+    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, true, Q>)) != cudaSuccess) e = r;
+#define BM_PRE(I, NT, J, CS) BM_PRE_Q(NT, J, CS, false) BM_PRE_Q(NT, J, CS, true)
     BM_TP_SHAPES(BM_PRE)
 #undef BM_PRE
+#undef BM_PRE_Q
     if ((r = cudaFuncGetAttributes(&fa, bm_tp_reject_kernel)) != cudaSuccess) e = r;
     if ((r = cudaFuncGetAttributes(&fa, bm_tp_allgather_kernel)) != cudaSuccess) e = r;
     if ((r = cudaFuncGetAttributes(&fa, bm_tp_record_kernel)) != cudaSuccess) e = r;
@@ -511,8 +558,8 @@ cudaError_t bm_tp_preload(void)
     return e;
 }
 
-template <int NT, int J, int CS, bool VEC, bool TWO>
-static cudaError_t bm_tp_go(const bm_tp_params &p, unsigned groups, cudaStream_t stream)
+template <int NT, int J, int CS, bool VEC, bool TWO, bool Q>
+static cudaError_t bm_tp_go(const typename bm_tp_kparams<Q>::type &p, unsigned groups, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
     cudaLaunchAttribute at[2];
@@ -533,7 +580,7 @@ static cudaError_t bm_tp_go(const bm_tp_params &p, unsigned groups, cudaStream_t
     at[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;
     cfg.numAttrs = n;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, bm_tp_kernel<NT, J, CS, VEC, TWO>, p);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, bm_tp_kernel<NT, J, CS, VEC, TWO, Q>, p);
     return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -591,24 +638,37 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
 
     /* LL for decode sizes of ONESHOT (rows fit the LL buffers) */
     p.ll = !twoshot && p.L <= BM_TP_LL_MAX_L && p.T <= w->ll_rows;
-    const int shape = bm_tp_shape_index(p.L, w->hidden);
+    bm_tp_params_q pq;
+    static_cast<bm_tp_params &>(pq) = p;
+    pq.q = bm_quant_of(a);
+    const bool quant = pq.q.kind != 0;
+    const int shape = bm_tp_shape_index(p.L, w->hidden, pq.q.kind);
+    const int cap = w->gcap[quant ? BM_TP_QCAP(shape) : shape];
     const int64_t want = p.L < 1 ? 1 : p.L;
-    const unsigned grid = (unsigned)(want < w->gcap[shape] ? want : w->gcap[shape]);
+    const unsigned grid = (unsigned)(want < cap ? want : cap);
     const void *ptrs[] = {p.experts, p.wA, p.residual, p.wB, p.hidden_out, p.normalized};
     int vec = 1;
     for (const void *q : ptrs)
         if (q && !bm_tp_aligned16(q))
             vec = 0;
+    if (quant && ((uintptr_t)pq.q.values & 7u) != 0)
+        vec = 0; /* the quantized values: 8 bytes per chunk */
+#define BM_GO_Q(NT, J, CS, Q, P)                                                             \
+    if (twoshot)                                                                             \
+        return vec ? bm_tp_go<NT, J, CS, true, true, Q>(P, grid, stream)                     \
+                   : bm_tp_go<NT, J, CS, false, true, Q>(P, grid, stream);                   \
+    return vec ? bm_tp_go<NT, J, CS, true, false, Q>(P, grid, stream)                        \
+               : bm_tp_go<NT, J, CS, false, false, Q>(P, grid, stream);
 #define BM_GO(I, NT, J, CS)                                                                  \
     if (shape == I) {                                                                        \
-        if (twoshot)                                                                         \
-            return vec ? bm_tp_go<NT, J, CS, true, true>(p, grid, stream)                    \
-                       : bm_tp_go<NT, J, CS, false, true>(p, grid, stream);                  \
-        return vec ? bm_tp_go<NT, J, CS, true, false>(p, grid, stream)                       \
-                   : bm_tp_go<NT, J, CS, false, false>(p, grid, stream);                     \
+        if (quant) {                                                                         \
+            BM_GO_Q(NT, J, CS, true, pq)                                                     \
+        }                                                                                    \
+        BM_GO_Q(NT, J, CS, false, p)                                                         \
     }
     BM_TP_SHAPES(BM_GO)
 #undef BM_GO
+#undef BM_GO_Q
     return cudaErrorInvalidConfiguration;
 }
 
@@ -660,9 +720,11 @@ static uint32_t bm_tp_fnv(uint32_t h, const void *v, size_t n)
 uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy)
 {
     const int32_t ints[] = {(int32_t)strategy, a->top_k, a->hidden, a->post.on, a->post.weight != nullptr,
-                            a->has_scales, a->next.on, a->next.weight != nullptr};
+                            a->has_scales, a->next.on, a->next.weight != nullptr,
+                            a->q.kind, a->q.kind ? a->q.group : 0, a->q.kind ? a->q.ue8m0 : 0};
     const float floats[] = {a->routed_scale, a->post.on ? a->post.eps : 0.0f, a->has_scales ? a->scale_x : 0.0f,
-                            a->has_scales ? a->scale_r : 0.0f, a->next.on ? a->next.eps : 0.0f};
+                            a->has_scales ? a->scale_r : 0.0f, a->next.on ? a->next.eps : 0.0f,
+                            a->q.kind == BM_QUANT_TENSOR ? a->q.scale : 0.0f};
     uint32_t h = 2166136261u;
     h = bm_tp_fnv(h, &a->tokens, sizeof a->tokens);
     h = bm_tp_fnv(h, ints, sizeof ints);

@@ -40,7 +40,7 @@ struct bm_tp_post {
     int mapped; /* second meeting: every peer reachable from this rank */
     char *base;
     uint16_t *ag;
-    int32_t gcap[BM_TP_NSHAPES + 1];
+    int32_t gcap[BM_TP_NCAPS];
     bm_tp_shape shape; /* what every rank must pass alike */
 };
 
@@ -217,7 +217,7 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     memcpy(g->post[rank].gcap, mine.gcap, sizeof mine.gcap);
     st = bm_grp_meet(g, timeout_ms, fn);
     memcpy(all, g->post, sizeof all);
-    for (int i = 0; i <= BM_TP_NSHAPES; ++i) {
+    for (int i = 0; i < BM_TP_NCAPS; ++i) {
         w->gcap[i] = mine.gcap[i];
         for (int s = 0; s < R; ++s)
             if (all[s].gcap[i] < w->gcap[i])

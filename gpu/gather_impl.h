@@ -85,6 +85,11 @@
     X(14, 512, 1, 2)                                                           \
     X(15, 128, 2, 1) X(16, 256, 2, 1) X(17, 512, 2, 1)
 #define BM_TP_NSHAPES 18
+/* launch caps: [0, NSHAPES) the shapes' kernels, [NSHAPES] the in-process
+ * all-gather kernel, [NSHAPES + 1 + i] shape i's kernels compiled with the
+ * quantized output (more registers: their own cap) */
+#define BM_TP_NCAPS (2 * BM_TP_NSHAPES + 1)
+#define BM_TP_QCAP(i) (BM_TP_NSHAPES + 1 + (i))
 
 /* Failure record in host-mapped memory, written by a kernel, read by the
  * host at the start of the next call (a plain load, no synchronization). */
@@ -136,10 +141,10 @@ struct bm_tp_ws {
     size_t ag_rows;
     uint32_t *rec;                 /* NCCL UNFUSED: [2 * BM_TP_MAX_RANKS] records (status, signature) */
     bm_tp_err *err_h, *err_d;      /* host-mapped failure record */
-    /* blocks per launch, agreed by all ranks ([BM_TP_NSHAPES]: the in-process
-     * all-gather kernel); divided among the ranks that share a device, so
-     * that every rank's kernel is resident at once */
-    int gcap[BM_TP_NSHAPES + 1];
+    /* blocks per launch, agreed by all ranks (BM_TP_NCAPS); divided among
+     * the ranks that share a device, so that every rank's kernel is
+     * resident at once */
+    int gcap[BM_TP_NCAPS];
     cudaStream_t side;             /* create/destroy collectives only */
     uint32_t timeout_ms;
 };
@@ -179,12 +184,15 @@ struct bm_tp_params {
 };
 
 /* The signature of a call's arguments: what every rank must pass alike
- * (tokens, top_k, hidden, routed_scale, norms, scales, strategy). Never 0. */
+ * (tokens, top_k, hidden, routed_scale, norms, scales, strategy, the
+ * quantized output's form). Never 0. */
 uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy);
 
 /* gather_fused.cu */
-int bm_tp_shape_index(int64_t L, int hidden);
-int bm_tp_occupancy_cap(int shape); /* row groups of the shape resident on this device */
+/* qkind: the quantized output's kind (BEAM_QUANT_FP8_*, 0 none): a
+ * token's scale takes a shape of one block per row */
+int bm_tp_shape_index(int64_t L, int hidden, int qkind);
+int bm_tp_occupancy_cap(int index); /* BM_TP_NCAPS index: groups resident on this device */
 cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
                                cudaStream_t stream);
 /* A rank whose arguments failed: mark its flags for this epoch as "rejected"
@@ -194,7 +202,7 @@ cudaError_t bm_tp_launch_reject(const bm_tp_ws *w, cudaStream_t stream);
  * into every peer's ag and wait for theirs, over the flags. */
 cudaError_t bm_tp_launch_allgather(const bm_tp_ws *w, int64_t T, uint32_t sig, cudaStream_t stream);
 /* Every rank's occupancy cap of every fused shape, divided by share. */
-void bm_tp_caps(int share, int32_t *caps); /* [BM_TP_NSHAPES + 1] */
+void bm_tp_caps(int share, int32_t *caps); /* [BM_TP_NCAPS] */
 /* Load every kernel a gather call can launch (lazy module loading). */
 cudaError_t bm_tp_preload(void);
 

@@ -2,7 +2,8 @@
  * gather_unfused.cu - the UNFUSED gather: the library's own row kernel
  * finalizes this rank's rows into the workspace's all-gather buffer, an
  * all-gather replicates them, and the row kernel runs norm_residual_norm
- * over all T rows (internal).
+ * over all T rows (internal), with the quantized output of normalized when
+ * asked for.
  *
  * The all-gather: over NCCL (ncclAllGather in place), which needs no peer
  * memory, so it is also the path across nodes; in an in-process group, the
@@ -74,12 +75,14 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
         BM_CHECK(bm_tp_launched(fn, "the record check kernel", bm_tp_launch_check(w, sig, stream)));
     }
 
-    /* norm_residual_norm over every row */
+    /* norm_residual_norm over every row, with the quantized output of
+     * normalized when the call asks for it */
     bm_row_params n = {};
     bm_set_residual(n, a);
     n.x = w->ag;
     n.rows = T;
     n.hidden = H;
+    const bm_quant_params q = bm_quant_of(a);
     return bm_tp_launched(fn, "the norm_residual_norm kernel",
-                          bm_launch_rows(n, bm_pick_shape(n), bm_params_vec_ok(n), stream));
+                          bm_launch_rows(n, bm_pick_shape(n), bm_params_vec_ok(n, &q), stream, &q));
 }

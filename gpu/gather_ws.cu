@@ -47,7 +47,7 @@ struct bm_tp_rec {
     cudaIpcMemHandle_t handle;
     unsigned long long host;
     int32_t ok;
-    int32_t gcap[BM_TP_NSHAPES + 1];
+    int32_t gcap[BM_TP_NCAPS];
     bm_tp_shape shape; /* what every rank must pass alike */
 };
 
@@ -279,7 +279,7 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
     if (ok)
         bm_tp_caps(1, mine.gcap); /* NCCL: one rank per device */
     else
-        for (int i = 0; i <= BM_TP_NSHAPES; ++i)
+        for (int i = 0; i < BM_TP_NCAPS; ++i)
             mine.gcap[i] = 1;
     nr = ncclSuccess;
     /* on the side stream: a pageable cudaMemcpy may return before its DMA
@@ -324,7 +324,7 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
         }
         if ((st = bm_tp_same_shape(fn, s, &recs[s].shape, &mine.shape)) != BEAM_OK)
             goto fail;
-        for (int i = 0; i <= BM_TP_NSHAPES; ++i)
+        for (int i = 0; i < BM_TP_NCAPS; ++i)
             if (s == 0 || recs[s].gcap[i] < w->gcap[i])
                 w->gcap[i] = recs[s].gcap[i] < 1 ? 1 : recs[s].gcap[i];
     }

@@ -66,7 +66,7 @@ static int bm_device_sms(void)
     return n;
 }
 
-bm_shape bm_pick_shape(const bm_row_params &p, int qkind)
+bm_shape bm_pick_shape(const bm_row_params &p)
 {
     const int64_t rows = p.rows;
     const int n2 = next_pow2(p.hidden / 8); /* 32 .. 1024 */
@@ -105,16 +105,6 @@ bm_shape bm_pick_shape(const bm_row_params &p, int qkind)
         int cs = rows > 1 ? 4 : 8; /* measured: 8 blocks only pay for one row */
         while (cs > 1 && (rows * cs > sms || n2 / cs < 64))
             cs /= 2;
-        if (qkind == BM_QUANT_TOKEN) {
-            /* a token's scale needs the row's maximum: one block per row
-             * (BM_SHAPES has 32 .. 256 threads with U = 8, 512 with 4,
-             * 1024 with 2) */
-            s.nt = n2;
-            s.j = 1;
-            s.u = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
-            s.pdl = 1;
-            return s;
-        }
         s.cs = cs;
         s.nt = n2 / cs;
         s.j = 1;
@@ -321,8 +311,6 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
         static_cast<bm_row_params &>(pqv) = p;
         pqv.q = *q;
         pq = &pqv;
-        if (q->kind == BM_QUANT_TOKEN && s.cs > 1)
-            return cudaErrorInvalidConfiguration; /* a token's maximum is a block's */
     }
     if (s.st > 0 && vec && s.cs == 1 && !p.experts && p.residual) {
         /* one row per block; rows beyond the grid: a grid-stride loop */

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparam
                 for (int j = 0; j < J; ++j)
                     if (t + j * NT < C)
                         pk[j] = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
-                bm_out_normalized<NT, J, true, NT, Q>(p, row, pk, v, C, t);
+                bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
             } else {
                 /* each chunk stored as soon as it is normalized: fewer live
                  * registers than collecting the row (no spill at 64) */

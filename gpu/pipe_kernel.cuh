@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const type
         /* ---- norm B ---- */
         if (p.normB) {
             bm_norm_stage<NT, J, 1, true, NT>(v, pk, p.wB, p.epsB, H, C, t, tc, false);
-            bm_out_normalized<NT, J, true, NT, Q>(p, row, pk, v, C, t);
+            bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
         }
     }
     bm_cp_async_wait_group<0>();

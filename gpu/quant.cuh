@@ -4,8 +4,20 @@
  * they need, written as the CPU's cpu/fp8.h is (the same integer and
  * correctly rounded FP32 operations), so that both give the same bits.
  *
- * The conversion is the integer formula, not the hardware's
- * cvt.rn.satfinite.e4m3x2: bit-identical with the CPU by construction.
+ * Two forms of the same function of (x, s):
+ *   bm_fp8_quant_dev   the definition: a correctly rounded division, then
+ *                      the integer E4M3 formula (the CPU's, operation for
+ *                      operation);
+ *   bm_fp8_quant8      what the kernels run, eight values of one scale at
+ *                      a time: the division as a reciprocal and one
+ *                      correction step, the conversion by the hardware's
+ *                      cvt.rn.satfinite.e4m3x2 (two values per instruction).
+ * The definition costs some 60 instructions a value, which made the
+ * quantized kernels compute-bound (an H200 at T = 4096, H = 7168:
+ * norm_residual_norm 59 -> 120 us); the fast form about 8. bench/shape_sweep
+ * check compares the two on every BF16 value against every scale the
+ * dynamic kinds can produce, and against random static scales, and the
+ * hardware conversion against the formula on every FP32 value.
  */
 #ifndef BEAMMOE_GPU_QUANT_CUH
 #define BEAMMOE_GPU_QUANT_CUH
@@ -42,10 +54,70 @@ __device__ __forceinline__ uint32_t bm_e4m3_dev(float v)
     return sign | q;
 }
 
-/* code of one value: e4m3(clamp(x / s)), clamp = fminf(fmaxf(v, -448), 448) */
+/* the clamp of docs/numerics.md#fp8 (fmaxf first: a NaN becomes -448) */
+__device__ __forceinline__ float bm_fp8_clamp(float v)
+{
+    return fminf(fmaxf(v, -BM_FP8_MAX), BM_FP8_MAX);
+}
+
+/* code of one value, the definition: e4m3(clamp(x / s)) */
 __device__ __forceinline__ uint32_t bm_fp8_quant_dev(float x, float s)
 {
-    return bm_e4m3_dev(fminf(fmaxf(__fdiv_rn(x, s), -BM_FP8_MAX), BM_FP8_MAX));
+    return bm_e4m3_dev(bm_fp8_clamp(__fdiv_rn(x, s)));
+}
+
+/* x / s correctly rounded, from r = RN(1 / s) (s >= BM_FP8_FAST_MIN_S): the
+ * quotient q = RN(x * r) is within one ulp of x / s; its residual
+ * e = x - q * s is then exact in one FMA, and RN(q + e * r) is the
+ * correctly rounded quotient (Markstein's theorem; it needs no underflow in
+ * e, which the bound on s ensures wherever the result can reach a nonzero
+ * E4M3 code). A zero result takes x's sign, as the division's does. A
+ * non-finite result (x infinite or NaN, x * r overflowing, s infinite)
+ * tells the caller to divide instead. */
+#define BM_FP8_FAST_MIN_S 0x1p-64f
+__device__ __forceinline__ float bm_div_by_scale(float x, float s, float r)
+{
+    const float q = __fmul_rn(x, r);
+    const float e = __fmaf_rn(-q, s, x);
+    return copysignf(__fmaf_rn(e, r, q), x);
+}
+
+/* e4m3 of two values already clamped to [-448, 448] (no NaN), nearest,
+ * ties to even: the hardware's conversion (sm_89 and later), else the
+ * formula; lo in the low byte. */
+__device__ __forceinline__ uint32_t bm_e4m3x2(float lo, float hi)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short d;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    return bm_e4m3_dev(lo) | (bm_e4m3_dev(hi) << 8);
+#endif
+}
+
+/* The codes of eight values of one scale s (r = RN(1 / s)), packed little
+ * endian: bm_fp8_quant_dev of each, bit for bit. The chunk divides instead
+ * when s is below the fast form's range or a quotient is not finite. */
+__device__ __forceinline__ uint2 bm_fp8_quant8(const float (&x)[8], float s, float r)
+{
+    float d[8];
+    bool fast = s >= BM_FP8_FAST_MIN_S;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        d[e] = bm_div_by_scale(x[e], s, r);
+        fast = fast && fabsf(d[e]) <= 3.402823466e38f;
+    }
+    if (!fast) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            d[e] = __fdiv_rn(x[e], s);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        d[e] = bm_fp8_clamp(d[e]);
+    return make_uint2(bm_e4m3x2(d[0], d[1]) | (bm_e4m3x2(d[2], d[3]) << 16),
+                      bm_e4m3x2(d[4], d[5]) | (bm_e4m3x2(d[6], d[7]) << 16));
 }
 
 /* the smallest power of two >= s (s > 0; infinity stays) */
@@ -78,37 +150,6 @@ __device__ __forceinline__ float bm_absmax8(const float (&v)[8])
 #pragma unroll
     for (int e = 0; e < 8; ++e)
         m = fmaxf(m, fabsf(v[e]));
-    return m;
-}
-
-/* the maximum over aligned groups of `lanes` lanes of a warp (a power of
- * two <= 32); every lane of the warp must call it. Exact in any order. */
-__device__ __forceinline__ float bm_lanes_max(float m, int lanes)
-{
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1)
-        if (o < lanes)
-            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-    return m;
-}
-
-/* the maximum over the NT threads of a block; every thread gets it. One
- * barrier; between two calls a kernel passes at least one other barrier or
- * warp shuffle of every thread (the next row's norm), so one buffer does. */
-template <int NT>
-__device__ __forceinline__ float bm_block_max(float m)
-{
-    m = bm_lanes_max(m, 32);
-    if (NT > 32) {
-        __shared__ float qred[NT / 32 > 0 ? NT / 32 : 1];
-        if ((threadIdx.x & 31) == 0)
-            qred[threadIdx.x >> 5] = m;
-        __syncthreads();
-        m = qred[0];
-#pragma unroll
-        for (int w = 1; w < NT / 32; ++w)
-            m = fmaxf(m, qred[w]);
-    }
     return m;
 }
 

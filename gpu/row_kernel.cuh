@@ -102,14 +102,14 @@ struct bm_kparams<true> {
  * v holds f(normalized) of the thread's chunks c = g0 + j * STRIDE (c >= C:
  * padding). Groups of 128 or 64 values are 16 or 8 chunks of consecutive
  * lanes, so a group's maximum is a shuffle among them; a token's maximum is
- * a block maximum (the caller runs one block per row: no cluster). Every
- * thread of the block must call it. */
-template <int NT, int J, bool VEC, int STRIDE>
-__device__ __forceinline__ void bm_quant_row(const bm_row_params_q &p, int64_t row, const float (&v)[J][8],
-                                             int C, int g0)
+ * the row's, across the cluster (tc; last: no exchange follows in this
+ * kernel). Every thread of the block (of every block of the cluster) must
+ * call it; st false: compute, store nothing (a gather block that failed). */
+template <int NT, int J, int CS, bool VEC, int STRIDE>
+__device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, int64_t row,
+                                             const float (&v)[J][8], int C, int g0,
+                                             bm_tree_ctx<NT, CS> &tc, bool last, bool st = true)
 {
-    const int H = p.hidden;
-    const bm_quant_params &q = p.q;
     float s = q.scale;
     if (q.kind == BM_QUANT_TOKEN) {
         float m = 0.0f;
@@ -117,52 +117,60 @@ __device__ __forceinline__ void bm_quant_row(const bm_row_params_q &p, int64_t r
         for (int j = 0; j < J; ++j)
             if (g0 + j * STRIDE < C)
                 m = fmaxf(m, bm_absmax8(v[j]));
-        s = bm_fp8_token_scale_dev(bm_block_max<NT>(m), q.ue8m0);
-        if (threadIdx.x == 0)
+        s = bm_fp8_token_scale_dev(tc.max(m, last), q.ue8m0);
+        if (st && g0 == 0)
             q.scales[row * q.ld_t] = s;
     }
+    float r = __frcp_rn(s);
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = g0 + j * STRIDE;
         if (q.kind == BM_QUANT_GROUP) {
             const int lanes = q.group >> 3;
             s = bm_fp8_group_scale_dev(bm_lanes_max(bm_absmax8(v[j]), lanes), q.ue8m0);
-            if (c < C && c % lanes == 0)
+            r = __frcp_rn(s);
+            if (st && c < C && c % lanes == 0)
                 q.scales[row * q.ld_t + (int64_t)(c / lanes) * q.ld_g] = s;
         }
-        if (c >= C)
+        if (!st || c >= C)
             continue;
-        uint32_t lo = 0, hi = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            lo |= bm_fp8_quant_dev(v[j][e], s) << (8 * e);
-            hi |= bm_fp8_quant_dev(v[j][e + 4], s) << (8 * e);
-        }
+        const uint2 codes = bm_fp8_quant8(v[j], s, r);
         uint8_t *dst = q.values + (size_t)row * H + (size_t)c * 8;
         if (VEC) {
-            *reinterpret_cast<uint2 *>(dst) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2 *>(dst) = codes;
         } else {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                dst[e] = (uint8_t)(lo >> (8 * e));
-                dst[e + 4] = (uint8_t)(hi >> (8 * e));
+                dst[e] = (uint8_t)(codes.x >> (8 * e));
+                dst[e + 4] = (uint8_t)(codes.y >> (8 * e));
             }
         }
     }
+}
+
+/* Whether the quantized output takes a cluster exchange after norm B (a
+ * token's maximum): then norm B's exchange is not a kernel's last. */
+template <bool Q, class P>
+__device__ __forceinline__ bool bm_quant_exchanges(const P &p)
+{
+    if constexpr (Q)
+        return p.q.kind == BM_QUANT_TOKEN;
+    return false;
 }
 
 /* Norm B's output: the BF16 rows (when asked for) and the quantized form
  * (when asked for). pk: the thread's packed chunks, v: the same widened. Q:
  * the kernel was compiled with the quantized output (a kernel without it
  * holds no registers for it: the plain kernels stay as fast as before). */
-template <int NT, int J, bool VEC, int STRIDE, bool Q>
+template <int NT, int J, int CS, bool VEC, int STRIDE, bool Q>
 __device__ __forceinline__ void bm_out_normalized(const typename bm_kparams<Q>::type &p, int64_t row,
-                                                  const bm_pack8 (&pk)[J], const float (&v)[J][8], int C, int g0)
+                                                  const bm_pack8 (&pk)[J], const float (&v)[J][8], int C, int g0,
+                                                  bm_tree_ctx<NT, CS> &tc, bool last)
 {
     if constexpr (Q) {
         if (p.normalized)
             bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
-        bm_quant_row<NT, J, VEC, STRIDE>(p, row, v, C, g0);
+        bm_quant_row<NT, J, CS, VEC, STRIDE>(p.q, p.hidden, row, v, C, g0, tc, last);
     } else {
         bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
     }
@@ -309,8 +317,9 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>
 
         /* ---- norm B ---- */
         if (p.normB) {
-            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, last_row);
-            bm_out_normalized<NT, J, VEC, STRIDE, Q>(p, row, pk, v, C, g0);
+            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc,
+                                                  last_row && !bm_quant_exchanges<Q>(p));
+            bm_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, row, pk, v, C, g0, tc, last_row);
         }
     }
     if (xchg)

@@ -202,8 +202,9 @@ __device__ __forceinline__ void bm_cluster_arrive()
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 
-/* The cluster level of the tree for buffer i (phase: its parity bit). */
-template <int NT, int CS>
+/* The cluster level of the tree for buffer i (phase: its parity bit); MAX:
+ * the largest of the CS values instead (a token's quantization scale). */
+template <int NT, int CS, bool MAX = false>
 __device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t phase, float q)
 {
     const uint32_t me = (uint32_t)(blockIdx.x % CS);
@@ -234,8 +235,47 @@ __device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t
 #pragma unroll
     for (int b = 0; b < CS; ++b)
         qb[b] = x.buf[i][b][threadIdx.x];
-    bm_halving<CS / 2>(qb);
+    if constexpr (MAX) {
+#pragma unroll
+        for (int b = 1; b < CS; ++b)
+            qb[0] = fmaxf(qb[0], qb[b]);
+    } else {
+        bm_halving<CS / 2>(qb);
+    }
     return qb[0];
+}
+
+/* the maximum over aligned groups of `lanes` lanes of a warp (a power of
+ * two <= 32); every lane of the warp must call it. Exact in any order. */
+__device__ __forceinline__ float bm_lanes_max(float m, int lanes)
+{
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1)
+        if (o < lanes)
+            m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    return m;
+}
+
+/* the maximum over the NT threads of a block; every thread gets it. Two
+ * barriers: the first keeps a warp from overwriting the buffer while
+ * another still reads the previous row's maxima (a gather's copied rows
+ * pass no other barrier in between). */
+template <int NT>
+__device__ __forceinline__ float bm_block_max(float m)
+{
+    m = bm_lanes_max(m, 32);
+    if (NT > 32) {
+        __shared__ float qred[NT / 32 > 0 ? NT / 32 : 1];
+        __syncthreads();
+        if ((threadIdx.x & 31) == 0)
+            qred[threadIdx.x >> 5] = m;
+        __syncthreads();
+        m = qred[0];
+#pragma unroll
+        for (int w = 1; w < NT / 32; ++w)
+            m = fmaxf(m, qred[w]);
+    }
+    return m;
 }
 
 /* Where a norm stage takes the levels of the tree above a thread: the
@@ -257,20 +297,38 @@ struct bm_tree_ctx {
      * seen once it arrives there after its own last exchange. */
     __device__ __forceinline__ float sum(float q, bool last)
     {
+        q = cluster<false>(q, last);
+        q = bm_block_tree<NT>(q, red[par]);
+        par ^= 1;
+        return q;
+    }
+
+    /* The largest m of the row's threads (every thread gets it), for a
+     * token's quantization scale: the same exchange, then the block's
+     * maximum (exact in any order). */
+    __device__ __forceinline__ float max(float m, bool last)
+    {
+        m = cluster<true>(m, last);
+        m = bm_block_max<NT>(m);
+        par ^= 1;
+        return m;
+    }
+
+    template <bool MAX>
+    __device__ __forceinline__ float cluster(float q, bool last)
+    {
         if constexpr (CS > 1) {
             if (!ready) {
                 bm_cluster_wait();
                 ready = 1;
             }
-            q = bm_xchg_sum<NT, CS>(*xc, par, (phase >> par) & 1u, q);
+            q = bm_xchg_sum<NT, CS, MAX>(*xc, par, (phase >> par) & 1u, q);
             phase ^= 1u << par;
             if (last) {
                 bm_cluster_arrive();
                 left = 1;
             }
         }
-        q = bm_block_tree<NT>(q, red[par]);
-        par ^= 1;
         return q;
     }
 

@@ -45,12 +45,15 @@ def reference(normalized, quant):
     n = quant.group_size if quant.kind == "group" else h
     g = v.view(t, h // n, n)
     amax = g.abs().amax(-1)
+    # a tensor divisor: torch on CUDA divides by a Python number as a
+    # multiplication by its FP32 reciprocal, which is 1 ulp off for 448
+    fp8_max = torch.full_like(amax, 448.0)
     if quant.kind == "group":
-        s = amax.clamp(min=1e-10) / 448.0
+        s = amax.clamp(min=1e-10) / fp8_max
         if quant.ue8m0:
             s = pow2ceil(s.clamp(min=1e-10))
     else:
-        s = (amax / 448.0).clamp(min=1.0 / (448.0 * 512.0))
+        s = (amax / fp8_max).clamp(min=1.0 / (448.0 * 512.0))
         if quant.ue8m0:
             s = pow2ceil(s)
     q = (g / s[..., None]).clamp(-448.0, 448.0)
