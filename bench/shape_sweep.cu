@@ -9,7 +9,9 @@
  *                       BM_NRNS)
  *                       against harness/naive_ref.c, bit for bit, on random
  *                       cases (special values, NaN padding rows, misaligned
- *                       bases, in place, every op)
+ *                       bases, in place, every op, a third of them with
+ *                       each form of the quantized output, checked against
+ *                       tests/quant_model.c)
  *   shape_sweep perf [--op N] [--T N] [--summary]
  *                       copy bandwidth, an empty kernel per graph node, then
  *                       for each shape of docs/PERF.md and each configuration
@@ -33,6 +35,7 @@
 #include "launch.h"
 extern "C" {
 #include "naive_ref.h"
+#include "../tests/quant_model.h" /* the tests' model of docs/numerics.md#fp8 */
 }
 
 static uint64_t rng_s = 0x1234567;
@@ -86,7 +89,22 @@ struct case_t {
     int64_t T, cap;
     int normA, normA_w, normB, normB_w, scales, inplace, misalign, special;
     float routed;
+    int quant; /* the quantized output of normalized: 0 none, else a form of quant_form */
 };
+
+/* Form f (1..5) of the quantized output for T rows: group 128 row-major,
+ * group 64 UE8M0 column-major, token, token UE8M0, a static tensor scale. */
+static beam_quant quant_form(int f, int64_t T)
+{
+    beam_quant q;
+    memset(&q, 0, sizeof q);
+    q.kind = f <= 2 ? BEAM_QUANT_FP8_GROUP : f <= 4 ? BEAM_QUANT_FP8_TOKEN : BEAM_QUANT_FP8_TENSOR;
+    q.group_size = f == 1 ? 128 : f == 2 ? 64 : 0;
+    q.flags = f == 2 ? (BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR) : f == 4 ? BEAM_QUANT_UE8M0 : 0;
+    q.scale = f == 5 ? 0.0125f : 0.0f;
+    q.scale_ld = f == 2 ? (T + 3) / 4 * 4 : 0;
+    return q;
+}
 
 /* one case, one shape; returns number of mismatches */
 static long run_case(const case_t &c, bm_shape sh, int force_scalar)
@@ -160,7 +178,31 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
         p.normB = c.normB; p.wB = c.normB_w ? dwB : NULL; p.epsB = epsB;
         p.out = dhid; p.normalized = c.normB ? dnorm : NULL;
     }
-    int vec = bm_params_vec_ok(p) && !force_scalar;
+    /* the quantized output: the form's arrays on the device (values one byte
+     * off an 8-byte boundary when misaligned: the scalar stores), poisoned */
+    beam_quant qf = quant_form(c.quant ? c.quant : 1, T);
+    const int quant = c.quant && c.op != OP_FIN && c.normB;
+    const size_t nsc = quant ? qm_scale_floats(&qf, T, H) : 0;
+    dev_buf bqv, bqs;
+    bm_quant_params qp;
+    memset(&qp, 0, sizeof qp);
+    if (quant) {
+        qp.kind = qf.kind;
+        qp.group = qf.kind == BEAM_QUANT_FP8_GROUP ? qf.group_size : H;
+        qp.ue8m0 = (qf.flags & BEAM_QUANT_UE8M0) != 0;
+        qp.scale = qf.scale;
+        qp.values = (uint8_t *)bqv.alloc((size_t)cap * H, c.misalign ? 1 : 0);
+        qp.scales = (float *)bqs.alloc((nsc ? nsc : 1) * 4, 0);
+        const int col = (qf.flags & BEAM_QUANT_COL_MAJOR) != 0;
+        qp.ld_t = qf.kind == BEAM_QUANT_FP8_GROUP && !col ? H / qf.group_size : 1;
+        qp.ld_g = col ? qf.scale_ld : 1;
+    }
+    const bm_quant_params *qpp = quant ? &qp : nullptr;
+    /* with the quantized output, normalized is optional: half the cases
+     * write only the quantized form */
+    const int keep_norm = !quant || rnd() % 2;
+    if (!keep_norm) p.normalized = NULL;
+    int vec = bm_params_vec_ok(p, qpp) && !force_scalar;
     if (c.op == OP_UNFUSED) {
         /* finalize into the scratch, then nrn from it */
         uint16_t *scratch = (dhid != dres) ? dhid : (c.normB ? dnorm : NULL);
@@ -170,9 +212,9 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
         bm_row_params b = p;
         b.experts = NULL; b.weights = NULL; b.x = scratch; b.normA = 0; b.wA = NULL;
         CK(bm_launch_rows(a, sh, bm_params_vec_ok(a) && !force_scalar, 0));
-        CK(bm_launch_rows(b, sh, bm_params_vec_ok(b) && !force_scalar, 0));
+        CK(bm_launch_rows(b, sh, bm_params_vec_ok(b, qpp) && !force_scalar, 0, qpp));
     } else {
-        CK(bm_launch_rows(p, sh, vec, 0));
+        CK(bm_launch_rows(p, sh, vec, 0, qpp));
     }
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> got_out((size_t)cap * H), got_norm((size_t)cap * H), got_res((size_t)cap * H);
@@ -191,7 +233,28 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
     };
     cmp("out", got_out, want_out);
     cmp("res", got_res, want_res);
-    if (c.op != OP_FIN) cmp("norm", got_norm, want_norm);
+    if (c.op != OP_FIN && keep_norm) cmp("norm", got_norm, want_norm);
+    if (quant) {
+        /* against the tests' model on the expected normalized rows; the
+         * bytes and floats it does not write (padding) stay poisoned */
+        std::vector<uint8_t> gv((size_t)cap * H), wv((size_t)cap * H, 0xA5);
+        std::vector<float> gs(nsc), ws(nsc);
+        CK(cudaMemcpy(gv.data(), qp.values, gv.size(), cudaMemcpyDeviceToHost));
+        if (nsc) CK(cudaMemcpy(gs.data(), qp.scales, nsc * 4, cudaMemcpyDeviceToHost));
+        memset(ws.data(), 0xA5, nsc * 4);
+        qm_quant(&qf, want_norm.data(), T, H, wv.data(), ws.data());
+        for (size_t i = 0; i < gv.size(); ++i)
+            if (gv[i] != wv[i]) {
+                if (bad < 3)
+                    fprintf(stderr, "  MISMATCH fp8[%zu] (row %zu col %zu) got %02x want %02x\n", i, i / H,
+                            i % H, gv[i], wv[i]);
+                ++bad;
+            }
+        if (nsc && memcmp(gs.data(), ws.data(), nsc * 4) != 0) {
+            fprintf(stderr, "  MISMATCH fp8 scales (form %d)\n", c.quant);
+            ++bad;
+        }
+    }
     return bad;
 }
 
@@ -274,6 +337,7 @@ static int check()
         c.scales = rnd() % 2; c.inplace = rnd() % 3 == 0; c.misalign = rnd() % 4 == 0;
         c.special = rnd() % 4 == 0;
         c.routed = (rnd() % 2) ? 1.0f : 2.5f;
+        c.quant = rnd() % 3 == 0 ? 1 + (int)(rnd() % 5) : 0;
         if (c.op == OP_FIN) c.inplace = 0;
         /* every compiled shape that covers H (always the picked one) */
         std::vector<bm_shape> shs;
@@ -286,9 +350,9 @@ static int check()
             ++ncases;
             if (b) {
                 fprintf(stderr,
-                        "FAIL op=%d K=%d H=%d T=%ld cap=%ld nA=%d/%d nB=%d/%d sc=%d inpl=%d mis=%d sp=%d shape=%d,%d,%d: %ld\n",
+                        "FAIL op=%d K=%d H=%d T=%ld cap=%ld nA=%d/%d nB=%d/%d sc=%d inpl=%d mis=%d sp=%d q=%d shape=%d,%d,%d: %ld\n",
                         c.op, c.K, c.H, (long)c.T, (long)c.cap, c.normA, c.normA_w, c.normB, c.normB_w, c.scales,
-                        c.inplace, c.misalign, c.special, s.nt, s.j, s.st * 10000 + s.d * 1000 + s.u * 100 + s.cs * 10 + s.pdl, b);
+                        c.inplace, c.misalign, c.special, c.quant, s.nt, s.j, s.st * 10000 + s.d * 1000 + s.u * 100 + s.cs * 10 + s.pdl, b);
                 total_bad += b;
             }
         }
@@ -297,6 +361,7 @@ static int check()
     for (int iter = 0; iter < 12; ++iter) {
         case_t c = {iter % 4, 8, (iter % 3 == 0) ? 7168 : 2048, 300 + (int64_t)(rnd() % 700), 0, 1, 1, 1, 1, 1, iter % 2, iter % 3 == 1, 1, 1.0f};
         c.cap = c.T + 1;
+        c.quant = 1 + iter % 5;
         if (c.op == OP_FIN) c.inplace = 0;
         long b = run_case(c, pick_for(c.op, c.T, c.H, c.normA), 0);
         ++ncases;

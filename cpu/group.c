@@ -17,6 +17,10 @@
  *            hidden/normalized stages; every rank copies all rows out.
  *   UNFUSED: finalize into a rank-local buffer, all-gather it (copy in,
  *            barrier, copy out), then norm_residual_norm over all rows.
+ * With a quantized output (a->q), every strategy writes all T normalized
+ * rows on every rank (the caller's array, or one of the call's own), and
+ * the rank then quantizes them (cpu/quant.c): the same bits as quantizing
+ * the plain gather's normalized.
  *
  * Threads. A barrier counts arrivals, not ranks: it is only right while each
  * rank has at most one thread in it. Two threads of one rank would complete
@@ -64,6 +68,10 @@ typedef struct bm_slot {
     int32_t top_k, hidden, strategy;
     int32_t has_scales, post_on, post_w, next_on, next_w;
     float routed_scale, scale_x, scale_r, post_eps, next_eps;
+    /* the quantized output's form (kind 0: none); its layout is the
+     * rank's own */
+    int32_t q_kind, q_group, q_ue8m0;
+    float q_scale;
 } bm_slot;
 
 /* Buffers of one set of workspaces (one per rank), allocated by rank 0. */
@@ -429,6 +437,10 @@ static void bm_post(bm_slot *s, const bm_args *a, beam_strategy strategy, beam_s
     s->next_on = a->next.on;
     s->next_w = a->next.weight != NULL;
     s->next_eps = a->next.eps;
+    s->q_kind = a->q.kind;
+    s->q_group = a->q.group;
+    s->q_ue8m0 = a->q.ue8m0;
+    s->q_scale = a->q.scale;
 }
 
 /* The first collective argument on which slot s differs from slot 0. */
@@ -448,6 +460,9 @@ static const char *bm_disagree(const bm_slot *s, const bm_slot *s0)
     if (s->next_on != s0->next_on || s->next_w != s0->next_w ||
         memcmp(&s->next_eps, &s0->next_eps, sizeof(float)))
         return "next_norm";
+    if (s->q_kind != s0->q_kind || s->q_group != s0->q_group || s->q_ue8m0 != s0->q_ue8m0 ||
+        memcmp(&s->q_scale, &s0->q_scale, sizeof(float)))
+        return "quant (kind, group_size, BEAM_QUANT_UE8M0, scale)";
     return NULL;
 }
 
@@ -502,6 +517,25 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
     return bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn);
 }
 
+/* What a call allocates before the agreement, so that a rank without
+ * memory fails its peers' calls too and nobody writes anything: the rows'
+ * scratch, and when only the quantized form of normalized is asked for, a
+ * [T, hidden] normalized of its own to quantize from (b: the call with
+ * it). */
+static beam_status bm_gather_alloc(const bm_args *a, bm_args *b, bm_scratch *scr, uint16_t **tmp,
+                                   const char *fn)
+{
+    if (a->tokens == 0) return BEAM_OK;
+    BM_CHECK(bm_cpu_scratch_alloc(scr, bm_cpu_max_team(), a->hidden, fn));
+    if (!a->q.kind || a->normalized) return BEAM_OK;
+    *tmp = (uint16_t *)malloc((size_t)a->tokens * (size_t)a->hidden * sizeof **tmp);
+    if (!*tmp)
+        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: no host memory for the %lld x %d normalized rows to "
+                       "quantize", fn, (long long)a->tokens, (int)a->hidden);
+    b->normalized = *tmp;
+    return BEAM_OK;
+}
+
 /* One call that holds the workspace (busy). */
 static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local,
                                   const char *fn)
@@ -512,13 +546,12 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
     bm_slot *bank = g->slots + (size_t)(impl->calls++ & 1u) * (size_t)R;
     const char *what = NULL;
     bm_scratch scr = {NULL, NULL, 0, 0};
+    bm_args b = *a;
+    uint16_t *tmp = NULL;
     beam_status st;
     int32_t r;
 
-    /* The rows' scratch before the agreement: a rank without memory fails
-     * its peers' calls too, and nobody writes anything. */
-    if (local == BEAM_OK && a->tokens > 0)
-        local = bm_cpu_scratch_alloc(&scr, bm_cpu_max_team(), a->hidden, fn);
+    if (local == BEAM_OK) local = bm_gather_alloc(a, &b, &scr, &tmp, fn);
     bm_post(&bank[ws->rank], a, strategy, local);
     st = bm_barrier(g, &g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn);
     for (r = 0; r < R && st == BEAM_OK; r++) {
@@ -534,14 +567,21 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
             st = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s: "
                          "every rank must pass the same", fn, (int)r, what);
     }
-    if (st == BEAM_OK && a->tokens > 0) st = bm_gather_run(ws, a, strategy, fn, &scr);
+    if (st == BEAM_OK && a->tokens > 0) st = bm_gather_run(ws, &b, strategy, fn, &scr);
+    /* normalized is this rank's own now (the stages may already hold the
+     * next call's rows): quantize it after the last barrier */
+    if (st == BEAM_OK && a->tokens > 0 && a->q.kind) bm_cpu_quant_rows(&b, b.normalized);
     bm_cpu_scratch_free(&scr);
+    free(tmp);
     return st;
 }
 
 beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
 {
-    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
+    /* the _q entry with a quant (its messages name it); otherwise the
+     * plain gather, or the _q entry with quant NULL, which is the same */
+    const char *fn = a->q.kind ? "beam_moe_finalize_gather_norm_residual_norm_q"
+                               : "beam_moe_finalize_gather_norm_residual_norm";
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     beam_status st;
     int idle = 0;

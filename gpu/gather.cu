@@ -36,7 +36,8 @@
 extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
                                       beam_status local_status)
 {
-    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
+    const char *fn = a->q.kind ? "beam_moe_finalize_gather_norm_residual_norm_q"
+                               : "beam_moe_finalize_gather_norm_residual_norm";
     bm_tp_ws *w = (bm_tp_ws *)ws->impl;
     int dev = -1;
     if (!w)

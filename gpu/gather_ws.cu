@@ -400,8 +400,8 @@ beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w)
     if (code == BM_TP_MISMATCH)
         return bm_fail(BEAM_ERR_COMM,
                        "%s: in an earlier call on this workspace rank %d passed arguments that differ from rank "
-                       "%d's (tokens, top_k, hidden, routed_scale, norms, scales and strategy must be the same on "
-                       "every rank), so that call's outputs are undefined; the workspace is unusable, destroy it",
+                       "%d's (tokens, top_k, hidden, routed_scale, norms, scales, strategy and the quantized "
+                       "output's form must be the same on every rank), so that call's outputs are undefined; the workspace is unusable, destroy it",
                        fn, (int)w->err_h->peer, w->rank);
     if (code == BM_TP_TIMEOUT)
         return bm_fail(BEAM_ERR_COMM,

@@ -251,6 +251,26 @@ typedef beam_status beam_moe_finalize_gather_norm_residual_norm_fn(
     beam_strategy strategy, void *stream);
 BEAM_API beam_moe_finalize_gather_norm_residual_norm_fn beam_moe_finalize_gather_norm_residual_norm;
 
+/* The gather with a quantized output of normalized (beam_quant above):
+ * quant NULL is the plain gather. With quant, next_norm is required and
+ * normalized may be NULL (only the quantized form is written) or the
+ * [tokens, hidden] array (both are written). Like normalized, values
+ * ([tokens, hidden]) and scales (of all tokens; column-major: scale_ld >=
+ * tokens) are the full replicated arrays on every rank, and every rank
+ * returns the same bits. Collective: every rank passes a quant or none,
+ * with the same kind, group_size, BEAM_QUANT_UE8M0 and scale; where its
+ * scales lie (BEAM_QUANT_COL_MAJOR, scale_ld) and whether it keeps
+ * normalized are each rank's own. */
+typedef beam_status beam_moe_finalize_gather_norm_residual_norm_q_fn(
+    beam_workspace *workspace,
+    const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t tokens, int32_t top_k, int32_t hidden,
+    float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm,
+    uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant,
+    beam_strategy strategy, void *stream);
+BEAM_API beam_moe_finalize_gather_norm_residual_norm_q_fn beam_moe_finalize_gather_norm_residual_norm_q;
+
 /* ---- a backend's table -------------------------------------------------- */
 
 /* Every operation of one backend, for a program that drives several
@@ -260,8 +280,10 @@ BEAM_API beam_moe_finalize_gather_norm_residual_norm_fn beam_moe_finalize_gather
  * beam_* functions: a workspace or group made through one table is used
  * through the same table, and its failures are read with its last_error.
  * The table only grows: a new member goes at the end, and BEAM_OPS_VERSION
- * counts the layouts (version 2 added the *_q members); a library serves
- * every version up to its own, whose members are a prefix of its table. */
+ * counts the layouts (version 2 added the three *_q members: the
+ * quantized output of the two local operations and of the gather); a
+ * library serves every version up to its own, whose members are a prefix
+ * of its table. */
 #define BEAM_OPS_VERSION 2
 
 typedef struct beam_ops {
@@ -287,6 +309,7 @@ typedef struct beam_ops {
     /* version >= 2 */
     beam_norm_residual_norm_q_fn *norm_residual_norm_q;
     beam_moe_finalize_norm_residual_norm_q_fn *moe_finalize_norm_residual_norm_q;
+    beam_moe_finalize_gather_norm_residual_norm_q_fn *moe_finalize_gather_norm_residual_norm_q;
 } beam_ops;
 
 /* The table of backend `name` ("cpu", "cuda"; NULL: the backend that runs

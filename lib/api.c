@@ -463,7 +463,7 @@ static beam_status bm_check_gather(const char *fn, const bm_ws *ws, const uint16
                                    const beam_norm *post_norm, const uint16_t *residual,
                                    const float *scales, const beam_norm *next_norm,
                                    uint16_t *hidden_out, uint16_t *normalized,
-                                   beam_strategy strategy, bm_args *a)
+                                   const beam_quant *quant, beam_strategy strategy, bm_args *a)
 {
     int64_t per_rank, owned;
     BM_CHECK(bm_check_strategy(fn, strategy, 1));
@@ -483,9 +483,45 @@ static beam_status bm_check_gather(const char *fn, const bm_ws *ws, const uint16
                        "%s: capacity=%lld must be >= ceil(tokens / ranks) = %lld (tokens=%lld, ranks=%d)", fn,
                        (long long)capacity, (long long)per_rank, (long long)tokens, (int)ws->nranks);
     BM_CHECK(bm_check_fused(fn, experts, weights, capacity, owned, tokens, top_k, hidden, routed_scale,
-                            post_norm, residual, scales, next_norm, hidden_out, normalized, NULL, a));
-    a->tokens = tokens;
+                            post_norm, residual, scales, next_norm, hidden_out, normalized, quant, a));
     return BEAM_OK;
+}
+
+/* The gather with or without its quantized output (quant NULL). quant is
+ * checked for all `tokens` rows like normalized: its arrays are replicated
+ * on every rank. */
+static beam_status bm_gather_call(const char *fn, beam_workspace *workspace, const uint16_t *expert_outputs,
+                                  const float *expert_weights, int64_t capacity, int64_t tokens, int32_t top_k,
+                                  int32_t hidden, float routed_scale, const beam_norm *post_norm,
+                                  const uint16_t *residual, const float *scales, const beam_norm *next_norm,
+                                  uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant,
+                                  beam_strategy strategy, void *stream)
+{
+    bm_args a;
+    beam_status local;
+    if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
+    if (!BE->gather)
+        return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend has no gather yet", fn, BE->name);
+    memset(&a, 0, sizeof a);
+    /* The shape travels even when the checks fail, so that a backend can
+     * tell its peers about this rank's failure in a call of the same size. */
+    a.top_k = top_k;
+    a.hidden = hidden;
+    local = bm_check_gather(fn, &workspace->ws, expert_outputs, expert_weights, capacity, tokens, top_k,
+                            hidden, routed_scale, post_norm, residual, scales, next_norm, hidden_out,
+                            normalized, quant, strategy, &a);
+    /* The global T, set after the checks: the fused op's checks leave this
+     * rank's owned row count there, and one that fails past them (a bad
+     * quant, scales, next_norm) on a rank that owns no rows would leave 0,
+     * which a backend takes for a call without rows: it keeps the failure
+     * to itself while its peers wait for it (the CUDA gather until its
+     * timeout). */
+    a.tokens = tokens;
+    a.stream = stream;
+    if (strategy == BEAM_STRATEGY_AUTO) strategy = bm_pick_gather(&workspace->ws, tokens);
+    /* Even a rank whose arguments failed joins the collective, so that its
+     * peers return an error too instead of waiting for it. */
+    return BE->gather(&workspace->ws, &a, strategy, local);
 }
 
 BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
@@ -495,27 +531,23 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm(
     const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized, beam_strategy strategy,
     void *stream)
 {
-    static const char fn[] = "beam_moe_finalize_gather_norm_residual_norm";
-    bm_args a;
-    beam_status local;
     bm_clear_error();
-    if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
-    if (!BE->gather)
-        return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend has no gather yet", fn, BE->name);
-    memset(&a, 0, sizeof a);
-    /* The shape travels even when the checks fail, so that a backend can
-     * tell its peers about this rank's failure in a call of the same size. */
-    a.tokens = tokens;
-    a.top_k = top_k;
-    a.hidden = hidden;
-    local = bm_check_gather(fn, &workspace->ws, expert_outputs, expert_weights, capacity, tokens, top_k,
-                            hidden, routed_scale, post_norm, residual, scales, next_norm, hidden_out,
-                            normalized, strategy, &a);
-    a.stream = stream;
-    if (strategy == BEAM_STRATEGY_AUTO) strategy = bm_pick_gather(&workspace->ws, tokens);
-    /* Even a rank whose arguments failed joins the collective, so that its
-     * peers return an error too instead of waiting for it. */
-    return BE->gather(&workspace->ws, &a, strategy, local);
+    return bm_gather_call("beam_moe_finalize_gather_norm_residual_norm", workspace, expert_outputs,
+                          expert_weights, capacity, tokens, top_k, hidden, routed_scale, post_norm, residual,
+                          scales, next_norm, hidden_out, normalized, NULL, strategy, stream);
+}
+
+BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm_q(
+    beam_workspace *workspace, const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
+    const beam_norm *post_norm, const uint16_t *residual, const float *scales,
+    const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant,
+    beam_strategy strategy, void *stream)
+{
+    bm_clear_error();
+    return bm_gather_call("beam_moe_finalize_gather_norm_residual_norm_q", workspace, expert_outputs,
+                          expert_weights, capacity, tokens, top_k, hidden, routed_scale, post_norm, residual,
+                          scales, next_norm, hidden_out, normalized, quant, strategy, stream);
 }
 
 /* ---- this library's table (beam_backend_ops) ------------------------- */
@@ -538,6 +570,7 @@ BM_LOCAL(beam_workspace_info);
 BM_LOCAL(beam_moe_finalize_gather_norm_residual_norm);
 BM_LOCAL(beam_norm_residual_norm_q);
 BM_LOCAL(beam_moe_finalize_norm_residual_norm_q);
+BM_LOCAL(beam_moe_finalize_gather_norm_residual_norm_q);
 #undef BM_LOCAL
 
 static const beam_ops bm_ops = {
@@ -559,6 +592,7 @@ static const beam_ops bm_ops = {
     bm_local_beam_moe_finalize_gather_norm_residual_norm,
     bm_local_beam_norm_residual_norm_q,
     bm_local_beam_moe_finalize_norm_residual_norm_q,
+    bm_local_beam_moe_finalize_gather_norm_residual_norm_q,
 };
 
 static beam_ops bm_ops_filled;

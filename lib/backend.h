@@ -128,7 +128,10 @@ typedef struct bm_backend {
      * stays valid (lib/ does not free it); any other status: released. */
     beam_status (*ws_destroy)(bm_ws *ws);
     /* Collective. a->experts/weights hold this rank's owned rows; a->tokens is
-     * the global T; residual/hidden_out/normalized are [T, hidden].
+     * the global T; residual/hidden_out/normalized are [T, hidden]. With
+     * a->q.kind != 0 (beam_moe_finalize_gather_norm_residual_norm_q) the
+     * quantized form of all T normalized rows is written too (values
+     * [T, hidden], the scales of all T rows), and a->normalized may be NULL.
      * local_status != BEAM_OK: this rank's arguments failed the checks; the
      * backend must still let its peers learn that (all ranks then return an
      * error and write nothing) where it can. strategy is never AUTO here. */

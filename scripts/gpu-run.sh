@@ -29,7 +29,11 @@
 #                   timeout, COMPARE_TIMEOUT, default 900 s)
 #   gemm.txt        bench/gemm_pair.py: [expert GEMM, step] layers in a graph
 #   overhead.txt    bench/python_overhead.py --device cuda
-# (the four Python steps run when python3 imports torch)
+#   fp8.txt         bench/fp8_compare.py: the FP8 output beside the BF16 one
+#                   and beside quantizing normalized afterwards
+#   vllm.txt        bench/fp8_vllm_diff.py: where vLLM's FP8 formulas give
+#                   other bits (the GPU's log2f)
+# (the Python steps run when python3 imports torch)
 #   summary.txt     one line per step: status and duration
 # Exit status: 0 when every step passed.
 #
@@ -37,7 +41,7 @@
 # GROUP_TIMEOUT (seconds for each of the two long gather steps, default
 # 600), SKIP (a space-separated list of steps to leave out: test shapes
 # memcheck racecheck group group-stress group-memcheck group-racecheck bench
-# python compare gemm overhead).
+# python compare gemm overhead fp8 vllm).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -113,6 +117,8 @@ if python3 -c 'import torch' >/dev/null 2>&1; then
     T=$t_step
     step gemm gemm.txt python3 bench/gemm_pair.py
     step overhead overhead.txt python3 bench/python_overhead.py --device cuda
+    step fp8 fp8.txt python3 bench/fp8_compare.py --device cuda
+    step vllm vllm.txt python3 bench/fp8_vllm_diff.py --device cuda
 else
     echo "python: skipped (python3 cannot import torch)" >> "$OUT/summary.txt"
 fi
@@ -123,5 +129,5 @@ grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.l
     "$OUT/group-racecheck.log" 2>/dev/null | sort | uniq -c
 cat "$OUT/bench.txt" 2>/dev/null
 tail -3 "$OUT/python.log" 2>/dev/null
-cat "$OUT/compare.txt" "$OUT/gemm.txt" "$OUT/overhead.txt" 2>/dev/null
+cat "$OUT/compare.txt" "$OUT/gemm.txt" "$OUT/overhead.txt" "$OUT/fp8.txt" "$OUT/vllm.txt" 2>/dev/null
 exit $fail

@@ -25,7 +25,11 @@
  * rank on two unordered streams: refused on the device), wrap (epochs
  * across the LL tag's 32-bit wrap and the clearing epochs), timeout (a peer
  * that never comes), hosts (ranks acting as on different hosts, where the
- * transport has g_make_hosts).
+ * transport has g_make_hosts), quant (the _q gather: every form of
+ * beam_quant x strategy x normalized kept, NULL or kept on some ranks only,
+ * against the plain gather's reference and tests/quant_model.c's
+ * quantization of it, padding untouched; one rank's bad quant rejected
+ * in-band).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -38,6 +42,7 @@
 
 #include "gather_parts.h"
 #include "naive_ref.h"
+#include "quant_model.h"
 
 __thread int g_rank, g_R, g_dev;
 __thread cudaStream_t g_stream;
@@ -900,6 +905,252 @@ static void part_hosts(uint64_t seed)
     if (g_rank == 0) printf("hosts: ranks on different hosts take UNFUSED over NCCL's network transport, bit-identical\n");
 }
 
+/* ---- the quantized output (part "quant") ----------------------------------- */
+
+enum { NQFORMS = 5, QGUARD = 64 };
+#define QPOISON8 0x5A /* values; scales get 0xFF bytes, a NaN no scale is */
+
+/* The forms: group 128 row-major, group 64 UE8M0 column-major with
+ * DeepGEMM's scale_ld (T rounded up to 4: rows T.. of each column are
+ * padding), token, token UE8M0, tensor. */
+static void quant_forms(beam_quant *q, int64_t T)
+{
+    memset(q, 0, NQFORMS * sizeof *q);
+    q[0].kind = BEAM_QUANT_FP8_GROUP;
+    q[0].group_size = 128;
+    q[1].kind = BEAM_QUANT_FP8_GROUP;
+    q[1].group_size = 64;
+    q[1].flags = BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR;
+    q[1].scale_ld = (T + 3) / 4 * 4;
+    q[2].kind = BEAM_QUANT_FP8_TOKEN;
+    q[3].kind = BEAM_QUANT_FP8_TOKEN;
+    q[3].flags = BEAM_QUANT_UE8M0;
+    q[4].kind = BEAM_QUANT_FP8_TENSOR;
+    q[4].scale = 0.0125f;
+}
+static const char *const QNAMES[NQFORMS] = {"group128", "group64 ue8m0 col-major", "token", "token ue8m0",
+                                            "tensor"};
+
+/* This rank's quantized output on the device (the largest extent of any
+ * form, guards included), its host copy, and the model's. */
+typedef struct qdata {
+    size_t nv, ns; /* bytes of values, floats of scales */
+    uint8_t *dv, *hv, *want_v;
+    float *ds, *hs, *want_s;
+} qdata;
+
+static void qdata_make(qdata *q, int64_t maxt, int H)
+{
+    q->nv = (size_t)maxt * H + QGUARD;
+    q->ns = (size_t)(H / 64) * (size_t)((maxt + 3) / 4 * 4) + QGUARD;
+    CK(cudaMalloc((void **)&q->dv, q->nv));
+    CK(cudaMalloc((void **)&q->ds, q->ns * 4));
+    q->hv = malloc(q->nv);
+    q->want_v = malloc(q->nv);
+    q->hs = malloc(q->ns * 4);
+    q->want_s = malloc(q->ns * 4);
+    if (!q->hv || !q->want_v || !q->hs || !q->want_s) FAIL("out of host memory");
+}
+
+static void qdata_free(qdata *q)
+{
+    cudaFree(q->dv);
+    cudaFree(q->ds);
+    free(q->hv);
+    free(q->want_v);
+    free(q->hs);
+    free(q->want_s);
+}
+
+/* The model's quantization of the reference's first T normalized rows, in
+ * arrays poisoned as the device's are before a call. */
+static void qdata_model(qdata *q, const data *d, const beam_quant *form, int64_t T)
+{
+    memset(q->want_v, QPOISON8, q->nv);
+    memset(q->want_s, 0xFF, q->ns * 4);
+    qm_quant(form, d->ref_n, T, d->pb.H, q->want_v, q->want_s);
+}
+
+static void qdata_poison(qdata *q, cudaStream_t s)
+{
+    CK(cudaMemsetAsync(q->dv, QPOISON8, q->nv, s));
+    CK(cudaMemsetAsync(q->ds, 0xFF, q->ns * 4, s));
+}
+
+/* One _q call of this rank: quant form with this rank's arrays, normalized
+ * kept or NULL. */
+static beam_status call_q(beam_workspace *ws, data *d, int64_t T, beam_strategy st, const beam_quant *form,
+                          qdata *qd, int keep)
+{
+    const int H = d->pb.H, K = d->pb.K;
+    const int64_t L = (T + g_R - 1) / g_R;
+    const int64_t lo = (int64_t)g_rank * L;
+    beam_quant q = *form;
+    q.values = qd->dv;
+    q.scales = form->kind == BEAM_QUANT_FP8_TENSOR ? NULL : qd->ds;
+    g_call_ms = now_ms();
+    g_call_ws = ws;
+    return beam_moe_finalize_gather_norm_residual_norm_q(
+        ws, d->dx + (size_t)lo * K * H, d->dw + (size_t)lo * K, L, T, K, H, d->pb.rs,
+        d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->sc : NULL, &d->next, d->dh,
+        keep ? d->dn : NULL, &q, st, g_stream);
+}
+
+/* hidden_out as the plain gather's (and normalized too when kept; else
+ * untouched), values and scales as the model's, every byte past them
+ * (column-major padding included) untouched. */
+static void verify_q(data *d, qdata *qd, int64_t T, int keep, const char *what)
+{
+    const size_t n = (size_t)d->maxt * d->pb.H;
+    size_t i;
+    if (keep) {
+        verify(d, T, T, what);
+    } else {
+        const int next = d->pb.next;
+        d->pb.next = 0; /* hidden only */
+        verify(d, T, T, what);
+        d->pb.next = next;
+        CK(cudaMemcpy(g_nbuf, d->dn, n * 2, cudaMemcpyDeviceToHost));
+        for (i = 0; i < n; ++i)
+            if (g_nbuf[i] != SENT)
+                FAIL("%s [%s] T=%lld: normalized was NULL, yet normalized[%zu][%zu] was written", what, d->pb.name,
+                     (long long)T, i / (size_t)d->pb.H, i % (size_t)d->pb.H);
+    }
+    CK(cudaMemcpy(qd->hv, qd->dv, qd->nv, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(qd->hs, qd->ds, qd->ns * 4, cudaMemcpyDeviceToHost));
+    for (i = 0; i < qd->nv; ++i)
+        if (qd->hv[i] != qd->want_v[i])
+            FAIL("%s [%s] T=%lld: values[%zu] (row %zu) = 0x%02x, model 0x%02x (0x%02x: untouched)", what, d->pb.name,
+                 (long long)T, i, i / (size_t)d->pb.H, qd->hv[i], qd->want_v[i], QPOISON8);
+    for (i = 0; i < qd->ns; ++i)
+        if (memcmp(&qd->hs[i], &qd->want_s[i], 4))
+            FAIL("%s [%s] T=%lld: scales[%zu] = %g, model %g (NaN: untouched)", what, d->pb.name, (long long)T, i,
+                 (double)qd->hs[i], (double)qd->want_s[i]);
+}
+
+/* Every rank checks nothing of its own was written (a call it rejected). */
+static void verify_q_untouched(data *d, qdata *qd, const char *what)
+{
+    size_t i;
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaMemcpy(g_hbuf, d->dh, (size_t)d->maxt * d->pb.H * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(qd->hv, qd->dv, qd->nv, cudaMemcpyDeviceToHost));
+    for (i = 0; i < (size_t)d->maxt * d->pb.H; ++i)
+        if (g_hbuf[i] != SENT) FAIL("%s: the rejecting rank wrote hidden[%zu]", what, i / (size_t)d->pb.H);
+    for (i = 0; i < qd->nv; ++i)
+        if (qd->hv[i] != QPOISON8) FAIL("%s: the rejecting rank wrote values[%zu]", what, i);
+}
+
+/* One rank (the last) passes a bad quant (group_size 96) under each
+ * strategy: it returns BEAM_ERR_INVALID_ARGUMENT having written nothing,
+ * and its peers learn it as for any other rejection (part "mismatch"):
+ * their next call and destroy fail with BEAM_ERR_COMM, in-band. */
+static void quant_bad(uint64_t seed)
+{
+    static const problem pb = {"quant bad H512 K4", 512, 4, 2, 2, 1, 0, 0, 0, 1.0f};
+    const beam_strategy st[4] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
+                                 BEAM_STRATEGY_UNFUSED};
+    const char *const names[4] = {"ONESHOT (LL)", "ONESHOT (flags)", "TWOSHOT", "UNFUSED"};
+    data dd;
+    qdata qq;
+    data *d = &dd;
+    qdata *qd = &qq;
+    int s;
+    make_data(d, &pb, 65 * 8 + 8, seed + 29, 1);
+    qdata_make(qd, d->maxt, pb.H);
+    for (s = 0; s < 4; ++s) {
+        const int64_t T = s == 1 ? 65 * g_R : (s == 0 ? 5 : 40);
+        const int odd = g_rank == g_R - 1;
+        char what[96];
+        beam_workspace *ws = make_ws(d, -1, -1, 5000);
+        beam_quant forms[NQFORMS], bad;
+        double t0;
+        quant_forms(forms, T);
+        bad = forms[0]; /* group 128, with group_size 96 */
+        bad.group_size = 96;
+        snprintf(what, sizeof what, "one rank's bad quant: %s", names[s]);
+        reset_outputs(d, g_stream);
+        qdata_poison(qd, g_stream);
+        CK(cudaStreamSynchronize(g_stream));
+        host_barrier();
+        t0 = now_ms();
+        if (odd) {
+            expect(call_q(ws, d, T, st[s], &bad, qd, 0), BEAM_ERR_INVALID_ARGUMENT, "quant->group_size", what);
+            verify_q_untouched(d, qd, what);
+        } else {
+            BK(call_q(ws, d, T, st[s], &forms[0], qd, 0));
+        }
+        CK(cudaStreamSynchronize(g_stream));
+        if (now_ms() - t0 > 2500) FAIL("%s: the call took %.0f ms (timeout 5000): not seen in-band", what, now_ms() - t0);
+        host_barrier();
+        if (odd) {
+            BK(beam_workspace_destroy(ws));
+        } else {
+            expect(call(ws, d, T, d->pb.H, st[s], g_stream), BEAM_ERR_COMM, NULL, what);
+            if (!strstr(beam_last_error(), "rejected") && !strstr(beam_last_error(), "gave"))
+                FAIL("%s: message \"%s\" names neither the rejection nor a peer that gave up", what,
+                     beam_last_error());
+            expect(beam_workspace_destroy(ws), BEAM_ERR_COMM, NULL, what);
+        }
+        host_barrier();
+    }
+    qdata_free(qd);
+    free_data(d);
+    host_barrier();
+}
+
+/* The _q gather: every form x strategy x normalized kept, NULL or kept on
+ * the even ranks only, at T = 1, T < R, T not divisible by R and T near
+ * max_tokens, on every rank against the plain gather's reference and the
+ * model of its normalized; then one rank's bad quant. */
+static void part_quant(uint64_t seed)
+{
+    static const problem pb = {"quant H1024 K4 post+w next+w scales special", 1024, 4, 2, 2, 1, 1, 0, 0, 1.0f};
+    const int64_t maxt = 160;
+    int64_t Ts[4];
+    int nT = 0, t, f, s, keep, calls = 0;
+    data d;
+    qdata qd;
+    beam_workspace *ws;
+    Ts[nT++] = 1;
+    if (g_R > 2) Ts[nT++] = g_R - 1;
+    Ts[nT++] = g_R + 1;
+    Ts[nT++] = maxt - 1;
+    make_data(&d, &pb, maxt, seed + 23, 1);
+    qdata_make(&qd, maxt, pb.H);
+    /* AUTO: ONESHOT up to 2, TWOSHOT up to 8, then UNFUSED */
+    ws = make_ws(&d, 2, 8, 0);
+    for (t = 0; t < nT; ++t) {
+        beam_quant forms[NQFORMS];
+        quant_forms(forms, Ts[t]);
+        for (f = 0; f < NQFORMS; ++f) {
+            qdata_model(&qd, &d, &forms[f], Ts[t]);
+            /* normalized NULL, kept, kept on the even ranks only (each
+             * rank's own choice) */
+            for (s = 0; s < 4; ++s)
+                for (keep = 0; keep < 3; ++keep) {
+                    static const char *const kept[3] = {"NULL", "kept", "kept on even ranks"};
+                    const int mine = keep == 2 ? g_rank % 2 == 0 : keep;
+                    char what[128];
+                    snprintf(what, sizeof what, "_q %s %s normalized %s", SNAMES[s], QNAMES[f], kept[keep]);
+                    reset_outputs(&d, g_stream);
+                    qdata_poison(&qd, g_stream);
+                    BK(call_q(ws, &d, Ts[t], STRATS[s], &forms[f], &qd, mine));
+                    verify_q(&d, &qd, Ts[t], mine, what);
+                    ++calls;
+                }
+        }
+    }
+    BK(beam_workspace_destroy(ws));
+    qdata_free(&qd);
+    free_data(&d);
+    host_barrier();
+    quant_bad(seed);
+    if (g_rank == 0)
+        printf("quant: %d _q calls per rank, hidden and normalized bit-identical to the plain gather, values and "
+               "scales to the model; one rank's bad quant rejected in-band\n", calls);
+}
+
 /* The first kernel launched into a stream may wait for the device's other
  * work (the runtime sets the stream up). With ranks sharing a device, that
  * work can be a peer's gather kernel waiting for this rank: the rank's
@@ -933,6 +1184,7 @@ void gp_run_parts(uint64_t seed, int stress, const char *only)
     if (!only || !strcmp(only, "large")) part_large(seed);
     if (!only || !strcmp(only, "stress")) part_stress(seed, stress);
     if (!only || !strcmp(only, "bad")) part_bad(seed);
+    if (!only || !strcmp(only, "quant")) part_quant(seed);
     if (!only || !strcmp(only, "mismatch")) part_mismatch(seed);
     if (!only || !strcmp(only, "concurrent")) part_concurrent(seed);
     if (!only || !strcmp(only, "wrap")) part_wrap(seed);

@@ -24,7 +24,8 @@
 #   test_edges         hand-checked rounding vectors (libbeammoe_cpu)
 #   test_golden        golden FNV-1a digests of fixed cases (libbeammoe_cpu)
 #   test_threads       identical bits for 1, 2, 3 OpenMP threads
-#   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks
+#   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks,
+#                      and its quantized output (_q) against the model
 #   test_contract      every rule of docs/contract.md: status, message, no write
 #   test_dispatch      backend selection of libbeammoe; its first call on a
 #                      16 KiB thread stack
@@ -79,10 +80,13 @@ tests_test_fp8_SOURCES = tests/test_fp8.c
 tests_test_fp8_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_fp8_LDADD = $(BEAM_TEST_LIBS)
 
-# The quantized output of normalized, every backend, against the test's own
-# model of docs/numerics.md#fp8.
-tests_test_quant_SOURCES = tests/test_quant.c
+# The quantized output of normalized, every backend, against the tests' own
+# model of docs/numerics.md#fp8 (tests/quant_model.c, shared with the
+# gather's tests; thread-safe through pthread_once).
+tests_test_quant_SOURCES = tests/test_quant.c tests/quant_model.c tests/quant_model.h
 tests_test_quant_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_quant_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_quant_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_quant_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 EXTRA_tests_test_quant_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 
@@ -109,7 +113,7 @@ tests_test_threads_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS)
 tests_test_threads_LDFLAGS = $(OPENMP_CFLAGS)
 tests_test_threads_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
-tests_test_group_SOURCES = tests/test_group.c
+tests_test_group_SOURCES = tests/test_group.c tests/quant_model.c tests/quant_model.h
 tests_test_group_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_group_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_group_LDFLAGS = $(PTHREAD_CFLAGS)

@@ -29,6 +29,18 @@
  * cfg, a NULL out-parameter, a workspace it already holds) fails its peers
  * at once; a rank out of range leaves them to time out.
  *
+ * The quantized output (beam_moe_finalize_gather_norm_residual_norm_q):
+ * every strategy, every form of beam_quant (group 128 row-major, group 64
+ * UE8M0 column-major, token, token UE8M0, tensor), normalized kept, NULL,
+ * or kept on some ranks only,
+ * tokens 1, < R, not divisible by R and near max_tokens: every rank's
+ * hidden_out and normalized equal the reference, and its values and
+ * scales equal the tests' model of docs/numerics.md#fp8
+ * (tests/quant_model.c) applied to the reference's normalized, every byte
+ * past them (column-major padding included) untouched. A bad quant on one
+ * rank, or ranks that pass different forms, fail every rank at once with
+ * nothing written.
+ *
  * Links the dispatcher (backend "cpu"). CUnit asserts run on the main
  * thread only; rank threads just record what they got.
  */
@@ -44,6 +56,7 @@
 
 #include <CUnit/Basic.h>
 
+#include "quant_model.h"
 #include "suite.h"
 
 #define MAXR 8
@@ -81,6 +94,9 @@ typedef struct job {
     int64_t cap[MAXR];
     const uint16_t *res[MAXR];
     uint16_t *hid[MAXR], *nrm[MAXR];
+    /* use_q: the _q entry, with quant[r] (may be NULL) */
+    int use_q;
+    const beam_quant *quant[MAXR];
     /* results */
     beam_status st[MAXR];
     char msg[MAXR][256];
@@ -140,11 +156,18 @@ static void *rank_main(void *p)
             int odd = r == 0 && g_odd.active;
             if (r == j->absent_rank)
                 break;
-            st = beam_moe_finalize_gather_norm_residual_norm(
-                j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r],
-                odd ? g_odd.T : j->T, j->K, j->H, j->rs, j->post, j->res[r],
-                odd ? g_odd.scales : j->scales, j->next, j->hid[r], j->nrm[r],
-                odd ? g_odd.strategy : j->strategy, NULL);
+            if (j->use_q)
+                st = beam_moe_finalize_gather_norm_residual_norm_q(
+                    j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r],
+                    odd ? g_odd.T : j->T, j->K, j->H, j->rs, j->post, j->res[r],
+                    odd ? g_odd.scales : j->scales, j->next, j->hid[r], j->nrm[r], j->quant[r],
+                    odd ? g_odd.strategy : j->strategy, NULL);
+            else
+                st = beam_moe_finalize_gather_norm_residual_norm(
+                    j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r],
+                    odd ? g_odd.T : j->T, j->K, j->H, j->rs, j->post, j->res[r],
+                    odd ? g_odd.scales : j->scales, j->next, j->hid[r], j->nrm[r],
+                    odd ? g_odd.strategy : j->strategy, NULL);
             break;
         }
         case JOB_BURST: {
@@ -403,7 +426,9 @@ static void job_from(group *G, gdata *d, beam_strategy s)
     j->strategy = s;
     j->null_ws = 0;
     j->absent_rank = -1;
+    j->use_q = 0;
     for (r = 0; r < G->R; r++) {
+        j->quant[r] = NULL;
         j->ex[r] = d->ex[r];
         j->wt[r] = d->wt[r];
         j->cap[r] = d->L + d->c.pad;
@@ -818,6 +843,375 @@ static void test_timeout(void)
     gdata_free(&d);
     ws_destroy(&G);
     group_stop(&G);
+}
+
+/* ---- the quantized output (_q) ------------------------------------------ */
+
+#define QGUARD 64              /* values bytes and scales floats checked past the extent */
+#define QPOISON8 0x5Au
+#define QPOISON32 0xFFFFFFFFu /* a NaN: a scale is never NaN, nor negative */
+#define QMAXT 100
+#define NQFORMS 5
+
+/* The forms: group 128 row-major, group 64 UE8M0 column-major with
+ * DeepGEMM's scale_ld (T rounded up to 4, so rows T.. are padding), token,
+ * token UE8M0, tensor. */
+static void q_forms(beam_quant *q, int64_t T)
+{
+    memset(q, 0, NQFORMS * sizeof *q);
+    q[0].kind = BEAM_QUANT_FP8_GROUP;
+    q[0].group_size = 128;
+    q[1].kind = BEAM_QUANT_FP8_GROUP;
+    q[1].group_size = 64;
+    q[1].flags = BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR;
+    q[1].scale_ld = (T + 3) / 4 * 4;
+    q[2].kind = BEAM_QUANT_FP8_TOKEN;
+    q[3].kind = BEAM_QUANT_FP8_TOKEN;
+    q[3].flags = BEAM_QUANT_UE8M0;
+    q[4].kind = BEAM_QUANT_FP8_TENSOR;
+    q[4].scale = 0.0125f;
+}
+
+/* Every rank's quantized output of one form, and the model's over the same
+ * extent (poison where nothing may be written). */
+typedef struct qout {
+    int R;
+    beam_quant q[MAXR];
+    uint8_t *vals[MAXR], *want_v;
+    float *sc[MAXR], *want_s;
+    size_t nv, ns; /* bytes of values, floats of scales, guards included */
+} qout;
+
+static void q_fill32(float *p, size_t n)
+{
+    const uint32_t u = QPOISON32;
+    size_t i;
+    for (i = 0; i < n; i++)
+        memcpy(&p[i], &u, 4);
+}
+
+static void qout_poison(qout *o)
+{
+    int r;
+    for (r = 0; r < o->R; r++) {
+        memset(o->vals[r], QPOISON8, o->nv);
+        q_fill32(o->sc[r], o->ns);
+    }
+}
+
+static void qout_make(qout *o, const beam_quant *form, int R, int64_t T, int32_t H,
+                      const uint16_t *want_n)
+{
+    int r;
+    memset(o, 0, sizeof *o);
+    o->R = R;
+    o->nv = (size_t)T * (size_t)H + QGUARD;
+    o->ns = qm_scale_floats(form, T, H) + QGUARD;
+    o->want_v = (uint8_t *)hu_alloc(o->nv, 0);
+    o->want_s = (float *)hu_alloc(4 * o->ns, 0);
+    memset(o->want_v, QPOISON8, o->nv);
+    q_fill32(o->want_s, o->ns);
+    qm_quant(form, want_n, T, H, o->want_v, o->want_s);
+    for (r = 0; r < R; r++) {
+        o->vals[r] = (uint8_t *)hu_alloc(o->nv, 0);
+        o->sc[r] = (float *)hu_alloc(4 * o->ns, 0);
+        o->q[r] = *form;
+        o->q[r].values = o->vals[r];
+        o->q[r].scales = form->kind == BEAM_QUANT_FP8_TENSOR ? NULL : o->sc[r];
+    }
+    qout_poison(o);
+}
+
+static void qout_free(qout *o)
+{
+    int r;
+    for (r = 0; r < o->R; r++) {
+        hu_free(o->vals[r]);
+        hu_free(o->sc[r]);
+    }
+    hu_free(o->want_v);
+    hu_free(o->want_s);
+}
+
+/* Fresh poison in every rank's outputs (d's inputs are never written:
+ * no in-place case here). */
+static void q_poison_outputs(gdata *d, qout *o)
+{
+    size_t ob = 2 * ((size_t)d->c.T * (size_t)d->c.H + GUARD * (size_t)d->c.H);
+    int r;
+    for (r = 0; r < d->R; r++) {
+        hu_poison(d->hid[r], ob);
+        hu_poison(d->nrm[r], ob);
+    }
+    if (o)
+        qout_poison(o);
+}
+
+/* Whether rank r keeps normalized: keep 0 none, 1 every rank, 2 the even
+ * ranks (each rank's own choice). */
+static int q_keeps(int keep, int r)
+{
+    return keep == 2 ? r % 2 == 0 : keep;
+}
+
+/* The _q gather on every rank: quant o->q[r] (o NULL: quant NULL),
+ * normalized kept or NULL (q_keeps). */
+static void q_run(group *G, gdata *d, qout *o, beam_strategy s, int keep)
+{
+    int r;
+    job_from(G, d, s);
+    G->j.use_q = 1;
+    for (r = 0; r < G->R; r++) {
+        G->j.quant[r] = o ? &o->q[r] : NULL;
+        G->j.nrm[r] = q_keeps(keep, r) ? d->nrm[r] : NULL;
+    }
+    run_job(G);
+}
+
+/* 0 when rank r's outputs are right: hidden and (kept) normalized the
+ * reference's, normalized untouched when NULL, values and scales the
+ * model's with everything past them untouched; else prints why. */
+static int q_bad_rank(group *G, gdata *d, qout *o, int r, int keep, const char *label)
+{
+    const size_t TH = (size_t)d->c.T * (size_t)d->c.H, gb = 2 * GUARD * (size_t)d->c.H;
+    size_t i;
+    if (G->j.st[r] != BEAM_OK) {
+        fprintf(stderr, "FAIL %s rank %d: status %d: %s\n", label, r, (int)G->j.st[r], G->j.msg[r]);
+        return 1;
+    }
+    if (hu_cmp_bf16(label, d->hid[r], d->want_h, TH) || !hu_is_poison(d->hid[r] + TH, gb)) {
+        fprintf(stderr, "FAIL %s rank %d: hidden_out\n", label, r);
+        return 1;
+    }
+    if (keep ? hu_cmp_bf16(label, d->nrm[r], d->want_n, TH) || !hu_is_poison(d->nrm[r] + TH, gb)
+             : !hu_is_poison(d->nrm[r], 2 * TH + gb)) {
+        fprintf(stderr, "FAIL %s rank %d: normalized (%s)\n", label, r, keep ? "kept" : "NULL: written");
+        return 1;
+    }
+    if (!o)
+        return 0;
+    for (i = 0; i < o->nv; i++)
+        if (o->vals[r][i] != o->want_v[i]) {
+            fprintf(stderr, "FAIL %s rank %d: values[%zu] (row %zu) = 0x%02x, model 0x%02x\n", label, r, i,
+                    i / (size_t)d->c.H, o->vals[r][i], o->want_v[i]);
+            return 1;
+        }
+    if (memcmp(o->sc[r], o->want_s, 4 * o->ns) != 0) {
+        for (i = 0; i < o->ns && !memcmp(&o->sc[r][i], &o->want_s[i], 4); i++)
+            continue;
+        fprintf(stderr, "FAIL %s rank %d: scales[%zu] = %g, model %g\n", label, r, i, (double)o->sc[r][i],
+                (double)o->want_s[i]);
+        return 1;
+    }
+    return 0;
+}
+
+/* One form (o; NULL: the _q entry with quant NULL) under every strategy,
+ * normalized kept, NULL, and kept on the even ranks only (NULL only with a
+ * quant). */
+static int q_run_form(group *G, gdata *d, qout *o, const char *form, uint64_t seed)
+{
+    static const char *const kept[3] = {"NULL", "kept", "kept on even ranks"};
+    int k, keep, r, bad = 0;
+    char label[300];
+    for (k = 0; k < 4; k++)
+        for (keep = o ? 0 : 1; keep < (o ? 3 : 2); keep++) {
+            q_poison_outputs(d, o);
+            q_run(G, d, o, GSTRATS[k], keep);
+            snprintf(label, sizeof label, "seed=%llu quant R=%d T=%lld form=%s strategy=%s normalized=%s",
+                     (unsigned long long)seed, G->R, (long long)d->c.T, form, strat_name(GSTRATS[k]),
+                     kept[keep]);
+            for (r = 0; r < G->R; r++)
+                bad += q_bad_rank(G, d, o, r, q_keeps(keep, r), label);
+        }
+    return bad;
+}
+
+static void run_quant_R(int R)
+{
+    static const char *const names[NQFORMS + 1] = {"group128", "group64-ue8m0-col", "token", "token-ue8m0",
+                                                   "tensor", "none"};
+    group G;
+    beam_workspace_config cfg = beam_workspace_config_default();
+    int64_t toks[6];
+    int nt = 0, i, f, bad = 0;
+    if (!group_start(&G, R)) {
+        CU_FAIL("group create");
+        return;
+    }
+    /* AUTO picks each strategy over the list */
+    cfg.oneshot_max_tokens = 2;
+    cfg.twoshot_max_tokens = 8;
+    cfg.timeout_ms = 20000;
+    toks[nt++] = 1;
+    if (R > 2)
+        toks[nt++] = R - 1; /* fewer tokens than ranks: some own none */
+    toks[nt++] = R + 1;     /* not divisible by R */
+    toks[nt++] = QMAXT - 1; /* near max_tokens */
+    if (ws_create(&G, QMAXT, 512, &cfg)) {
+        for (i = 0; i < nt; i++) {
+            const uint64_t seed = g_seed + 1009u * (uint64_t)R + (uint64_t)i;
+            beam_quant forms[NQFORMS];
+            gcase c;
+            gdata d;
+            memset(&c, 0, sizeof c);
+            c.T = toks[i];
+            c.K = 4;
+            c.H = 512;
+            c.post = 2;
+            c.next = 2;
+            c.scales = 1;
+            c.pad = 1;
+            gdata_make(&d, &c, R, seed);
+            q_forms(forms, c.T);
+            for (f = 0; f < NQFORMS; f++) {
+                qout o;
+                qout_make(&o, &forms[f], R, c.T, c.H, d.want_n);
+                bad += q_run_form(&G, &d, &o, names[f], seed);
+                qout_free(&o);
+            }
+            bad += q_run_form(&G, &d, NULL, names[NQFORMS], seed);
+            gdata_free(&d);
+        }
+        ws_destroy(&G);
+    }
+    group_stop(&G);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+static void test_quant(void)
+{
+    run_quant_R(1);
+    run_quant_R(2);
+    run_quant_R(3);
+    run_quant_R(8);
+}
+
+/* Every rank fails with BEAM_ERR_INVALID_ARGUMENT and writes nothing,
+ * values and scales included; rank bad's message names arg (bad < 0:
+ * every rank's). */
+static void q_expect_all_fail(group *G, gdata *d, qout *o, int bad, const char *arg, const char *what)
+{
+    int r;
+    q_poison_outputs(d, o);
+    G->j.use_q = 1;
+    expect_all_fail(G, d, what, NULL);
+    for (r = 0; r < G->R; r++) {
+        int untouched = 1;
+        size_t i;
+        for (i = 0; i < o->nv; i++)
+            untouched &= o->vals[r][i] == QPOISON8;
+        for (i = 0; i < o->ns; i++)
+            untouched &= !memcmp(&o->sc[r][i], &(uint32_t){QPOISON32}, 4);
+        CU_ASSERT(untouched);
+        if (!untouched)
+            fprintf(stderr, "FAIL invalid _q gather '%s' R=%d rank %d wrote its quantized output\n", what,
+                    G->R, r);
+        if ((bad < 0 || r == bad) && !strstr(G->j.msg[r], arg)) {
+            fprintf(stderr, "invalid _q gather '%s' R=%d rank %d: message does not name %s: %s\n", what,
+                    G->R, r, arg, G->j.msg[r]);
+            CU_FAIL("message");
+        }
+    }
+}
+
+/* One rank's bad quant (or normalized NULL without one), and ranks that
+ * pass different forms: every rank fails at once, nothing written; the
+ * workspace works on. */
+static void test_quant_invalid(void)
+{
+    static const int Rs[3] = {1, 2, 3};
+    int ri, r;
+    for (ri = 0; ri < 3; ri++) {
+        const int R = Rs[ri], last = R - 1;
+        group G;
+        gdata d;
+        gcase c;
+        qout o;
+        beam_quant form, token, odd;
+        beam_workspace_config cfg = beam_workspace_config_default();
+        cfg.timeout_ms = 5000;
+        if (!group_start(&G, R)) {
+            CU_FAIL("group create");
+            continue;
+        }
+        if (!ws_create(&G, 16, 512, &cfg)) {
+            group_stop(&G);
+            continue;
+        }
+        memset(&c, 0, sizeof c);
+        c.T = 7;
+        c.K = 4;
+        c.H = 512;
+        c.post = 1;
+        c.next = 2;
+        c.scales = 1;
+        gdata_make(&d, &c, R, g_seed + 4711u + (uint64_t)R);
+        memset(&form, 0, sizeof form);
+        form.kind = BEAM_QUANT_FP8_GROUP;
+        form.group_size = 128;
+        qout_make(&o, &form, R, c.T, c.H, d.want_n);
+
+        /* group_size 96 on the last rank */
+        job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
+        for (r = 0; r < R; r++)
+            G.j.quant[r] = &o.q[r];
+        odd = o.q[last];
+        odd.group_size = 96;
+        G.j.quant[last] = &odd;
+        q_expect_all_fail(&G, &d, &o, last, "quant->group_size=96", "group_size 96 on the last rank");
+
+        /* scales NULL on rank 0 */
+        job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
+        for (r = 0; r < R; r++)
+            G.j.quant[r] = &o.q[r];
+        odd = o.q[0];
+        odd.scales = NULL;
+        G.j.quant[0] = &odd;
+        q_expect_all_fail(&G, &d, &o, 0, "quant->scales must not be NULL", "scales NULL on rank 0");
+
+        /* normalized NULL without a quant on the last rank */
+        job_from(&G, &d, BEAM_STRATEGY_UNFUSED);
+        for (r = 0; r < R; r++)
+            G.j.quant[r] = r == last ? NULL : &o.q[r];
+        G.j.nrm[last] = NULL;
+        q_expect_all_fail(&G, &d, &o, last, "normalized must not be NULL",
+                          "normalized NULL without a quant on the last rank");
+
+        if (R > 1) {
+            /* rank 0 quantizes per token, the others per group */
+            token = o.q[0];
+            token.kind = BEAM_QUANT_FP8_TOKEN;
+            token.group_size = 0;
+            job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
+            for (r = 0; r < R; r++)
+                G.j.quant[r] = r == 0 ? &token : &o.q[r];
+            q_expect_all_fail(&G, &d, &o, -1, "passed different quant", "rank 0 per token, the others per group");
+            /* the last rank without a quant (normalized kept), the others with */
+            job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
+            for (r = 0; r < R; r++)
+                G.j.quant[r] = r == last ? NULL : &o.q[r];
+            q_expect_all_fail(&G, &d, &o, -1, "passed different quant", "the last rank without a quant");
+        }
+
+        /* NULL workspace: the _q entry's own message */
+        job_from(&G, &d, BEAM_STRATEGY_AUTO);
+        for (r = 0; r < R; r++)
+            G.j.quant[r] = &o.q[r];
+        G.j.null_ws = 1;
+        q_expect_all_fail(&G, &d, &o, -1, "beam_moe_finalize_gather_norm_residual_norm_q: workspace must not be NULL",
+                          "NULL workspace");
+
+        /* the workspace still works after all that */
+        q_poison_outputs(&d, &o);
+        q_run(&G, &d, &o, BEAM_STRATEGY_AUTO, 0);
+        for (r = 0; r < R; r++)
+            CU_ASSERT_EQUAL(q_bad_rank(&G, &d, &o, r, 0, "quant after the failures"), 0);
+        qout_free(&o);
+        gdata_free(&d);
+        ws_destroy(&G);
+        group_stop(&G);
+    }
 }
 
 /* ---- two caller threads per rank ---------------------------------------- */
@@ -1437,6 +1831,8 @@ int main(void)
                                     {"back-to-back gathers", test_burst},
                                     {"invalid gathers fail on every rank", test_invalid},
                                     {"absent peer: timeout, not a hang", test_timeout},
+                                    {"quantized output (_q), every form and strategy", test_quant},
+                                    {"invalid _q gathers fail on every rank", test_quant_invalid},
                                     {"two caller threads per rank", test_two_callers},
                                     {"overlapping calls are refused", test_refusal},
                                     {"overlapping creations are refused", test_create_refusal},

@@ -1,6 +1,7 @@
 /*
  * test_oom.c - no host memory for the CPU backend's per-call scratch: every
- * local op and the CPU gather return BEAM_ERR_OUT_OF_MEMORY with a message
+ * local op and the CPU gather (plain and _q, whose normalized rows to
+ * quantize are allocated too) return BEAM_ERR_OUT_OF_MEMORY with a message
  * naming the function, write nothing (outputs keep their poison, an
  * in-place residual keeps its values) and do not crash; with memory back, the
  * same calls give the reference's bits.
@@ -227,10 +228,12 @@ static void test_local_ops(void)
 
 typedef struct rank_job {
     beam_cpu_group *g;
-    int rank, armed;
+    int rank, armed; /* armed: this rank's armed-th large allocation fails */
     bufs *b;
     beam_strategy strategy;
     uint16_t *hid, *nrm;
+    /* quant != NULL: the _q gather with normalized NULL (nrm stays poison) */
+    const beam_quant *quant;
     beam_status create_st, st;
     char msg[300];
 } rank_job;
@@ -244,11 +247,16 @@ static void *rank_main(void *p)
     beam_workspace *ws = NULL;
     j->create_st = beam_workspace_create_cpu(j->g, j->rank, b->T, H, NULL, &ws);
     if (j->create_st != BEAM_OK) return NULL;
-    if (j->armed) arm(1);
-    j->st = beam_moe_finalize_gather_norm_residual_norm(ws, b->ex + (size_t)start * K * H,
-                                                        b->wt + (size_t)start * K, L, b->T, K, H, 2.0f, &n,
-                                                        b->res, b->scales, &n, j->hid, j->nrm, j->strategy,
-                                                        NULL);
+    if (j->armed) arm(j->armed);
+    if (j->quant)
+        j->st = beam_moe_finalize_gather_norm_residual_norm_q(
+            ws, b->ex + (size_t)start * K * H, b->wt + (size_t)start * K, L, b->T, K, H, 2.0f, &n, b->res,
+            b->scales, &n, j->hid, NULL, j->quant, j->strategy, NULL);
+    else
+        j->st = beam_moe_finalize_gather_norm_residual_norm(ws, b->ex + (size_t)start * K * H,
+                                                            b->wt + (size_t)start * K, L, b->T, K, H, 2.0f, &n,
+                                                            b->res, b->scales, &n, j->hid, j->nrm, j->strategy,
+                                                            NULL);
     disarm();
     snprintf(j->msg, sizeof j->msg, "%s", beam_last_error());
     beam_workspace_destroy(ws);
@@ -315,10 +323,84 @@ static void test_gather(void)
     bufs_free(&b);
 }
 
+/* The _q gather with normalized NULL allocates two large blocks on each
+ * rank before the agreement: the scratch, then the normalized rows it
+ * quantizes from. Rank 1 without either: every rank fails with
+ * BEAM_ERR_OUT_OF_MEMORY, nothing written (hidden, values, scales); with
+ * memory, every rank succeeds. */
+static void test_gather_q(void)
+{
+    static const beam_strategy strats[3] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
+                                            BEAM_STRATEGY_UNFUSED};
+    bufs b;
+    const int64_t T = 8;
+    const size_t TH = (size_t)T * H;
+    int k, r, armed;
+
+    bufs_make(&b, T);
+    for (k = 0; k < 3; k++)
+        for (armed = 2; armed >= 0; armed--) {
+            beam_cpu_group *g = NULL;
+            rank_job jobs[R];
+            beam_quant q[R];
+            uint8_t *vals[R];
+            float *sc[R];
+            pthread_t th[R];
+            CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(R, &g), BEAM_OK);
+            for (r = 0; r < R; r++) {
+                memset(&jobs[r], 0, sizeof jobs[r]);
+                memset(&q[r], 0, sizeof q[r]);
+                vals[r] = (uint8_t *)hu_alloc(TH, 0);
+                sc[r] = (float *)hu_alloc(4 * (size_t)T, 0);
+                hu_poison(vals[r], TH);
+                hu_poison(sc[r], 4 * (size_t)T);
+                q[r].kind = BEAM_QUANT_FP8_TOKEN;
+                q[r].values = vals[r];
+                q[r].scales = sc[r];
+                jobs[r].g = g;
+                jobs[r].rank = r;
+                jobs[r].armed = r == 1 ? armed : 0;
+                jobs[r].b = &b;
+                jobs[r].strategy = strats[k];
+                jobs[r].quant = &q[r];
+                jobs[r].hid = (uint16_t *)hu_alloc(2 * TH, 0);
+                hu_poison(jobs[r].hid, 2 * TH);
+                CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+            }
+            for (r = 0; r < R; r++) pthread_join(th[r], NULL);
+            for (r = 0; r < R; r++) {
+                const beam_status want = armed ? BEAM_ERR_OUT_OF_MEMORY : BEAM_OK;
+                CU_ASSERT_EQUAL(jobs[r].create_st, BEAM_OK);
+                CU_ASSERT_EQUAL(jobs[r].st, want);
+                if (armed) {
+                    CU_ASSERT_PTR_NOT_NULL(strstr(jobs[r].msg, "beam_moe_finalize_gather_norm_residual_norm_q"));
+                    /* rank 1 names the allocation that failed */
+                    if (r == 1)
+                        CU_ASSERT_PTR_NOT_NULL(
+                            strstr(jobs[r].msg, armed == 1 ? "scratch rows" : "normalized rows to quantize"));
+                    CU_ASSERT(hu_is_poison(jobs[r].hid, 2 * TH));
+                    CU_ASSERT(hu_is_poison(vals[r], TH));
+                    CU_ASSERT(hu_is_poison(sc[r], 4 * (size_t)T));
+                } else {
+                    CU_ASSERT(!hu_is_poison(vals[r], TH));
+                }
+                if (jobs[r].st != want)
+                    fprintf(stderr, "FAIL _q gather strategy=%d armed=%d rank=%d: status %d: %s\n", (int)strats[k],
+                            armed, r, (int)jobs[r].st, jobs[r].msg);
+                hu_free(jobs[r].hid);
+                hu_free(vals[r]);
+                hu_free(sc[r]);
+            }
+            CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+        }
+    bufs_free(&b);
+}
+
 int main(void)
 {
     static const suite_test tests[] = {{"local ops without scratch memory", test_local_ops},
                                     {"CPU gather with a rank without memory", test_gather},
+                                    {"CPU _q gather with a rank without memory", test_gather_q},
                                     {NULL, NULL}};
     void *(*volatile m)(size_t) = malloc;
     void *p;

@@ -1,7 +1,8 @@
 /*
- * test_quant.c - the quantized output of normalized (beam_*_q), every
- * backend that runs here, against a model of docs/numerics.md#fp8 written
- * in this file.
+ * test_quant.c - the quantized output of normalized (the local beam_*_q
+ * calls), every backend that runs here, against the tests' own model of
+ * docs/numerics.md#fp8 (tests/quant_model.c, which the gather's tests
+ * share).
  *
  *   The model: the backend's own plain call gives hidden and normalized
  *   (test_backends checks those against the naive reference and the CPU);
@@ -31,6 +32,7 @@
 
 #include "beammoe.h"
 #include "devmem.h"
+#include "quant_model.h"
 #include "suite.h"
 #include "util.h"
 
@@ -51,23 +53,11 @@ static uint64_t rnd(void)
     return z ^ (z >> 31);
 }
 
-static float f32(uint32_t u)
-{
-    float v;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
 static uint32_t bits(float v)
 {
     uint32_t u;
     memcpy(&u, &v, 4);
     return u;
-}
-
-static float widen(uint16_t b)
-{
-    return f32((uint32_t)b << 16);
 }
 
 /* a BF16 input value: mostly normal numbers of a few magnitudes, sometimes
@@ -77,87 +67,6 @@ static uint16_t rbf16(int exotic)
     static const uint16_t sp[] = {0x0000, 0x8000, 0x0001, 0x8003, 0x7F80, 0xFF80, 0x7FC0, 0x7F7F, 0x0080};
     if (exotic && rnd() % 64 == 0) return sp[rnd() % (sizeof sp / sizeof sp[0])];
     return (uint16_t)(((rnd() & 1) << 15) | ((118 + rnd() % 14) << 7) | (rnd() & 0x7F));
-}
-
-/* ---- the model --------------------------------------------------------------- */
-
-static double g_val[256];
-
-static void model_init(void)
-{
-    int c;
-    for (c = 0; c < 256; c++) {
-        const int e = (c >> 3) & 15, m = c & 7;
-        const double v = e ? ldexp(8.0 + m, e - 10) : ldexp((double)m, -9);
-        g_val[c] = (c & 0x80) ? -v : v;
-    }
-}
-
-/* e4m3(clamp(v)): clamp = fminf(fmaxf(v, -448), 448) (a NaN becomes -448),
- * then the nearest finite code of v's sign, ties to the even code */
-static uint8_t model_e4m3(float v)
-{
-    int c, best = -1;
-    double bd = 0.0;
-    v = fminf(fmaxf(v, -448.0f), 448.0f);
-    for (c = 0; c < 256; c++) {
-        double d;
-        if ((c & 0x7F) == 0x7F || (signbit(v) != 0) != ((c & 0x80) != 0)) continue;
-        d = fabs(g_val[c] - (double)v);
-        if (best < 0 || d < bd || (d == bd && (c & 1) == 0)) {
-            best = c;
-            bd = d;
-        }
-    }
-    return (uint8_t)best;
-}
-
-/* the smallest power of two >= s (s > 0 finite), by frexpf */
-static float model_pow2ceil(float s)
-{
-    int e;
-    const float m = frexpf(s, &e); /* s = m * 2^e, m in [0.5, 1) */
-    if (isinf(s)) return s;
-    return m == 0.5f ? s : ldexpf(1.0f, e);
-}
-
-static float model_scale(const beam_quant *q, const uint16_t *y, int n)
-{
-    float amax = 0.0f, s;
-    int i;
-    if (q->kind == BEAM_QUANT_FP8_TENSOR) return q->scale;
-    for (i = 0; i < n; i++) {
-        const float a = fabsf(widen(y[i]));
-        if (a > amax) amax = a; /* a NaN is never greater */
-    }
-    if (q->kind == BEAM_QUANT_FP8_GROUP) {
-        s = (amax > 1e-10f ? amax : 1e-10f) / 448.0f;
-        if (q->flags & BEAM_QUANT_UE8M0) s = model_pow2ceil(s > 1e-10f ? s : 1e-10f);
-    } else {
-        s = amax / 448.0f;
-        if (s < 1.0f / (448.0f * 512.0f)) s = 1.0f / (448.0f * 512.0f);
-        if (q->flags & BEAM_QUANT_UE8M0) s = model_pow2ceil(s);
-    }
-    return s;
-}
-
-/* values and scales of T rows of normalized, into arrays laid out as q says */
-static void model_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals,
-                        float *scales)
-{
-    const int n = q->kind == BEAM_QUANT_FP8_GROUP ? q->group_size : H;
-    int64_t t;
-    int g, i;
-    for (t = 0; t < T; t++)
-        for (g = 0; g < H / n; g++) {
-            const uint16_t *y = nrm + t * H + (int64_t)g * n;
-            const float s = model_scale(q, y, n);
-            if (q->kind == BEAM_QUANT_FP8_GROUP)
-                scales[(q->flags & BEAM_QUANT_COL_MAJOR) ? g * q->scale_ld + t : t * (H / n) + g] = s;
-            else if (q->kind == BEAM_QUANT_FP8_TOKEN)
-                scales[t] = s;
-            for (i = 0; i < n; i++) vals[t * H + (int64_t)g * n + i] = model_e4m3(widen(y[i]) / s);
-        }
 }
 
 /* ---- buffers on the backend's memory ------------------------------------------ */
@@ -205,14 +114,6 @@ static void buf_free(buf *b, const beam_ops *ops)
 enum { OP_NRN, OP_NRN_PRE, OP_FUSED, OP_UNFUSED, NOPS };
 static const char *const op_names[NOPS] = {"nrn", "nrn+pre", "fused FUSED", "fused UNFUSED"};
 
-static size_t scale_floats(const beam_quant *q, int64_t T, int32_t H)
-{
-    if (q->kind == BEAM_QUANT_FP8_TOKEN) return (size_t)T;
-    if (q->kind != BEAM_QUANT_FP8_GROUP) return 0;
-    if (q->flags & BEAM_QUANT_COL_MAJOR) return (size_t)(H / q->group_size) * (size_t)q->scale_ld;
-    return (size_t)T * (size_t)(H / q->group_size);
-}
-
 static void describe(char *d, size_t n, const beam_quant *q, int op, int64_t T, int32_t H, int with_nrm, int off)
 {
     snprintf(d, n, "%s T=%lld H=%d kind=%d group=%d flags=%u ld=%lld scale=%g normalized=%s values+%d",
@@ -225,7 +126,7 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
 {
     const int K = 6;
     const size_t TH = (size_t)T * (size_t)H;
-    const size_t nsc = scale_floats(&q, T, H);
+    const size_t nsc = qm_scale_floats(&q, T, H);
     uint16_t *x = malloc((TH + 1) * 2), *res = malloc((TH + 1) * 2), *ex = malloc(((size_t)K * TH + 1) * 2);
     uint16_t *wpre = malloc((size_t)H * 2), *wnext = malloc((size_t)H * 2);
     float *wts = malloc(((size_t)K * T + 1) * 4);
@@ -283,7 +184,7 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
     memcpy(nrm_ref, bnrm.host, TH * 2);
     memset(vals_ref, POISON8, TH + GUARD);
     for (i = 0; i < nsc + GUARD; i++) memcpy(&sc_ref[i], &(uint32_t){POISON32}, 4);
-    model_quant(&q, nrm_ref, T, H, vals_ref, sc_ref);
+    qm_quant(&q, nrm_ref, T, H, vals_ref, sc_ref);
     buf_free(&bhid, ops);
     buf_free(&bnrm, ops);
 
@@ -507,7 +408,6 @@ int main(void)
     char why[256];
     g_seed = hu_seed("test_quant");
     g_rng = g_seed;
-    model_init();
     g_ops[0] = beam_backend_ops("cpu", BEAM_OPS_VERSION);
     if (!g_ops[0]) {
         fprintf(stderr, "test_quant: no CPU backend: %s\n", beam_last_error());

@@ -74,10 +74,13 @@ for lib in $libs; do
   fi
 done
 
-# every function of the public header is exported
+# every function of the public header is exported: those declared with
+# their parameters, and those declared through their function type
+# ("BEAM_API beam_x_fn beam_x;", the operations)
 hdr=$src/include/beammoe.h
 if test -n "$ref" && test -r "$hdr"; then
-  for f in $(sed -n 's/^BEAM_API [^(]*[ *]\(beam_[a-z_0-9]*\)(.*/\1/p' "$hdr"); do
+  for f in $(sed -n -e 's/^BEAM_API [^(]*[ *]\(beam_[a-z_0-9]*\)(.*/\1/p' \
+                    -e 's/^BEAM_API beam_[a-z_0-9]*_fn \(beam_[a-z_0-9]*\);.*/\1/p' "$hdr"); do
     if ! grep -qx "$f" "$ref"; then
       echo "FAIL: $f is declared in beammoe.h but not exported" >&2
       fail=1

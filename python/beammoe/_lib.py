@@ -126,6 +126,8 @@ class BeamOps(ctypes.Structure):
         ("norm_residual_norm_q", _FN(_ST, _P, _P, _I64, _I32, _P, _P, _P, _P, _P, _P, _P)),
         ("moe_finalize_norm_residual_norm_q",
          _FN(_ST, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _P, _ST, _P)),
+        ("moe_finalize_gather_norm_residual_norm_q",
+         _FN(_ST, _P, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _P, _ST, _P)),
     ]
 
 

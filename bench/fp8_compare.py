@@ -1,0 +1,439 @@
+#!/usr/bin/env python3
+"""fp8_compare.py - the FP8 form of the layer boundary against quantizing afterwards.
+
+An FP8 deployment's next layer reads the next norm's output only through an
+FP8 GEMM, after a quantization. One process, one timing method (that of
+bench/torch_compare.py, imported from it), four ways to get that input, side
+by side per operation, shape and quantization form:
+
+  bf16        the BF16 operation (normalized in BF16; no FP8 input yet)
+  bf16+quant  the same, then a separate quantization of normalized: plain
+              torch operations of vLLM's formulas, torch.compile'd (one
+              compiled function per form, dynamic=False): what a user does
+              today
+  fp8         the operation's FP8 form (beammoe.*_fp8, keep_normalized=False):
+              q and its scales in the same pass, no BF16 normalized
+  fp8+bf16    the FP8 form with keep_normalized=True (both outputs; fused only)
+
+Operations (`--ops`): fused (beam_moe_finalize_norm_residual_norm: finalize
+of the top_k = 8 expert rows, post norm, residual add, next norm; the
+reference module's call) and nrn (beam_norm_residual_norm, next norm only).
+Forms (`--forms`; beammoe.FP8Quant): group128 (vLLM's per_token_group_quant),
+group128+ue8m0+cm (power-of-two scales, column-major: DeepGEMM's), token
+(per token), tensor (a static scale, 0.0125); also group64, token+ue8m0.
+
+The quantization reference (bf16+quant): group absmax a, s = max(a, 1e-10)
+/ 448 (ue8m0: the power of two >= max(s, 1e-10)); per token s = max(a / 448,
+1 / (448 * 512)); static s given; q = clamp(x / s, -448, 448) as
+float8_e4m3fn. 448 and the static scale are tensors passed to the compiled
+function, never Python numbers: Inductor on CUDA turns a division by a
+constant into a multiplication by its reciprocal, 1 ulp off for 448. On CUDA
+Inductor's eager_numerics.division_rounding is set where torch has it (else
+Triton divides with the approximate div.full). With both, the reference is
+bit-exact, and each row first checks once ("check") that fp8's and
+fp8+bf16's q and scales equal bf16+quant's bits (scales by value, whatever
+their strides), and their hidden and normalized equal bf16's.
+
+CUDA: each method captured in CUDA graphs and replayed (torch_compare's
+graph_time_us); "cold" rotates among buffer sets that together exceed 3x
+the L2, "hot" repeats one. CPU: the median wall time of single calls
+(torch_compare's wall_us), with torch.set_num_threads(all cores).
+
+The copy bandwidth is measured in the same run, and fp8 is quoted as a
+fraction of its floor (bytes over that bandwidth). Bytes: fused T*K*H*2
+expert rows + T*K*4 weights + T*H*2 residual read + T*H*2 hidden written +
+T*H q written + the scales written (4 per scale) + H*2 per norm weight (as
+torch_compare counts them); nrn T*H*2 x read instead of the expert rows and
+weights.
+
+    python3 bench/fp8_compare.py [--device auto|cuda|cpu] [--ops fused,nrn]
+                                 [--forms group128,group128+ue8m0+cm,token,tensor]
+                                 [--shapes 1:7168,64:7168,...] [--modes cold,hot]
+                                 [--iters N] [--threads N]
+
+Needs PyTorch >= 2.1 (float8_e4m3fn, torch.compile) and the beammoe package
+(installed, or from the source tree: run from the top of a build tree after
+`make`; torch_compare.py finds it).
+"""
+import argparse
+import math
+import os
+import sys
+
+# torch_compare.py, beside this file, finds the package (the source tree's
+# when none is installed) and PyTorch, and holds the timing helpers
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_compare as tc  # noqa: E402
+
+import beammoe  # noqa: E402
+import torch  # noqa: E402
+
+FP8 = getattr(torch, "float8_e4m3fn", None)
+K = tc.K
+EPS = tc.EPS
+FP8_MAX = 448.0
+TENSOR_SCALE = 0.0125  # the static scale: |normalized| up to 5.6 before the clamp
+
+FORMS = {
+    "group128": dict(kind="group", group_size=128),
+    "group128+ue8m0+cm": dict(kind="group", group_size=128, ue8m0=True, column_major=True),
+    "token": dict(kind="token"),
+    "tensor": dict(kind="tensor", scale=TENSOR_SCALE),
+    "group64": dict(kind="group", group_size=64),
+    "token+ue8m0": dict(kind="token", ue8m0=True),
+}
+DEFAULT_FORMS = "group128,group128+ue8m0+cm,token,tensor"
+# the BF16 calls and inputs of torch_compare's configurations
+OPS = {"fused": tc.Config("fused", "post+next", post="w"), "nrn": tc.Config("nrn", "next")}
+METHODS = ("bf16", "bf16+quant", "fp8", "fp8+bf16")
+
+
+# ---- the quantization a user writes today ------------------------------------------
+
+def pow2ceil(s):
+    """UE8M0: the smallest power of two >= s (s > 0, normal), from the bits
+    (vLLM's register kernel; exact, unlike exp2(ceil(log2(s))) whose log2 is
+    not correctly rounded on CUDA)."""
+    b = s.view(torch.int32)
+    up = ((b & 0x7FFFFF) != 0).to(torch.int32)
+    return (((b >> 23) + up) << 23).view(torch.float32)
+
+
+def quantize_groups(v, n, ue8m0, column_major, fp8_max):
+    """vLLM's per_token_group_quant of FP32 rows v; column_major: the scales
+    in DeepGEMM's layout (strides (1, T rounded up to 4)), as vLLM makes them."""
+    t, h = v.shape
+    g = v.view(t, h // n, n)
+    s = g.abs().amax(-1).clamp(min=1e-10) / fp8_max
+    if ue8m0:
+        s = pow2ceil(s.clamp(min=1e-10))
+    q = (g / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(t, h)
+    if column_major:
+        ld = (t + 3) // 4 * 4
+        s = torch.empty_strided((t, h // n), (1, ld), dtype=torch.float32, device=v.device).copy_(s)
+    return q, s
+
+
+def quantize_tokens(v, ue8m0, fp8_max):
+    """vLLM's dynamic per-token scaled_fp8_quant (the divide form)."""
+    s = (v.abs().amax(-1, keepdim=True) / fp8_max).clamp(min=1.0 / (FP8_MAX * 512.0))
+    if ue8m0:
+        s = pow2ceil(s)
+    return (v / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
+
+
+def quantizer(quant):
+    """f(normalized, fp8_max, static_scale) -> (q, scales) for one FP8Quant,
+    plain torch ops to compile; 448 and the static scale come in as tensors
+    so that every division stays a division under Inductor."""
+    def quantize(x, fp8_max, static_scale):
+        v = x.float()
+        if quant.kind == "group":
+            return quantize_groups(v, quant.group_size, quant.ue8m0, quant.column_major, fp8_max)
+        if quant.kind == "token":
+            return quantize_tokens(v, quant.ue8m0, fp8_max)
+        return (v / static_scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), static_scale
+    return quantize
+
+
+def quant_consts(dev):
+    """The reference's tensor constants: 448 and the static scale, FP32 [1]."""
+    return (torch.full((1,), FP8_MAX, dtype=torch.float32, device=dev),
+            torch.full((1,), TENSOR_SCALE, dtype=torch.float32, device=dev))
+
+
+def exact_division():
+    """Inductor's Triton kernels divide FP32 with the approximate div.full
+    unless eager_numerics.division_rounding; the library (and eager torch)
+    divide correctly rounded. Returns whether it was set."""
+    numerics = getattr(torch._inductor.config, "eager_numerics", None)
+    if numerics is None or not hasattr(numerics, "division_rounding"):
+        return False
+    numerics.division_rounding = True
+    return True
+
+
+def raise_compile_limits(n=1024):
+    """dynamic=False compiles once per shape; past the per-function or the
+    accumulated limit torch.compile silently falls back to eager."""
+    cfg = torch._dynamo.config
+    for name in ("cache_size_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), n))
+
+
+# ---- the four methods -----------------------------------------------------------
+
+def fp8_call(op, quant, keep):
+    """The operation's FP8 form on a Config's inputs (the same arguments as
+    torch_compare's BF16 call: strategy FUSED, no scales)."""
+    if op == "fused":
+        def run(gemm2, weights, residual, post_w, next_w):
+            return beammoe.beam_moe_finalize_norm_residual_norm_fp8(
+                beammoe.MoEOutput(gemm2, weights), residual, post_w, EPS, next_w, EPS, None, tc.ROUTED_SCALE,
+                quant=quant, strategy="fused", keep_normalized=keep)
+    else:
+        def run(x, residual, pre_w, next_w):
+            return beammoe.beam_norm_residual_norm_fp8(x, residual, None, None, next_w, EPS, None, quant=quant,
+                                                       keep_normalized=keep)
+    return run
+
+
+def bf16_call(op):
+    """torch_compare's BF16 call of the operation (strategy FUSED for the
+    fused op): the baseline, and what bf16+quant quantizes."""
+    return OPS[op].beam("fused" if op == "fused" else "plain")
+
+
+def methods(op, quant, compiled, consts):
+    """name -> fn(*inputs) for one operation and form; every fn returns
+    (hidden, normalized | None, q, scales) except bf16."""
+    bf16 = bf16_call(op)
+
+    def bf16_quant(*args):
+        hidden, normalized = bf16(*args)
+        return (hidden, normalized) + tuple(compiled(normalized, *consts))
+    out = {"bf16": bf16, "bf16+quant": bf16_quant, "fp8": fp8_call(op, quant, False)}
+    if op == "fused":
+        out["fp8+bf16"] = fp8_call(op, quant, True)
+    return out
+
+
+def same_bits(a, b):
+    """Equal shapes and bits (by value: a column-major tensor against a
+    row-major one; NaN equals NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
+    return torch.equal(a.view(as_int), b.view(as_int))
+
+
+def check(fns, args):
+    """"agree" when fp8 (and fp8+bf16) write the bits of bf16+quant: hidden,
+    q and scales (and normalized). Run once per operation, shape and form,
+    before that form's first timing."""
+    want = [o.clone() for o in fns["bf16+quant"](*tc.fresh(args))]
+    for name in ("fp8", "fp8+bf16"):
+        if name not in fns:
+            continue
+        got = fns[name](*tc.fresh(args))
+        if got[1] is not None and not same_bits(got[1], want[1]):
+            return "DIFFER"
+        if not all(same_bits(g, w) for i, (g, w) in enumerate(zip(got, want)) if i != 1):
+            return "DIFFER"
+    return "agree"
+
+
+# ---- bytes ----------------------------------------------------------------------
+
+def scales_bytes(quant, t, h):
+    """The scales written: FP32 per token and group, per token, or the one
+    static scale (column-major padding is allocated, not written)."""
+    if quant.kind == "group":
+        return t * (h // quant.group_size) * 4
+    return t * 4 if quant.kind == "token" else 4
+
+
+def fp8_bytes(op, quant, t, h):
+    """fp8's bytes: torch_compare's count of the BF16 operation with
+    normalized written (T*H*2) replaced by q (T*H) and its scales."""
+    return OPS[op].nbytes(t, h) - t * h * 2 + t * h + scales_bytes(quant, t, h)
+
+
+def set_bytes(op, quant, t, h):
+    """One buffer set's size for the cold rotation: inputs and outputs, plus
+    what the largest method (fp8+bf16) allocates, as torch_compare counts it."""
+    cfg = OPS[op]
+    return cfg.nbytes(t, h) + cfg.results_bytes(t, h) + t * h + scales_bytes(quant, t, h)
+
+
+# ---- CUDA and CPU runs ----------------------------------------------------------
+
+def cold_sets(op, forms, t, h, mode, dev, l2):
+    """Buffer sets (and calls per graph) for one shape: cold sets together
+    exceed 3x the L2 (sized by the form with the fewest bytes: more sets)."""
+    size = min(set_bytes(op, q, t, h) for q in forms.values())
+    nsets = 1 if mode == "hot" or size > 3 * l2 else int(math.ceil(3 * l2 / size)) + 1
+    sets = [OPS[op].make_set(t, h, dev) for _ in range(nsets)]
+    return sets, (max(nsets, 20) if mode == "cold" else 20)
+
+
+def time_shape(op, forms, compiled, consts, t, h, timer, checks):
+    """Rows of one operation and shape: bf16 timed once (it does not depend
+    on the form), the others per form; checks[form] (once per shape, before
+    the first timing of that form) says whether the FP8 bits agree."""
+    rows = []
+    base = timer(bf16_call(op))
+    for name, quant in forms.items():
+        fns = methods(op, quant, compiled[name], consts)
+        if name not in checks:
+            checks[name] = check(fns, timer.args)
+        res = {"bf16": base}
+        res.update((m, timer(fn)) for m, fn in fns.items() if m != "bf16")
+        rows.append((op, name, timer.mode, t, h, checks[name], res))
+        print("%s %s T=%d H=%d %s [%s]: %s" % (op, name, t, h, timer.mode, checks[name], ", ".join(
+            "%s %.2f us" % kv for kv in res.items())), flush=True)
+    return rows
+
+
+class GraphTimer:
+    """CUDA: torch_compare's graph_time_us over one shape's buffer sets."""
+
+    def __init__(self, sets, calls, iters, mode):
+        self.sets, self.calls, self.iters, self.mode = sets, calls, iters, mode
+        self.args = sets[0]
+
+    def __call__(self, fn):
+        return tc.graph_time_us(fn, self.sets, self.calls, self.iters)
+
+
+class WallTimer:
+    """CPU: torch_compare's wall_us of single calls on one input set."""
+
+    def __init__(self, args, iters):
+        self.args, self.iters, self.mode = args, iters, "wall"
+
+    def __call__(self, fn):
+        return tc.wall_us(fn, self.args, self.iters)
+
+
+def compile_forms(forms):
+    """One compiled quantization per form (recompiled per shape); fullgraph,
+    so that a graph break fails rather than timing eager torch."""
+    torch._dynamo.reset()
+    return {name: torch.compile(quantizer(q), dynamic=False, fullgraph=True) for name, q in forms.items()}
+
+
+def run_cuda(ops, forms, shapes, modes, iters, dev=torch.device("cuda")):
+    """Rows timed with CUDA graphs; the copy bandwidth. (dev is a parameter
+    only so that the flow can be exercised with the timers stubbed.)"""
+    print("device: %s, torch %s, beammoe %s (%s)" % (torch.cuda.get_device_name(dev), torch.__version__,
+                                                     beammoe.version(), beammoe.library_path()))
+    print("Inductor division: %s" % ("correctly rounded (eager_numerics.division_rounding)" if exact_division()
+                                     else "torch's default (no eager_numerics.division_rounding here)"))
+    l2 = tc.l2_bytes()
+    bw = tc.copy_bandwidth_cuda(max(iters, 20))
+    print("copy bandwidth (device to device, read + write): %.0f GB/s; L2 %.0f MB" % (bw / 1e9, l2 / 2 ** 20))
+    torch.manual_seed(0)
+    consts, compiled = quant_consts(dev), compile_forms(forms)
+    rows = []
+    for op in ops:
+        for t, h in shapes:
+            checks = {}
+            for mode in modes:
+                sets, calls = cold_sets(op, forms, t, h, mode, dev, l2)
+                timer = GraphTimer(sets, calls, iters, mode)
+                rows += time_shape(op, forms, compiled, consts, t, h, timer, checks)
+                del sets, timer
+                torch.cuda.empty_cache()
+    return rows, bw
+
+
+def run_cpu(ops, forms, shapes, iters, threads):
+    """Rows timed as wall time of single calls; the copy bandwidth."""
+    torch.set_num_threads(threads)
+    print("device: cpu (%d threads), torch %s, beammoe %s (%s)" % (
+        torch.get_num_threads(), torch.__version__, beammoe.version(), beammoe.library_path()))
+    bw = tc.copy_bandwidth_cpu(iters)
+    print("copy bandwidth (tensor copy, read + write): %.1f GB/s" % (bw / 1e9))
+    torch.manual_seed(0)
+    consts, compiled = quant_consts(torch.device("cpu")), compile_forms(forms)
+    rows = []
+    for op in ops:
+        for t, h in shapes:
+            timer = WallTimer(OPS[op].make_set(t, h, torch.device("cpu")), iters if t < 512 else max(10, iters // 10))
+            rows += time_shape(op, forms, compiled, consts, t, h, timer, {})
+    return rows, bw
+
+
+# ---- output and arguments ---------------------------------------------------------
+
+def table(dev, rows, forms, bw):
+    """A Markdown table, columns padded as torch_compare's: per row the four
+    times, b/c (the speedup over quantizing afterwards), a/c (>= 1: the FP8
+    form no slower than BF16) and fp8 as a fraction of its memory floor."""
+    cols = ["T", "H", "op", "form", "mode", "check"] + ["%s us" % m for m in METHODS] + [
+        "bf16+quant / fp8", "bf16 / fp8", "fp8 of floor"]
+    text = (2, 3, 4, 5)  # left-aligned; the rest are numbers
+    out = [cols]
+    for op, name, mode, t, h, agree, r in rows:
+        floor_us = fp8_bytes(op, forms[name], t, h) / bw * 1e6
+        out.append([str(t), str(h), op, name, mode, agree] + ["%.2f" % r[m] if m in r else "-" for m in METHODS] + [
+            "%.2fx" % (r["bf16+quant"] / r["fp8"]), "%.2fx" % (r["bf16"] / r["fp8"]),
+            "%.1f%%" % (100 * floor_us / r["fp8"])])
+    widths = [max([3] + [len(row[i]) for row in out]) for i in range(len(cols))]  # a rule needs 3
+    print()
+    print("beammoe's FP8 form vs the BF16 op + torch.compile'd quantization (K=%d), %s, copy %.1f GB/s" % (
+        K, dev, bw / 1e9))
+    print()
+    rule = [("-" * w if i in text else "-" * (w - 1) + ":") for i, w in enumerate(widths)]
+    for row in out[:1] + [rule] + out[1:]:
+        print("| " + " | ".join(v.ljust(w) if i in text else v.rjust(w)
+                                for i, (v, w) in enumerate(zip(row, widths))) + " |")
+
+
+def default_shapes(dev):
+    """CUDA: T = 1, 64, 4096, 16384 at H = 7168 and T = 4096 at H = 4096 and
+    2048; CPU: two small shapes, so that it runs quickly."""
+    if dev == "cpu":
+        return [(1, 7168), (64, 2048)]
+    return [(t, 7168) for t in (1, 64, 4096, 16384)] + [(4096, 4096), (4096, 2048)]
+
+
+def pick(kind, given, known):
+    """Comma-separated names, each one of known."""
+    names = [n for n in given.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        sys.exit("fp8_compare.py: --%s takes %s (got %s)" % (kind, ", ".join(known), given))
+    return names
+
+
+def parse_shapes(given, forms):
+    """T:H pairs; H must divide into every group form's groups."""
+    try:
+        shapes = [tuple(int(v) for v in s.split(":")) for s in given.split(",") if s]
+    except ValueError:
+        sys.exit("fp8_compare.py: --shapes takes T:H pairs, comma-separated")
+    if any(len(s) != 2 or min(s) < 1 for s in shapes):
+        sys.exit("fp8_compare.py: --shapes takes T:H pairs of positive numbers")
+    for name, q in forms.items():
+        bad = [h for _, h in shapes if q.kind == "group" and h % q.group_size]
+        if bad:
+            sys.exit("fp8_compare.py: H=%d is not a multiple of form %s's group size" % (bad[0], name))
+    return shapes
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap.add_argument("--ops", default="fused,nrn", help="operations: fused, nrn (default both)")
+    ap.add_argument("--forms", default=DEFAULT_FORMS, help="quantization forms, of: %s (default %s)" % (
+        ", ".join(FORMS), DEFAULT_FORMS))
+    ap.add_argument("--shapes", help="T:H pairs, comma-separated (default: by device)")
+    ap.add_argument("--modes", default="cold", help="CUDA: cold, hot or both (default cold)")
+    ap.add_argument("--iters", type=int, default=50, help="replays (CUDA) or calls (CPU) per timing")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: all)")
+    args = ap.parse_args()
+    if FP8 is None or not hasattr(torch, "compile"):
+        sys.exit("fp8_compare.py: torch %s has no float8_e4m3fn or torch.compile" % torch.__version__)
+    dev = args.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cuda" and not torch.cuda.is_available():
+        sys.exit("fp8_compare.py: --device cuda but torch sees no CUDA device")
+    ops = pick("ops", args.ops, list(OPS))
+    forms = {n: beammoe.FP8Quant(**FORMS[n]) for n in pick("forms", args.forms, list(FORMS))}
+    shapes = parse_shapes(args.shapes, forms) if args.shapes else default_shapes(dev)
+    raise_compile_limits()
+    with torch.inference_mode():
+        if dev == "cuda":
+            modes = pick("modes", args.modes, ["cold", "hot"])
+            rows, bw = run_cuda(ops, forms, shapes, modes, args.iters)
+        else:
+            rows, bw = run_cpu(ops, forms, shapes, args.iters, args.threads)
+    table(dev, rows, forms, bw)
+
+
+if __name__ == "__main__":
+    main()
