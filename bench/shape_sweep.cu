@@ -92,18 +92,12 @@ struct case_t {
     int quant; /* the quantized output of normalized: 0 none, else a form of quant_form */
 };
 
-/* Form f (1..5) of the quantized output for T rows: group 128 row-major,
- * group 64 UE8M0 column-major, token, token UE8M0, a static tensor scale. */
+/* Form f (1..QM_NFORMS) of the tests' model's forms for T rows. */
 static beam_quant quant_form(int f, int64_t T)
 {
-    beam_quant q;
-    memset(&q, 0, sizeof q);
-    q.kind = f <= 2 ? BEAM_QUANT_FP8_GROUP : f <= 4 ? BEAM_QUANT_FP8_TOKEN : BEAM_QUANT_FP8_TENSOR;
-    q.group_size = f == 1 ? 128 : f == 2 ? 64 : 0;
-    q.flags = f == 2 ? (BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR) : f == 4 ? BEAM_QUANT_UE8M0 : 0;
-    q.scale = f == 5 ? 0.0125f : 0.0f;
-    q.scale_ld = f == 2 ? (T + 3) / 4 * 4 : 0;
-    return q;
+    beam_quant q[QM_NFORMS];
+    qm_forms(q, T);
+    return q[f - 1];
 }
 
 /* one case, one shape; returns number of mismatches */
@@ -337,7 +331,7 @@ static int check()
         c.scales = rnd() % 2; c.inplace = rnd() % 3 == 0; c.misalign = rnd() % 4 == 0;
         c.special = rnd() % 4 == 0;
         c.routed = (rnd() % 2) ? 1.0f : 2.5f;
-        c.quant = rnd() % 3 == 0 ? 1 + (int)(rnd() % 5) : 0;
+        c.quant = rnd() % 3 == 0 ? 1 + (int)(rnd() % QM_NFORMS) : 0;
         if (c.op == OP_FIN) c.inplace = 0;
         /* every compiled shape that covers H (always the picked one) */
         std::vector<bm_shape> shs;
@@ -361,7 +355,7 @@ static int check()
     for (int iter = 0; iter < 12; ++iter) {
         case_t c = {iter % 4, 8, (iter % 3 == 0) ? 7168 : 2048, 300 + (int64_t)(rnd() % 700), 0, 1, 1, 1, 1, 1, iter % 2, iter % 3 == 1, 1, 1.0f};
         c.cap = c.T + 1;
-        c.quant = 1 + iter % 5;
+        c.quant = 1 + iter % QM_NFORMS;
         if (c.op == OP_FIN) c.inplace = 0;
         long b = run_case(c, pick_for(c.op, c.T, c.H, c.normA), 0);
         ++ncases;

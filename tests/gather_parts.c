@@ -907,27 +907,9 @@ static void part_hosts(uint64_t seed)
 
 /* ---- the quantized output (part "quant") ----------------------------------- */
 
-enum { NQFORMS = 5, QGUARD = 64 };
+enum { NQFORMS = QM_NFORMS, QGUARD = 64 };
 #define QPOISON8 0x5A /* values; scales get 0xFF bytes, a NaN no scale is */
 
-/* The forms: group 128 row-major, group 64 UE8M0 column-major with
- * DeepGEMM's scale_ld (T rounded up to 4: rows T.. of each column are
- * padding), token, token UE8M0, tensor. */
-static void quant_forms(beam_quant *q, int64_t T)
-{
-    memset(q, 0, NQFORMS * sizeof *q);
-    q[0].kind = BEAM_QUANT_FP8_GROUP;
-    q[0].group_size = 128;
-    q[1].kind = BEAM_QUANT_FP8_GROUP;
-    q[1].group_size = 64;
-    q[1].flags = BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR;
-    q[1].scale_ld = (T + 3) / 4 * 4;
-    q[2].kind = BEAM_QUANT_FP8_TOKEN;
-    q[3].kind = BEAM_QUANT_FP8_TOKEN;
-    q[3].flags = BEAM_QUANT_UE8M0;
-    q[4].kind = BEAM_QUANT_FP8_TENSOR;
-    q[4].scale = 0.0125f;
-}
 static const char *const QNAMES[NQFORMS] = {"group128", "group64 ue8m0 col-major", "token", "token ue8m0",
                                             "tensor"};
 
@@ -1065,7 +1047,7 @@ static void quant_bad(uint64_t seed)
         beam_workspace *ws = make_ws(d, -1, -1, 5000);
         beam_quant forms[NQFORMS], bad;
         double t0;
-        quant_forms(forms, T);
+        qm_forms(forms, T);
         bad = forms[0]; /* group 128, with group_size 96 */
         bad.group_size = 96;
         snprintf(what, sizeof what, "one rank's bad quant: %s", names[s]);
@@ -1122,7 +1104,7 @@ static void part_quant(uint64_t seed)
     ws = make_ws(&d, 2, 8, 0);
     for (t = 0; t < nT; ++t) {
         beam_quant forms[NQFORMS];
-        quant_forms(forms, Ts[t]);
+        qm_forms(forms, Ts[t]);
         for (f = 0; f < NQFORMS; ++f) {
             qdata_model(&qd, &d, &forms[f], Ts[t]);
             /* normalized NULL, kept, kept on the even ranks only (each

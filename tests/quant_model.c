@@ -100,3 +100,19 @@ size_t qm_scale_floats(const beam_quant *q, int64_t T, int32_t H)
     if (q->flags & BEAM_QUANT_COL_MAJOR) return (size_t)(H / q->group_size) * (size_t)q->scale_ld;
     return (size_t)T * (size_t)(H / q->group_size);
 }
+
+void qm_forms(beam_quant *q, int64_t T)
+{
+    memset(q, 0, QM_NFORMS * sizeof *q);
+    q[0].kind = BEAM_QUANT_FP8_GROUP;
+    q[0].group_size = 128;
+    q[1].kind = BEAM_QUANT_FP8_GROUP;
+    q[1].group_size = 64;
+    q[1].flags = BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR;
+    q[1].scale_ld = (T + 3) / 4 * 4;
+    q[2].kind = BEAM_QUANT_FP8_TOKEN;
+    q[3].kind = BEAM_QUANT_FP8_TOKEN;
+    q[3].flags = BEAM_QUANT_UE8M0;
+    q[4].kind = BEAM_QUANT_FP8_TENSOR;
+    q[4].scale = 0.0125f;
+}

@@ -29,6 +29,13 @@ float qm_scale(const beam_quant *q, const uint16_t *y, int n);
  * two arrays is written (column-major padding included). */
 void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals, float *scales);
 
+/* The forms the tests run, for T rows (values, scales and scale_ld's
+ * arrays are the caller's): group 128 row-major, group 64 UE8M0
+ * column-major with DeepGEMM's scale_ld (T rounded up to 4: rows T.. of
+ * each column are padding), token, token UE8M0, tensor (scale 0.0125). */
+#define QM_NFORMS 5
+void qm_forms(beam_quant *q, int64_t T);
+
 /* The floats a scales array of q's form spans for T rows of H (column-major:
  * every column of scale_ld, padding included; TENSOR: 0). */
 size_t qm_scale_floats(const beam_quant *q, int64_t T, int32_t H);

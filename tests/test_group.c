@@ -851,26 +851,8 @@ static void test_timeout(void)
 #define QPOISON8 0x5Au
 #define QPOISON32 0xFFFFFFFFu /* a NaN: a scale is never NaN, nor negative */
 #define QMAXT 100
-#define NQFORMS 5
+#define NQFORMS QM_NFORMS
 
-/* The forms: group 128 row-major, group 64 UE8M0 column-major with
- * DeepGEMM's scale_ld (T rounded up to 4, so rows T.. are padding), token,
- * token UE8M0, tensor. */
-static void q_forms(beam_quant *q, int64_t T)
-{
-    memset(q, 0, NQFORMS * sizeof *q);
-    q[0].kind = BEAM_QUANT_FP8_GROUP;
-    q[0].group_size = 128;
-    q[1].kind = BEAM_QUANT_FP8_GROUP;
-    q[1].group_size = 64;
-    q[1].flags = BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR;
-    q[1].scale_ld = (T + 3) / 4 * 4;
-    q[2].kind = BEAM_QUANT_FP8_TOKEN;
-    q[3].kind = BEAM_QUANT_FP8_TOKEN;
-    q[3].flags = BEAM_QUANT_UE8M0;
-    q[4].kind = BEAM_QUANT_FP8_TENSOR;
-    q[4].scale = 0.0125f;
-}
 
 /* Every rank's quantized output of one form, and the model's over the same
  * extent (poison where nothing may be written). */
@@ -1063,7 +1045,7 @@ static void run_quant_R(int R)
             c.scales = 1;
             c.pad = 1;
             gdata_make(&d, &c, R, seed);
-            q_forms(forms, c.T);
+            qm_forms(forms, c.T);
             for (f = 0; f < NQFORMS; f++) {
                 qout o;
                 qout_make(&o, &forms[f], R, c.T, c.H, d.want_n);
