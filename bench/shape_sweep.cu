@@ -11,7 +11,7 @@
  *                       cases (special values, NaN padding rows, misaligned
  *                       bases, in place, every op, a third of them with
  *                       each form of the quantized output, checked against
- *                       tests/quant_model.c)
+ *                       harness/quant_model.c)
  *   shape_sweep perf [--op N] [--T N] [--summary]
  *                       copy bandwidth, an empty kernel per graph node, then
  *                       for each shape of docs/PERF.md and each configuration
@@ -35,7 +35,7 @@
 #include "launch.h"
 extern "C" {
 #include "naive_ref.h"
-#include "../tests/quant_model.h" /* the tests' model of docs/numerics.md#fp8 */
+#include "quant_model.h"
 }
 
 static uint64_t rng_s = 0x1234567;
@@ -92,7 +92,7 @@ struct case_t {
     int quant; /* the quantized output of normalized: 0 none, else a form of quant_form */
 };
 
-/* Form f (1..QM_NFORMS) of the tests' model's forms for T rows. */
+/* Form f (1..QM_NFORMS) of the harness's forms for T rows. */
 static beam_quant quant_form(int f, int64_t T)
 {
     beam_quant q[QM_NFORMS];

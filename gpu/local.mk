@@ -41,10 +41,10 @@ EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
 # ---- bench/shape_sweep: every compiled launch shape checked and timed (a
 # contributor's tool, docs/PERF.md): drives gpu/launch.cu without lib/, so
 # it links gpu/launch.lo and the harness (its naive reference, its check
-# macros) itself, and the tests' model of the quantized output.
+# macros, its model of the quantized output) itself.
 # Built on request (`make bench/shape_sweep`) and by scripts/gpu-check.sh.
 EXTRA_PROGRAMS += bench/shape_sweep
-bench_shape_sweep_SOURCES = tests/quant_model.c tests/quant_model.h
+bench_shape_sweep_SOURCES =
 bench_shape_sweep_LDFLAGS = $(CUDA_LDFLAGS)
 bench_shape_sweep_LDADD = bench/shape_sweep.lo gpu/launch.lo harness/libharness.la \
 	$(CUDA_LIBS) -lstdc++

@@ -3,7 +3,9 @@
 # helpers, one runner; device memory for CUDA runs (devmem.c: the CUDA
 # runtime that the backend links, dlopen'ed by the soname configure found);
 # safetensors files; the check macros of the GPU tests and
-# benches (checks.h, whose failure action checks.c holds: it needs no CUDA).
+# benches (checks.h, whose failure action checks.c holds: it needs no CUDA);
+# the model of the quantized output (quant_model.c: the tests, the audit and
+# bench/shape_sweep check the library against it).
 # A convenience library, never installed.
 # Included by the top Makefile.am; paths are relative to the top directory.
 #
@@ -16,7 +18,7 @@ harness_libharness_la_SOURCES = \
 	harness/case.c harness/case.h harness/devmem.c harness/devmem.h \
 	harness/safetensors.c harness/safetensors.h harness/st_header.c harness/st_header.h \
 	harness/st_case.c harness/st_case.h harness/text.c harness/text.h \
-	harness/checks.c harness/checks.h
+	harness/checks.c harness/checks.h harness/quant_model.c harness/quant_model.h
 # pthread_sigmask: the safetensors writer keeps its signal handler off the
 # thread that creates the temporary file (safetensors.c).
 harness_libharness_la_CFLAGS = $(AM_CFLAGS) -std=c99 -ffp-contract=off -fno-fast-math \

@@ -10,7 +10,7 @@
 #   make bench-gather             bench/gather_bench: TP=2, H=7168, K=8, every
 #                                 strategy side by side (docs/PERF.md)
 # Both tests share their parts (tests/gather_parts.c) and the model of the
-# quantized output (tests/quant_model.c, part "quant"); test_gather_nccl and
+# quantized output (harness/quant_model.c, part "quant"); test_gather_nccl and
 # gather_bench start their rank processes with the harness's launcher
 # (harness/ranks.c, in harness/libharness_cuda.la), which sets
 # NCCL_NVLS_ENABLE=0 (NVLink multicast is never used).
@@ -24,14 +24,12 @@ check_PROGRAMS += tests/test_gather_nccl tests/test_gather_group
 TESTS += tests/test_gather_group tests/test_gather_nccl
 # The naive reference and the check macros come from the harness
 # (harness/local.mk).
-tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/gather_parts.c tests/gather_parts.h \
-	tests/quant_model.c tests/quant_model.h
+tests_test_gather_nccl_SOURCES = tests/test_gather_nccl.c tests/gather_parts.c tests/gather_parts.h
 tests_test_gather_nccl_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
 tests_test_gather_nccl_LDFLAGS = $(CUDA_LDFLAGS)
 tests_test_gather_nccl_LDADD = harness/libharness_cuda.la $(BEAM_GATHER_TEST_LIBS) $(NCCL_LIBS)
 
-tests_test_gather_group_SOURCES = tests/test_gather_group.c tests/gather_parts.c tests/gather_parts.h \
-	tests/quant_model.c tests/quant_model.h
+tests_test_gather_group_SOURCES = tests/test_gather_group.c tests/gather_parts.c tests/gather_parts.h
 tests_test_gather_group_CPPFLAGS = $(BEAM_GATHER_TEST_CPPFLAGS)
 tests_test_gather_group_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_gather_group_LDFLAGS = $(CUDA_LDFLAGS) $(PTHREAD_CFLAGS)

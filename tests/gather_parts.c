@@ -27,7 +27,7 @@
  * that never comes), hosts (ranks acting as on different hosts, where the
  * transport has g_make_hosts), quant (the _q gather: every form of
  * beam_quant x strategy x normalized kept, NULL or kept on some ranks only,
- * against the plain gather's reference and tests/quant_model.c's
+ * against the plain gather's reference and harness/quant_model.c's
  * quantization of it, padding untouched; one rank's bad quant rejected
  * in-band).
  */

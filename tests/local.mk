@@ -80,10 +80,10 @@ tests_test_fp8_SOURCES = tests/test_fp8.c
 tests_test_fp8_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_fp8_LDADD = $(BEAM_TEST_LIBS)
 
-# The quantized output of normalized, every backend, against the tests' own
-# model of docs/numerics.md#fp8 (tests/quant_model.c, shared with the
+# The quantized output of normalized, every backend, against the harness's
+# model of docs/numerics.md#fp8 (harness/quant_model.c, shared with the
 # gather's tests; thread-safe through pthread_once).
-tests_test_quant_SOURCES = tests/test_quant.c tests/quant_model.c tests/quant_model.h
+tests_test_quant_SOURCES = tests/test_quant.c
 tests_test_quant_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_quant_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_quant_LDFLAGS = $(PTHREAD_CFLAGS)
@@ -113,7 +113,7 @@ tests_test_threads_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS)
 tests_test_threads_LDFLAGS = $(OPENMP_CFLAGS)
 tests_test_threads_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
-tests_test_group_SOURCES = tests/test_group.c tests/quant_model.c tests/quant_model.h
+tests_test_group_SOURCES = tests/test_group.c
 tests_test_group_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_group_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_group_LDFLAGS = $(PTHREAD_CFLAGS)

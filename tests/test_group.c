@@ -36,7 +36,7 @@
  * tokens 1, < R, not divisible by R and near max_tokens: every rank's
  * hidden_out and normalized equal the reference, and its values and
  * scales equal the tests' model of docs/numerics.md#fp8
- * (tests/quant_model.c) applied to the reference's normalized, every byte
+ * (harness/quant_model.c) applied to the reference's normalized, every byte
  * past them (column-major padding included) untouched. A bad quant on one
  * rank, or ranks that pass different forms, fail every rank at once with
  * nothing written.

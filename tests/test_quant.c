@@ -1,7 +1,7 @@
 /*
  * test_quant.c - the quantized output of normalized (the local beam_*_q
  * calls), every backend that runs here, against the tests' own model of
- * docs/numerics.md#fp8 (tests/quant_model.c, which the gather's tests
+ * docs/numerics.md#fp8 (harness/quant_model.c, which the gather's tests
  * share).
  *
  *   The model: the backend's own plain call gives hidden and normalized

@@ -11,6 +11,9 @@
  *                       thread counts) vs the ground truth
  *   cpu  gather/<s>     the fused op through CPU groups of R = 1,2,3,4,8 ranks
  *   cuda <strategy>     the local ops on CUDA when that backend is available
+ *   <backend> fp8 ...   the quantized output of normalized (audit_fp8.c):
+ *                       the CPU's against the model, every backend's and
+ *                       strategy's against the CPU's
  * Elements compared include one guard row past the live rows of each output
  * and the `normalized` buffer when no next norm is given: both must keep the
  * sentinel the tool wrote there.
@@ -25,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "audit_fp8.h"
 #include "backends.h"
 #include "common.h"
 #include "devmem.h"
@@ -188,20 +192,13 @@ static void case_label(const acase *c, char *buf, size_t n)
 
 /* ---- the table ---- */
 
-/* Running totals of the table. */
-typedef struct tally {
-    int rows, bad_rows, errors;
-    int64_t compared, mismatched;
-} tally;
-
 static void audit_print_header(void)
 {
     printf("%-56s %-7s %-18s %11s %10s %7s\n", "case", "backend", "strategy", "compared",
            "mismatch", "maxulp");
 }
 
-static void audit_print_row(tally *t, const char *label, const char *backend,
-                            const char *strategy, const hu_cmp *c)
+void audit_print_row(tally *t, const char *label, const char *backend, const char *strategy, const hu_cmp *c)
 {
     char ulp[32];
     hu_cmp_ulp_text(c, ulp, sizeof ulp);
@@ -213,8 +210,7 @@ static void audit_print_row(tally *t, const char *label, const char *backend,
     if (c->mismatched) t->bad_rows++;
 }
 
-static void audit_print_error(tally *t, const char *label, const char *backend,
-                              const char *strategy, const char *msg)
+void audit_print_error(tally *t, const char *label, const char *backend, const char *strategy, const char *msg)
 {
     printf("%-56s %-7s %-18s %11s %10s %7s  <-- ERROR\n      %s\n", label, backend, strategy, "-",
            "ERROR", "-", msg);
@@ -524,7 +520,9 @@ static void audit_usage(FILE *f)
             "Checks every available backend (cpu; cuda when it loads) and every strategy\n"
             "against the CPU ground truth on a built-in sweep of shapes and special\n"
             "values (NaN, +-inf, signed zeros, subnormals, rounding ties, overflow), and\n"
-            "the CPU backend against the naive reference of docs/numerics.md.\n"
+            "the CPU backend against the naive reference of docs/numerics.md; the\n"
+            "quantized (FP8) output of normalized in every form, the CPU's against the\n"
+            "model of docs/numerics.md#fp8 and every backend's against the CPU's.\n"
             "The gather runs on CPU groups of 1, 2, 3, 4 and 8 ranks (the CUDA gather\n"
             "needs one process per GPU: tests/test_gather_nccl checks it bit for bit\n"
             "against the same rules). Inputs past the live rows are NaN; outputs get a\n"
@@ -663,6 +661,7 @@ int cmd_audit(int argc, char **argv)
         audit_case(&ax, &l.v[i], i);
         fflush(stdout);
     }
+    audit_fp8(&ax.t, g_ops, ax.quick, ax.seed);
     for (b = 0; b < BM_NBACKENDS; b++)
         if (ax.others >> b & 1u)
             printf("%-56s %-7s %-18s %11s %10s %7s  skipped: one process per GPU: "

@@ -1,5 +1,5 @@
 /*
- * quant_model.c - the tests' model of docs/numerics.md#fp8 (quant_model.h).
+ * quant_model.c - the harness's model of docs/numerics.md#fp8 (quant_model.h).
  */
 #include <math.h>
 #include <pthread.h>

@@ -1,14 +1,15 @@
 /*
- * quant_model.h - the tests' own model of docs/numerics.md#fp8: the
+ * quant_model.h - the harness's own model of docs/numerics.md#fp8: the
  * quantized output of BF16 normalized rows (beam_quant), written from the
  * text of that section and nothing of the library's (the E4M3 value is the
  * nearest of the 254 finite codes, found by search). Used by
- * tests/test_quant.c (the local *_q calls) and by the gather's tests
- * (tests/test_group.c, tests/gather_parts.c). Thread-safe: ranks that are
- * threads call it at once.
+ * tests/test_quant.c (the local *_q calls), the gather's tests
+ * (tests/test_group.c, tests/gather_parts.c), `beammoe audit` and
+ * bench/shape_sweep check. Thread-safe: ranks that are threads call it at
+ * once.
  */
-#ifndef BEAMMOE_TESTS_QUANT_MODEL_H
-#define BEAMMOE_TESTS_QUANT_MODEL_H
+#ifndef BEAMMOE_HARNESS_QUANT_MODEL_H
+#define BEAMMOE_HARNESS_QUANT_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
