@@ -187,6 +187,9 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     if (quant->flags & ~known)
         return bm_fail(BAD, "%s: quant->flags=0x%x has unknown bits (known: BEAM_QUANT_UE8M0, "
                        "BEAM_QUANT_COL_MAJOR)", fn, (unsigned)quant->flags);
+    if ((quant->kind == BEAM_QUANT_FP8_GROUP || quant->kind == BEAM_QUANT_FP8_TOKEN) && quant->scale != 0.0f)
+        return bm_fail(BAD, "%s: quant->scale=%g must be 0 for the dynamic kinds (their scales are computed)",
+                       fn, (double)quant->scale);
     switch (quant->kind) {
     case BEAM_QUANT_FP8_GROUP:
         if (quant->group_size != 128 && quant->group_size != 64)
@@ -196,6 +199,10 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
             if (quant->scale_ld < tokens)
                 return bm_fail(BAD, "%s: quant->scale_ld=%lld must be >= tokens=%lld (column-major scales)",
                                fn, (long long)quant->scale_ld, (long long)tokens);
+            /* the extent below, in bytes, must not wrap */
+            if (quant->scale_ld > (INT64_MAX / 4 - tokens) / (hidden / out->group - 1))
+                return bm_fail(BAD, "%s: quant->scale_ld=%lld is too large (the scales would span more than "
+                               "2^63 bytes)", fn, (long long)quant->scale_ld);
             out->ld_t = 1;
             out->ld_g = quant->scale_ld;
             /* the last group's column ends at its last token */
@@ -226,8 +233,11 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         if (quant->group_size != 0 || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
             return bm_fail(BAD, "%s: BEAM_QUANT_FP8_TENSOR takes only quant->scale and quant->values "
                            "(group_size, flags, scale_ld must be 0, scales NULL)", fn);
-        if (!isfinite(quant->scale) || !(quant->scale > 0.0f))
-            return bm_fail(BAD, "%s: quant->scale=%g must be finite and > 0", fn, (double)quant->scale);
+        /* below 2^126: its reciprocal stays a normal number, which the CUDA
+         * kernels' quotient needs (gpu/quant.cuh) */
+        if (!(quant->scale > 0.0f) || !(quant->scale < 0x1p126f))
+            return bm_fail(BAD, "%s: quant->scale=%g must be > 0 and < 2^126 (finite)", fn,
+                           (double)quant->scale);
         out->group = hidden;
         out->scale = quant->scale;
         break;

@@ -292,6 +292,11 @@ static int forms(beam_quant *out, int64_t T)
     memset(&out[n], 0, sizeof out[n]);
     out[n].kind = BEAM_QUANT_FP8_TENSOR;
     out[n++].scale = 0.0125f;
+    /* the largest static scale taken: its reciprocal is the smallest normal
+     * number the CUDA quotient works from */
+    memset(&out[n], 0, sizeof out[n]);
+    out[n].kind = BEAM_QUANT_FP8_TENSOR;
+    out[n++].scale = 0x1.fffffep125f;
     return n;
 }
 
@@ -353,7 +358,7 @@ static void test_errors(void)
         const char *what;
         beam_quant q;
         int next_on;
-    } bad[12];
+    } bad[16];
     int n = 0, i;
     for (i = 0; i < 512; i++) x[i] = res[i] = 0x3F80;
     for (i = 0; i < 256; i++) w[i] = 0x3F80;
@@ -374,6 +379,12 @@ static void test_errors(void)
     BAD("token with a group", 1, BEAM_QUANT_FP8_TOKEN, 128, 0, 0.0f, vals, sc, 0);
     BAD("tensor scale 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 0.0f, vals, NULL, 0);
     BAD("tensor scale inf", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, INFINITY, vals, NULL, 0);
+    BAD("tensor scale 2^126", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 0x1p126f, vals, NULL, 0);
+    BAD("group with a scale", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.5f, vals, sc, 0);
+    BAD("token with a scale", 1, BEAM_QUANT_FP8_TOKEN, 0, 0, 0.5f, vals, sc, 0);
+    /* (G - 1) * scale_ld * 4 bytes wraps 64 bits: must not pass as a small extent */
+    BAD("col-major ld wrapping", 1, BEAM_QUANT_FP8_GROUP, 64, BEAM_QUANT_COL_MAJOR, 0.0f, vals, sc,
+        3074457345618258603LL);
     BAD("tensor with scales", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 1.0f, vals, sc, 0);
     BAD("values NULL", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, NULL, sc, 0);
     BAD("no next norm", 0, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 0);

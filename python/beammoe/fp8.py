@@ -54,8 +54,8 @@ class FP8Quant:
             if ue8m0:
                 raise ValueError("FP8Quant: ue8m0 is for the dynamic kinds (\"group\", \"token\")")
             scale = A.number("FP8Quant", "scale", scale)
-            if not scale > 0.0:
-                raise ValueError("FP8Quant: scale=%r must be > 0" % (scale,))
+            if not 0.0 < scale < 2.0 ** 126:
+                raise ValueError("FP8Quant: scale=%r must be > 0 and < 2**126" % (scale,))
         elif scale is not None:
             raise ValueError("FP8Quant: scale is for kind=\"tensor\" (a static scale)")
         self.kind = kind
