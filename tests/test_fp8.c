@@ -11,6 +11,25 @@
  *             mantissas), clamped
  *   scales    the group and token scales against double arithmetic, and
  *             the power-of-two (UE8M0) scales against a search
+ *   select    the branch-free conversion cpu/quant.c vectorizes, on every
+ *             FP32 value (all 2^32 bit patterns): the model's code of
+ *             clamp(v) only grows with |v|, so each positive code k is the
+ *             code of one interval of bit patterns |v| in [lo_k, hi_k],
+ *             found by bisection with the model and checked by it at both
+ *             ends and just past them; bm_e4m3_clamp_sel must give k (and
+ *             k | 0x80 for -v) on every pattern of the interval (beyond 448
+ *             too: 0x7E) and 0xFE on every NaN, in a vectorized count
+ *             (about 2 s; the subnormal range, every rounding boundary and
+ *             all of [-448, 448] included); bm_e4m3_sel against bm_e4m3 on
+ *             64 patterns around each boundary and every 61st pattern
+ *   quotients bm_fp8_quant_sel(x, s) == bm_fp8_quant(x, s) for every BF16
+ *             x (NaN and infinities included) and 64 scales: every 7th
+ *             power of two from 2^-133 (subnormal) to 2^126, the eight
+ *             above, scales just off 1 and 3 and others whose quotients
+ *             land next to E4M3 midpoints, 1e-30, 3.4e38, infinity
+ *   absmax    bm_fp8_absmax_bf16 against the float comparison loop (which
+ *             skips a NaN as fmaxf does a quiet one), each BF16 value among
+ *             zeros, NaN, infinities and others, at each place
  *
  * Groundwork of the quantized output: this test reaches a backend's
  * internal header; once the operations take a quantized output it moves
@@ -135,12 +154,158 @@ static void test_scales(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* ---- the branch-free forms ---------------------------------------------------- */
+
+/* The model's code of clamp(v) for the magnitude bits a (NaN excluded). */
+static uint8_t model_bits(uint32_t a)
+{
+    float v;
+    memcpy(&v, &a, sizeof v);
+    return model_e4m3((double)bm_fp8_clamp(v));
+}
+
+/* Patterns u in [lo, hi] where bm_e4m3_clamp_sel misses code c: a loop
+ * without branches, vectorized; on x86-64 GCC for the same instruction sets
+ * as cpu/quant.c's loops (and 2-3x faster than with SSE2 alone). */
+#if defined(__GNUC__) && __GNUC__ >= 11 && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#endif
+static long sel_misses(uint32_t lo, uint32_t hi, uint8_t c)
+{
+    long bad = 0;
+    uint32_t u = lo;
+    for (;;) {
+        /* blocks of 2^16: the loop's count and misses are ints */
+        const uint32_t end = hi - u > 0xFFFFu ? u + 0xFFFFu : hi;
+        const int n = (int)(end - u) + 1;
+        int i, nb = 0; /* 32-bit lanes */
+        for (i = 0; i < n; i++) nb += bm_e4m3_clamp_sel(bm_fp8_float(u + (uint32_t)i)) != c;
+        bad += nb;
+        if (end == hi) return bad;
+        u = end + 1;
+    }
+}
+
+static void test_select(void)
+{
+    uint32_t lo[128];
+    long bad = 0, misses = 0;
+    int k, sign;
+    /* lo[k]: the first magnitude pattern whose code is >= k; the code of
+     * +infinity (0x7F800000) is 0x7E */
+    lo[0] = 0;
+    lo[127] = 0x7F800001u;
+    for (k = 1; k < 127; k++) {
+        uint32_t a = 0, b = 0x7F800000u; /* code(a) < k <= code(b) */
+        while (b - a > 1) {
+            const uint32_t m = a + (b - a) / 2;
+            if (model_bits(m) >= k)
+                b = m;
+            else
+                a = m;
+        }
+        lo[k] = b;
+    }
+    /* every code is taken, and the ends are right */
+    for (k = 0; k < 127; k++) {
+        bad += model_bits(lo[k]) != k || model_bits(lo[k + 1] - 1) != k;
+        if (k > 0) bad += model_bits(lo[k] - 1) != k - 1;
+        bad += lo[k + 1] <= lo[k];
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT_EQUAL(lo[126], 0x43D80000u); /* 432, halfway from 416: ties to 448 (even) */
+    /* bm_e4m3_clamp_sel on every pattern of both signs */
+    for (sign = 0; sign < 2; sign++) {
+        const uint32_t s = sign ? 0x80000000u : 0u;
+        for (k = 0; k < 127; k++) {
+            const uint8_t c = (uint8_t)(k | (sign ? 0x80 : 0));
+            const long m = sel_misses(s | lo[k], s | (lo[k + 1] - 1), c);
+            if (m && misses++ < 5) fprintf(stderr, "  select: code 0x%02x, %ld patterns miss\n", c, m);
+        }
+        /* every NaN */
+        if (sel_misses(s | 0x7F800001u, s | 0x7FFFFFFFu, 0xFE) && misses++ < 5)
+            fprintf(stderr, "  select: a NaN (sign %d) is not 0xFE\n", sign);
+    }
+    CU_ASSERT_EQUAL(misses, 0);
+    /* bm_e4m3_sel (the same code without the NaN case) against bm_e4m3:
+     * 64 patterns around each interval's start, every 61st pattern, both
+     * signs, to infinity */
+    bad = 0;
+    for (sign = 0; sign < 2; sign++) {
+        const uint32_t s = sign ? 0x80000000u : 0u;
+        uint32_t a;
+        for (k = 1; k < 127; k++)
+            for (a = lo[k] - 32; a < lo[k] + 32; a++)
+                bad += bm_e4m3_sel(bm_fp8_float(s | a)) != bm_e4m3(bm_fp8_float(s | a));
+        for (a = 0; a <= 0x7F800000u; a += 61u)
+            bad += bm_e4m3_sel(bm_fp8_float(s | a)) != bm_e4m3(bm_fp8_float(s | a));
+    }
+    /* a quiet NaN through the definition's clamp, and through the select */
+    bad += bm_e4m3(bm_fp8_clamp(bm_fp8_float(0x7FC00000u))) != 0xFE || bm_e4m3_clamp_sel(NAN) != 0xFE;
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+static void test_quotients(void)
+{
+    float scales[64];
+    long bad = 0;
+    unsigned b;
+    int k, n = 0;
+    static const float more[] = {1.0f, 0.5f, 3.0f, 1.0f / 448.0f, 7.3e-3f, 1.5e-12f, 2.0e-3f, 640.0f,
+                                 /* quotients near the midpoints 2^-10, 3 * 2^-10, 15 * 2^-8, 27 and 432 */
+                                 1.0009765625f, 0.99951171875f, 3.00048828125f, 0.0625f / 0.05859375f,
+                                 27.0f / 26.999998f, 432.0f / 431.99997f, 1.0e-30f, 3.4e38f};
+    for (k = -133; k <= 127; k += 7) scales[n++] = ldexpf(1.0f, k); /* 38 */
+    for (k = 0; k < (int)(sizeof more / sizeof more[0]); k++) scales[n++] = more[k];
+    while (n < 63) scales[n] = scales[n - 1] * 1.37f, n++;
+    scales[n++] = INFINITY;
+    for (k = 0; k < n; k++)
+        for (b = 0; b < 65536u; b++) {
+            const float x = widen_bf16((uint16_t)b);
+            const uint8_t got = (uint8_t)bm_fp8_quant_sel(x, scales[k]), want = bm_fp8_quant(x, scales[k]);
+            if (got != want && bad++ < 5)
+                fprintf(stderr, "  quotient bf16 0x%04x / %g: 0x%02x, definition 0x%02x\n", b,
+                        (double)scales[k], got, want);
+        }
+    CU_ASSERT_EQUAL(n, 64);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+static void test_absmax(void)
+{
+    static const uint16_t others[] = {0x0000, 0x8000, 0x7FC0, 0xFF81, 0x0001, 0x3F80, 0xC2F0, 0x7F80, 0xFF80, 0x7F7F};
+    const int no = (int)(sizeof others / sizeof others[0]);
+    long bad = 0;
+    unsigned b;
+    int j, n;
+    for (b = 0; b < 65536u; b++)
+        for (j = 0; j < no; j++)
+            for (n = 1; n <= 4; n++) {
+                /* b among n - 1 of the others, at each place */
+                uint16_t y[4];
+                float want = 0.0f;
+                int i, p;
+                for (p = 0; p < n; p++) {
+                    for (i = 0; i < n; i++) y[i] = others[(j + i) % no];
+                    y[p] = (uint16_t)b;
+                    want = 0.0f;
+                    for (i = 0; i < n; i++)
+                        if (fabsf(widen_bf16(y[i])) > want) want = fabsf(widen_bf16(y[i]));
+                    bad += bm_fp8_bits(bm_fp8_absmax_bf16(y, n)) != bm_fp8_bits(want);
+                }
+            }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 int main(void)
 {
     static const suite_test tests[] = {{"every code", test_codes},
                                        {"every BF16 value over eight scales", test_bf16},
                                        {"FP32 bit patterns", test_floats},
                                        {"scales", test_scales},
+                                       {"branch-free forms on every FP32 value", test_select},
+                                       {"branch-free quotients of every BF16 value", test_quotients},
+                                       {"BF16 absmax", test_absmax},
                                        {NULL, NULL}};
     model_init();
     return suite_run("fp8", tests);
