@@ -262,6 +262,24 @@ static int ws_create(group *G, int64_t max_tokens, int32_t H, const beam_workspa
     return 1;
 }
 
+/* A group of R ranks with a workspace each (16 tokens, H = 512, a 5 s
+ * timeout: the invalid-argument tests); 0 when either could not be made
+ * (the failure is recorded, nothing is left running). */
+static int group_small(group *G, int R)
+{
+    beam_workspace_config cfg = beam_workspace_config_default();
+    cfg.timeout_ms = 5000;
+    if (!group_start(G, R)) {
+        CU_FAIL("group create");
+        return 0;
+    }
+    if (!ws_create(G, 16, 512, &cfg)) {
+        group_stop(G);
+        return 0;
+    }
+    return 1;
+}
+
 static void ws_destroy(group *G)
 {
     int r;
@@ -701,17 +719,9 @@ static void test_invalid(void)
         group G;
         gdata d;
         gcase c;
-        beam_workspace_config cfg = beam_workspace_config_default();
         int R = Rs[ri], r;
-        cfg.timeout_ms = 5000;
-        if (!group_start(&G, R)) {
-            CU_FAIL("group create");
+        if (!group_small(&G, R))
             continue;
-        }
-        if (!ws_create(&G, 16, 512, &cfg)) {
-            group_stop(&G);
-            continue;
-        }
         memset(&c, 0, sizeof c);
         c.K = 4;
         c.H = 512;
@@ -1111,16 +1121,8 @@ static void test_quant_invalid(void)
         gcase c;
         qout o;
         beam_quant form, token, odd;
-        beam_workspace_config cfg = beam_workspace_config_default();
-        cfg.timeout_ms = 5000;
-        if (!group_start(&G, R)) {
-            CU_FAIL("group create");
+        if (!group_small(&G, R))
             continue;
-        }
-        if (!ws_create(&G, 16, 512, &cfg)) {
-            group_stop(&G);
-            continue;
-        }
         memset(&c, 0, sizeof c);
         c.T = 7;
         c.K = 4;
