@@ -37,17 +37,11 @@ static beam_status bm_cpu_op(const bm_args *a, int op, const char *fn)
  * anything is written. */
 static beam_status bm_cpu_quantized(const bm_args *a, beam_status (*op)(const bm_args *), const char *fn)
 {
-    bm_args b = *a;
-    uint16_t *tmp = NULL;
+    bm_args b;
+    uint16_t *tmp;
     beam_status st;
     if (!a->q.kind) return op(a);
-    if (!a->normalized) {
-        tmp = (uint16_t *)malloc((size_t)a->tokens * (size_t)a->hidden * sizeof *tmp);
-        if (!tmp)
-            return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: no host memory for the %lld x %d normalized rows "
-                           "to quantize", fn, (long long)a->tokens, (int)a->hidden);
-        b.normalized = tmp;
-    }
+    BM_CHECK(bm_cpu_quant_target(a, &b, &tmp, fn));
     st = op(&b);
     if (st == BEAM_OK) bm_cpu_quant_rows(&b, b.normalized);
     free(tmp);

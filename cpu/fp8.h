@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #define BM_FP8_MAX 448.0f
 /* The floor of a group's largest magnitude (vLLM's eps default) */
 #define BM_FP8_GROUP_EPS 1e-10f
@@ -109,7 +111,7 @@ static inline float bm_fp8_absmax_bf16(const uint16_t *y, int n)
         const int16_t v = b <= 0x7F80 ? b : -1;
         m = v > m ? v : m;
     }
-    return bm_fp8_float((uint32_t)(uint16_t)m << 16);
+    return bm_f((uint16_t)m);
 }
 
 /* The scale of a group (or of a token) from its largest magnitude:

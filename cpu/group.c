@@ -527,13 +527,7 @@ static beam_status bm_gather_alloc(const bm_args *a, bm_args *b, bm_scratch *scr
 {
     if (a->tokens == 0) return BEAM_OK;
     BM_CHECK(bm_cpu_scratch_alloc(scr, bm_cpu_max_team(), a->hidden, fn));
-    if (!a->q.kind || a->normalized) return BEAM_OK;
-    *tmp = (uint16_t *)malloc((size_t)a->tokens * (size_t)a->hidden * sizeof **tmp);
-    if (!*tmp)
-        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: no host memory for the %lld x %d normalized rows to "
-                       "quantize", fn, (long long)a->tokens, (int)a->hidden);
-    b->normalized = *tmp;
-    return BEAM_OK;
+    return bm_cpu_quant_target(a, b, tmp, fn);
 }
 
 /* One call that holds the workspace (busy). */

@@ -15,12 +15,14 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "bf16.h"
+#include "error.h"
 #include "fp8.h"
 #include "ops.h"
 
@@ -108,6 +110,19 @@ static int bm_quant_team(int64_t T, int32_t H, int group)
     if (n > T) n = T;
     if (n > max) n = max;
     return n > 1 ? (int)n : 1;
+}
+
+beam_status bm_cpu_quant_target(const bm_args *a, bm_args *b, uint16_t **tmp, const char *fn)
+{
+    *b = *a;
+    *tmp = NULL;
+    if (!a->q.kind || a->normalized || a->tokens == 0) return BEAM_OK;
+    *tmp = (uint16_t *)malloc((size_t)a->tokens * (size_t)a->hidden * sizeof **tmp);
+    if (!*tmp)
+        return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: no host memory for the %lld x %d normalized rows to "
+                       "quantize", fn, (long long)a->tokens, (int)a->hidden);
+    b->normalized = *tmp;
+    return BEAM_OK;
 }
 
 void bm_cpu_quant_rows(const bm_args *a, const uint16_t *normalized)

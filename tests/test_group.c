@@ -302,6 +302,19 @@ typedef struct gcase {
     float rs;
 } gcase;
 
+/* The case of the invalid-argument tests on group_small's workspaces:
+ * T tokens, top_k 4, H = 512, post norm, next norm with weight, scales. */
+static void gcase_small(gcase *c, int64_t T)
+{
+    memset(c, 0, sizeof *c);
+    c->T = T;
+    c->K = 4;
+    c->H = 512;
+    c->post = 1;
+    c->next = 2;
+    c->scales = 1;
+}
+
 typedef struct gdata {
     gcase c;
     int R;
@@ -722,12 +735,7 @@ static void test_invalid(void)
         int R = Rs[ri], r;
         if (!group_small(&G, R))
             continue;
-        memset(&c, 0, sizeof c);
-        c.K = 4;
-        c.H = 512;
-        c.next = 2;
-        c.post = 1;
-        c.scales = 1;
+        gcase_small(&c, 0);
 
         /* T > max_tokens */
         c.T = 17;
@@ -1123,13 +1131,7 @@ static void test_quant_invalid(void)
         beam_quant form, token, odd;
         if (!group_small(&G, R))
             continue;
-        memset(&c, 0, sizeof c);
-        c.T = 7;
-        c.K = 4;
-        c.H = 512;
-        c.post = 1;
-        c.next = 2;
-        c.scales = 1;
+        gcase_small(&c, 7);
         gdata_make(&d, &c, R, g_seed + 4711u + (uint64_t)R);
         memset(&form, 0, sizeof form);
         form.kind = BEAM_QUANT_FP8_GROUP;
