@@ -1,31 +1,66 @@
 /*
  * fp8_check.cuh - shape_sweep check's exhaustive checks of the quantized
- * output's arithmetic (gpu/quant.cuh): the forms the kernels run against
- * the definitions, which are the CPU's operations (docs/numerics.md#fp8).
+ * output's arithmetic (gpu/quant.cuh): the fast forms the kernels run
+ * against the definitions, which are the CPU's operations
+ * (docs/numerics.md#fp8).
  *
- *   the E4M3 conversion  bm_e4m3x2 (the hardware's cvt on sm_89 and later)
- *                        against bm_e4m3_dev on every FP32 value after the
- *                        clamp;
- *   the quotient         bm_fp8_quant8 (reciprocal and one correction)
- *                        against bm_fp8_quant_dev (division) on every BF16
- *                        value x (normalized is BF16), for every scale the
- *                        dynamic kinds can produce (the group scale of
- *                        every finite or infinite BF16 maximum, every power
- *                        of two (UE8M0), the per-token floor) and for
- *                        random static scales over 2^-80 .. 2^80.
+ *   the E4M3 conversion  bm_e4m3x2 (the hardware's saturating cvt on sm_89
+ *                        and later) against bm_e4m3_dev after the clamp, on
+ *                        every FP32 value that is not a NaN (the kernels
+ *                        clamp a NaN before they convert it);
+ *   the reciprocal       bm_rcp_rn against __frcp_rn on every FP32 value of
+ *                        2^-126 .. 2^126 (its range);
+ *   the scales           bm_fp8_group_scale_dev and bm_fp8_token_scale_dev
+ *                        (bm_div448) against the division, on every BF16
+ *                        maximum (normalized is BF16), UE8M0 or not;
+ *   the quotient         bm_fp8_quant8 against bm_fp8_quant_dev on every
+ *                        BF16 value x, for every scale the dynamic kinds
+ *                        can produce (the group scale of every finite or
+ *                        infinite BF16 maximum, every power of two (UE8M0),
+ *                        the per-token floor), the edges of the fast
+ *                        form's range and random static scales over
+ *                        2^-80 .. 2^80.
  */
 #ifndef BEAMMOE_BENCH_FP8_CHECK_CUH
 #define BEAMMOE_BENCH_FP8_CHECK_CUH
 
 #include <stdint.h>
-#include <stdio.h>
 
+#include "exhaustive.cuh"
 #include "quant.cuh"
+
+/* the definitions of the scales: the division itself */
+__device__ float fp8c_group_scale_def(float absmax, int ue8m0)
+{
+    float s = __fdiv_rn(fmaxf(absmax, BM_FP8_GROUP_EPS), BM_FP8_MAX);
+    if (ue8m0) s = bm_pow2_ceil_dev(fmaxf(fabsf(s), 1e-10f));
+    return s;
+}
+
+__device__ float fp8c_token_scale_def(float absmax, int ue8m0)
+{
+    const float s = fmaxf(__fdiv_rn(absmax, BM_FP8_MAX), 1.0f / (BM_FP8_MAX * 512.0f));
+    return ue8m0 ? bm_pow2_ceil_dev(s) : s;
+}
 
 #define FP8C_MAXIMA 0x7F81u /* BF16 bits 0 .. 0x7F80: +0 .. +inf */
 #define FP8C_POW2 254u       /* 2^-126 .. 2^127 */
+#define FP8C_EDGES 8u
 #define FP8C_RANDOM 16384u
-#define FP8C_SCALES (FP8C_MAXIMA + FP8C_POW2 + 1u + FP8C_RANDOM)
+#define FP8C_SCALES (FP8C_MAXIMA + FP8C_POW2 + 1u + FP8C_EDGES + FP8C_RANDOM)
+
+/* the static scales at the edges of the fast form's range and beyond
+ * (static scales are any positive finite value) */
+__constant__ uint32_t fp8c_edges[FP8C_EDGES] = {
+    0x00000001u, /* 2^-149 */
+    0x007FFFFFu, /* the largest subnormal */
+    0x1F7FFFFFu, /* just below BM_FP8_FAST_MIN_S */
+    0x1F800000u, /* BM_FP8_FAST_MIN_S */
+    0x7E7FFFFFu, /* just below BM_FP8_FAST_MAX_S */
+    0x7E800000u, /* BM_FP8_FAST_MAX_S */
+    0x7F000000u, /* 2^127 */
+    0x7F7FFFFFu, /* the largest float */
+};
 
 /* scale k of the set above */
 __device__ float fp8c_scale(uint32_t k)
@@ -38,6 +73,10 @@ __device__ float fp8c_scale(uint32_t k)
     k -= FP8C_POW2;
     if (k == 0)
         return bm_fp8_token_scale_dev(0.0f, 0);
+    k -= 1u;
+    if (k < FP8C_EDGES)
+        return __uint_as_float(fp8c_edges[k]);
+    k -= FP8C_EDGES;
     /* random: a hash of k, exponent 2^-80 .. 2^80, any mantissa */
     uint32_t h = k * 0x9E3779B1u;
     h ^= h >> 15;
@@ -46,7 +85,8 @@ __device__ float fp8c_scale(uint32_t k)
     return __uint_as_float(((47u + h % 161u) << 23) | ((h * 0xC2B2AE3Du) >> 9));
 }
 
-/* one thread: scale k, the eight BF16 values x = 8c .. 8c+7 */
+/* one thread: scale k, the eight BF16 values x = 8c .. 8c+7; the
+ * reciprocal as the kernels compute it */
 __global__ void fp8c_quot_kernel(unsigned long long *bad, unsigned long long *first)
 {
     const uint64_t n = (uint64_t)FP8C_SCALES * 8192u;
@@ -57,58 +97,62 @@ __global__ void fp8c_quot_kernel(unsigned long long *bad, unsigned long long *fi
         float x[8];
         for (int e = 0; e < 8; ++e)
             x[e] = __uint_as_float((c * 8u + (uint32_t)e) << 16);
-        const uint2 got = bm_fp8_quant8(x, s, __frcp_rn(s));
+        const uint2 got = bm_fp8_quant8(x, s, bm_rcp_rn(s));
         for (int e = 0; e < 8; ++e) {
             const uint32_t want = bm_fp8_quant_dev(x[e], s);
             const uint32_t g = ((e < 4 ? got.x : got.y) >> (8 * (e & 3))) & 0xFFu;
-            if (g != want) {
-                atomicAdd(bad, 1ull);
-                atomicMin(first, ((unsigned long long)k << 16) | (c * 8u + (uint32_t)e));
-            }
+            if (g != want)
+                exh_bad(bad, first, ((unsigned long long)k << 16) | (c * 8u + (uint32_t)e));
         }
     }
 }
 
-/* every FP32 value u (and its complement, the pair's other half) */
+/* every FP32 value u that is not a NaN, and its complement (the pair's
+ * other half); a NaN is clamped first, as the kernels do */
 __global__ void fp8c_cvt_kernel(unsigned long long *bad, unsigned long long *first)
 {
     const uint64_t n = 1ull << 32;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x) {
-        const float a = bm_fp8_clamp(__uint_as_float((uint32_t)i));
-        const float b = bm_fp8_clamp(__uint_as_float(~(uint32_t)i));
-        if (bm_e4m3x2(a, b) != (bm_e4m3_dev(a) | (bm_e4m3_dev(b) << 8))) {
-            atomicAdd(bad, 1ull);
-            atomicMin(first, i);
-        }
+        float a = __uint_as_float((uint32_t)i), b = __uint_as_float(~(uint32_t)i);
+        if (a != a) a = bm_fp8_clamp(a);
+        if (b != b) b = bm_fp8_clamp(b);
+        if (bm_e4m3x2(a, b) != (bm_e4m3_dev(bm_fp8_clamp(a)) | (bm_e4m3_dev(bm_fp8_clamp(b)) << 8)))
+            exh_bad(bad, first, i);
     }
 }
 
-/* run kernel, print "what: N mismatches"; 0 when there were none */
-template <typename K>
-static int fp8c_run(K kernel, const char *what)
+/* every s of 2^-126 .. 2^126 (positive; the sign is symmetric) */
+__global__ void fp8c_rcp_kernel(unsigned long long *bad, unsigned long long *first)
 {
-    unsigned long long *d, h[2] = {0, 0};
-    if (cudaMalloc(&d, sizeof h) != cudaSuccess) return 1;
-    cudaMemset(d, 0, sizeof(unsigned long long));
-    cudaMemset(d + 1, 0xFF, sizeof(unsigned long long));
-    kernel<<<4096, 256>>>(d, d + 1);
-    const cudaError_t e = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
-    cudaFree(d);
-    if (e != cudaSuccess) {
-        printf("%s: %s\n", what, cudaGetErrorString(e));
-        return 1;
+    const uint32_t lo = 0x00800000u, hi = 0x7E800000u;
+    for (uint64_t i = lo + blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < hi;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        const float s = __uint_as_float((uint32_t)i);
+        if (__float_as_uint(bm_rcp_rn(s)) != __float_as_uint(__frcp_rn(s)))
+            exh_bad(bad, first, i);
     }
-    printf("%s: %llu mismatches", what, h[0]);
-    if (h[0]) printf(" (first at 0x%llx)", h[1]);
-    printf("\n");
-    return h[0] ? 1 : 0;
+}
+
+/* every BF16 maximum (+0 .. +inf), both scale kinds, UE8M0 or not */
+__global__ void fp8c_scale_kernel(unsigned long long *bad, unsigned long long *first)
+{
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < FP8C_MAXIMA; i += gridDim.x * blockDim.x) {
+        const float m = __uint_as_float(i << 16);
+        for (int u = 0; u < 2; ++u)
+            if (__float_as_uint(bm_fp8_group_scale_dev(m, u)) != __float_as_uint(fp8c_group_scale_def(m, u)) ||
+                __float_as_uint(bm_fp8_token_scale_dev(m, u)) != __float_as_uint(fp8c_token_scale_def(m, u)))
+                exh_bad(bad, first, i);
+    }
 }
 
 static int check_fp8()
 {
-    int bad = fp8c_run(fp8c_cvt_kernel, "e4m3 conversion, every FP32 value after the clamp");
-    bad |= fp8c_run(fp8c_quot_kernel, "fp8 quotient, every BF16 value x every dynamic scale and 16384 static ones");
+    int bad = exh_run(fp8c_cvt_kernel, "e4m3 conversion, every FP32 value");
+    bad |= exh_run(fp8c_rcp_kernel, "fp8 reciprocal, every FP32 value of 2^-126 .. 2^126");
+    bad |= exh_run(fp8c_scale_kernel, "fp8 group and token scales, every BF16 maximum");
+    bad |= exh_run(fp8c_quot_kernel,
+                   "fp8 quotient, every BF16 value x every dynamic scale, 8 edges and 16384 static ones");
     return bad;
 }
 

@@ -12,12 +12,16 @@
  *                       bases, in place, every op, a third of them with
  *                       each form of the quantized output, checked against
  *                       harness/quant_model.c)
- *   shape_sweep perf [--op N] [--T N] [--summary]
+ *   shape_sweep perf [--op N] [--T N] [--H N] [--cfg NAME] [--summary]
+ *                    [--picked] [--eager N] [--quant N]
  *                       copy bandwidth, an empty kernel per graph node, then
  *                       for each shape of docs/PERF.md and each configuration
  *                       a user can call, every compiled launch shape's time
  *                       (graph replays over rotating cold buffers); SUMMARY
- *                       lines compare bm_pick_shape's choice with the best
+ *                       lines compare bm_pick_shape's choice with the best;
+ *                       --quant N times the kernels compiled with the
+ *                       quantized output instead (1 group 128, 2 token, 3
+ *                       tensor; normalized in FP8 only)
  *
  * Built by `make bench/shape_sweep` in a CUDA build; run it on a GPU host.
  */
@@ -262,7 +266,7 @@ static const std::vector<bm_shape> all_shapes = all_shapes_list();
 
 /* bm_bf16x2 and bm_bf16_hw (hardware) against bm_bf16_formula for all 2^32
  * inputs: value u in the low half, u's bit complement in the high half. */
-__global__ void cvt_check_kernel(unsigned long long *bad, unsigned *first)
+__global__ void cvt_check_kernel(unsigned long long *bad, unsigned long long *first)
 {
     const uint64_t n = 1ull << 32;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
@@ -272,30 +276,9 @@ __global__ void cvt_check_kernel(unsigned long long *bad, unsigned *first)
         const uint32_t want = bm_bf16_formula(__uint_as_float(u)) |
                               (bm_bf16_formula(__uint_as_float(v)) << 16);
         const uint32_t one = bm_bf16_hw(__uint_as_float(u));
-        if (got != want || one != (want & 0xFFFFu)) {
-            atomicAdd(bad, 1ull);
-            atomicMin(first, u);
-        }
+        if (got != want || one != (want & 0xFFFFu))
+            exh_bad(bad, first, u);
     }
-}
-
-static int check_cvt()
-{
-    unsigned long long *bad, hbad = 0;
-    unsigned *first, hfirst = 0;
-    CK(cudaMalloc(&bad, sizeof *bad));
-    CK(cudaMalloc(&first, sizeof *first));
-    CK(cudaMemset(bad, 0, sizeof *bad));
-    CK(cudaMemset(first, 0xFF, sizeof *first));
-    cvt_check_kernel<<<4096, 256>>>(bad, first);
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(&hbad, bad, sizeof hbad, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(&hfirst, first, sizeof hfirst, cudaMemcpyDeviceToHost));
-    CK(cudaFree(bad));
-    CK(cudaFree(first));
-    printf("bf16 conversion, every FP32 value: %llu mismatches%s", hbad, hbad ? "" : "\n");
-    if (hbad) printf(" (first at 0x%08x)\n", hfirst);
-    return hbad ? 1 : 0;
 }
 
 /* The library's pick for an op (0 finalize, 1 norm_residual_norm, 2/3 the
@@ -316,7 +299,7 @@ static bm_shape pick_for(int op, int64_t T, int H, int normA)
 
 static int check()
 {
-    if (check_cvt() || check_fp8()) return 1;
+    if (exh_run(cvt_check_kernel, "bf16 conversion, every FP32 value") || check_fp8()) return 1;
     long total_bad = 0, ncases = 0;
     const int Hs[] = {256, 512, 768, 2048, 4096, 7168, 8192, 1280, 6912};
     const int Ks[] = {1, 2, 6, 8, 32, 3, 7};
@@ -412,7 +395,7 @@ enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
 int perf(int argc, char **argv)
 {
-    int only_op = -1, only_T = -1, only_H = -1, verbose = 1, picked_only = 0, eager = 0;
+    int only_op = -1, only_T = -1, only_H = -1, verbose = 1, picked_only = 0, eager = 0, quant = 0;
     const char *only_cfg = NULL;
     for (int i = 2; i < argc; ++i) {
         if (!strcmp(argv[i], "--op") && i + 1 < argc) only_op = atoi(argv[++i]);
@@ -424,6 +407,9 @@ int perf(int argc, char **argv)
         /* --eager N: N plain launches of the picked shape, no graph, no
          * timing (for a profiler) */
         else if (!strcmp(argv[i], "--eager") && i + 1 < argc) { eager = atoi(argv[++i]); picked_only = 1; }
+        /* --quant N: the next norm's output in FP8 only, N = 1 group 128,
+         * 2 token, 3 tensor (the ops with a next norm; normalized NULL) */
+        else if (!strcmp(argv[i], "--quant") && i + 1 < argc) quant = atoi(argv[++i]);
         else { fprintf(stderr, "shape_sweep perf: unknown option %s\n", argv[i]); return 2; }
     }
     cudaDeviceProp prop;
@@ -547,10 +533,14 @@ int perf(int argc, char **argv)
             const int op = cf.op;
             if (only_op >= 0 && op != only_op) continue;
             if (only_cfg && strcmp(only_cfg, cf.name)) continue;
+            if (quant && (op == 0 || op == 3)) continue;
             const double wA = cf.normA && cf.normA_w ? H * 2.0 : 0.0;
             const double base = (double)bx + bw + brow;
-            const double bytes = op == 0 ? base + wA : op == 1 ? 4.0 * brow + wA + H * 2.0
-                                                             : base + 2.0 * brow + wA + H * 2.0;
+            /* normalized's bytes, or the FP8 values and their scales */
+            const double nrm = !quant ? (double)brow
+                                      : (double)T * H + (quant == 1 ? T * (H / 128) * 4.0 : quant == 2 ? T * 4.0 : 0.0);
+            const double bytes = op == 0 ? base + wA : op == 1 ? 3.0 * brow + nrm + wA + H * 2.0
+                                                             : base + brow + nrm + wA + H * 2.0;
             std::vector<bm_shape> cands;
             cands.push_back(pick_for(op, T, H, cf.normA));
             for (auto s : others) {
@@ -580,9 +570,30 @@ int perf(int argc, char **argv)
                     }
                     return p;
                 };
+                /* set s's quantized output in normalized's place (values,
+                 * then the row-major scales) */
+                auto mkq = [&](int s) {
+                    bm_quant_params q;
+                    memset(&q, 0, sizeof q);
+                    q.kind = quant;
+                    q.group = quant == 1 ? 128 : H;
+                    q.scale = quant == 3 ? 0.0125f : 0.0f;
+                    q.values = (uint8_t *)(pb.pool + (size_t)s * pb.set_bytes + pb.o_norm);
+                    q.scales = quant == 3 ? NULL : (float *)(void *)(q.values + (size_t)T * H);
+                    q.ld_t = quant == 1 ? H / 128 : 1;
+                    q.ld_g = 1;
+                    return q;
+                };
+                auto go = [&](int s) {
+                    bm_row_params p = mk(s);
+                    if (!quant) return bm_launch_rows(p, sh, 1, st);
+                    const bm_quant_params q = mkq(s);
+                    p.normalized = NULL;
+                    return bm_launch_rows(p, sh, 1, st, &q);
+                };
                 if (eager) {
                     for (int i = 0; i < eager; ++i)
-                        CK(bm_launch_rows(mk(i % pb.nsets), sh, 1, st));
+                        CK(go(i % pb.nsets));
                     CK(cudaStreamSynchronize(st));
                     printf("eager T=%d H=%d %s shape %d,%d,%d,cs%d,d%d,st%d: %d launches\n", T, H, cf.name, sh.nt,
                            sh.j, sh.u, sh.cs, sh.d, sh.st, eager);
@@ -598,7 +609,7 @@ int perf(int argc, char **argv)
                         CK(bm_launch_rows(a, sh, 1, st));
                         CK(bm_launch_rows(b2, sh, 1, st));
                     } else {
-                        CK(bm_launch_rows(p, sh, 1, st));
+                        CK(go(s));
                     }
                 }
                 CK(cudaStreamEndCapture(st, &g));
@@ -621,8 +632,9 @@ int perf(int argc, char **argv)
                 CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
             }
             if (eager) continue;
-            printf("SUMMARY T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%) floor %.2f us\n",
-                   T, H, cf.name, cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, cands[0].mb, cands[0].st, picked,
+            printf("SUMMARY%s T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%) floor %.2f us\n",
+                   quant == 1 ? " fp8 group" : quant == 2 ? " fp8 token" : quant == 3 ? " fp8 tensor" : "", T, H,
+                   cf.name, cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, cands[0].mb, cands[0].st, picked,
                    100.0 * (bytes / copy_gbs / 1e3) / picked, bs.nt, bs.j, bs.u, bs.cs, bs.pdl, bs.d, bs.mb, bs.st, best,
                    100.0 * (bytes / copy_gbs / 1e3) / best, bytes / copy_gbs / 1e3);
         }

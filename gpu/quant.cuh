@@ -10,14 +10,21 @@
  *                      operation);
  *   bm_fp8_quant8      what the kernels run, eight values of one scale at
  *                      a time: the division as a reciprocal and one
- *                      correction step, the conversion by the hardware's
- *                      cvt.rn.satfinite.e4m3x2 (two values per instruction).
+ *                      correction step, the clamp and the conversion by
+ *                      the hardware's cvt.rn.satfinite.e4m3x2 (two values
+ *                      per instruction).
  * The definition costs some 60 instructions a value, which made the
  * quantized kernels compute-bound (an H200 at T = 4096, H = 7168:
- * norm_residual_norm 59 -> 120 us); the fast form about 8. bench/shape_sweep
- * check compares the two on every BF16 value against every scale the
- * dynamic kinds can produce, and against random static scales, and the
- * hardware conversion against the formula on every FP32 value.
+ * norm_residual_norm 59 -> 120 us); the fast form about 6. The scales and
+ * their reciprocals are computed without a division or a library call
+ * either (bm_div448, bm_rcp_rn): the library's division and reciprocal
+ * carry a slow path called as a subroutine, whose calling convention cost
+ * registers in every kernel that holds one. bench/shape_sweep check
+ * compares each fast form with its definition exhaustively: the
+ * conversion on every FP32 value, the reciprocal on every FP32 value of
+ * its range, the scales on every BF16 maximum, and the quotient on every
+ * BF16 value against every scale the dynamic kinds can produce and
+ * random static ones.
  */
 #ifndef BEAMMOE_GPU_QUANT_CUH
 #define BEAMMOE_GPU_QUANT_CUH
@@ -66,15 +73,17 @@ __device__ __forceinline__ uint32_t bm_fp8_quant_dev(float x, float s)
     return bm_e4m3_dev(bm_fp8_clamp(__fdiv_rn(x, s)));
 }
 
-/* x / s correctly rounded, from r = RN(1 / s) (s >= BM_FP8_FAST_MIN_S): the
- * quotient q = RN(x * r) is within one ulp of x / s; its residual
- * e = x - q * s is then exact in one FMA, and RN(q + e * r) is the
- * correctly rounded quotient (Markstein's theorem; it needs no underflow in
- * e, which the bound on s ensures wherever the result can reach a nonzero
- * E4M3 code). A zero result takes x's sign, as the division's does. A
+/* x / s correctly rounded, from r = RN(1 / s) (BM_FP8_FAST_MIN_S <= s <
+ * BM_FP8_FAST_MAX_S): the quotient q = RN(x * r) is within one ulp of
+ * x / s; its residual e = x - q * s is then exact in one FMA, and
+ * RN(q + e * r) is the correctly rounded quotient (Markstein's theorem; it
+ * needs no underflow in e, which the lower bound on s ensures wherever the
+ * result can reach a nonzero E4M3 code, and a normal r, which the upper
+ * bound ensures). A zero result takes x's sign, as the division's does. A
  * non-finite result (x infinite or NaN, x * r overflowing, s infinite)
  * tells the caller to divide instead. */
 #define BM_FP8_FAST_MIN_S 0x1p-64f
+#define BM_FP8_FAST_MAX_S 0x1p126f
 __device__ __forceinline__ float bm_div_by_scale(float x, float s, float r)
 {
     const float q = __fmul_rn(x, r);
@@ -82,9 +91,20 @@ __device__ __forceinline__ float bm_div_by_scale(float x, float s, float r)
     return copysignf(__fmaf_rn(e, r, q), x);
 }
 
-/* e4m3 of two values already clamped to [-448, 448] (no NaN), nearest,
- * ties to even: the hardware's conversion (sm_89 and later), else the
- * formula; lo in the low byte. */
+/* RN(1 / s) for 2^-126 <= s < 2^126: the hardware's approximation and one
+ * Newton step, which is __frcp_rn's own fast path without its range check
+ * and slow-path call. Outside that range the result is not RN(1 / s); the
+ * callers' bounds on s keep it out (bm_fp8_quant8 divides instead). */
+__device__ __forceinline__ float bm_rcp_rn(float s)
+{
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(s));
+    return __fmaf_rn(__fmaf_rn(-s, r, 1.0f), r, r);
+}
+
+/* e4m3(clamp(v)) of two values that are not NaN, nearest, ties to even: the
+ * hardware's saturating conversion (sm_89 and later) is the clamp and the
+ * conversion in one; else the formula. lo in the low byte. */
 __device__ __forceinline__ uint32_t bm_e4m3x2(float lo, float hi)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -92,17 +112,20 @@ __device__ __forceinline__ uint32_t bm_e4m3x2(float lo, float hi)
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
     return d;
 #else
-    return bm_e4m3_dev(lo) | (bm_e4m3_dev(hi) << 8);
+    return bm_e4m3_dev(bm_fp8_clamp(lo)) | (bm_e4m3_dev(bm_fp8_clamp(hi)) << 8);
 #endif
 }
 
-/* The codes of eight values of one scale s (r = RN(1 / s)), packed little
- * endian: bm_fp8_quant_dev of each, bit for bit. The chunk divides instead
- * when s is below the fast form's range or a quotient is not finite. */
+/* The codes of eight values of one scale s (r = bm_rcp_rn(s)), packed
+ * little endian: bm_fp8_quant_dev of each, bit for bit. The chunk divides
+ * instead when s is outside the fast form's range or a quotient is not
+ * finite (the clamp then also maps a NaN to -448, as the definition's
+ * does; the fast quotients are finite, and the conversion saturates them
+ * as the clamp would). */
 __device__ __forceinline__ uint2 bm_fp8_quant8(const float (&x)[8], float s, float r)
 {
     float d[8];
-    bool fast = s >= BM_FP8_FAST_MIN_S;
+    bool fast = s >= BM_FP8_FAST_MIN_S && s < BM_FP8_FAST_MAX_S;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         d[e] = bm_div_by_scale(x[e], s, r);
@@ -111,11 +134,8 @@ __device__ __forceinline__ uint2 bm_fp8_quant8(const float (&x)[8], float s, flo
     if (!fast) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-            d[e] = __fdiv_rn(x[e], s);
+            d[e] = bm_fp8_clamp(__fdiv_rn(x[e], s));
     }
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-        d[e] = bm_fp8_clamp(d[e]);
     return make_uint2(bm_e4m3x2(d[0], d[1]) | (bm_e4m3x2(d[2], d[3]) << 16),
                       bm_e4m3x2(d[4], d[5]) | (bm_e4m3x2(d[6], d[7]) << 16));
 }
@@ -130,16 +150,33 @@ __device__ __forceinline__ float bm_pow2_ceil_dev(float s)
     return __uint_as_float(u);
 }
 
+/* m / 448 correctly rounded, for m = +0 or a positive value whose
+ * quotient is normal (a BF16 maximum, the group's eps), or +inf (which
+ * stays): Markstein's correction with the constant RN(1 / 448). The
+ * division's fast path costs some ten instructions and a slow-path call;
+ * this is three. A quotient below the normal range (a token maximum under
+ * 2^-117) may be off by an ulp, which the per-token floor absorbs. */
+__device__ __forceinline__ float bm_div448(float m)
+{
+    const float c = 0x1.24924ap-9f; /* RN(1 / 448) */
+    const float q = __fmul_rn(m, c);
+    const float d = __fmaf_rn(__fmaf_rn(-q, BM_FP8_MAX, m), c, q);
+    return m <= 3.402823466e38f ? d : m;
+}
+
+/* the definitions (docs/numerics.md#fp8) with the division written as
+ * bm_div448; shape_sweep check compares them with __fdiv_rn's forms on
+ * every BF16 maximum */
 __device__ __forceinline__ float bm_fp8_group_scale_dev(float absmax, int ue8m0)
 {
-    float s = __fdiv_rn(fmaxf(absmax, BM_FP8_GROUP_EPS), BM_FP8_MAX);
+    float s = bm_div448(fmaxf(absmax, BM_FP8_GROUP_EPS));
     if (ue8m0) s = bm_pow2_ceil_dev(fmaxf(fabsf(s), 1e-10f));
     return s;
 }
 
 __device__ __forceinline__ float bm_fp8_token_scale_dev(float absmax, int ue8m0)
 {
-    const float s = fmaxf(__fdiv_rn(absmax, BM_FP8_MAX), 1.0f / (BM_FP8_MAX * 512.0f));
+    const float s = fmaxf(bm_div448(absmax), 1.0f / (BM_FP8_MAX * 512.0f));
     return ue8m0 ? bm_pow2_ceil_dev(s) : s;
 }
 

@@ -121,16 +121,17 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
         if (st && g0 == 0)
             q.scales[row * q.ld_t] = s;
     }
-    float r = __frcp_rn(s);
+    float r = bm_rcp_rn(s);
+    /* a group is 16 or 8 chunks: shifts, not a division by a variable */
+    const int lg = q.group == 128 ? 4 : 3;
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = g0 + j * STRIDE;
         if (q.kind == BM_QUANT_GROUP) {
-            const int lanes = q.group >> 3;
-            s = bm_fp8_group_scale_dev(bm_lanes_max(bm_absmax8(v[j]), lanes), q.ue8m0);
-            r = __frcp_rn(s);
-            if (st && c < C && c % lanes == 0)
-                q.scales[row * q.ld_t + (int64_t)(c / lanes) * q.ld_g] = s;
+            s = bm_fp8_group_scale_dev(bm_lanes_max(bm_absmax8(v[j]), 1 << lg), q.ue8m0);
+            r = bm_rcp_rn(s);
+            if (st && c < C && (c & ((1 << lg) - 1)) == 0)
+                q.scales[row * q.ld_t + (int64_t)(c >> lg) * q.ld_g] = s;
         }
         if (!st || c >= C)
             continue;
@@ -317,8 +318,14 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>
 
         /* ---- norm B ---- */
         if (p.normB) {
-            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc,
-                                                  last_row && !bm_quant_exchanges<Q>(p));
+            /* the plain kernels' call as it was before Q existed: the
+             * constant-false term changed their register allocation */
+            if constexpr (Q) {
+                bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc,
+                                                      last_row && !bm_quant_exchanges<Q>(p));
+            } else {
+                bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, last_row);
+            }
             bm_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, row, pk, v, C, g0, tc, last_row);
         }
     }

@@ -158,7 +158,7 @@ typedef struct beam_quant {
     int32_t kind;       /* beam_quant_kind */
     int32_t group_size; /* GROUP: 128 or 64; otherwise 0 */
     uint32_t flags;     /* BEAM_QUANT_UE8M0 (GROUP, TOKEN), BEAM_QUANT_COL_MAJOR (GROUP) */
-    float scale;        /* TENSOR: > 0 and < 2^126; otherwise 0 */
+    float scale;        /* TENSOR: > 0 and finite; otherwise 0 */
     uint8_t *values;    /* [tokens, hidden] E4M3 codes, written */
     float *scales;      /* GROUP: [tokens, hidden / group_size] row-major, or
                          * column-major with scale_ld; TOKEN: [tokens];

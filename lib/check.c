@@ -1,6 +1,7 @@
 /*
  * check.c - argument checks shared by every backend (docs/contract.md).
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -233,10 +234,8 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         if (quant->group_size != 0 || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
             return bm_fail(BAD, "%s: BEAM_QUANT_FP8_TENSOR takes only quant->scale and quant->values "
                            "(group_size, flags, scale_ld must be 0, scales NULL)", fn);
-        /* below 2^126: its reciprocal stays a normal number, which the CUDA
-         * kernels' quotient needs (gpu/quant.cuh) */
-        if (!(quant->scale > 0.0f) || !(quant->scale < 0x1p126f))
-            return bm_fail(BAD, "%s: quant->scale=%g must be > 0 and < 2^126 (finite)", fn,
+        if (!(quant->scale > 0.0f) || !(quant->scale <= FLT_MAX))
+            return bm_fail(BAD, "%s: quant->scale=%g must be > 0 and finite", fn,
                            (double)quant->scale);
         out->group = hidden;
         out->scale = quant->scale;

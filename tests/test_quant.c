@@ -22,6 +22,7 @@
  *   errors    each rule of the quant argument: INVALID_ARGUMENT, nothing
  *             written
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -292,11 +293,18 @@ static int forms(beam_quant *out, int64_t T)
     memset(&out[n], 0, sizeof out[n]);
     out[n].kind = BEAM_QUANT_FP8_TENSOR;
     out[n++].scale = 0.0125f;
-    /* the largest static scale taken: its reciprocal is the smallest normal
-     * number the CUDA quotient works from */
-    memset(&out[n], 0, sizeof out[n]);
-    out[n].kind = BEAM_QUANT_FP8_TENSOR;
-    out[n++].scale = 0x1.fffffep125f;
+    /* static scales at the edges of the CUDA quotient's fast form: the
+     * largest it takes (its reciprocal is the smallest normal number), the
+     * first it divides for, the largest float, and a subnormal (every
+     * nonzero value saturates) */
+    {
+        const float edges[4] = {0x1.fffffep125f, 0x1p126f, FLT_MAX, 0x1p-140f};
+        for (f = 0; f < 4; f++) {
+            memset(&out[n], 0, sizeof out[n]);
+            out[n].kind = BEAM_QUANT_FP8_TENSOR;
+            out[n++].scale = edges[f];
+        }
+    }
     return n;
 }
 
@@ -379,7 +387,8 @@ static void test_errors(void)
     BAD("token with a group", 1, BEAM_QUANT_FP8_TOKEN, 128, 0, 0.0f, vals, sc, 0);
     BAD("tensor scale 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 0.0f, vals, NULL, 0);
     BAD("tensor scale inf", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, INFINITY, vals, NULL, 0);
-    BAD("tensor scale 2^126", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 0x1p126f, vals, NULL, 0);
+    BAD("tensor scale nan", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, NAN, vals, NULL, 0);
+    BAD("tensor scale < 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, -1.0f, vals, NULL, 0);
     BAD("group with a scale", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.5f, vals, sc, 0);
     BAD("token with a scale", 1, BEAM_QUANT_FP8_TOKEN, 0, 0, 0.5f, vals, sc, 0);
     /* (G - 1) * scale_ld * 4 bytes wraps 64 bits: must not pass as a small extent */

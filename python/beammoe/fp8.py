@@ -24,6 +24,8 @@ every backend. keep_normalized=False (the default) writes only the FP8 form
 torch operators (torch.ops.beammoe.*_fp8: torch.compile, CUDA graphs), but
 for inplace=True, which runs in eager calls only.
 """
+import ctypes
+
 import torch
 
 from . import _run
@@ -33,6 +35,8 @@ from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, route
 from ._checks import FUSED, FUSED_NAMES, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
 from ._fp8_layout import COL_MAJOR, KINDS, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
+
+_FLT_MAX = 3.4028234663852886e38
 
 
 class FP8Quant:
@@ -54,8 +58,9 @@ class FP8Quant:
             if ue8m0:
                 raise ValueError("FP8Quant: ue8m0 is for the dynamic kinds (\"group\", \"token\")")
             scale = A.number("FP8Quant", "scale", scale)
-            if not 0.0 < scale < 2.0 ** 126:
-                raise ValueError("FP8Quant: scale=%r must be > 0 and < 2**126" % (scale,))
+            # the value the library gets is the FP32 nearest (ctypes.c_float)
+            if not 0.0 < ctypes.c_float(scale).value <= _FLT_MAX:
+                raise ValueError("FP8Quant: scale=%r must be > 0 and finite as an FP32" % (scale,))
         elif scale is not None:
             raise ValueError("FP8Quant: scale is for kind=\"tensor\" (a static scale)")
         self.kind = kind

@@ -137,6 +137,8 @@ def test_without_float8_dtype_or_with():
     (dict(kind="token", column_major=True), ValueError, r"column_major is for kind=\"group\""),
     (dict(kind="tensor"), TypeError, r"scale"),
     (dict(kind="tensor", scale=0.0), ValueError, r"scale=0.0 must be > 0"),
+    (dict(kind="tensor", scale=1e39), ValueError, r"must be > 0 and finite as an FP32"),
+    (dict(kind="tensor", scale=1e-50), ValueError, r"must be > 0 and finite as an FP32"),
     (dict(kind="tensor", scale=1.0, ue8m0=True), ValueError, r"ue8m0 is for the dynamic kinds"),
     (dict(kind="token", scale=1.0), ValueError, r"scale is for kind=\"tensor\""),
     (dict(kind="group", ue8m0=1), TypeError, r"ue8m0"),
