@@ -6,14 +6,15 @@
  *
  *   the E4M3 conversion  bm_e4m3x2 (the hardware's saturating cvt on sm_89
  *                        and later) against bm_e4m3_dev after the clamp, on
- *                        every FP32 value that is not a NaN (the kernels
- *                        clamp a NaN before they convert it);
+ *                        every FP32 value, a NaN giving a NaN code (which
+ *                        sends the kernels' chunk to the division);
  *   the reciprocal       bm_rcp_rn against __frcp_rn on every FP32 value of
  *                        2^-126 .. 2^126 (its range);
  *   the scales           bm_fp8_group_scale_dev and bm_fp8_token_scale_dev
  *                        (bm_div448) against the division, on every BF16
  *                        maximum (normalized is BF16), UE8M0 or not;
- *   the quotient         bm_fp8_quant8 against bm_fp8_quant_dev on every
+ *   the quotient         bm_fp8_quant8 (and its UE8M0 form where the scale
+ *                        is a power of two) against bm_fp8_quant_dev on every
  *                        BF16 value x, for every scale the dynamic kinds
  *                        can produce (the group scale of every finite or
  *                        infinite BF16 maximum, every power of two (UE8M0),
@@ -97,27 +98,41 @@ __global__ void fp8c_quot_kernel(unsigned long long *bad, unsigned long long *fi
         float x[8];
         for (int e = 0; e < 8; ++e)
             x[e] = __uint_as_float((c * 8u + (uint32_t)e) << 16);
-        const uint2 got = bm_fp8_quant8(x, s, bm_rcp_rn(s));
-        for (int e = 0; e < 8; ++e) {
-            const uint32_t want = bm_fp8_quant_dev(x[e], s);
-            const uint32_t g = ((e < 4 ? got.x : got.y) >> (8 * (e & 3))) & 0xFFu;
-            if (g != want)
-                exh_bad(bad, first, ((unsigned long long)k << 16) | (c * 8u + (uint32_t)e));
+        /* the UE8M0 form too where s is a power of two or infinite, as
+         * the UE8M0 scales are */
+        const uint32_t su = __float_as_uint(s);
+        const int forms = (su & 0x7FFFFFu) == 0 && su != 0 ? 2 : 1;
+        for (int f = 0; f < forms; ++f) {
+            const uint2 got = bm_fp8_quant8(x, s, bm_rcp_rn(s), f == 1);
+            for (int e = 0; e < 8; ++e) {
+                const uint32_t want = bm_fp8_quant_dev(x[e], s);
+                const uint32_t g = ((e < 4 ? got.x : got.y) >> (8 * (e & 3))) & 0xFFu;
+                if (g != want)
+                    exh_bad(bad, first, ((unsigned long long)k << 16) | (c * 8u + (uint32_t)e));
+            }
         }
     }
 }
 
-/* every FP32 value u that is not a NaN, and its complement (the pair's
- * other half); a NaN is clamped first, as the kernels do */
+/* the code the kernels need of one value: the definition's after the
+ * clamp; for a NaN, a NaN code (0x7F | sign), which bm_fp8_quant8 takes
+ * as its sign to divide instead */
+__device__ bool fp8c_cvt_ok(float v, uint32_t code)
+{
+    if (v != v)
+        return (code & 0x7Fu) == 0x7Fu;
+    return code == bm_e4m3_dev(bm_fp8_clamp(v));
+}
+
+/* every FP32 value u, and its complement (the pair's other half) */
 __global__ void fp8c_cvt_kernel(unsigned long long *bad, unsigned long long *first)
 {
     const uint64_t n = 1ull << 32;
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x) {
-        float a = __uint_as_float((uint32_t)i), b = __uint_as_float(~(uint32_t)i);
-        if (a != a) a = bm_fp8_clamp(a);
-        if (b != b) b = bm_fp8_clamp(b);
-        if (bm_e4m3x2(a, b) != (bm_e4m3_dev(bm_fp8_clamp(a)) | (bm_e4m3_dev(bm_fp8_clamp(b)) << 8)))
+        const float a = __uint_as_float((uint32_t)i), b = __uint_as_float(~(uint32_t)i);
+        const uint32_t c = bm_e4m3x2(a, b);
+        if (!fp8c_cvt_ok(a, c & 0xFFu) || !fp8c_cvt_ok(b, c >> 8))
             exh_bad(bad, first, i);
     }
 }

@@ -283,7 +283,7 @@ __global__ void cvt_check_kernel(unsigned long long *bad, unsigned long long *fi
 
 /* The library's pick for an op (0 finalize, 1 norm_residual_norm, 2/3 the
  * fused op) at T rows of H, with or without the post/pre norm. */
-static bm_shape pick_for(int op, int64_t T, int H, int normA)
+static bm_shape pick_for(int op, int64_t T, int H, int normA, int quant = 0)
 {
     static const uint16_t dummy = 0;
     bm_row_params q;
@@ -294,7 +294,7 @@ static bm_shape pick_for(int op, int64_t T, int H, int normA)
     q.x = op == 1 ? &dummy : NULL;
     q.residual = op == 0 ? NULL : &dummy;
     q.normA = normA;
-    return bm_pick_shape(q);
+    return bm_pick_shape(q, quant);
 }
 
 static int check()
@@ -542,7 +542,7 @@ int perf(int argc, char **argv)
             const double bytes = op == 0 ? base + wA : op == 1 ? 3.0 * brow + nrm + wA + H * 2.0
                                                              : base + brow + nrm + wA + H * 2.0;
             std::vector<bm_shape> cands;
-            cands.push_back(pick_for(op, T, H, cf.normA));
+            cands.push_back(pick_for(op, T, H, cf.normA, quant));
             for (auto s : others) {
                 const bm_shape &c0 = cands[0];
                 if (s.nt == c0.nt && s.j == c0.j && s.u == c0.u && s.cs == c0.cs && s.pdl == c0.pdl && s.d == c0.d && s.mb == c0.mb && s.st == c0.st) continue;

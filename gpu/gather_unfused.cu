@@ -84,5 +84,5 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
     n.hidden = H;
     const bm_quant_params q = bm_quant_of(a);
     return bm_tp_launched(fn, "the norm_residual_norm kernel",
-                          bm_launch_rows(n, bm_pick_shape(n), bm_params_vec_ok(n, &q), stream, &q));
+                          bm_launch_rows(n, bm_pick_shape(n, q.kind), bm_params_vec_ok(n, &q), stream, &q));
 }

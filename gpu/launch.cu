@@ -66,7 +66,7 @@ static int bm_device_sms(void)
     return n;
 }
 
-bm_shape bm_pick_shape(const bm_row_params &p)
+bm_shape bm_pick_shape(const bm_row_params &p, int quant)
 {
     const int64_t rows = p.rows;
     const int n2 = next_pow2(p.hidden / 8); /* 32 .. 1024 */
@@ -89,7 +89,17 @@ bm_shape bm_pick_shape(const bm_row_params &p)
      * multiprocessor stays ahead */
     const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
     const bool nrn_prefill = !(p.normA && n2 >= 1024);
-    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode : nrn_prefill)) {
+    /* With a quantized output the nrn kernel (which holds the row in the
+     * registers of fewer threads) lost to the row and pipelined kernels at
+     * H = 7168 (shape_sweep perf --quant 1, next norm only, group 128):
+     * T = 1: 2.61 (cluster of 8) against 3.37 us; T = 64: 3.93 against
+     * 4.24; T = 4096: 63.25 (pipelined, 256 threads x 4 chunks, depth 3)
+     * against 79.65 */
+    if (quant && !fin && p.residual && n2 >= 1024 && rows > 64) {
+        s.nt = 256; s.j = 4; s.d = 3;
+        return s;
+    }
+    if (!quant && !fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode : nrn_prefill)) {
         s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
         s.j = 2;
         s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;

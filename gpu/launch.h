@@ -46,9 +46,9 @@ struct bm_shape {
 };
 
 /* The shape the library uses for the launch p (rows, hidden, and what the
- * row holds: finalize or not, a pre-norm or not); with or without a
- * quantized output alike. */
-bm_shape bm_pick_shape(const bm_row_params &p);
+ * row holds: finalize or not, a pre-norm or not, quant: with a quantized
+ * output or not). */
+bm_shape bm_pick_shape(const bm_row_params &p, int quant = 0);
 
 /* The row-kernel shape that stands in for a pipelined or nrn one when a
  * base is not 16-byte aligned (both load 16 bytes at a time), and for an

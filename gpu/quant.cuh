@@ -80,8 +80,8 @@ __device__ __forceinline__ uint32_t bm_fp8_quant_dev(float x, float s)
  * needs no underflow in e, which the lower bound on s ensures wherever the
  * result can reach a nonzero E4M3 code, and a normal r, which the upper
  * bound ensures). A zero result takes x's sign, as the division's does. A
- * non-finite result (x infinite or NaN, x * r overflowing, s infinite)
- * tells the caller to divide instead. */
+ * NaN result (x infinite or NaN, x * r overflowing, s infinite) tells the
+ * caller to divide instead. */
 #define BM_FP8_FAST_MIN_S 0x1p-64f
 #define BM_FP8_FAST_MAX_S 0x1p126f
 __device__ __forceinline__ float bm_div_by_scale(float x, float s, float r)
@@ -102,9 +102,11 @@ __device__ __forceinline__ float bm_rcp_rn(float s)
     return __fmaf_rn(__fmaf_rn(-s, r, 1.0f), r, r);
 }
 
-/* e4m3(clamp(v)) of two values that are not NaN, nearest, ties to even: the
- * hardware's saturating conversion (sm_89 and later) is the clamp and the
- * conversion in one; else the formula. lo in the low byte. */
+/* e4m3 of two values, saturating: e4m3(clamp(v)) for every v but a NaN,
+ * which gives 0x7F | sign (not the clamp's -448: bm_fp8_quant8 divides
+ * such a chunk instead). The hardware's cvt.rn.satfinite.e4m3x2 (sm_89 and
+ * later), else bm_e4m3_dev, which saturates the same way. lo in the low
+ * byte. */
 __device__ __forceinline__ uint32_t bm_e4m3x2(float lo, float hi)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -112,32 +114,54 @@ __device__ __forceinline__ uint32_t bm_e4m3x2(float lo, float hi)
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
     return d;
 #else
-    return bm_e4m3_dev(bm_fp8_clamp(lo)) | (bm_e4m3_dev(bm_fp8_clamp(hi)) << 8);
+    return bm_e4m3_dev(lo) | (bm_e4m3_dev(hi) << 8);
 #endif
 }
 
+/* whether a packed code is 0x7F or 0xFF in any byte: the saturating
+ * conversion gives those only for a NaN (every other value goes into
+ * +-448, 0x7E / 0xFE) */
+__device__ __forceinline__ bool bm_fp8_nan_code(uint2 c)
+{
+    const uint32_t m = 0x7F7F7F7Fu; /* a byte 0x7F becomes 0x80 at +1, no carry */
+    return (((c.x & m) + 0x01010101u) | ((c.y & m) + 0x01010101u)) & 0x80808080u;
+}
+
+/* bm_e4m3x2 of eight values, packed little endian */
+__device__ __forceinline__ uint2 bm_fp8_pack8(const float (&d)[8])
+{
+    return make_uint2(bm_e4m3x2(d[0], d[1]) | (bm_e4m3x2(d[2], d[3]) << 16),
+                      bm_e4m3x2(d[4], d[5]) | (bm_e4m3x2(d[6], d[7]) << 16));
+}
+
 /* The codes of eight values of one scale s (r = bm_rcp_rn(s)), packed
- * little endian: bm_fp8_quant_dev of each, bit for bit. The chunk divides
- * instead when s is outside the fast form's range or a quotient is not
- * finite (the clamp then also maps a NaN to -448, as the definition's
- * does; the fast quotients are finite, and the conversion saturates them
- * as the clamp would). */
-__device__ __forceinline__ uint2 bm_fp8_quant8(const float (&x)[8], float s, float r)
+ * little endian: bm_fp8_quant_dev of each, bit for bit. pow2: s is a power
+ * of two (UE8M0), so r is 1 / s exactly and x * r is already the correctly
+ * rounded quotient. The chunk divides instead when s is outside the fast
+ * form's range or a quotient is a NaN (x infinite or NaN, x * r
+ * overflowing, s infinite), which the codes show; the clamp then also maps
+ * a NaN to -448, as the definition's does. Every other quotient converts
+ * as the clamp and the conversion would (the conversion saturates). */
+__device__ __forceinline__ uint2 bm_fp8_quant8(const float (&x)[8], float s, float r, bool pow2)
 {
     float d[8];
-    bool fast = s >= BM_FP8_FAST_MIN_S && s < BM_FP8_FAST_MAX_S;
+    if (pow2) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-        d[e] = bm_div_by_scale(x[e], s, r);
-        fast = fast && fabsf(d[e]) <= 3.402823466e38f;
+        for (int e = 0; e < 8; ++e)
+            d[e] = __fmul_rn(x[e], r);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            d[e] = bm_div_by_scale(x[e], s, r);
     }
-    if (!fast) {
+    uint2 c = bm_fp8_pack8(d);
+    if (!(s >= BM_FP8_FAST_MIN_S && s < BM_FP8_FAST_MAX_S) || bm_fp8_nan_code(c)) {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
             d[e] = bm_fp8_clamp(__fdiv_rn(x[e], s));
+        c = bm_fp8_pack8(d);
     }
-    return make_uint2(bm_e4m3x2(d[0], d[1]) | (bm_e4m3x2(d[2], d[3]) << 16),
-                      bm_e4m3x2(d[4], d[5]) | (bm_e4m3x2(d[6], d[7]) << 16));
+    return c;
 }
 
 /* the smallest power of two >= s (s > 0; infinity stays) */

@@ -121,7 +121,10 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
         if (st && g0 == 0)
             q.scales[row * q.ld_t] = s;
     }
-    float r = bm_rcp_rn(s);
+    /* (a group's scale and reciprocal come per chunk, below) */
+    float r = q.kind == BM_QUANT_GROUP ? 0.0f : bm_rcp_rn(s);
+    /* the dynamic kinds' UE8M0 scales are powers of two: x * (1 / s) exact */
+    const bool pow2 = q.ue8m0 != 0;
     /* a group is 16 or 8 chunks: shifts, not a division by a variable */
     const int lg = q.group == 128 ? 4 : 3;
 #pragma unroll
@@ -135,7 +138,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
         }
         if (!st || c >= C)
             continue;
-        const uint2 codes = bm_fp8_quant8(v[j], s, r);
+        const uint2 codes = bm_fp8_quant8(v[j], s, r, pow2);
         uint8_t *dst = q.values + (size_t)row * H + (size_t)c * 8;
         if (VEC) {
             *reinterpret_cast<uint2 *>(dst) = codes;
