@@ -176,12 +176,17 @@ def fused_q(dev, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, re
 
 
 def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne,
-           hidden_out, normalized, strategy):
-    """The gather on workspace `handle` through `ops`, the table that made it."""
+           hidden_out, normalized, quant, strategy):
+    """The gather on workspace `handle` through `ops`, the table that made it;
+    with quant (a BeamQuant, kept alive by the caller; None: the plain
+    gather), its _q form. quant comes before strategy, as in the C call."""
     keep_post, post = _norm(pw, pe)
     keep_next, nxt = _norm(nw, ne)
     keep_s, sp = _scales_ref(s)
-    _invoke(ops, "moe_finalize_gather_norm_residual_norm", dev,
-            (handle, addr(g), addr(w), capacity, tokens, top_k, hidden, routed_scale, post, addr(residual), sp,
-             nxt, addr(hidden_out), addr(normalized) if normalized is not None else None, strategy))
+    args = (handle, addr(g), addr(w), capacity, tokens, top_k, hidden, routed_scale, post, addr(residual), sp, nxt,
+            addr(hidden_out), addr(normalized) if normalized is not None else None)
+    if quant is None:
+        _invoke(ops, "moe_finalize_gather_norm_residual_norm", dev, args + (strategy,))
+    else:
+        _invoke(ops, "moe_finalize_gather_norm_residual_norm_q", dev, args + (ctypes.addressof(quant), strategy))
     del keep_post, keep_next, keep_s

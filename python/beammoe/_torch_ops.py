@@ -20,6 +20,8 @@ on torch's current stream, with no host synchronization).
         group_size, flags, scale, keep_normalized) -> (hidden, normalized, q, q_scales)
     moe_finalize_norm_residual_norm_fp8(gemm2, weights, residual, ..., routed_scale, strategy, kind,
         group_size, flags, scale, keep_normalized) -> (hidden, normalized, q, q_scales)
+    moe_finalize_gather_norm_residual_norm_fp8(workspace, gemm2, weights, residual, ..., keep_normalized)
+        -> (hidden, normalized, q, q_scales)
 
 `!` marks the tensor written in place; every other tensor is read only and
 every result is a new tensor. Without a next norm (next_eps None) the
@@ -46,7 +48,10 @@ from ._calls import HAVE_TORCH_OPS
 from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
                       FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
                       check_finalize, check_fused, check_nrn)
-from .workspace import Workspace, check_workspace
+from .workspace import Workspace, check_workspace, refuse_python_gather
+
+
+_GATHER_FP8 = _GATHER + "_fp8"
 
 
 def _no_normalized(residual):
@@ -238,19 +243,28 @@ def _register():
         check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
         return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
 
+    def fused_fp8_impl(fn, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                       routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, gather, run):
+        """The local and the gathered FP8 operator: the checks, the outputs,
+        then run(dev, ...) with _run.fused_q's arguments, which the gather's
+        Workspace._run_gather takes too."""
+        capacity, top_k, hidden, pw, pe, nw, ne, s, rs, st = check_fused(
+            fn, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+            strategy, gather=gather)
+        dev = A.same_device(fn, _FUSED_NAMES, (gemm2, weights, residual, pw, nw))
+        h, n, q, qs = fp8_out(residual, ne, kind, group_size, flags, scale, keep_normalized)
+        run(dev, gemm2, weights, capacity, residual.shape[0], top_k, hidden, rs, pw, pe, residual, s, nw, ne, h,
+            n if keep_normalized else None, st, quant_struct(kind, group_size, flags, scale, q, qs))
+        return h, n, q, qs
+
     @custom_op("beammoe::moe_finalize_norm_residual_norm_fp8", mutates_args=())
     def fused_fp8(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
                   post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
                   scales: Optional[List[float]], routed_scale: float, strategy: int, kind: int, group_size: int,
                   flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        capacity, top_k, hidden, pw, pe, nw, ne, s, rs, st = check_fused(
-            _FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-            strategy)
-        dev = A.same_device(_FUSED, _FUSED_NAMES, (gemm2, weights, residual, pw, nw))
-        h, n, q, qs = fp8_out(residual, ne, kind, group_size, flags, scale, keep_normalized)
-        _run.fused_q(dev, gemm2, weights, capacity, residual.shape[0], top_k, hidden, rs, pw, pe, residual, s, nw,
-                     ne, h, n if keep_normalized else None, st, quant_struct(kind, group_size, flags, scale, q, qs))
-        return h, n, q, qs
+        return fused_fp8_impl(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
+                              scales, routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, False,
+                              _run.fused_q)
 
     @fused_fp8.register_fake
     def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy,
@@ -259,12 +273,31 @@ def _register():
                     routed_scale, strategy)
         return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
 
+    @custom_op("beammoe::moe_finalize_gather_norm_residual_norm_fp8", mutates_args=())
+    def gather_fp8(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
+                   post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
+                   scales: Optional[List[float]], routed_scale: float, strategy: int, kind: int, group_size: int,
+                   flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        ws = _workspace(_GATHER_FP8, workspace, residual.device)
+        refuse_python_gather(_GATHER_FP8, ws, residual, strategy)
+        return fused_fp8_impl(_GATHER_FP8, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
+                              scales, routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, True,
+                              ws._run_gather)
+
+    @gather_fp8.register_fake
+    def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+          strategy, kind, group_size, flags, scale, keep_normalized):
+        check_fused(_GATHER_FP8, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                    routed_scale, strategy, gather=True)
+        return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
+
     # Autograd: the functional operations refuse a backward pass with a clear
     # message (torch allows no formula on an operation that writes in place;
     # the beammoe functions refuse those writes while autograd records).
     for op, name in ((fused, "moe_finalize_norm_residual_norm"), (nrn, "norm_residual_norm"),
                      (gather, "moe_finalize_gather_norm_residual_norm"), (nrn_fp8, "norm_residual_norm_fp8"),
-                     (fused_fp8, "moe_finalize_norm_residual_norm_fp8")):
+                     (fused_fp8, "moe_finalize_norm_residual_norm_fp8"),
+                     (gather_fp8, "moe_finalize_gather_norm_residual_norm_fp8")):
         op.register_autograd(_refuse_backward(name), setup_context=_setup_context)
 
 

@@ -3,6 +3,10 @@
     quant = beammoe.FP8Quant("group", group_size=128)        # DeepGEMM / vLLM per-token-group
     hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_norm_residual_norm_fp8(
         beammoe.MoEOutput(gemm2, weights), residual, post_w, 1e-6, next_w, 1e-6, None, 2.5, quant=quant)
+    # tensor parallel: x holds this rank's tokens; q, q_scales cover all of them
+    hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+        beammoe.MoEOutput(gemm2, weights), residual, post_w, 1e-6, next_w, 1e-6, None, workspace, 2.5,
+        quant=quant)
 
 The operations with a next norm also write that norm's output quantized to
 FP8 E4M3 (torch.float8_e4m3fn; torch.uint8 bits on a torch without it),
@@ -23,6 +27,12 @@ every backend. keep_normalized=False (the default) writes only the FP8 form
 (normalized is None); True writes both. With torch >= 2.4 they are also
 torch operators (torch.ops.beammoe.*_fp8: torch.compile, CUDA graphs), but
 for inplace=True, which runs in eager calls only.
+
+The gather's FP8 form writes q and q_scales of every rank's tokens (the
+gathered rows: tokens = residual.shape[0]), the same bits on every rank. It
+runs in the library's gather only: a workspace that gathers in Python (a
+CPU workspace over a torch.distributed process group; an UNFUSED call with
+the workspace's all_gather hook) refuses it.
 """
 import ctypes
 
@@ -32,9 +42,10 @@ from . import _run
 from . import _tensors as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
 from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, route
-from ._checks import FUSED, FUSED_NAMES, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
+from ._checks import FUSED, FUSED_NAMES, GATHER, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
 from ._fp8_layout import COL_MAJOR, KINDS, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
+from .workspace import check_workspace, refuse_python_gather
 
 _FLT_MAX = 3.4028234663852886e38
 
@@ -83,7 +94,7 @@ class FP8Quant:
 
 
 def _flags_and_next(fn, quant, inplace, keep_normalized, ne):
-    """The arguments both functions add to the plain ones; returns quant."""
+    """The arguments the functions add to the plain ones; returns quant."""
     if not isinstance(quant, FP8Quant):
         raise TypeError("%s: quant must be a beammoe.FP8Quant, got %s" % (fn, type(quant).__name__))
     A.flag(fn, "inplace", inplace)
@@ -118,6 +129,12 @@ def _run_fp8(fn, quant, names, tensors, residual, tokens, hidden, inplace, keep_
     return h, n, q, qs
 
 
+def _from_operator(out, keep_normalized):
+    """The functions' result from an operator's (normalized: empty unless kept)."""
+    h, n, q, qs = out
+    return h, (n if keep_normalized else None), q, qs
+
+
 def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
                                 scales=None, *, quant, inplace=False, keep_normalized=False):
     """beam_norm_residual_norm with the next norm's output also (or only) in FP8.
@@ -132,9 +149,9 @@ def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next
                        dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, st))
     if out is not None:
         return out
-    h, n, q, qs = torch.ops.beammoe.norm_residual_norm_fp8(
-        x, residual, prw, pre, nw, ne, list(s) if s is not None else None, *quant.fields(), keep_normalized)
-    return h, (n if keep_normalized else None), q, qs
+    return _from_operator(torch.ops.beammoe.norm_residual_norm_fp8(
+        x, residual, prw, pre, nw, ne, list(s) if s is not None else None, *quant.fields(), keep_normalized),
+        keep_normalized)
 
 
 def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
@@ -156,7 +173,37 @@ def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps,
                        qst))
     if out is not None:
         return out
-    h, n, q, qs = torch.ops.beammoe.moe_finalize_norm_residual_norm_fp8(
+    return _from_operator(torch.ops.beammoe.moe_finalize_norm_residual_norm_fp8(
         g, w, residual, pw, pe, nw, ne, list(s) if s is not None else None, scale, st, *quant.fields(),
-        keep_normalized)
-    return h, (n if keep_normalized else None), q, qs
+        keep_normalized), keep_normalized)
+
+
+def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps,
+                                                    scales, workspace, routed_scale=1.0, *, quant, strategy=None,
+                                                    inplace=False, keep_normalized=False):
+    """beam_moe_finalize_gather_norm_residual_norm with the next norm's output also (or only) in FP8.
+
+    Collective, with the gather's rules: x holds this rank's tokens, residual
+    all T = residual.shape[0]. Returns (hidden, normalized | None, q,
+    q_scales), each of all T tokens (q [T, hidden]; q_scales as FP8Quant
+    lays them out for T rows) and the same bits on every rank; next_eps is
+    required. A call that the workspace would gather in Python is refused
+    (NotImplementedError; the module's text)."""
+    fn = GATHER + "_fp8"
+    g, w = A.moe_output(fn, x)
+    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
+        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+        A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES), gather=True)
+    quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
+    handle = check_workspace(fn, workspace, residual.device)  # _run_fp8 checks that every tensor is there
+    refuse_python_gather(fn, workspace, residual, st)
+    tokens = residual.shape[0]
+    out = _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
+                   keep_normalized, lambda dev, h, n, qst: workspace._run_gather(
+                       dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
+                       qst))
+    if out is not None:
+        return out
+    return _from_operator(torch.ops.beammoe.moe_finalize_gather_norm_residual_norm_fp8(
+        handle, g, w, residual, pw, pe, nw, ne, list(s) if s is not None else None, scale, st, *quant.fields(),
+        keep_normalized), keep_normalized)

@@ -489,18 +489,20 @@ class Workspace:
             return False
         return self._auto_enum(residual.shape[0]) == _UNFUSED
 
-    def _run_gather(self, dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st):
+    def _run_gather(self, dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
+                    quant=None):
         """The library's gather with AUTO resolved from the attributes (the
-        library's own rule while they are the values it was handed)."""
+        library's own rule while they are the values it was handed); quant:
+        the BeamQuant of its FP8 output, or None."""
         handle, ops = self.handle, self._ops
         if st != _AUTO or self._c_auto:
             _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
-                        h, n, st)
+                        h, n, quant, st)
             return
         st = self._auto_enum(tokens)
         try:
             _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
-                        h, n, st)
+                        h, n, quant, st)
         except BeamUnsupportedError as e:
             # A CUDA workspace without peer memory (every rank alike, before
             # anything was launched): AUTO is UNFUSED there, as in the library.
@@ -508,7 +510,7 @@ class Workspace:
                 raise
             self._peerless = True
             _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
-                        h, n, _UNFUSED)
+                        h, n, quant, _UNFUSED)
 
     @property
     def handle(self):
@@ -567,3 +569,23 @@ def check_workspace(fn, workspace, dev):
     if not isinstance(workspace, Workspace):
         raise TypeError("%s: workspace must be a beammoe.Workspace, got %s" % (fn, type(workspace).__name__))
     return workspace._handle_for(fn, dev)
+
+
+def refuse_python_gather(fn, workspace, residual, strategy):
+    """Refuse a call that `workspace` (a Workspace) would gather in Python
+    (_pgather.py: every call of a CPU workspace over a process group, the
+    UNFUSED calls of one with the all_gather hook), for the FP8 output, which
+    only the library's gather writes. What decides is the same on every rank
+    (the workspace's kind, hook and thresholds, the call's strategy and
+    tokens), so every rank raises here and none waits for a peer."""
+    if not workspace._python_gather(residual, strategy):
+        return
+    if workspace._pg:
+        why = "a CPU workspace over a torch.distributed process group gathers in Python"
+        fix = "use a CpuGroup workspace (Workspace.cpu) or a CUDA one"
+    else:
+        why = "with the workspace's all_gather hook set, an UNFUSED call gathers in Python"
+        fix = "set workspace.all_gather = None or pass strategy=\"oneshot\" or \"twoshot\""
+    raise NotImplementedError("%s: workspace: %s, which has no FP8 output (only the library's gather writes "
+                              "one); %s, or call beam_moe_finalize_gather_norm_residual_norm and quantize its "
+                              "normalized" % (fn, why, fix))
