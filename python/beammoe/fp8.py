@@ -47,8 +47,6 @@ from ._fp8_layout import COL_MAJOR, KINDS, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
 from .workspace import check_workspace, refuse_python_gather
 
-_FLT_MAX = 3.4028234663852886e38
-
 
 class FP8Quant:
     """How normalized is quantized (see the module's text)."""
@@ -70,7 +68,7 @@ class FP8Quant:
                 raise ValueError("FP8Quant: ue8m0 is for the dynamic kinds (\"group\", \"token\")")
             scale = A.number("FP8Quant", "scale", scale)
             # the value the library gets is the FP32 nearest (ctypes.c_float)
-            if not 0.0 < ctypes.c_float(scale).value <= _FLT_MAX:
+            if not 0.0 < ctypes.c_float(scale).value <= A.FLT_MAX:
                 raise ValueError("FP8Quant: scale=%r must be > 0 and finite as an FP32" % (scale,))
         elif scale is not None:
             raise ValueError("FP8Quant: scale is for kind=\"tensor\" (a static scale)")
