@@ -22,10 +22,10 @@ static beam_status bm_cpu_available(void)
 }
 
 /* One op over all rows, with its own scratch. */
-static beam_status bm_cpu_op(const bm_args *a, int op, const char *fn)
+static beam_status bm_cpu_op(const bm_args *a, int op)
 {
     bm_scratch s;
-    BM_CHECK(bm_cpu_scratch_alloc(&s, bm_cpu_team(a, op), a->hidden, fn));
+    BM_CHECK(bm_cpu_scratch_alloc(&s, bm_cpu_team(a, op), a->hidden, a->fn));
     bm_cpu_run(a, op, &s);
     bm_cpu_scratch_free(&s);
     return BEAM_OK;
@@ -35,13 +35,13 @@ static beam_status bm_cpu_op(const bm_args *a, int op, const char *fn)
  * array, or a temporary one when only the quantized form is asked for),
  * then each row of it is quantized. The temporary is allocated before
  * anything is written. */
-static beam_status bm_cpu_quantized(const bm_args *a, beam_status (*op)(const bm_args *), const char *fn)
+static beam_status bm_cpu_quantized(const bm_args *a, beam_status (*op)(const bm_args *))
 {
     bm_args b;
     uint16_t *tmp;
     beam_status st;
     if (!a->q.kind) return op(a);
-    BM_CHECK(bm_cpu_quant_target(a, &b, &tmp, fn));
+    BM_CHECK(bm_cpu_quant_target(a, &b, &tmp));
     st = op(&b);
     if (st == BEAM_OK) bm_cpu_quant_rows(&b, b.normalized);
     free(tmp);
@@ -50,35 +50,35 @@ static beam_status bm_cpu_quantized(const bm_args *a, beam_status (*op)(const bm
 
 static beam_status bm_cpu_finalize(const bm_args *a)
 {
-    return bm_cpu_op(a, BM_OP_FINALIZE, "beam_moe_finalize");
+    return bm_cpu_op(a, BM_OP_FINALIZE);
 }
 
 static beam_status bm_cpu_nrn_rows(const bm_args *a)
 {
-    return bm_cpu_op(a, BM_OP_NRN, "beam_norm_residual_norm");
+    return bm_cpu_op(a, BM_OP_NRN);
 }
 
 static beam_status bm_cpu_norm_residual_norm(const bm_args *a)
 {
-    return bm_cpu_quantized(a, bm_cpu_nrn_rows, "beam_norm_residual_norm");
+    return bm_cpu_quantized(a, bm_cpu_nrn_rows);
 }
 
 /* One pass: the finalized row never leaves the thread's scratch. */
 static beam_status bm_cpu_fused_rows(const bm_args *a)
 {
-    return bm_cpu_op(a, BM_OP_FUSED, "beam_moe_finalize_norm_residual_norm");
+    return bm_cpu_op(a, BM_OP_FUSED);
 }
 
 static beam_status bm_cpu_fused(const bm_args *a)
 {
-    return bm_cpu_quantized(a, bm_cpu_fused_rows, "beam_moe_finalize_norm_residual_norm");
+    return bm_cpu_quantized(a, bm_cpu_fused_rows);
 }
 
 /* The composition: finalize all rows into a scratch array, then
  * norm_residual_norm over it (no pre-norm). Same bits as the fused pass. */
 static beam_status bm_cpu_unfused_rows(const bm_args *a)
 {
-    static const char fn[] = "beam_moe_finalize_norm_residual_norm";
+    const char *fn = a->fn;
     bm_args b = *a;
     bm_scratch s;
     const int team_f = bm_cpu_team(a, BM_OP_FINALIZE), team_n = bm_cpu_team(a, BM_OP_NRN);
@@ -102,7 +102,7 @@ static beam_status bm_cpu_unfused_rows(const bm_args *a)
 
 static beam_status bm_cpu_unfused(const bm_args *a)
 {
-    return bm_cpu_quantized(a, bm_cpu_unfused_rows, "beam_moe_finalize_norm_residual_norm");
+    return bm_cpu_quantized(a, bm_cpu_unfused_rows);
 }
 
 static beam_workspace_config bm_cpu_ws_default(void)

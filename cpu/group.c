@@ -527,7 +527,7 @@ static beam_status bm_gather_alloc(const bm_args *a, bm_args *b, bm_scratch *scr
 {
     if (a->tokens == 0) return BEAM_OK;
     BM_CHECK(bm_cpu_scratch_alloc(scr, bm_cpu_max_team(), a->hidden, fn));
-    return bm_cpu_quant_target(a, b, tmp, fn);
+    return bm_cpu_quant_target(a, b, tmp);
 }
 
 /* One call that holds the workspace (busy). */
@@ -572,10 +572,7 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
 
 beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
 {
-    /* the _q entry with a quant (its messages name it); otherwise the
-     * plain gather, or the _q entry with quant NULL, which is the same */
-    const char *fn = a->q.kind ? "beam_moe_finalize_gather_norm_residual_norm_q"
-                               : "beam_moe_finalize_gather_norm_residual_norm";
+    const char *fn = a->fn;
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     beam_status st;
     int idle = 0;

@@ -44,7 +44,7 @@ void bm_cpu_quant_rows(const bm_args *a, const uint16_t *normalized);
 /* b = *a, and when a asks for the quantized form only (a->q.kind with no
  * normalized) a [tokens, hidden] normalized of the call's own in
  * b->normalized, to be freed with free(*tmp) (NULL otherwise). Out of
- * memory: an error naming fn, nothing allocated. */
-beam_status bm_cpu_quant_target(const bm_args *a, bm_args *b, uint16_t **tmp, const char *fn);
+ * memory: an error naming a->fn, nothing allocated. */
+beam_status bm_cpu_quant_target(const bm_args *a, bm_args *b, uint16_t **tmp);
 
 #endif

@@ -112,7 +112,7 @@ static int bm_quant_team(int64_t T, int32_t H, int group)
     return n > 1 ? (int)n : 1;
 }
 
-beam_status bm_cpu_quant_target(const bm_args *a, bm_args *b, uint16_t **tmp, const char *fn)
+beam_status bm_cpu_quant_target(const bm_args *a, bm_args *b, uint16_t **tmp)
 {
     *b = *a;
     *tmp = NULL;
@@ -120,7 +120,7 @@ beam_status bm_cpu_quant_target(const bm_args *a, bm_args *b, uint16_t **tmp, co
     *tmp = (uint16_t *)malloc((size_t)a->tokens * (size_t)a->hidden * sizeof **tmp);
     if (!*tmp)
         return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: no host memory for the %lld x %d normalized rows to "
-                       "quantize", fn, (long long)a->tokens, (int)a->hidden);
+                       "quantize", a->fn, (long long)a->tokens, (int)a->hidden);
     b->normalized = *tmp;
     return BEAM_OK;
 }

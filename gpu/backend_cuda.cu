@@ -160,7 +160,7 @@ static beam_status bm_cuda_finalize(const bm_args *a)
     bm_row_params p = bm_params_base(a);
     bm_set_finalize(p, a);
     p.out = a->output;
-    return bm_cuda_run("beam_moe_finalize", p, a->stream);
+    return bm_cuda_run(a->fn, p, a->stream);
 }
 
 static beam_status bm_cuda_norm_residual_norm(const bm_args *a)
@@ -172,7 +172,7 @@ static beam_status bm_cuda_norm_residual_norm(const bm_args *a)
     p.epsA = a->pre.eps;
     bm_set_residual(p, a);
     const bm_quant_params q = bm_quant_of(a);
-    return bm_cuda_run("beam_norm_residual_norm", p, a->stream, &q);
+    return bm_cuda_run(a->fn, p, a->stream, &q);
 }
 
 /* One kernel: each input byte read once, each output byte written once; the
@@ -183,7 +183,7 @@ static beam_status bm_cuda_fused(const bm_args *a)
     bm_set_finalize(p, a);
     bm_set_residual(p, a);
     const bm_quant_params q = bm_quant_of(a);
-    return bm_cuda_run("beam_moe_finalize_norm_residual_norm", p, a->stream, &q);
+    return bm_cuda_run(a->fn, p, a->stream, &q);
 }
 
 /* The composition: the finalize kernel writes the finalized rows into a
@@ -200,7 +200,7 @@ static beam_status bm_cuda_fused(const bm_args *a)
  *    construction (docs/numerics.md). */
 static beam_status bm_cuda_unfused(const bm_args *a)
 {
-    static const char fn[] = "beam_moe_finalize_norm_residual_norm";
+    const char *fn = a->fn;
     uint16_t *scratch = a->hidden_out != a->residual ? a->hidden_out
                         : a->next.on                  ? a->normalized
                                                       : NULL;

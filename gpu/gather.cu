@@ -36,8 +36,7 @@
 extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
                                       beam_status local_status)
 {
-    const char *fn = a->q.kind ? "beam_moe_finalize_gather_norm_residual_norm_q"
-                               : "beam_moe_finalize_gather_norm_residual_norm";
+    const char *fn = a->fn;
     bm_tp_ws *w = (bm_tp_ws *)ws->impl;
     int dev = -1;
     if (!w)

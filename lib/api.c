@@ -146,6 +146,7 @@ static beam_status bm_finalize_call(const uint16_t *experts, const float *weight
     bm_args a;
     bm_ptr p[4];
     memset(&a, 0, sizeof a);
+    a.fn = fn;
     BM_CHECK(bm_check_finalize_stage(fn, capacity, live, top_k, hidden, routed_scale, post_norm, &a));
     p[0] = bm_in("expert_outputs", experts, (size_t)capacity * (size_t)top_k * bm_rows_bytes(1, hidden));
     p[1] = bm_in32("expert_weights", weights, (size_t)capacity * (size_t)top_k * FP32);
@@ -180,6 +181,7 @@ static beam_status bm_nrn_call(const char *fn, const uint16_t *x, const uint16_t
     bm_ptr p[8];
     size_t rows;
     memset(&a, 0, sizeof a);
+    a.fn = fn;
     BM_CHECK(bm_check_hidden(fn, hidden));
     BM_CHECK(bm_check_rows(fn, "tokens", tokens, "tokens", tokens, 1, hidden));
     BM_CHECK(bm_check_norm(fn, "pre_norm", pre_norm, &a.pre));
@@ -269,6 +271,7 @@ static beam_status bm_fused_call(const char *fn, const uint16_t *expert_outputs,
 {
     bm_args a;
     memset(&a, 0, sizeof a);
+    a.fn = fn;
     BM_CHECK(bm_check_strategy(fn, strategy, 0));
     BM_CHECK(bm_check_fused(fn, expert_outputs, expert_weights, capacity, live_tokens, live_tokens,
                             top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
@@ -503,6 +506,7 @@ static beam_status bm_gather_call(const char *fn, beam_workspace *workspace, con
     if (!BE->gather)
         return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend has no gather yet", fn, BE->name);
     memset(&a, 0, sizeof a);
+    a.fn = fn;
     /* The shape travels even when the checks fail, so that a backend can
      * tell its peers about this rank's failure in a call of the same size. */
     a.top_k = top_k;

@@ -74,6 +74,7 @@ typedef struct bm_args {
     int64_t tokens;
     int32_t hidden;
     void *stream;
+    const char *fn; /* the entry point called: the name in a backend's messages */
 } bm_args;
 
 /* One pointer argument of a call, for the generic checks (alignment,

@@ -2,7 +2,7 @@
  * test_oom.c - no host memory for the CPU backend's per-call scratch: every
  * local op and the CPU gather (plain and _q, whose normalized rows to
  * quantize are allocated too) return BEAM_ERR_OUT_OF_MEMORY with a message
- * naming the function, write nothing (outputs keep their poison, an
+ * naming the function called (the _q one for a _q call), write nothing (outputs keep their poison, an
  * in-place residual keeps its values) and do not crash; with memory back, the
  * same calls give the reference's bits.
  *
@@ -197,6 +197,31 @@ static void test_local_ops(void)
                         BEAM_OK);
         CU_ASSERT_EQUAL(hu_cmp_bf16("nrn after OOM", b.res, ref_h, TH), 0);
         CU_ASSERT_EQUAL(hu_cmp_bf16("nrn after OOM", b.nrm, ref_n, TH), 0);
+
+        /* the _q forms with normalized NULL (its rows to quantize are
+         * allocated too): the message names the _q function, not the
+         * plain one the backend runs */
+        {
+            float *sc = (float *)hu_alloc(4 * (TH / 128), 0);
+            beam_quant q;
+            memset(&q, 0, sizeof q);
+            q.kind = BEAM_QUANT_FP8_GROUP;
+            q.group_size = 128;
+            q.values = (uint8_t *)b.nrm; /* stays poison when nothing is written */
+            q.scales = sc;
+            poison_outputs(&b);
+            arm(1);
+            st = beam_norm_residual_norm_q(b.x, b.res, T, H, &n, b.scales, &n, b.hid, NULL, &q, NULL);
+            disarm();
+            expect_oom(&b, st, "beam_norm_residual_norm_q:", "nrn _q");
+            poison_outputs(&b);
+            arm(1);
+            st = beam_moe_finalize_norm_residual_norm_q(b.ex, b.wt, T, T, K, H, 2.0f, &n, b.res, b.scales, &n,
+                                                        b.hid, NULL, &q, BEAM_STRATEGY_FUSED, NULL);
+            disarm();
+            expect_oom(&b, st, "beam_moe_finalize_norm_residual_norm_q:", "fused _q");
+            hu_free(sc);
+        }
 
         /* the fused op: FUSED (one allocation), UNFUSED (the rows, then the
          * scratch: either may fail) */
