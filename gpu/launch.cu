@@ -89,17 +89,27 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * multiprocessor stays ahead */
     const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
     const bool nrn_prefill = !(p.normA && n2 >= 1024);
-    /* With a quantized output the nrn kernel (which holds the row in the
-     * registers of fewer threads) lost to the row and pipelined kernels at
-     * H = 7168 (shape_sweep perf --quant 1, next norm only, group 128):
-     * T = 1: 2.61 (cluster of 8) against 3.37 us; T = 64: 3.93 against
-     * 4.24; T = 4096: 63.25 (pipelined, 256 threads x 4 chunks, depth 3)
-     * against 79.65 */
-    if (quant && !fin && p.residual && n2 >= 1024 && rows > 64) {
-        s.nt = 256; s.j = 4; s.d = 3;
+    /* With a quantized output norm_residual_norm's rows take other kernels
+     * (shape_sweep perf --quant 1, next norm only, group 128, one H200): at
+     * H = 7168 the nrn kernel only for 64 < T <= 512 without a pre-norm
+     * (T = 512: 12.94-13.49 us against 14.49 for the pipelined; with a
+     * pre-norm it was not timed there), the cluster row kernel at decode
+     * (T = 1: 2.61 against 3.37; T = 64: 3.93 against 4.24; below) and the
+     * pipelined one of 256 threads x 4 chunks, depth 3 beyond (T = 4096:
+     * 63.25 against 79.65; T = 16384: 228.58, the best); at H = 4096 and
+     * 2048 (T = 4096) the row kernel, 128 threads (37.33 against 38.72 us
+     * for the pipelined; 21.49 against 25.68) */
+    if (quant && !fin && p.residual && rows > 64 && n2 >= 256) {
+        if (n2 >= 1024 && rows <= 512 && !p.normA) {
+            s.nt = 512; s.j = 2; s.mb = 2; s.st = 2;
+        } else if (n2 >= 1024) {
+            s.nt = 256; s.j = 4; s.d = 3;
+        } else {
+            s.nt = 128; s.j = n2 / 128; s.u = n2 == 512 ? 2 : 4;
+        }
         return s;
     }
-    if (!quant && !fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode : nrn_prefill)) {
+    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode && !quant : nrn_prefill)) {
         s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
         s.j = 2;
         s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
