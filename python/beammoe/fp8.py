@@ -127,6 +127,16 @@ def _run_fp8(fn, quant, names, tensors, residual, tokens, hidden, inplace, keep_
     return h, n, q, qs
 
 
+def _check_fused_fp8(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy,
+                     quant, inplace, keep_normalized, gather):
+    """The checks of the fused op's and the gather's FP8 forms: (g, w, what
+    check_fused returns, quant)."""
+    g, w = A.moe_output(fn, x)
+    checked = check_fused(fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+                          A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES), gather=gather)
+    return g, w, checked, _flags_and_next(fn, quant, inplace, keep_normalized, checked[6])
+
+
 def _from_operator(out, keep_normalized):
     """The functions' result from an operator's (normalized: empty unless kept)."""
     h, n, q, qs = out
@@ -159,11 +169,9 @@ def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps,
 
     Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
     fn = FUSED + "_fp8"
-    g, w = A.moe_output(fn, x)
-    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
-        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-        A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES))
-    quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
+    g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_fp8(
+        fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
+        keep_normalized, False)
     tokens = residual.shape[0]
     out = _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
                    keep_normalized, lambda dev, h, n, qst: _run.fused_q(
@@ -188,11 +196,9 @@ def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, po
     required. A call that the workspace would gather in Python is refused
     (NotImplementedError; the module's text)."""
     fn = GATHER + "_fp8"
-    g, w = A.moe_output(fn, x)
-    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
-        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-        A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES), gather=True)
-    quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
+    g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_fp8(
+        fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
+        keep_normalized, True)
     handle = check_workspace(fn, workspace, residual.device)  # _run_fp8 checks that every tensor is there
     refuse_python_gather(fn, workspace, residual, st)
     tokens = residual.shape[0]
