@@ -366,13 +366,14 @@ static void test_errors(void)
         const char *what;
         beam_quant q;
         int next_on;
-    } bad[16];
+    } bad[24];
     int n = 0, i;
     for (i = 0; i < 512; i++) x[i] = res[i] = 0x3F80;
     for (i = 0; i < 256; i++) w[i] = 0x3F80;
 #define BAD(WHAT, NEXT, ...)                                                          \
     do {                                                                              \
         beam_quant q_ = {__VA_ARGS__};                                                \
+        CU_ASSERT_FATAL(n < (int)(sizeof bad / sizeof bad[0]));                       \
         bad[n].what = WHAT;                                                           \
         bad[n].q = q_;                                                                \
         bad[n].next_on = NEXT;                                                        \
