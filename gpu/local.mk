@@ -52,3 +52,14 @@ BEAM_CU_DEPFILES += bench/$(DEPDIR)/shape_sweep.Plo
 CLEANFILES += bench/shape_sweep$(EXEEXT) bench/shape_sweep.lo bench/shape_sweep.o \
 	bench/.libs/shape_sweep.o
 DISTCLEANFILES += bench/$(DEPDIR)/shape_sweep.Plo
+
+# ---- ptxas's allocation of each kernel of launch.cu against the recorded
+# gpu/ptxas-regs.txt (scripts/ptxas-regs.sh says why): `make ptxas-regs`
+# compares, `make ptxas-regs PTXAS_UPDATE=update` records. Run by
+# scripts/gpu-check.sh.
+ptxas-regs:
+	$(AM_V_NVCC)$(BEAM_NVCC) -Xptxas -v -c $(srcdir)/gpu/launch.cu -o gpu/ptxas-regs.o 2> gpu/ptxas-regs.log
+	$(SHELL) $(srcdir)/scripts/ptxas-regs.sh gpu/ptxas-regs.log $(srcdir)/gpu/ptxas-regs.txt \
+	  "`$(NVCC) --version | tail -1` $(NVCC_FLAGS)" $(PTXAS_UPDATE)
+.PHONY: ptxas-regs
+CLEANFILES += gpu/ptxas-regs.o gpu/ptxas-regs.log

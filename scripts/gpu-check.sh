@@ -38,6 +38,9 @@ if ! grep -q '^libbeammoe_cuda_la' Makefile; then
     exit 1
 fi
 make -j"$jobs"
+# ptxas's allocation of the kernels against the recorded list: a change of
+# it alone can move their speed (scripts/ptxas-regs.sh)
+make ptxas-regs || echo "gpu-check.sh: time the kernels listed above before recording them"
 progs="tests/test_backends tests/test_cuda tests/test_quant bench/cuda_bench bench/shape_sweep tests/test_gather_group tests/test_gather_nccl bench/gather_bench"
 make -j"$jobs" $progs
 
