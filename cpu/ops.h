@@ -28,6 +28,13 @@ typedef struct bm_scratch {
 int bm_cpu_team(const bm_args *a, int op);
 /* The most threads any call may use (the scratch of a gather). */
 int bm_cpu_max_team(void);
+/* The rule of both: rows of row_bytes each (read and written) over
+ * per_thread bytes a thread, at most rows and bm_cpu_max_team(); 1 below
+ * two. */
+int bm_cpu_team_of(int64_t rows, int64_t row_bytes, int64_t per_thread);
+/* The consecutive rows a team's threads take at a time: a quarter of each
+ * thread's share, 1 .. BM_CPU_CHUNK (run.c says why). */
+int64_t bm_cpu_chunk(int64_t rows, int team);
 
 /* Scratch for `slots` threads of rows `hidden` wide; fn names the public
  * function in the message when there is no memory. */

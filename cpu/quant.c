@@ -43,10 +43,10 @@
 #define BM_QUANT_INLINE static inline
 #endif
 
-/* Threads as cpu/run.c picks them for the row operations: each thread of a
- * team must have BM_QUANT_BYTES_PER_THREAD bytes to read and write, else
- * fewer threads, down to the calling thread alone (no team); rows handed
- * out dynamically, up to BM_QUANT_CHUNK at a time. Half run.c's bytes:
+/* Threads as cpu/run.c picks them for the row operations (bm_cpu_team_of,
+ * bm_cpu_chunk): each thread of a team must have BM_QUANT_BYTES_PER_THREAD
+ * bytes to read and write, else fewer threads, down to the calling thread
+ * alone (no team); rows handed out dynamically. Half run.c's bytes:
  * quantizing moves a byte about half as fast as norm_residual_norm does
  * (a 7168-wide row, 21.7 KB: 3.4 us; there 57 KB take some 4 us), so a
  * thread gets about the same time of work, some 10 us, well past what a
@@ -55,7 +55,6 @@
  * (the team awake): T = 2 6.7 us alone, 4.1 us on 2 threads; T = 8 26.9
  * and 14.4 us. So H = 7168 shares from T = 7, H = 2048 from T = 22, and
  * T = 1 never. */
-#define BM_QUANT_CHUNK 16
 #ifndef BM_QUANT_BYTES_PER_THREAD
 #define BM_QUANT_BYTES_PER_THREAD ((int64_t)64 * 1024)
 #endif
@@ -100,16 +99,10 @@ static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *nor
 }
 
 /* Threads for T rows of H values: bytes read (2 H) and written (H values,
- * 4 per scale) over BM_QUANT_BYTES_PER_THREAD, at most T and the OpenMP
- * thread count; 1 (no team) for small calls. */
+ * 4 per scale). */
 static int bm_quant_team(int64_t T, int32_t H, int group)
 {
-    const int64_t row = 3 * (int64_t)H + 4 * (int64_t)(H / group);
-    const int max = bm_cpu_max_team();
-    int64_t n = T * row / BM_QUANT_BYTES_PER_THREAD;
-    if (n > T) n = T;
-    if (n > max) n = max;
-    return n > 1 ? (int)n : 1;
+    return bm_cpu_team_of(T, 3 * (int64_t)H + 4 * (int64_t)(H / group), BM_QUANT_BYTES_PER_THREAD);
 }
 
 beam_status bm_cpu_quant_target(const bm_args *a, bm_args *b, uint16_t **tmp)
@@ -138,10 +131,8 @@ void bm_cpu_quant_rows(const bm_args *a, const uint16_t *normalized)
     {
         /* each row by one thread: the bits do not depend on the schedule
          * (dynamic chunks, as cpu/run.c hands out rows) */
-        int64_t chunk = T / (4 * (int64_t)team), nchunks, c;
-        if (chunk < 1) chunk = 1;
-        if (chunk > BM_QUANT_CHUNK) chunk = BM_QUANT_CHUNK;
-        nchunks = (T + chunk - 1) / chunk;
+        const int64_t chunk = bm_cpu_chunk(T, team), nchunks = (T + chunk - 1) / chunk;
+        int64_t c;
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1)
         for (c = 0; c < nchunks; c++) {
             const int64_t t0 = c * chunk;

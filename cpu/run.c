@@ -47,6 +47,23 @@ int bm_cpu_max_team(void)
 #endif
 }
 
+int bm_cpu_team_of(int64_t rows, int64_t row_bytes, int64_t per_thread)
+{
+    int64_t n = rows * row_bytes / per_thread;
+    const int max = bm_cpu_max_team();
+    if (n > rows) n = rows;
+    if (n > max) n = max;
+    return n > 1 ? (int)n : 1;
+}
+
+int64_t bm_cpu_chunk(int64_t rows, int team)
+{
+    int64_t chunk = rows / (4 * (int64_t)team);
+    if (chunk < 1) chunk = 1;
+    if (chunk > BM_CPU_CHUNK) chunk = BM_CPU_CHUNK;
+    return chunk;
+}
+
 int bm_cpu_team(const bm_args *a, int op)
 {
     const int64_t H2 = 2 * (int64_t)a->hidden;
@@ -54,11 +71,7 @@ int bm_cpu_team(const bm_args *a, int op)
     const int64_t row = op == BM_OP_NRN        ? 4 * H2
                         : op == BM_OP_FINALIZE ? ((int64_t)a->top_k + 1) * H2 + 4 * (int64_t)a->top_k
                                                : ((int64_t)a->top_k + 3) * H2 + 4 * (int64_t)a->top_k;
-    int64_t n = a->tokens * row / BM_CPU_BYTES_PER_THREAD;
-    const int max = bm_cpu_max_team();
-    if (n > a->tokens) n = a->tokens;
-    if (n > max) n = max;
-    return n > 1 ? (int)n : 1;
+    return bm_cpu_team_of(a->tokens, row, BM_CPU_BYTES_PER_THREAD);
 }
 
 beam_status bm_cpu_scratch_alloc(bm_scratch *s, int slots, int32_t hidden, const char *fn)
@@ -92,11 +105,8 @@ void bm_cpu_run(const bm_args *a, int op, const bm_scratch *s)
     }
 #ifdef _OPENMP
     {
-        const int64_t T = a->tokens;
-        int64_t chunk = T / (4 * (int64_t)team), nchunks;
-        if (chunk < 1) chunk = 1;
-        if (chunk > BM_CPU_CHUNK) chunk = BM_CPU_CHUNK;
-        nchunks = (T + chunk - 1) / chunk;
+        const int64_t T = a->tokens, chunk = bm_cpu_chunk(T, team);
+        const int64_t nchunks = (T + chunk - 1) / chunk;
 #pragma omp parallel num_threads(team)
         {
             unsigned char *mine = s->mem + (size_t)omp_get_thread_num() * s->stride;
