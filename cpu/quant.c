@@ -23,6 +23,7 @@
 
 #include "bf16.h"
 #include "error.h"
+#include "fp4.h"
 #include "fp8.h"
 #include "ops.h"
 
@@ -76,6 +77,33 @@ BM_QUANT_INLINE void bm_quant_values(const uint16_t *restrict y, float s, uint8_
     for (i = 0; i < n; i++) out[i] = (uint8_t)bm_fp8_quant_sel(bm_f(y[i]), s);
 }
 
+/* out[i] = e2m1(y[2i] * os) | e2m1(y[2i + 1] * os) << 4 for the 16 values
+ * of an NVFP4 block. */
+BM_QUANT_INLINE void bm_nvfp4_values(const uint16_t *restrict y, float os, uint8_t *restrict out)
+{
+    int i;
+    for (i = 0; i < 8; i++)
+        out[i] = (uint8_t)(bm_e2m1(bm_f(y[2 * i]) * os) | (bm_e2m1(bm_f(y[2 * i + 1]) * os) << 4));
+}
+
+/* NVFP4 rows t0..t1: two values a byte, an E4M3 scale a block of 16 at its
+ * tiled place. */
+BM_QUANT_INLINE void bm_nvfp4_rows(const bm_quant *q, const uint16_t *normalized, int64_t t0, int64_t t1,
+                                   int32_t hidden)
+{
+    int64_t t;
+    int b;
+    for (t = t0; t < t1; t++) {
+        const uint16_t *y = normalized + (size_t)t * (size_t)hidden;
+        uint8_t *out = q->values + (size_t)t * (size_t)(hidden / 2);
+        for (b = 0; b < hidden / 16; b++) {
+            const uint8_t sf = bm_nvfp4_scale_code(bm_fp8_absmax_bf16(y + 16 * b, 16), q->scale);
+            q->block_scales[BEAM_NVFP4_SCALE_OFFSET(t, b, hidden)] = sf;
+            bm_nvfp4_values(y + 16 * b, bm_nvfp4_factor(sf, q->scale), out + 8 * b);
+        }
+    }
+}
+
 /* Rows t0..t1 of normalized into values and scales. */
 static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *normalized, int64_t t0, int64_t t1,
                                           int32_t hidden)
@@ -83,6 +111,10 @@ static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *nor
     const int n = q->group;
     int64_t t;
     int g;
+    if (q->kind == BEAM_QUANT_NVFP4) {
+        bm_nvfp4_rows(q, normalized, t0, t1, hidden);
+        return;
+    }
     for (t = t0; t < t1; t++) {
         const uint16_t *y = normalized + (size_t)t * (size_t)hidden;
         uint8_t *out = q->values + (size_t)t * (size_t)hidden;
@@ -99,7 +131,8 @@ static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *nor
 }
 
 /* Threads for T rows of H values: bytes read (2 H) and written (H values,
- * 4 per scale). */
+ * 4 per scale; NVFP4 writes less, H / 2 and one per 16, and counts as
+ * FP8 group 16). */
 static int bm_quant_team(int64_t T, int32_t H, int group)
 {
     return bm_cpu_team_of(T, 3 * (int64_t)H + 4 * (int64_t)(H / group), BM_QUANT_BYTES_PER_THREAD);

@@ -141,7 +141,9 @@ BEAM_API beam_moe_finalize_norm_residual_norm_fn beam_moe_finalize_norm_residual
 typedef enum beam_quant_kind {
     BEAM_QUANT_FP8_GROUP = 1,  /* dynamic: a scale per token and group of group_size values */
     BEAM_QUANT_FP8_TOKEN = 2,  /* dynamic: a scale per token */
-    BEAM_QUANT_FP8_TENSOR = 3  /* static: the caller's scale for the whole tensor */
+    BEAM_QUANT_FP8_TENSOR = 3, /* static: the caller's scale for the whole tensor */
+    BEAM_QUANT_NVFP4 = 4       /* E2M1 values, an E4M3 scale per 16 values and the
+                                * caller's global scale (docs/numerics.md#nvfp4) */
 } beam_quant_kind;
 
 /* flags */
@@ -153,7 +155,16 @@ typedef enum beam_quant_kind {
  * element h, values[t * hidden + h] = e4m3(clamp(normalized[t][h] / s)),
  * where s is the scale of h's group (GROUP), of t (TOKEN) or `scale`
  * (TENSOR). It equals quantizing the BF16 normalized output afterwards, bit
- * for bit, on every backend. */
+ * for bit, on every backend.
+ *
+ * NVFP4: values[t * hidden / 2 + h / 2] holds the E2M1 code of element h in
+ * its low (h even) or high (h odd) four bits (torch.float4_e2m1fn_x2);
+ * `scale` is the global scale g (vLLM's input_global_scale, typically
+ * 448 * 6 / amax), 0 < g < 2^118; block_scales gets one E4M3 code per 16
+ * values, at the byte BEAM_NVFP4_SCALE_OFFSET(t, h / 16, hidden) of the
+ * 128 x 4 tiled layout that Blackwell's block-scaled GEMMs read, in an
+ * array of BEAM_NVFP4_SCALE_BYTES(tokens, hidden) bytes whose padding
+ * (the rows past the last token of its 128-row tile) is not written. */
 typedef struct beam_quant {
     int32_t kind;       /* beam_quant_kind */
     int32_t group_size; /* GROUP: 128 or 64; otherwise 0 */
@@ -166,7 +177,19 @@ typedef struct beam_quant {
     int64_t scale_ld;   /* COL_MAJOR: floats from one group's column to the
                          * next, >= tokens (DeepGEMM pads it to a multiple
                          * of 4); otherwise 0 */
+    uint8_t *block_scales; /* NVFP4: the E4M3 block scales, written;
+                            * otherwise NULL */
 } beam_quant;
+
+/* NVFP4's block scale layout: 128-row by 4-scale tiles of 512 bytes, tile
+ * (t / 128, b / 4) at 512 * ((t / 128) * (hidden / 64) + b / 4), and in a
+ * tile row t % 32 at 16 * (t % 32), then 4 * ((t % 128) / 32) + b % 4; the
+ * array holds whole tiles. Integer arguments (int64_t t, b; hidden). */
+#define BEAM_NVFP4_SCALE_OFFSET(t, b, hidden)                                                    \
+    (512 * (((int64_t)(t) / 128) * ((int64_t)(hidden) / 64) + (int64_t)(b) / 4) +                \
+     16 * ((int64_t)(t) % 32) + 4 * (((int64_t)(t) % 128) / 32) + (int64_t)(b) % 4)
+#define BEAM_NVFP4_SCALE_BYTES(tokens, hidden) \
+    (((int64_t)(tokens) + 127) / 128 * 128 * ((int64_t)(hidden) / 16))
 
 /* norm_residual_norm with a quantized output of normalized: quant NULL is
  * the plain operation. With quant, next_norm is required and normalized may

@@ -33,13 +33,14 @@ typedef struct bm_norm {
  * (GROUP row-major: ld_t = hidden / group, ld_g = 1; column-major: ld_t = 1,
  * ld_g = scale_ld; TOKEN: ld_t = 1, group = hidden). */
 typedef struct bm_quant {
-    int kind;      /* 0 or BEAM_QUANT_FP8_* */
+    int kind;      /* 0 or BEAM_QUANT_FP8_*, BEAM_QUANT_NVFP4 */
     int group;     /* values per scale: group_size, or hidden for TOKEN */
     int ue8m0;
     float scale;   /* TENSOR */
     uint8_t *values;
     float *scales;
     int64_t ld_t, ld_g;
+    uint8_t *block_scales; /* NVFP4 (group 16, scale = g): BEAM_NVFP4_SCALE_OFFSET */
 } bm_quant;
 
 /* One checked call. Which fields are used depends on the operation:

@@ -172,6 +172,7 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     out->scale = 0.0f;
     out->values = NULL;
     out->scales = NULL;
+    out->block_scales = NULL;
     out->ld_t = out->ld_g = 0;
     p[0].name = "quant->values";
     p[0].ptr = NULL;
@@ -188,6 +189,8 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     if (quant->flags & ~known)
         return bm_fail(BAD, "%s: quant->flags=0x%x has unknown bits (known: BEAM_QUANT_UE8M0, "
                        "BEAM_QUANT_COL_MAJOR)", fn, (unsigned)quant->flags);
+    if (quant->kind != BEAM_QUANT_NVFP4 && quant->block_scales)
+        return bm_fail(BAD, "%s: quant->block_scales must be NULL but for BEAM_QUANT_NVFP4", fn);
     if ((quant->kind == BEAM_QUANT_FP8_GROUP || quant->kind == BEAM_QUANT_FP8_TOKEN) && quant->scale != 0.0f)
         return bm_fail(BAD, "%s: quant->scale=%g must be 0 for the dynamic kinds (their scales are computed)",
                        fn, (double)quant->scale);
@@ -240,9 +243,21 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         out->group = hidden;
         out->scale = quant->scale;
         break;
+    case BEAM_QUANT_NVFP4:
+        if (quant->group_size != 16 || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
+            return bm_fail(BAD, "%s: BEAM_QUANT_NVFP4 takes group_size 16, scale, values and block_scales "
+                           "(flags, scale_ld must be 0, scales NULL)", fn);
+        /* os = g / sf must stay finite for the smallest scale, 2^-9 */
+        if (!(quant->scale > 0.0f) || !(quant->scale < 0x1p118f))
+            return bm_fail(BAD, "%s: quant->scale=%g (the global scale) must be > 0 and < 2^118", fn,
+                           (double)quant->scale);
+        out->group = 16;
+        out->scale = quant->scale;
+        out->block_scales = quant->block_scales;
+        break;
     default:
-        return bm_fail(BAD, "%s: quant->kind=%d must be BEAM_QUANT_FP8_GROUP (1), BEAM_QUANT_FP8_TOKEN (2) "
-                       "or BEAM_QUANT_FP8_TENSOR (3)", fn, (int)quant->kind);
+        return bm_fail(BAD, "%s: quant->kind=%d must be BEAM_QUANT_FP8_GROUP (1), BEAM_QUANT_FP8_TOKEN (2), "
+                       "BEAM_QUANT_FP8_TENSOR (3) or BEAM_QUANT_NVFP4 (4)", fn, (int)quant->kind);
     }
     out->kind = quant->kind;
     out->ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0;
@@ -252,5 +267,12 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     p[0].bytes = (size_t)tokens * (size_t)hidden;
     p[1].ptr = quant->scales;
     p[1].bytes = scale_count * sizeof(float);
+    if (quant->kind == BEAM_QUANT_NVFP4) {
+        p[0].bytes /= 2;
+        p[1].name = "quant->block_scales";
+        p[1].ptr = quant->block_scales;
+        p[1].bytes = (size_t)BEAM_NVFP4_SCALE_BYTES(tokens, hidden);
+        p[1].align = 1;
+    }
     return BEAM_OK;
 }

@@ -1,0 +1,60 @@
+/*
+ * fp4.h - the NVFP4 output of normalized (docs/numerics.md#nvfp4) on the
+ * CPU: the E2M1 conversion and the block scale (internal).
+ *
+ * E2M1: sign (bit 3), 2 exponent bits, 1 mantissa bit, the magnitudes 0,
+ * 0.5, 1, 1.5, 2, 3, 4, 6 as codes 0..7; no infinities, no NaN. Integer
+ * operations on the FP32 bits, branch-free so that cpu/quant.c's loops
+ * vectorize; gpu/quant.cuh runs the same formula.
+ */
+#ifndef BEAMMOE_CPU_FP4_H
+#define BEAMMOE_CPU_FP4_H
+
+#include <stdint.h>
+
+#include "fp8.h"
+
+/* RN(1 / 6): the block's largest magnitude over E2M1's largest, 6 */
+#define BM_FP4_RCP6 0x1.555556p-3f
+
+/* e2m1(p): the magnitude code is how many of the seven rounding boundaries
+ * 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 |p| passes, where a boundary whose
+ * code below is even is passed above it and one whose code below is odd is
+ * passed at it: nearest, ties to the even code; beyond 5 (infinity too)
+ * saturates to 6. Positive floats order as their bits, so the comparisons
+ * are on integers (signed: |p| < 2^31). A NaN's bits pass every boundary:
+ * 0x7 (+6), its sign bit dropped (backends give NaNs different signs). A
+ * zero, or a value that rounds to one, keeps its sign. */
+static inline uint32_t bm_e2m1_bits(uint32_t u)
+{
+    const int32_t a = (int32_t)(u & 0x7FFFFFFFu);
+    const uint32_t mag = (uint32_t)(a > 0x3E800000) + (uint32_t)(a >= 0x3F400000) +
+                         (uint32_t)(a > 0x3FA00000) + (uint32_t)(a >= 0x3FE00000) +
+                         (uint32_t)(a > 0x40200000) + (uint32_t)(a >= 0x40600000) +
+                         (uint32_t)(a > 0x40A00000);
+    const uint32_t nan = (uint32_t)(a > 0x7F800000);
+    return mag | ((u >> 28) & 8u & (nan - 1u));
+}
+
+static inline uint32_t bm_e2m1(float p)
+{
+    return bm_e2m1_bits(bm_fp8_bits(p));
+}
+
+/* The E4M3 code of a block's scale from its largest magnitude m (not a
+ * NaN) and the global scale g (0 < g < 2^118): e4m3(min(g * (m * RN(1/6)),
+ * 448)), each product rounded to FP32; never negative, never a NaN. */
+static inline uint8_t bm_nvfp4_scale_code(float m, float g)
+{
+    const float sv = g * (m * BM_FP4_RCP6);
+    return bm_e4m3(sv < BM_FP8_MAX ? sv : BM_FP8_MAX);
+}
+
+/* The factor of a block's values, os = g / value(sf) correctly rounded, 0
+ * when sf is 0. */
+static inline float bm_nvfp4_factor(uint8_t sf, float g)
+{
+    return sf ? g / bm_e4m3_value(sf) : 0.0f;
+}
+
+#endif
