@@ -16,7 +16,8 @@
  * normalized (4 T*H*2); the fused op is finalize plus the residual read and
  * the two writes; each norm weight adds H*2. The "fp8" configurations write
  * the next norm's output as FP8 only (beam_*_q, normalized NULL): T*H bytes
- * of values and their FP32 scales instead of T*H*2.
+ * of values and their FP32 scales instead of T*H*2; the "nvfp4" ones T*H/2
+ * bytes of values and T*H/16 of block scales.
  *
  * Printed per configuration: microseconds, GB/s and the fraction of the
  * copy floor (bytes over the copy bandwidth). For T <= 64 also "hot us": 50
@@ -54,8 +55,9 @@ typedef struct bench_cfg {
     const char *name;
     int op, normA, normA_w, scales;
     float routed;
-    int quant; /* the next norm's output in FP8 only (beam_*_q): 0 no, else
-                * BEAM_QUANT_FP8_GROUP (group 128), _TOKEN, _TENSOR */
+    int quant; /* the next norm's output in FP8 or NVFP4 only (beam_*_q): 0
+                * no, else BEAM_QUANT_FP8_GROUP (group 128), _TOKEN, _TENSOR,
+                * BEAM_QUANT_NVFP4 */
 } bench_cfg;
 
 static const bench_cfg cfgs[] = {
@@ -74,6 +76,8 @@ static const bench_cfg cfgs[] = {
     {"fused+post fp8 group", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_GROUP},
     {"fused+post fp8 token", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TOKEN},
     {"fused+post fp8 tensor", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TENSOR},
+    {"nrn nvfp4", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_NVFP4},
+    {"fused+post nvfp4", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_NVFP4},
 };
 enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
@@ -149,14 +153,19 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         const beam_norm *nA = cf->normA ? normA : NULL;
         static const float scales[2] = {0.75f, 1.25f};
         const float *sc = cf->scales ? scales : NULL;
-        /* FP8 only: the values, then the scales, in normalized's region */
+        /* FP8 or NVFP4 only: the values, then the scales, in normalized's
+         * region (NVFP4's block scales at the next 256 bytes past the
+         * values: the region is made large enough for their whole tiles) */
         beam_quant q;
         memset(&q, 0, sizeof q);
         q.kind = cf->quant;
-        q.group_size = cf->quant == BEAM_QUANT_FP8_GROUP ? 128 : 0;
-        q.scale = cf->quant == BEAM_QUANT_FP8_TENSOR ? 0.0125f : 0.0f;
+        q.group_size = cf->quant == BEAM_QUANT_FP8_GROUP ? 128 : cf->quant == BEAM_QUANT_NVFP4 ? 16 : 0;
+        q.scale = cf->quant == BEAM_QUANT_FP8_TENSOR ? 0.0125f : cf->quant == BEAM_QUANT_NVFP4 ? 336.0f : 0.0f;
         q.values = (uint8_t *)nrm;
-        q.scales = cf->quant == BEAM_QUANT_FP8_TENSOR ? NULL : (float *)(void *)((char *)nrm + (size_t)T * H);
+        if (cf->quant == BEAM_QUANT_NVFP4)
+            q.block_scales = (uint8_t *)nrm + ((size_t)T * H / 2 + 255) / 256 * 256;
+        else if (cf->quant != BEAM_QUANT_FP8_TENSOR)
+            q.scales = (float *)(void *)((char *)nrm + (size_t)T * H);
         if (cf->quant) {
             if (cf->op == OP_NRN)
                 OPS_OK(g_ops->norm_residual_norm_q(x, res, T, H, nA, sc, next, out, NULL, &q, st));
@@ -271,7 +280,11 @@ int main(int argc, char **argv)
         o_res = o_w + (bw + align - 1) / align * align;
         o_out = o_res + (brow + align - 1) / align * align;
         o_nrm = o_out + (brow + align - 1) / align * align;
-        set_bytes = o_nrm + (brow + align - 1) / align * align;
+        {
+            /* normalized's region also holds NVFP4's values and block scales */
+            const size_t fp4 = ((size_t)T * H / 2 + align - 1) / align * align + (size_t)BEAM_NVFP4_SCALE_BYTES(T, H);
+            set_bytes = o_nrm + ((brow > fp4 ? brow : fp4) + align - 1) / align * align;
+        }
         nsets = (3 * (size_t)prop.l2CacheSize + set_bytes - 1) / set_bytes;
         if (nsets < 2) nsets = 2;
         if (nsets > 2000) nsets = 2000;
@@ -299,7 +312,8 @@ int main(int argc, char **argv)
             const double wA = cf->normA && cf->normA_w ? H * 2.0 : 0.0;
             const double fin_b = (double)bx + bw + brow + (op == OP_FIN ? wA : 0.0);
             /* normalized's bytes, or the FP8 values and scales instead */
-            const double nrm_b = !cf->quant ? (double)brow
+            const double nrm_b = !cf->quant                      ? (double)brow
+                                 : cf->quant == BEAM_QUANT_NVFP4 ? (double)T * H / 2 + (double)T * (H / 16)
                                  : (double)T * H + (cf->quant == BEAM_QUANT_FP8_GROUP ? T * (H / 128) * 4.0
                                                     : cf->quant == BEAM_QUANT_FP8_TOKEN ? T * 4.0 : 0.0);
             const double bytes = op == OP_FIN   ? fin_b

@@ -35,6 +35,7 @@
 #include <cuda_runtime.h>
 
 #include "checks.h"
+#include "fp4_check.cuh"
 #include "fp8_check.cuh"
 #include "launch.h"
 extern "C" {
@@ -299,7 +300,7 @@ static bm_shape pick_for(int op, int64_t T, int H, int normA, int quant = 0)
 
 static int check()
 {
-    if (exh_run(cvt_check_kernel, "bf16 conversion, every FP32 value") || check_fp8()) return 1;
+    if (exh_run(cvt_check_kernel, "bf16 conversion, every FP32 value") || check_fp8() || check_fp4()) return 1;
     long total_bad = 0, ncases = 0;
     const int Hs[] = {256, 512, 768, 2048, 4096, 7168, 8192, 1280, 6912};
     const int Ks[] = {1, 2, 6, 8, 32, 3, 7};

@@ -152,6 +152,7 @@ bm_quant_params bm_quant_of(const bm_args *a)
     q.scales = a->q.scales;
     q.ld_t = a->q.ld_t;
     q.ld_g = a->q.ld_g;
+    q.block_scales = a->q.block_scales;
     return q;
 }
 

@@ -651,8 +651,8 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     for (const void *q : ptrs)
         if (q && !bm_tp_aligned16(q))
             vec = 0;
-    if (quant && ((uintptr_t)pq.q.values & 7u) != 0)
-        vec = 0; /* the quantized values: 8 bytes per chunk */
+    if (quant && ((uintptr_t)pq.q.values & (pq.q.kind == BM_QUANT_NVFP4 ? 3u : 7u)) != 0)
+        vec = 0; /* the quantized values: 8 bytes per chunk (NVFP4: 4) */
 #define BM_GO_Q(NT, J, CS, Q, P)                                                             \
     if (twoshot)                                                                             \
         return vec ? bm_tp_go<NT, J, CS, true, true, Q>(P, grid, stream)                     \
@@ -724,7 +724,7 @@ uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy)
                             a->q.kind, a->q.kind ? a->q.group : 0, a->q.kind ? a->q.ue8m0 : 0};
     const float floats[] = {a->routed_scale, a->post.on ? a->post.eps : 0.0f, a->has_scales ? a->scale_x : 0.0f,
                             a->has_scales ? a->scale_r : 0.0f, a->next.on ? a->next.eps : 0.0f,
-                            a->q.kind == BM_QUANT_TENSOR ? a->q.scale : 0.0f};
+                            a->q.kind == BM_QUANT_TENSOR || a->q.kind == BM_QUANT_NVFP4 ? a->q.scale : 0.0f};
     uint32_t h = 2166136261u;
     h = bm_tp_fnv(h, &a->tokens, sizeof a->tokens);
     h = bm_tp_fnv(h, ints, sizeof ints);

@@ -226,8 +226,8 @@ int bm_params_vec_ok(const bm_row_params &p, const bm_quant_params *q)
     for (const void *q : ptrs)
         if (q && !aligned16(q))
             return 0;
-    /* the quantized values: 8 bytes per chunk */
-    if (q && q->kind && ((uintptr_t)q->values & 7u) != 0)
+    /* the quantized values: 8 bytes per chunk (NVFP4: 4) */
+    if (q && q->kind && ((uintptr_t)q->values & (q->kind == BM_QUANT_NVFP4 ? 3u : 7u)) != 0)
         return 0;
     return 1;
 }

@@ -35,7 +35,8 @@
 
 #define BM_FP8_MAX 448.0f
 #define BM_FP8_GROUP_EPS 1e-10f
-enum { BM_QUANT_GROUP = 1, BM_QUANT_TOKEN = 2, BM_QUANT_TENSOR = 3 }; /* BEAM_QUANT_FP8_* */
+enum { BM_QUANT_GROUP = 1, BM_QUANT_TOKEN = 2, BM_QUANT_TENSOR = 3, /* BEAM_QUANT_FP8_* */
+       BM_QUANT_NVFP4 = 4 };                                          /* BEAM_QUANT_NVFP4 */
 
 /* e4m3(v), nearest, ties to even; |v| >= 448 -> +-448; NaN -> 0x7F | sign */
 __device__ __forceinline__ uint32_t bm_e4m3_dev(float v)
@@ -212,6 +213,50 @@ __device__ __forceinline__ float bm_absmax8(const float (&v)[8])
     for (int e = 0; e < 8; ++e)
         m = fmaxf(m, fabsf(v[e]));
     return m;
+}
+
+/* ---- NVFP4 (docs/numerics.md#nvfp4), as cpu/fp4.h computes it ---- */
+
+/* e2m1(p): the number of the rounding boundaries 0.25, 0.75, 1.25, 1.75,
+ * 2.5, 3.5, 5 that |p| passes (above the ones whose code below is even, at
+ * the others: ties to even), on the bits (positive floats order as their
+ * bits); a NaN passes all: 0x7, its sign dropped. Hopper has no conversion
+ * to E2M1 (cvt.rn.satfinite.e2m1x2 needs sm_100a), so this is software on
+ * every GPU, the same formula as the CPU's. */
+__device__ __forceinline__ uint32_t bm_e2m1_dev(float p)
+{
+    const uint32_t u = __float_as_uint(p);
+    const int32_t a = (int32_t)(u & 0x7FFFFFFFu);
+    const uint32_t mag = (uint32_t)(a > 0x3E800000) + (uint32_t)(a >= 0x3F400000) +
+                         (uint32_t)(a > 0x3FA00000) + (uint32_t)(a >= 0x3FE00000) +
+                         (uint32_t)(a > 0x40200000) + (uint32_t)(a >= 0x40600000) +
+                         (uint32_t)(a > 0x40A00000);
+    return a > 0x7F800000 ? 7u : mag | ((u >> 28) & 8u);
+}
+
+/* The value of a non-negative, non-NaN E4M3 code, exact. */
+__device__ __forceinline__ float bm_e4m3_value_dev(uint32_t c)
+{
+    const uint32_t e = c >> 3, m = c & 7u;
+    return e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : __fmul_rn((float)m, 0x1p-9f);
+}
+
+/* The E4M3 code of a block's scale from its largest magnitude m (not a
+ * NaN) and the global scale g: e4m3(min(g * (m * RN(1/6)), 448)); the
+ * saturating conversion does the min (an infinite product too). */
+__device__ __forceinline__ uint32_t bm_nvfp4_scale_code_dev(float m, float g)
+{
+    return bm_e4m3x2(__fmul_rn(g, __fmul_rn(m, 0x1.555556p-3f)), 0.0f) & 0xFFu;
+}
+
+/* e2m1(x * os) of eight values, element e in bits 4e..4e+3 */
+__device__ __forceinline__ uint32_t bm_nvfp4_pack8(const float (&x)[8], float os)
+{
+    uint32_t c = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+        c |= bm_e2m1_dev(__fmul_rn(x[e], os)) << (4 * e);
+    return c;
 }
 
 #endif

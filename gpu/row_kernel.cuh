@@ -39,6 +39,7 @@
 
 #include <cooperative_groups.h>
 
+#include "beammoe.h" /* BEAM_NVFP4_SCALE_OFFSET */
 #include "quant.cuh"
 #include "row_ops.cuh"
 
@@ -79,10 +80,11 @@ struct bm_row_params {
  * kernel at T = 4096, H = 7168: 59 -> 68 us on an H200). */
 struct bm_quant_params {
     int kind, group, ue8m0;
-    float scale;
+    float scale; /* TENSOR: the scale; NVFP4: the global scale */
     uint8_t *values;
     float *scales;
     int64_t ld_t, ld_g;
+    uint8_t *block_scales; /* NVFP4 */
 };
 struct bm_row_params_q : bm_row_params {
     bm_quant_params q;
@@ -98,6 +100,36 @@ struct bm_kparams<true> {
     typedef bm_row_params_q type;
 };
 
+/* The NVFP4 output of one row's normalized values (docs/numerics.md#nvfp4),
+ * v and its chunks as bm_quant_row's: a block of 16 values is two chunks on
+ * adjacent lanes, so its maximum is one shuffle; the even chunk's thread
+ * stores the block's scale. os = g / value(sf) is a division per chunk, not
+ * per value. */
+template <int J, bool VEC, int STRIDE>
+__device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, int64_t row,
+                                             const float (&v)[J][8], int C, int g0, bool st)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * STRIDE;
+        const uint32_t sf = bm_nvfp4_scale_code_dev(bm_lanes_max(bm_absmax8(v[j]), 2), q.scale);
+        if (!st || c >= C)
+            continue;
+        const float os = sf ? __fdiv_rn(q.scale, bm_e4m3_value_dev(sf)) : 0.0f;
+        const uint32_t codes = bm_nvfp4_pack8(v[j], os);
+        if ((c & 1) == 0)
+            q.block_scales[BEAM_NVFP4_SCALE_OFFSET(row, c >> 1, H)] = (uint8_t)sf;
+        uint8_t *dst = q.values + (size_t)row * (H / 2) + (size_t)c * 4;
+        if (VEC) {
+            *reinterpret_cast<uint32_t *>(dst) = codes;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                dst[e] = (uint8_t)(codes >> (8 * e));
+        }
+    }
+}
+
 /* The quantized output of one row's normalized values (docs/numerics.md#fp8):
  * v holds f(normalized) of the thread's chunks c = g0 + j * STRIDE (c >= C:
  * padding). Groups of 128 or 64 values are 16 or 8 chunks of consecutive
@@ -110,6 +142,10 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
                                              const float (&v)[J][8], int C, int g0,
                                              bm_tree_ctx<NT, CS> &tc, bool last, bool st = true)
 {
+    if (q.kind == BM_QUANT_NVFP4) {
+        bm_nvfp4_row<J, VEC, STRIDE>(q, H, row, v, C, g0, st);
+        return;
+    }
     float s = q.scale;
     if (q.kind == BM_QUANT_TOKEN) {
         float m = 0.0f;
