@@ -12,8 +12,9 @@
  *                        bm_e4m3_value_dev of its code against the code's
  *                        value, on every BF16 maximum for global scales
  *                        from 2^-149 to just under 2^118.
- * The quotient's factor is a plain __fdiv_rn and each value's product one
- * __fmul_rn, the definition's own operations: nothing to compare.
+ * The factor's reciprocal is bm_rcp_rn, which fp8_check.cuh compares with
+ * __frcp_rn on every FP32 value of its range (every nonzero E4M3 value is
+ * in it); the rest are single __fmul_rn, the definition's own operations.
  */
 #ifndef BEAMMOE_BENCH_FP4_CHECK_CUH
 #define BEAMMOE_BENCH_FP4_CHECK_CUH
@@ -32,13 +33,16 @@ __device__ uint32_t fp4c_e2m1_def(float p)
     if (p != p)
         return 7u;
     const double a = fabs((double)p);
+    const uint32_t sign = signbit(p) ? 8u : 0u;
+    if (a >= 6.0) /* saturated; far above, a - 4 and a - 6 round to one double */
+        return 7u | sign;
     uint32_t best = 0;
     for (uint32_t k = 1; k < 8; ++k) {
         const double dk = fabs(a - mags[k]), db = fabs(a - mags[best]);
         if (dk < db || (dk == db && (k & 1u) == 0))
             best = k;
     }
-    return best | (signbit(p) ? 8u : 0u);
+    return best | sign;
 }
 
 __global__ void fp4c_e2m1_kernel(unsigned long long *bad, unsigned long long *first)

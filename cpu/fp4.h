@@ -50,11 +50,11 @@ static inline uint8_t bm_nvfp4_scale_code(float m, float g)
     return bm_e4m3(sv < BM_FP8_MAX ? sv : BM_FP8_MAX);
 }
 
-/* The factor of a block's values, os = g / value(sf) correctly rounded, 0
- * when sf is 0. */
+/* The factor of a block's values, os = g * (1 / value(sf)), each operation
+ * rounded to FP32; 0 when sf is 0. */
 static inline float bm_nvfp4_factor(uint8_t sf, float g)
 {
-    return sf ? g / bm_e4m3_value(sf) : 0.0f;
+    return sf ? g * (1.0f / bm_e4m3_value(sf)) : 0.0f;
 }
 
 #endif

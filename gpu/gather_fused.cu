@@ -58,19 +58,19 @@
 struct bm_tp_params_q : bm_tp_params {
     bm_quant_params q;
 };
-template <bool Q>
+template <int Q>
 struct bm_tp_kparams {
-    typedef bm_tp_params type;
+    typedef bm_tp_params_q type;
 };
 template <>
-struct bm_tp_kparams<true> {
-    typedef bm_tp_params_q type;
+struct bm_tp_kparams<BM_QF_NONE> {
+    typedef bm_tp_params type;
 };
 
 /* Normalized rows out (st: this block stores): the BF16 row where the call
  * has one, and with Q the quantized form. Every thread of the block calls
  * it (the quantization's maxima are shuffles and block reductions). */
-template <int NT, int J, int CS, bool VEC, int STRIDE, bool Q>
+template <int NT, int J, int CS, bool VEC, int STRIDE, int Q>
 __device__ __forceinline__ void bm_tp_out_normalized(const typename bm_tp_kparams<Q>::type &p, int64_t g,
                                                      const bm_pack8 (&pk)[J], const float (&v)[J][8], int C,
                                                      int g0, bm_tree_ctx<NT, CS> &tc, bool st)
@@ -78,14 +78,14 @@ __device__ __forceinline__ void bm_tp_out_normalized(const typename bm_tp_kparam
     if (st && p.normalized)
         bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)g * p.hidden, pk, C, g0);
     if constexpr (Q)
-        bm_quant_row<NT, J, CS, VEC, STRIDE>(p.q, p.hidden, g, v, C, g0, tc, false, st);
+        bm_quant_row<NT, J, CS, VEC, STRIDE, Q>(p.q, p.hidden, g, v, C, g0, tc, false, st);
 }
 
 /* Stage B and norm B of docs/numerics.md on the thread's chunks of row g
  * (v: f(finalized row) in; pk: its bits out, hidden then normalized):
  * stores hidden and normalized when st, and pushes both to every peer when
  * PUSH && push (TWOSHOT). */
-template <int NT, int J, int CS, bool VEC, bool PUSH, bool Q>
+template <int NT, int J, int CS, bool VEC, bool PUSH, int Q>
 __device__ __forceinline__ void bm_tp_stage_b(const typename bm_tp_kparams<Q>::type &p, float (&v)[J][8],
                                               bm_pack8 (&pk)[J],
                                               const bm_pack8 (&res)[J], int64_t g, int par, int C, int g0,
@@ -123,7 +123,7 @@ __device__ __forceinline__ void bm_tp_load_res(const bm_tp_params &p, bm_pack8 (
     }
 }
 
-template <int NT, int J, int CS, bool VEC, bool TWO, bool Q>
+template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
 __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
@@ -480,21 +480,32 @@ int bm_tp_occupancy_cap(int index)
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_allgather_kernel, 256, 0);
         per2 = per;
     }
+    /* the quantized shapes' caps: the fewest of the FP8 and NVFP4 kernels
+     * (a grid larger than what is resident would wait on itself) */
+#define BM_OCC_Q(NT, J, CS, Q)                                                                             \
+    {                                                                                                      \
+        int a = 0, b = 0;                                                                                  \
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, bm_tp_kernel<NT, J, CS, true, false, Q>, NT, 0); \
+        if (e == cudaSuccess)                                                                              \
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, bm_tp_kernel<NT, J, CS, true, true, Q>, NT, 0); \
+        per = per < 0 || a < per ? a : per;                                                                \
+        per2 = per2 < 0 || b < per2 ? b : per2;                                                            \
+    }
 #define BM_OCC(I, NT, J, CS)                                                                               \
     if (shape == I) {                                                                                      \
         cs = CS;                                                                                           \
-        e = q ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false, true>, \
-                                                              NT, 0)                                       \
-              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_kernel<NT, J, CS, true, false, false>, \
-                                                              NT, 0);                                      \
-        if (e == cudaSuccess)                                                                              \
-            e = q ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, bm_tp_kernel<NT, J, CS, true, true, true>, \
-                                                                  NT, 0)                                   \
-                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per2, bm_tp_kernel<NT, J, CS, true, true, false>, \
-                                                                  NT, 0);                                  \
+        per = per2 = -1;                                                                                   \
+        if (q) {                                                                                           \
+            BM_OCC_Q(NT, J, CS, BM_QF_FP8)                                                                 \
+            if (e == cudaSuccess)                                                                          \
+                BM_OCC_Q(NT, J, CS, BM_QF_NVFP4)                                                           \
+        } else {                                                                                           \
+            BM_OCC_Q(NT, J, CS, BM_QF_NONE)                                                                \
+        }                                                                                                  \
     }
     BM_TP_SHAPES(BM_OCC)
 #undef BM_OCC
+#undef BM_OCC_Q
     cudaGetLastError();
     if (per2 < per)
         per = per2;
@@ -547,7 +558,7 @@ cudaError_t bm_tp_preload(void)
     if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, false, Q>)) != cudaSuccess) e = r; \
     if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, true, Q>)) != cudaSuccess) e = r;   \
     if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, true, Q>)) != cudaSuccess) e = r;
-#define BM_PRE(I, NT, J, CS) BM_PRE_Q(NT, J, CS, false) BM_PRE_Q(NT, J, CS, true)
+#define BM_PRE(I, NT, J, CS) BM_PRE_Q(NT, J, CS, BM_QF_NONE) BM_PRE_Q(NT, J, CS, BM_QF_FP8) BM_PRE_Q(NT, J, CS, BM_QF_NVFP4)
     BM_TP_SHAPES(BM_PRE)
 #undef BM_PRE
 #undef BM_PRE_Q
@@ -558,7 +569,7 @@ cudaError_t bm_tp_preload(void)
     return e;
 }
 
-template <int NT, int J, int CS, bool VEC, bool TWO, bool Q>
+template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
 static cudaError_t bm_tp_go(const typename bm_tp_kparams<Q>::type &p, unsigned groups, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
@@ -661,10 +672,13 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
                : bm_tp_go<NT, J, CS, false, false, Q>(P, grid, stream);
 #define BM_GO(I, NT, J, CS)                                                                  \
     if (shape == I) {                                                                        \
-        if (quant) {                                                                         \
-            BM_GO_Q(NT, J, CS, true, pq)                                                     \
+        if (quant && pq.q.kind == BM_QUANT_NVFP4) {                                          \
+            BM_GO_Q(NT, J, CS, BM_QF_NVFP4, pq)                                              \
         }                                                                                    \
-        BM_GO_Q(NT, J, CS, false, p)                                                         \
+        if (quant) {                                                                         \
+            BM_GO_Q(NT, J, CS, BM_QF_FP8, pq)                                                \
+        }                                                                                    \
+        BM_GO_Q(NT, J, CS, BM_QF_NONE, p)                                                    \
     }
     BM_TP_SHAPES(BM_GO)
 #undef BM_GO

@@ -268,7 +268,7 @@ static cudaError_t bm_launch(K kernel, const P &p, unsigned blocks, int nt, int 
  * device, and a persistent grid of one wave (multiprocessors x resident
  * blocks from the occupancy API), both cached per device (host-side
  * attribute calls, not stream work: legal during graph capture). */
-template <int NT, int J, int D, int MB, bool FIN, bool Q>
+template <int NT, int J, int D, int MB, bool FIN, int Q>
 static cudaError_t bm_go_pipe(const typename bm_kparams<Q>::type &p, int pdl, cudaStream_t stream)
 {
     enum { MAX_DEV = 64 };
@@ -297,8 +297,22 @@ static cudaError_t bm_go_pipe(const typename bm_kparams<Q>::type &p, int pdl, cu
     return bm_launch(bm_pipe_kernel<NT, J, D, MB, FIN, Q>, p, (unsigned)grid, NT, 1, smem, pdl, stream);
 }
 
+/* ... finalize or not, with or without (which) quantized output */
+template <int NT, int J, int D, int MB>
+static cudaError_t bm_go_pipe_fin(const bm_row_params &p, const bm_row_params_q *pq, int pdl, cudaStream_t stream)
+{
+    if (!pq)
+        return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_NONE>(p, pdl, stream)
+                         : bm_go_pipe<NT, J, D, MB, false, BM_QF_NONE>(p, pdl, stream);
+    if (pq->q.kind == BM_QUANT_NVFP4)
+        return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_NVFP4>(*pq, pdl, stream)
+                         : bm_go_pipe<NT, J, D, MB, false, BM_QF_NVFP4>(*pq, pdl, stream);
+    return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_FP8>(*pq, pdl, stream)
+                     : bm_go_pipe<NT, J, D, MB, false, BM_QF_FP8>(*pq, pdl, stream);
+}
+
 /* The row kernel of one shape: vector or scalar path, finalize or not. */
-template <int NT, int J, int U, int CS, bool Q>
+template <int NT, int J, int U, int CS, int Q>
 static cudaError_t bm_go_row_q(const typename bm_kparams<Q>::type &p, unsigned blocks, int pdl, int vec,
                                cudaStream_t stream)
 {
@@ -314,8 +328,10 @@ template <int NT, int J, int U, int CS>
 static cudaError_t bm_go_row(const bm_row_params &p, const bm_row_params_q *pq, unsigned blocks, int pdl,
                              int vec, cudaStream_t stream)
 {
-    return pq ? bm_go_row_q<NT, J, U, CS, true>(*pq, blocks, pdl, vec, stream)
-              : bm_go_row_q<NT, J, U, CS, false>(p, blocks, pdl, vec, stream);
+    if (pq)
+        return pq->q.kind == BM_QUANT_NVFP4 ? bm_go_row_q<NT, J, U, CS, BM_QF_NVFP4>(*pq, blocks, pdl, vec, stream)
+                                            : bm_go_row_q<NT, J, U, CS, BM_QF_FP8>(*pq, blocks, pdl, vec, stream);
+    return bm_go_row_q<NT, J, U, CS, BM_QF_NONE>(p, blocks, pdl, vec, stream);
 }
 
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
@@ -338,8 +354,10 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
 #define BM_SGO(NT, J, MB, HINT)                                                   \
         if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT)             \
-            return pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, true>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
-                      : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, false>, p, blocks, NT, 1, 0, s.pdl, stream);
+            return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE>, p, blocks, NT, 1, 0, s.pdl, stream) \
+                   : pq->q.kind == BM_QUANT_NVFP4                                                                \
+                       ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
+                       : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8>, *pq, blocks, NT, 1, 0, s.pdl, stream);
         BM_NRNS(BM_SGO)
 #undef BM_SGO
         return cudaErrorInvalidConfiguration;
@@ -347,10 +365,7 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
     if (s.d > 0 && vec && s.cs == 1) {
 #define BM_PGO(NT, J, D, MB)                                                      \
         if (s.nt == NT && s.j == J && s.d == D && s.mb == MB)                     \
-            return p.experts ? (pq ? bm_go_pipe<NT, J, D, MB, true, true>(*pq, s.pdl, stream)        \
-                                   : bm_go_pipe<NT, J, D, MB, true, false>(p, s.pdl, stream))      \
-                             : (pq ? bm_go_pipe<NT, J, D, MB, false, true>(*pq, s.pdl, stream)       \
-                                   : bm_go_pipe<NT, J, D, MB, false, false>(p, s.pdl, stream));
+            return bm_go_pipe_fin<NT, J, D, MB>(p, pq, s.pdl, stream);
         BM_PIPES(BM_PGO)
 #undef BM_PGO
         return cudaErrorInvalidConfiguration;
@@ -387,15 +402,19 @@ cudaError_t bm_preload_rows(void)
     BM_PRE((bm_row_kernel<NT, J, U, CS, false, true, Q>))                             \
     BM_PRE((bm_row_kernel<NT, J, U, CS, true, false, Q>))                             \
     BM_PRE((bm_row_kernel<NT, J, U, CS, false, false, Q>))
-#define BM_PRE_ROW(NT, J, U, CS) BM_PRE_ROW_Q(NT, J, U, CS, false) BM_PRE_ROW_Q(NT, J, U, CS, true)
+#define BM_PRE_ROW(NT, J, U, CS) \
+    BM_PRE_ROW_Q(NT, J, U, CS, BM_QF_NONE) BM_PRE_ROW_Q(NT, J, U, CS, BM_QF_FP8) BM_PRE_ROW_Q(NT, J, U, CS, BM_QF_NVFP4)
 #define BM_PRE_PIPE(NT, J, D, MB)                                                     \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, false>))                               \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, false>))                              \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, true>))                                \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, true>))
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_NONE>))                          \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_NONE>))                         \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_FP8>))                           \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_FP8>))                          \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_NVFP4>))                         \
+    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_NVFP4>))
 #define BM_PRE_NRN(NT, J, MB, HINT)                                                   \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, false>))                                   \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, true>))
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE>))                              \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8>))                               \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4>))
     BM_SHAPES(BM_PRE_ROW)
     BM_PIPES(BM_PRE_PIPE)
     BM_NRNS(BM_PRE_NRN)

@@ -61,7 +61,7 @@ __device__ __forceinline__ uint64_t bm_l2_policy()
     return pol;
 }
 
-template <int NT, int J, int MB, int HINT, bool Q>
+template <int NT, int J, int MB, int HINT, int Q>
 __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];

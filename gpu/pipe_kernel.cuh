@@ -46,7 +46,7 @@ struct bm_pipe_cursor {
     int item; /* 0 .. n_items-1 within the row */
 };
 
-template <int NT, int J, int D, int MB, bool FIN, bool Q>
+template <int NT, int J, int D, int MB, bool FIN, int Q>
 __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];

@@ -89,22 +89,28 @@ struct bm_quant_params {
 struct bm_row_params_q : bm_row_params {
     bm_quant_params q;
 };
+/* Which quantized output a kernel is compiled with (its template argument
+ * Q): none, the FP8 kinds, or NVFP4. Each its own kernels: a kernel holds
+ * registers only for the code it can run (NVFP4's code in the FP8 kernels
+ * cost norm_residual_norm's FP8 form 6-8% at T >= 4096, H = 7168: spills). */
+enum { BM_QF_NONE = 0, BM_QF_FP8 = 1, BM_QF_NVFP4 = 2 };
 /* The parameter block of a kernel compiled with (Q) or without the
  * quantized output. */
-template <bool Q>
+template <int Q>
 struct bm_kparams {
-    typedef bm_row_params type;
+    typedef bm_row_params_q type;
 };
 template <>
-struct bm_kparams<true> {
-    typedef bm_row_params_q type;
+struct bm_kparams<BM_QF_NONE> {
+    typedef bm_row_params type;
 };
 
 /* The NVFP4 output of one row's normalized values (docs/numerics.md#nvfp4),
  * v and its chunks as bm_quant_row's: a block of 16 values is two chunks on
  * adjacent lanes, so its maximum is one shuffle; the even chunk's thread
- * stores the block's scale. os = g / value(sf) is a division per chunk, not
- * per value. */
+ * stores the block's scale. os = g * (1 / value(sf)) is a reciprocal and a
+ * multiply per chunk, not per value (no division: its slow-path call cost
+ * the FP8 kernels that share this code registers and speed). */
 template <int J, bool VEC, int STRIDE>
 __device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, int64_t row,
                                              const float (&v)[J][8], int C, int g0, bool st)
@@ -115,7 +121,8 @@ __device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, in
         const uint32_t sf = bm_nvfp4_scale_code_dev(bm_lanes_max(bm_absmax8(v[j]), 2), q.scale);
         if (!st || c >= C)
             continue;
-        const float os = sf ? __fdiv_rn(q.scale, bm_e4m3_value_dev(sf)) : 0.0f;
+        /* bm_rcp_rn is RN(1 / v) on [2^-126, 2^126): every nonzero E4M3 value */
+        const float os = sf ? __fmul_rn(q.scale, bm_rcp_rn(bm_e4m3_value_dev(sf))) : 0.0f;
         const uint32_t codes = bm_nvfp4_pack8(v[j], os);
         if ((c & 1) == 0)
             q.block_scales[BEAM_NVFP4_SCALE_OFFSET(row, c >> 1, H)] = (uint8_t)sf;
@@ -130,19 +137,20 @@ __device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, in
     }
 }
 
-/* The quantized output of one row's normalized values (docs/numerics.md#fp8):
+/* The quantized output of one row's normalized values (docs/numerics.md#fp8;
+ * QF: the kernel's form, NVFP4 to bm_nvfp4_row):
  * v holds f(normalized) of the thread's chunks c = g0 + j * STRIDE (c >= C:
  * padding). Groups of 128 or 64 values are 16 or 8 chunks of consecutive
  * lanes, so a group's maximum is a shuffle among them; a token's maximum is
  * the row's, across the cluster (tc; last: no exchange follows in this
  * kernel). Every thread of the block (of every block of the cluster) must
  * call it; st false: compute, store nothing (a gather block that failed). */
-template <int NT, int J, int CS, bool VEC, int STRIDE>
+template <int NT, int J, int CS, bool VEC, int STRIDE, int QF>
 __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, int64_t row,
                                              const float (&v)[J][8], int C, int g0,
                                              bm_tree_ctx<NT, CS> &tc, bool last, bool st = true)
 {
-    if (q.kind == BM_QUANT_NVFP4) {
+    if constexpr (QF == BM_QF_NVFP4) {
         bm_nvfp4_row<J, VEC, STRIDE>(q, H, row, v, C, g0, st);
         return;
     }
@@ -190,7 +198,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
 
 /* Whether the quantized output takes a cluster exchange after norm B (a
  * token's maximum): then norm B's exchange is not a kernel's last. */
-template <bool Q, class P>
+template <int Q, class P>
 __device__ __forceinline__ bool bm_quant_exchanges(const P &p)
 {
     if constexpr (Q)
@@ -202,7 +210,7 @@ __device__ __forceinline__ bool bm_quant_exchanges(const P &p)
  * (when asked for). pk: the thread's packed chunks, v: the same widened. Q:
  * the kernel was compiled with the quantized output (a kernel without it
  * holds no registers for it: the plain kernels stay as fast as before). */
-template <int NT, int J, int CS, bool VEC, int STRIDE, bool Q>
+template <int NT, int J, int CS, bool VEC, int STRIDE, int Q>
 __device__ __forceinline__ void bm_out_normalized(const typename bm_kparams<Q>::type &p, int64_t row,
                                                   const bm_pack8 (&pk)[J], const float (&v)[J][8], int C, int g0,
                                                   bm_tree_ctx<NT, CS> &tc, bool last)
@@ -210,7 +218,7 @@ __device__ __forceinline__ void bm_out_normalized(const typename bm_kparams<Q>::
     if constexpr (Q) {
         if (p.normalized)
             bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
-        bm_quant_row<NT, J, CS, VEC, STRIDE>(p.q, p.hidden, row, v, C, g0, tc, last);
+        bm_quant_row<NT, J, CS, VEC, STRIDE, Q>(p.q, p.hidden, row, v, C, g0, tc, last);
     } else {
         bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)row * p.hidden, pk, C, g0);
     }
@@ -248,7 +256,7 @@ __device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
         }
 }
 
-template <int NT, int J, int U, int CS, bool VEC, bool FIN, bool Q>
+template <int NT, int J, int U, int CS, bool VEC, bool FIN, int Q>
 __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
