@@ -199,6 +199,12 @@ void qm_forms(beam_quant *q, int64_t T)
     q[3].flags = BEAM_QUANT_UE8M0;
     q[4].kind = BEAM_QUANT_FP8_TENSOR;
     q[4].scale = 0.0125f;
+    q[5].kind = BEAM_QUANT_NVFP4;
+    q[5].group_size = 16;
+    q[5].scale = 672.0f;
+    q[6].kind = BEAM_QUANT_NVFP4;
+    q[6].group_size = 16;
+    q[6].scale = 1.0f;
 }
 
 void qm_bind(beam_quant *q, uint8_t *values, float *scales)

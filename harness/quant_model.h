@@ -52,8 +52,12 @@ void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, ui
 /* The forms the tests run, for T rows (values, scales and scale_ld's
  * arrays are the caller's): group 128 row-major, group 64 UE8M0
  * column-major with DeepGEMM's scale_ld (T rounded up to 4: rows T.. of
- * each column are padding), token, token UE8M0, tensor (scale 0.0125). */
-#define QM_NFORMS 5
+ * each column are padding), token, token UE8M0, tensor (scale 0.0125);
+ * then NVFP4 with the global scales 672 (448 * 6 / 4: the usual one for
+ * rows whose largest magnitude is about 4) and 1. The FP8 forms are the
+ * first QM_NFP8_FORMS. */
+#define QM_NFP8_FORMS 5
+#define QM_NFORMS 7
 void qm_forms(beam_quant *q, int64_t T);
 
 /* The bytes of q's values for T rows of H: T * H (NVFP4: T * H / 2). */
