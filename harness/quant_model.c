@@ -1,5 +1,6 @@
 /*
- * quant_model.c - the harness's model of docs/numerics.md#fp8 (quant_model.h).
+ * quant_model.c - the harness's model of docs/numerics.md#fp8 and #nvfp4
+ * (quant_model.h).
  */
 #include <math.h>
 #include <pthread.h>
@@ -76,11 +77,87 @@ float qm_scale(const beam_quant *q, const uint16_t *y, int n)
     return s;
 }
 
+/* ---- NVFP4 ------------------------------------------------------------------ */
+
+/* E2M1's magnitudes, codes 0..7 */
+static const double g_e2m1[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+
+uint8_t qm_e2m1(float p)
+{
+    double a;
+    int c, best = 0;
+    if (isnan(p)) return 0x7; /* no NaN in E2M1: +6, whatever the sign */
+    /* saturation: beyond 6 (infinity too) the nearest is 6 */
+    a = fmin(fabs((double)p), 6.0);
+    for (c = 1; c < 8; c++) {
+        const double d = fabs(g_e2m1[c] - a), bd = fabs(g_e2m1[best] - a);
+        /* a tie lies between two neighbours, one of them even */
+        if (d < bd || (d == bd && (c & 1) == 0)) best = c;
+    }
+    return (uint8_t)(best | (signbit(p) ? 8 : 0));
+}
+
+uint8_t qm_nvfp4_scale(float m, float g)
+{
+    /* RN(1 / 6), as the text gives it; each product rounded to FP32 (the
+     * harness is built with -ffp-contract=off) */
+    const float c6 = 0x1.555556p-3f, mc = m * c6, sv = g * mc;
+    return qm_e4m3(sv < 448.0f ? sv : 448.0f);
+}
+
+float qm_nvfp4_factor(uint8_t sf, float g)
+{
+    pthread_once(&g_once, qm_fill);
+    /* the FP32 quotient, correctly rounded: the double quotient of two
+     * floats rounds to the same float (53 >= 2 * 24 + 2 bits) */
+    return sf ? (float)((double)g / g_val[sf]) : 0.0f;
+}
+
+int64_t qm_nvfp4_offset(int64_t t, int64_t b, int32_t H)
+{
+    /* tiles of 128 rows x 4 scales, (H / 16) / 4 = H / 64 of them along a
+     * row, a row of tiles after another; in a tile, row t % 128 is row
+     * t % 32 of group (t % 128) / 32: 32 lines of 16 bytes, each line the
+     * 4 groups' 4 scales */
+    const int64_t tile = (t / 128) * (H / 64) + b / 4;
+    const int64_t line = t % 32, group = (t % 128) / 32;
+    return (tile * 32 + line) * 16 + group * 4 + b % 4;
+}
+
+/* NVFP4 rows 0..T: each block's largest magnitude from +0 (a NaN is never
+ * greater), its scale code at its tiled place, its values' codes two a
+ * byte */
+static void qm_nvfp4(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals,
+                     uint8_t *bsc)
+{
+    int64_t t;
+    int b, i;
+    for (t = 0; t < T; t++)
+        for (b = 0; b < H / 16; b++) {
+            const uint16_t *y = nrm + t * H + (int64_t)b * 16;
+            float m = 0.0f, os;
+            uint8_t sf, c[16];
+            for (i = 0; i < 16; i++) {
+                const float a = fabsf(qm_widen(y[i]));
+                if (a > m) m = a;
+            }
+            sf = qm_nvfp4_scale(m, q->scale);
+            os = qm_nvfp4_factor(sf, q->scale);
+            bsc[qm_nvfp4_offset(t, b, H)] = sf;
+            for (i = 0; i < 16; i++) c[i] = qm_e2m1(qm_widen(y[i]) * os);
+            for (i = 0; i < 8; i++) vals[t * (H / 2) + (int64_t)b * 8 + i] = (uint8_t)(c[2 * i] | (c[2 * i + 1] << 4));
+        }
+}
+
 void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals, float *scales)
 {
     const int n = q->kind == BEAM_QUANT_FP8_GROUP ? q->group_size : H;
     int64_t t;
     int g, i;
+    if (q->kind == BEAM_QUANT_NVFP4) {
+        qm_nvfp4(q, nrm, T, H, vals, (uint8_t *)scales);
+        return;
+    }
     for (t = 0; t < T; t++)
         for (g = 0; g < H / n; g++) {
             const uint16_t *y = nrm + t * H + (int64_t)g * n;
@@ -93,8 +170,15 @@ void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, ui
         }
 }
 
+size_t qm_values_bytes(const beam_quant *q, int64_t T, int32_t H)
+{
+    return (size_t)T * (size_t)H / (q->kind == BEAM_QUANT_NVFP4 ? 2 : 1);
+}
+
 size_t qm_scale_floats(const beam_quant *q, int64_t T, int32_t H)
 {
+    /* whole tiles: (T rounded up to 128) * H / 16 bytes, 512 a tile */
+    if (q->kind == BEAM_QUANT_NVFP4) return (size_t)((T + 127) / 128) * (size_t)(H / 64) * 128;
     if (q->kind == BEAM_QUANT_FP8_TOKEN) return (size_t)T;
     if (q->kind != BEAM_QUANT_FP8_GROUP) return 0;
     if (q->flags & BEAM_QUANT_COL_MAJOR) return (size_t)(H / q->group_size) * (size_t)q->scale_ld;
@@ -115,4 +199,21 @@ void qm_forms(beam_quant *q, int64_t T)
     q[3].flags = BEAM_QUANT_UE8M0;
     q[4].kind = BEAM_QUANT_FP8_TENSOR;
     q[4].scale = 0.0125f;
+    q[5].kind = BEAM_QUANT_NVFP4;
+    q[5].group_size = 16;
+    q[5].scale = 672.0f;
+    q[6].kind = BEAM_QUANT_NVFP4;
+    q[6].group_size = 16;
+    q[6].scale = 1.0f;
+}
+
+void qm_bind(beam_quant *q, uint8_t *values, float *scales)
+{
+    q->values = values;
+    q->scales = NULL;
+    q->block_scales = NULL;
+    if (q->kind == BEAM_QUANT_NVFP4)
+        q->block_scales = (uint8_t *)scales;
+    else if (q->kind != BEAM_QUANT_FP8_TENSOR)
+        q->scales = scales;
 }

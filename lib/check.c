@@ -246,7 +246,8 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     case BEAM_QUANT_NVFP4:
         if (quant->group_size != 16 || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
             return bm_fail(BAD, "%s: BEAM_QUANT_NVFP4 takes quant->group_size 16, quant->scale, quant->values "
-                           "and quant->block_scales (flags, scale_ld must be 0, scales NULL)", fn);
+                           "and quant->block_scales (quant->flags, quant->scale_ld must be 0, quant->scales "
+                           "NULL)", fn);
         /* os = g * (1 / sf) must stay finite for the smallest scale, 2^-9 */
         if (!(quant->scale > 0.0f) || !(quant->scale < 0x1p118f))
             return bm_fail(BAD, "%s: quant->scale=%g (the global scale) must be > 0 and < 2^118", fn,

@@ -911,7 +911,7 @@ enum { NQFORMS = QM_NFORMS, QGUARD = 64 };
 #define QPOISON8 0x5A /* values; scales get 0xFF bytes, a NaN no scale is */
 
 static const char *const QNAMES[NQFORMS] = {"group128", "group64 ue8m0 col-major", "token", "token ue8m0",
-                                            "tensor"};
+                                            "tensor", "nvfp4 g 672", "nvfp4 g 1"};
 
 /* This rank's quantized output on the device (the largest extent of any
  * form, guards included), its host copy, and the model's. */
@@ -923,8 +923,12 @@ typedef struct qdata {
 
 static void qdata_make(qdata *q, int64_t maxt, int H)
 {
+    /* the scales of group 64 column-major, or NVFP4's block scales (whole
+     * tiles of 128 rows, a byte per 16 values), whichever is larger */
+    const size_t col = (size_t)(H / 64) * (size_t)((maxt + 3) / 4 * 4);
+    const size_t fp4 = (size_t)BEAM_NVFP4_SCALE_BYTES(maxt, H) / 4;
     q->nv = (size_t)maxt * H + QGUARD;
-    q->ns = (size_t)(H / 64) * (size_t)((maxt + 3) / 4 * 4) + QGUARD;
+    q->ns = (col > fp4 ? col : fp4) + QGUARD;
     CK(cudaMalloc((void **)&q->dv, q->nv));
     CK(cudaMalloc((void **)&q->ds, q->ns * 4));
     q->hv = malloc(q->nv);
@@ -968,8 +972,9 @@ static beam_status call_q(beam_workspace *ws, data *d, int64_t T, beam_strategy 
     const int64_t L = (T + g_R - 1) / g_R;
     const int64_t lo = (int64_t)g_rank * L;
     beam_quant q = *form;
-    q.values = qd->dv;
-    q.scales = form->kind == BEAM_QUANT_FP8_TENSOR ? NULL : qd->ds;
+    /* NVFP4: the scales array's bytes are the block scales, each at its
+     * token's row of the gathered output */
+    qm_bind(&q, qd->dv, qd->ds);
     g_call_ms = now_ms();
     g_call_ws = ws;
     return beam_moe_finalize_gather_norm_residual_norm_q(

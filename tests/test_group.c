@@ -905,7 +905,7 @@ static void qout_make(qout *o, const beam_quant *form, int R, int64_t T, int32_t
     int r;
     memset(o, 0, sizeof *o);
     o->R = R;
-    o->nv = (size_t)T * (size_t)H + QGUARD;
+    o->nv = qm_values_bytes(form, T, H) + QGUARD; /* NVFP4: two values a byte */
     o->ns = qm_scale_floats(form, T, H) + QGUARD;
     o->want_v = (uint8_t *)hu_alloc(o->nv, 0);
     o->want_s = (float *)hu_alloc(4 * o->ns, 0);
@@ -916,8 +916,8 @@ static void qout_make(qout *o, const beam_quant *form, int R, int64_t T, int32_t
         o->vals[r] = (uint8_t *)hu_alloc(o->nv, 0);
         o->sc[r] = (float *)hu_alloc(4 * o->ns, 0);
         o->q[r] = *form;
-        o->q[r].values = o->vals[r];
-        o->q[r].scales = form->kind == BEAM_QUANT_FP8_TENSOR ? NULL : o->sc[r];
+        /* NVFP4: the scales array's bytes are the block scales */
+        qm_bind(&o->q[r], o->vals[r], o->sc[r]);
     }
     qout_poison(o);
 }
@@ -992,10 +992,21 @@ static int q_bad_rank(group *G, gdata *d, qout *o, int r, int keep, const char *
         return 0;
     for (i = 0; i < o->nv; i++)
         if (o->vals[r][i] != o->want_v[i]) {
+            const size_t row = o->q[r].kind == BEAM_QUANT_NVFP4 ? (size_t)d->c.H / 2 : (size_t)d->c.H;
             fprintf(stderr, "FAIL %s rank %d: values[%zu] (row %zu) = 0x%02x, model 0x%02x\n", label, r, i,
-                    i / (size_t)d->c.H, o->vals[r][i], o->want_v[i]);
+                    i / row, o->vals[r][i], o->want_v[i]);
             return 1;
         }
+    if (o->q[r].kind == BEAM_QUANT_NVFP4 && memcmp(o->sc[r], o->want_s, 4 * o->ns) != 0) {
+        /* the block scales, byte by byte (the global row's tiled place;
+         * 0xFF: untouched) */
+        const uint8_t *got = (const uint8_t *)o->sc[r], *want = (const uint8_t *)o->want_s;
+        for (i = 0; i < 4 * o->ns && got[i] == want[i]; i++)
+            continue;
+        fprintf(stderr, "FAIL %s rank %d: block_scales[%zu] = 0x%02x, model 0x%02x\n", label, r, i, got[i],
+                want[i]);
+        return 1;
+    }
     if (memcmp(o->sc[r], o->want_s, 4 * o->ns) != 0) {
         for (i = 0; i < o->ns && !memcmp(&o->sc[r][i], &o->want_s[i], 4); i++)
             continue;
@@ -1030,7 +1041,7 @@ static int q_run_form(group *G, gdata *d, qout *o, const char *form, uint64_t se
 static void run_quant_R(int R)
 {
     static const char *const names[NQFORMS + 1] = {"group128", "group64-ue8m0-col", "token", "token-ue8m0",
-                                                   "tensor", "none"};
+                                                   "tensor", "nvfp4-g672", "nvfp4-g1", "none"};
     group G;
     beam_workspace_config cfg = beam_workspace_config_default();
     int64_t toks[6];
@@ -1187,6 +1198,36 @@ static void test_quant_invalid(void)
         G.j.null_ws = 1;
         q_expect_all_fail(&G, &d, &o, -1, "beam_moe_finalize_gather_norm_residual_norm_q: workspace must not be NULL",
                           "NULL workspace");
+
+        /* NVFP4: block_scales NULL on the last rank; with more ranks, rank
+         * 0's global scale not the others' */
+        {
+            beam_quant nv;
+            qout o4;
+            memset(&nv, 0, sizeof nv);
+            nv.kind = BEAM_QUANT_NVFP4;
+            nv.group_size = 16;
+            nv.scale = 672.0f;
+            qout_make(&o4, &nv, R, c.T, c.H, d.want_n);
+            job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
+            for (r = 0; r < R; r++)
+                G.j.quant[r] = &o4.q[r];
+            odd = o4.q[last];
+            odd.block_scales = NULL;
+            G.j.quant[last] = &odd;
+            q_expect_all_fail(&G, &d, &o4, last, "quant->block_scales", "nvfp4 block_scales NULL on the last rank");
+            if (R > 1) {
+                job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
+                for (r = 0; r < R; r++)
+                    G.j.quant[r] = &o4.q[r];
+                odd = o4.q[0];
+                odd.scale = 1.0f;
+                G.j.quant[0] = &odd;
+                q_expect_all_fail(&G, &d, &o4, -1, "passed different quant",
+                                  "nvfp4 rank 0's global scale 1, the others' 672");
+            }
+            qout_free(&o4);
+        }
 
         /* the workspace still works after all that */
         q_poison_outputs(&d, &o);

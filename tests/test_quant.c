@@ -1,20 +1,27 @@
 /*
  * test_quant.c - the quantized output of normalized (the local beam_*_q
  * calls), every backend that runs here, against the tests' own model of
- * docs/numerics.md#fp8 (harness/quant_model.c, which the gather's tests
- * share).
+ * docs/numerics.md#fp8 and #nvfp4 (harness/quant_model.c, which the
+ * gather's tests share).
  *
  *   The model: the backend's own plain call gives hidden and normalized
  *   (test_backends checks those against the naive reference and the CPU);
  *   each row of normalized is quantized here: the group's (or token's)
  *   largest magnitude, its FP32 scale, and the nearest of the 254 finite
- *   E4M3 values found by search (ties to the even code), after the clamp.
+ *   E4M3 values found by search (ties to the even code), after the clamp;
+ *   NVFP4: each block's maximum, its E4M3 scale code at its tiled place
+ *   and the nearest E2M1 magnitude of each value times the block's factor.
  *   Then the backend's *_q call must give the same hidden and normalized
  *   and the model's values and scales bit for bit, with every byte past
- *   them (guards, column-major padding) untouched.
+ *   them (guards, column-major padding, the rows of the last 128-row tile
+ *   of NVFP4's scales past T) untouched.
  *
  *   forms     GROUP 128 and 64, row- and column-major scales, with and
- *             without UE8M0; TOKEN with and without UE8M0; TENSOR
+ *             without UE8M0; TOKEN with and without UE8M0; TENSOR; NVFP4
+ *             with the global scales 672 (448 * 6 / 4), 1, 1e-30 (most
+ *             scales round to 0) and the largest below 2^118 (most
+ *             saturate), at T = 1, 7, 100, 130 and 300 (one tile of rows,
+ *             a tile and a bit, three)
  *   ops       norm_residual_norm_q (with and without a pre-norm), and the
  *             fused op's _q under FUSED and UNFUSED; normalized written too
  *             or only the quantized form (normalized NULL)
@@ -117,9 +124,29 @@ static const char *const op_names[NOPS] = {"nrn", "nrn+pre", "fused FUSED", "fus
 
 static void describe(char *d, size_t n, const beam_quant *q, int op, int64_t T, int32_t H, int with_nrm, int off)
 {
-    snprintf(d, n, "%s T=%lld H=%d kind=%d group=%d flags=%u ld=%lld scale=%g normalized=%s values+%d",
-             op_names[op], (long long)T, (int)H, (int)q->kind, (int)q->group_size, (unsigned)q->flags,
-             (long long)q->scale_ld, (double)q->scale, with_nrm ? "yes" : "NULL", off);
+    snprintf(d, n, "%s T=%lld H=%d kind=%d%s group=%d flags=%u ld=%lld scale=%a normalized=%s values+%d",
+             op_names[op], (long long)T, (int)H, (int)q->kind, q->kind == BEAM_QUANT_NVFP4 ? " (nvfp4)" : "",
+             (int)q->group_size, (unsigned)q->flags, (long long)q->scale_ld, (double)q->scale,
+             with_nrm ? "yes" : "NULL", off);
+}
+
+/* Where NVFP4's scale byte i of T rows of H belongs: "row t block b", or
+ * "padding" (a row past T of the last tile) or "guard" (past the array). */
+static void nvfp4_place(char *d, size_t n, size_t i, int64_t T, int32_t H)
+{
+    int64_t t, b;
+    if (i >= (size_t)BEAM_NVFP4_SCALE_BYTES(T, H)) {
+        snprintf(d, n, "guard");
+        return;
+    }
+    for (t = 0; t < (T + 127) / 128 * 128; t++)
+        for (b = 0; b < H / 16; b++)
+            if ((size_t)qm_nvfp4_offset(t, b, H) == i) {
+                snprintf(d, n, t < T ? "row %lld block %lld" : "padding row %lld block %lld", (long long)t,
+                         (long long)b);
+                return;
+            }
+    snprintf(d, n, "no place");
 }
 
 /* 1 when the backend's *_q call matches the model */
@@ -127,12 +154,14 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
 {
     const int K = 6;
     const size_t TH = (size_t)T * (size_t)H;
-    const size_t nsc = qm_scale_floats(&q, T, H);
+    const int fp4 = q.kind == BEAM_QUANT_NVFP4;
+    const size_t nv = qm_values_bytes(&q, T, H), vrow = fp4 ? (size_t)H / 2 : (size_t)H;
+    const size_t nsc = qm_scale_floats(&q, T, H); /* NVFP4: the block scales' bytes / 4 */
     uint16_t *x = malloc((TH + 1) * 2), *res = malloc((TH + 1) * 2), *ex = malloc(((size_t)K * TH + 1) * 2);
     uint16_t *wpre = malloc((size_t)H * 2), *wnext = malloc((size_t)H * 2);
     float *wts = malloc(((size_t)K * T + 1) * 4);
     uint16_t *hid_ref = malloc((TH + 1) * 2), *nrm_ref = malloc((TH + 1) * 2);
-    uint8_t *vals_ref = malloc(TH + GUARD);
+    uint8_t *vals_ref = malloc(nv + GUARD);
     float *sc_ref = malloc((nsc + GUARD) * 4);
     buf bx, bres, bex, bwts, bwpre, bwnext, bhid, bnrm, bvals, bsc;
     beam_norm pre = {NULL, 1e-6f}, next = {NULL, 1e-5f};
@@ -183,7 +212,7 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
     buf_fetch(&bnrm, ops);
     memcpy(hid_ref, bhid.host, TH * 2);
     memcpy(nrm_ref, bnrm.host, TH * 2);
-    memset(vals_ref, POISON8, TH + GUARD);
+    memset(vals_ref, POISON8, nv + GUARD);
     for (i = 0; i < nsc + GUARD; i++) memcpy(&sc_ref[i], &(uint32_t){POISON32}, 4);
     qm_quant(&q, nrm_ref, T, H, vals_ref, sc_ref);
     buf_free(&bhid, ops);
@@ -194,7 +223,7 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
     buf_make(&bnrm, ops, TH * 2, NULL, 0xEE);
     /* off: the values' base that many bytes past an aligned one (the
      * kernels' byte-store path) */
-    buf_make(&bvals, ops, (size_t)off + TH + GUARD, NULL, POISON8);
+    buf_make(&bvals, ops, (size_t)off + nv + GUARD, NULL, POISON8);
     {
         float *p = malloc((nsc + GUARD) * 4);
         if (!p) exit(1);
@@ -202,8 +231,9 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
         buf_make(&bsc, ops, (nsc + GUARD) * 4, p, 0);
         free(p);
     }
-    q.values = (uint8_t *)bvals.dev + off;
-    q.scales = q.kind == BEAM_QUANT_FP8_TENSOR ? NULL : bsc.dev;
+    /* NVFP4: the scales array's bytes are the block scales, poisoned the
+     * same (every byte of a padding row of the last tile must stay so) */
+    qm_bind(&q, (uint8_t *)bvals.dev + off, bsc.dev);
     if (op == OP_NRN || op == OP_NRN_PRE) {
         /* x and residual again: an in-place reference never ran, inputs are intact */
         st = ops->norm_residual_norm_q(bx.dev, bres.dev, T, H, op == OP_NRN_PRE ? &pre : NULL, scales, &next,
@@ -239,13 +269,26 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
                 fprintf(stderr, "  %s %s: wrote before values\n", ops->name, d);
                 ok = 0;
             }
-        for (i = 0; i < TH + GUARD && ok; i++)
+        for (i = 0; i < nv + GUARD && ok; i++)
             if (((uint8_t *)bvals.host)[off + i] != vals_ref[i]) {
-                fprintf(stderr, "  %s %s: values[%zu] (row %zu col %zu) = %02x, want %02x (normalized %04x)\n",
-                        ops->name, d, i, i / (size_t)H, i % (size_t)H, ((uint8_t *)bvals.host)[off + i],
-                        vals_ref[i], i < TH ? nrm_ref[i] : 0);
+                /* NVFP4: byte i holds columns 2c (low) and 2c + 1 (high) */
+                const size_t r = i / vrow, c = (i % vrow) * (fp4 ? 2 : 1);
+                fprintf(stderr, "  %s %s: values[%zu] (row %zu col %zu%s) = %02x, want %02x (normalized %04x%s)\n",
+                        ops->name, d, i, r, c, fp4 ? " and the next" : "", ((uint8_t *)bvals.host)[off + i],
+                        vals_ref[i], i < nv ? nrm_ref[r * H + c] : 0, i >= nv ? ": a guard" : "");
                 ok = 0;
             }
+        if (fp4) {
+            const uint8_t *got = bsc.host, *want = (const uint8_t *)sc_ref;
+            for (i = 0; i < 4 * (nsc + GUARD) && ok; i++)
+                if (got[i] != want[i]) {
+                    char where[64];
+                    nvfp4_place(where, sizeof where, i, T, H);
+                    fprintf(stderr, "  %s %s: block_scales[%zu] (%s) = %02x, want %02x\n", ops->name, d, i, where,
+                            got[i], want[i]);
+                    ok = 0;
+                }
+        }
         for (i = 0; i < nsc + GUARD && ok; i++)
             if (bits(((float *)bsc.host)[i]) != bits(sc_ref[i])) {
                 fprintf(stderr, "  %s %s: scales[%zu] = %08x, want %08x\n", ops->name, d, i,
@@ -305,22 +348,38 @@ static int forms(beam_quant *out, int64_t T)
             out[n++].scale = edges[f];
         }
     }
+    /* NVFP4 under global scales: the usual 448 * 6 / amax for amax 4; 1;
+     * one so small that most blocks' scales round to 0 (os = 0); the
+     * largest below 2^118, where most scales saturate at 448 */
+    {
+        const float gs[4] = {2688.0f / 4.0f, 1.0f, 1e-30f, 0x1.fffffep117f};
+        for (f = 0; f < 4; f++) {
+            memset(&out[n], 0, sizeof out[n]);
+            out[n].kind = BEAM_QUANT_NVFP4;
+            out[n].group_size = 16;
+            out[n++].scale = gs[f];
+        }
+    }
     return n;
 }
 
 static void test_forms(void)
 {
     static const int32_t hs[] = {256, 2048, 7168};
-    static const int64_t ts[] = {1, 7, 100};
+    /* 130: NVFP4's scales take a second 128-row tile, of which rows
+     * 130..255 are padding (the FP8 forms skip it) */
+    static const int64_t ts[] = {1, 7, 100, 130};
     int b, hi, ti, fi, bad = 0;
     for (b = 0; b < 2; b++) {
         const beam_ops *ops = g_ops[b];
         if (!ops) continue;
         for (hi = 0; hi < 3; hi++)
-            for (ti = 0; ti < 3; ti++) {
-                beam_quant qs[16];
+            for (ti = 0; ti < 4; ti++) {
+                beam_quant qs[32];
                 const int nf = forms(qs, ts[ti]);
+                CU_ASSERT_FATAL(nf <= 32);
                 for (fi = 0; fi < nf; fi++) {
+                    if (ts[ti] == 130 && qs[fi].kind != BEAM_QUANT_NVFP4) continue;
                     /* every form once per shape, under a rotating op and
                      * normalized given or not */
                     const int op = (int)((hi * 3 + ti + fi) % NOPS);
@@ -342,10 +401,15 @@ static void test_prefill(void)
         const beam_ops *ops = g_ops[b];
         if (!ops) continue;
         for (op = 0; op < NOPS; op++) {
-            beam_quant qs[16];
+            beam_quant qs[32];
             const int nf = forms(qs, 300);
-            for (fi = 0; fi < nf; fi += ops->device_memory ? 1 : 3)
-                if (!run_case(ops, op, 300, fi % 2 ? 4096 : 2048, qs[fi], fi % 2, 0)) ++bad;
+            CU_ASSERT_FATAL(nf <= 32);
+            /* on the CPU every third FP8 form (the model's E4M3 search is
+             * slow), every NVFP4 one */
+            for (fi = 0; fi < nf; fi++)
+                if ((ops->device_memory || fi % 3 == 0 || qs[fi].kind == BEAM_QUANT_NVFP4) &&
+                    !run_case(ops, op, 300, fi % 2 ? 4096 : 2048, qs[fi], fi % 2, 0))
+                    ++bad;
         }
     }
     CU_ASSERT_EQUAL(bad, 0);
@@ -358,7 +422,7 @@ static void test_errors(void)
     const int32_t H = 256;
     const int64_t T = 2;
     uint16_t x[512], res[512], hid[512], nrm[512], w[256];
-    uint8_t vals[512];
+    uint8_t vals[512], bsc[2048]; /* bsc: BEAM_NVFP4_SCALE_BYTES(2, 256) */
     float sc[64];
     beam_norm next = {w, 1e-6f};
     const beam_ops *ops = g_ops[0];
@@ -366,7 +430,7 @@ static void test_errors(void)
         const char *what;
         beam_quant q;
         int next_on;
-    } bad[24];
+    } bad[48];
     int n = 0, i;
     for (i = 0; i < 512; i++) x[i] = res[i] = 0x3F80;
     for (i = 0; i < 256; i++) w[i] = 0x3F80;
@@ -379,40 +443,76 @@ static void test_errors(void)
         bad[n].next_on = NEXT;                                                        \
         ++n;                                                                          \
     } while (0)
-    BAD("kind 0", 1, 0, 0, 0, 0.0f, vals, sc, 0);
-    BAD("kind 4", 1, 4, 0, 0, 0.0f, vals, sc, 0);
-    BAD("group 32", 1, BEAM_QUANT_FP8_GROUP, 32, 0, 0.0f, vals, sc, 0);
-    BAD("unknown flag", 1, BEAM_QUANT_FP8_GROUP, 128, 4u, 0.0f, vals, sc, 0);
-    BAD("col-major ld < tokens", 1, BEAM_QUANT_FP8_GROUP, 128, BEAM_QUANT_COL_MAJOR, 0.0f, vals, sc, 1);
-    BAD("row-major with an ld", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 4);
-    BAD("token with a group", 1, BEAM_QUANT_FP8_TOKEN, 128, 0, 0.0f, vals, sc, 0);
-    BAD("tensor scale 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 0.0f, vals, NULL, 0);
-    BAD("tensor scale inf", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, INFINITY, vals, NULL, 0);
-    BAD("tensor scale nan", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, NAN, vals, NULL, 0);
-    BAD("tensor scale < 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, -1.0f, vals, NULL, 0);
-    BAD("group with a scale", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.5f, vals, sc, 0);
-    BAD("token with a scale", 1, BEAM_QUANT_FP8_TOKEN, 0, 0, 0.5f, vals, sc, 0);
+    BAD("kind 0", 1, 0, 0, 0, 0.0f, vals, sc, 0, NULL);
+    BAD("kind 5", 1, 5, 0, 0, 0.0f, vals, sc, 0, NULL);
+    BAD("group 32", 1, BEAM_QUANT_FP8_GROUP, 32, 0, 0.0f, vals, sc, 0, NULL);
+    BAD("unknown flag", 1, BEAM_QUANT_FP8_GROUP, 128, 4u, 0.0f, vals, sc, 0, NULL);
+    BAD("col-major ld < tokens", 1, BEAM_QUANT_FP8_GROUP, 128, BEAM_QUANT_COL_MAJOR, 0.0f, vals, sc, 1, NULL);
+    BAD("row-major with an ld", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 4, NULL);
+    BAD("token with a group", 1, BEAM_QUANT_FP8_TOKEN, 128, 0, 0.0f, vals, sc, 0, NULL);
+    BAD("tensor scale 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 0.0f, vals, NULL, 0, NULL);
+    BAD("tensor scale inf", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, INFINITY, vals, NULL, 0, NULL);
+    BAD("tensor scale nan", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, NAN, vals, NULL, 0, NULL);
+    BAD("tensor scale < 0", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, -1.0f, vals, NULL, 0, NULL);
+    BAD("group with a scale", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.5f, vals, sc, 0, NULL);
+    BAD("token with a scale", 1, BEAM_QUANT_FP8_TOKEN, 0, 0, 0.5f, vals, sc, 0, NULL);
     /* (G - 1) * scale_ld * 4 bytes wraps 64 bits: must not pass as a small extent */
     BAD("col-major ld wrapping", 1, BEAM_QUANT_FP8_GROUP, 64, BEAM_QUANT_COL_MAJOR, 0.0f, vals, sc,
-        3074457345618258603LL);
-    BAD("tensor with scales", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 1.0f, vals, sc, 0);
-    BAD("values NULL", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, NULL, sc, 0);
-    BAD("no next norm", 0, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 0);
+        3074457345618258603LL, NULL);
+    BAD("tensor with scales", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 1.0f, vals, sc, 0, NULL);
+    BAD("values NULL", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, NULL, sc, 0, NULL);
+    BAD("no next norm", 0, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 0, NULL);
+    /* NVFP4: group_size 16, flags and scale_ld 0, scales NULL, a global
+     * scale 0 < g < 2^118, values and block_scales */
+    BAD("nvfp4 group 0", 1, BEAM_QUANT_NVFP4, 0, 0, 672.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 group 32", 1, BEAM_QUANT_NVFP4, 32, 0, 672.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 group 128", 1, BEAM_QUANT_NVFP4, 128, 0, 672.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 UE8M0", 1, BEAM_QUANT_NVFP4, 16, BEAM_QUANT_UE8M0, 672.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 col-major", 1, BEAM_QUANT_NVFP4, 16, BEAM_QUANT_COL_MAJOR, 672.0f, vals, NULL, 4, bsc);
+    BAD("nvfp4 unknown flag", 1, BEAM_QUANT_NVFP4, 16, 4u, 672.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 with an ld", 1, BEAM_QUANT_NVFP4, 16, 0, 672.0f, vals, NULL, 4, bsc);
+    BAD("nvfp4 with scales", 1, BEAM_QUANT_NVFP4, 16, 0, 672.0f, vals, sc, 0, bsc);
+    BAD("nvfp4 g 0", 1, BEAM_QUANT_NVFP4, 16, 0, 0.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 g -0", 1, BEAM_QUANT_NVFP4, 16, 0, -0.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 g < 0", 1, BEAM_QUANT_NVFP4, 16, 0, -672.0f, vals, NULL, 0, bsc);
+    BAD("nvfp4 g nan", 1, BEAM_QUANT_NVFP4, 16, 0, NAN, vals, NULL, 0, bsc);
+    BAD("nvfp4 g inf", 1, BEAM_QUANT_NVFP4, 16, 0, INFINITY, vals, NULL, 0, bsc);
+    BAD("nvfp4 g 2^118", 1, BEAM_QUANT_NVFP4, 16, 0, 0x1p118f, vals, NULL, 0, bsc);
+    BAD("nvfp4 g FLT_MAX", 1, BEAM_QUANT_NVFP4, 16, 0, FLT_MAX, vals, NULL, 0, bsc);
+    BAD("nvfp4 block_scales NULL", 1, BEAM_QUANT_NVFP4, 16, 0, 672.0f, vals, NULL, 0, NULL);
+    BAD("nvfp4 values NULL", 1, BEAM_QUANT_NVFP4, 16, 0, 672.0f, NULL, NULL, 0, bsc);
+    BAD("nvfp4 no next norm", 0, BEAM_QUANT_NVFP4, 16, 0, 672.0f, vals, NULL, 0, bsc);
+    /* block_scales with the FP8 kinds */
+    BAD("group with block_scales", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 0, bsc);
+    BAD("token with block_scales", 1, BEAM_QUANT_FP8_TOKEN, 0, 0, 0.0f, vals, sc, 0, bsc);
+    BAD("tensor with block_scales", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 1.0f, vals, NULL, 0, bsc);
 #undef BAD
     for (i = 0; i < n; i++) {
         beam_status st;
         memset(hid, 0xEE, sizeof hid);
         memset(nrm, 0xEE, sizeof nrm);
         memset(vals, POISON8, sizeof vals);
+        memset(bsc, POISON8, sizeof bsc);
         st = ops->norm_residual_norm_q(x, res, T, H, NULL, NULL, bad[i].next_on ? &next : NULL, hid,
                                        bad[i].next_on ? nrm : NULL, &bad[i].q, NULL);
-        if (st != BEAM_ERR_INVALID_ARGUMENT || hid[0] != 0xEEEE || vals[0] != POISON8) {
-            fprintf(stderr, "  %s: status %d (%s), hidden[0] %04x, values[0] %02x\n", bad[i].what, (int)st,
-                    ops->last_error(), hid[0], vals[0]);
+        if (st != BEAM_ERR_INVALID_ARGUMENT || hid[0] != 0xEEEE || vals[0] != POISON8 || bsc[0] != POISON8) {
+            fprintf(stderr, "  %s: status %d (%s), hidden[0] %04x, values[0] %02x, block_scales[0] %02x\n",
+                    bad[i].what, (int)st, ops->last_error(), hid[0], vals[0], bsc[0]);
             CU_FAIL("a bad quant argument was taken");
         } else if (!strstr(ops->last_error(), "quant")) {
             fprintf(stderr, "  %s: message \"%s\" does not name quant\n", bad[i].what, ops->last_error());
             CU_FAIL("message");
+        }
+    }
+    /* NVFP4's global scale at the ends of its range is taken: the smallest
+     * subnormal and the largest float below 2^118 */
+    {
+        const float gs[2] = {0x1p-149f, 0x1.fffffep117f};
+        for (i = 0; i < 2; i++) {
+            beam_quant q = {BEAM_QUANT_NVFP4, 16, 0, gs[i], vals, NULL, 0, bsc};
+            const beam_status st = ops->norm_residual_norm_q(x, res, T, H, NULL, NULL, &next, hid, NULL, &q, NULL);
+            if (st != BEAM_OK) fprintf(stderr, "  nvfp4 g %a: status %d (%s)\n", (double)gs[i], (int)st, ops->last_error());
+            CU_ASSERT_EQUAL(st, BEAM_OK);
         }
     }
     /* normalized NULL without a quant: still an error */

@@ -11,7 +11,8 @@
  *                       thread counts) vs the ground truth
  *   cpu  gather/<s>     the fused op through CPU groups of R = 1,2,3,4,8 ranks
  *   cuda <strategy>     the local ops on CUDA when that backend is available
- *   <backend> fp8 ...   the quantized output of normalized (audit_fp8.c):
+ *   <backend> fp8 ...   the quantized output of normalized (audit_fp8.c;
+ *   <backend> nvfp4 ... the FP8 forms and NVFP4):
  *                       the CPU's against the model, every backend's and
  *                       strategy's against the CPU's
  * Elements compared include one guard row past the live rows of each output
@@ -521,8 +522,9 @@ static void audit_usage(FILE *f)
             "against the CPU ground truth on a built-in sweep of shapes and special\n"
             "values (NaN, +-inf, signed zeros, subnormals, rounding ties, overflow), and\n"
             "the CPU backend against the naive reference of docs/numerics.md; the\n"
-            "quantized (FP8) output of normalized in every form, the CPU's against the\n"
-            "model of docs/numerics.md#fp8 and every backend's against the CPU's.\n"
+            "quantized (FP8, NVFP4) output of normalized in every form, the CPU's against\n"
+            "the model of docs/numerics.md#fp8 and #nvfp4 and every backend's against the\n"
+            "CPU's.\n"
             "The gather runs on CPU groups of 1, 2, 3, 4 and 8 ranks (the CUDA gather\n"
             "needs one process per GPU: tests/test_gather_nccl checks it bit for bit\n"
             "against the same rules). Inputs past the live rows are NaN; outputs get a\n"

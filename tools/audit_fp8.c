@@ -2,7 +2,9 @@
  * audit_fp8.c - `beammoe audit`'s rows for the quantized output of
  * normalized (audit_fp8.h). A row compares, bit for bit, the E4M3 values
  * and the FP32 scales (every float of the scales array, column-major
- * padding included: it must keep the tool's poison), plus hidden and
+ * padding included: it must keep the tool's poison), or NVFP4's E2M1
+ * values and E4M3 block scales (every byte of the block scale array, the
+ * rows past T of its last tile included), plus hidden and
  * normalized (normalized kept in every other form, so that the calls that
  * write only the quantized form are audited too).
  */
@@ -19,15 +21,15 @@
 /* The host copies of one *_q call's outputs. */
 typedef struct qres {
     hc_out o;
-    uint8_t *values; /* [T, H] */
-    float *scales;   /* nsc floats */
+    uint8_t *values; /* [T, H] (NVFP4: [T, H / 2]) */
+    float *scales;   /* nsc floats (NVFP4: the block scales' bytes) */
     size_t nv, nsc;
 } qres;
 
 static int qres_make(qres *r, const hc_case *c, const beam_quant *form)
 {
     memset(r, 0, sizeof *r);
-    r->nv = (size_t)c->s.T * (size_t)c->s.H;
+    r->nv = qm_values_bytes(form, c->s.T, c->s.H);
     r->nsc = qm_scale_floats(form, c->s.T, c->s.H);
     r->values = malloc(r->nv ? r->nv : 1);
     r->scales = malloc(r->nsc ? r->nsc * sizeof(float) : 1);
@@ -56,8 +58,7 @@ static int run_q(const beam_ops *ops, const hc_case *c, hc_op op, beam_strategy 
     memset(r->values, QPOISON, r->nv);
     memset(r->scales, QPOISON, r->nsc * sizeof(float));
     if (hc_bind(&b, c, op, &r->o, dev ? HC_DEVICE : 0u, msg, n)) return -1;
-    q.values = r->values;
-    q.scales = r->nsc ? r->scales : NULL;
+    qm_bind(&q, r->values, r->nsc ? r->scales : NULL);
     if (dev) {
         dv = dev_alloc(r->nv ? r->nv : 1);
         ds = dev_alloc(r->nsc ? r->nsc * sizeof(float) : 1);
@@ -66,8 +67,7 @@ static int run_q(const beam_ops *ops, const hc_case *c, hc_op op, beam_strategy 
             snprintf(msg, n, "device memory: %s", dev_last_error());
             goto done;
         }
-        q.values = dv;
-        q.scales = r->nsc ? ds : NULL;
+        qm_bind(&q, dv, r->nsc ? ds : NULL);
     }
     if (op == HC_NRN)
         st = ops->norm_residual_norm_q(b.x, b.residual, c->s.T, c->s.H, b.pre_p, sc, b.next_p, b.hidden,
@@ -110,7 +110,9 @@ static void audit_fp8_case(tally *t, const beam_ops *const ops[BM_NBACKENDS], co
                            hc_op op, const beam_quant *form, int keep)
 {
     static const beam_strategy strategies[2] = {BEAM_STRATEGY_FUSED, BEAM_STRATEGY_UNFUSED};
-    static const char *const names[2] = {"fp8 fused", "fp8 unfused"};
+    static const char *const fp8_names[4] = {"fp8 fused", "fp8 unfused", "fp8", "fp8 reference"};
+    static const char *const fp4_names[4] = {"nvfp4 fused", "nvfp4 unfused", "nvfp4", "nvfp4 reference"};
+    const char *const *names = form->kind == BEAM_QUANT_NVFP4 ? fp4_names : fp8_names;
     qres truth, got;
     hc_out ref;
     uint8_t *mv = NULL;
@@ -123,18 +125,18 @@ static void audit_fp8_case(tally *t, const beam_ops *const ops[BM_NBACKENDS], co
     memset(&got, 0, sizeof got);
     memset(&ref, 0, sizeof ref);
     if (qres_make(&truth, c, form) || qres_make(&got, c, form) || hc_out_make(&ref, c, 1)) {
-        audit_print_error(t, label, "cpu", "fp8", "out of memory for the outputs");
+        audit_print_error(t, label, "cpu", names[2], "out of memory for the outputs");
         goto out;
     }
     if (run_q(ops[BM_CPU], c, op, BEAM_STRATEGY_FUSED, form, keep, &truth, msg, sizeof msg)) {
-        audit_print_error(t, label, "cpu", "fp8 truth", msg);
+        audit_print_error(t, label, "cpu", form->kind == BEAM_QUANT_NVFP4 ? "nvfp4 truth" : "fp8 truth", msg);
         goto out;
     }
     /* the model on the naive reference's normalized */
     mv = malloc(truth.nv ? truth.nv : 1);
     ms = malloc(truth.nsc ? truth.nsc * sizeof(float) : 1);
     if (!mv || !ms) {
-        audit_print_error(t, label, "cpu", "fp8 reference", "out of memory");
+        audit_print_error(t, label, "cpu", names[3], "out of memory");
         goto out;
     }
     memset(mv, QPOISON, truth.nv);
@@ -143,20 +145,20 @@ static void audit_fp8_case(tally *t, const beam_ops *const ops[BM_NBACKENDS], co
     qm_quant(form, ref.normalized, c->s.T, c->s.H, mv, ms);
     hu_cmp_init(&cmp);
     cmp_quant(&cmp, &truth, mv, ms);
-    audit_print_row(t, label, "cpu", "fp8 reference", &cmp);
+    audit_print_row(t, label, "cpu", names[3], &cmp);
 
     for (b = 0; b < BM_NBACKENDS; b++) {
         if (!ops[b]) continue;
         for (s = 0; s < (op == HC_FUSED ? 2 : 1); s++) {
             if (b == BM_CPU && s == 0) continue; /* the truth itself */
             if (run_q(ops[b], c, op, strategies[s], form, keep, &got, msg, sizeof msg)) {
-                audit_print_error(t, label, ops[b]->name, op == HC_FUSED ? names[s] : "fp8", msg);
+                audit_print_error(t, label, ops[b]->name, op == HC_FUSED ? names[s] : names[2], msg);
                 continue;
             }
             hu_cmp_init(&cmp);
             hc_out_compare(&got.o, &truth.o, op, &cmp);
             cmp_quant(&cmp, &got, truth.values, truth.scales);
-            audit_print_row(t, label, ops[b]->name, op == HC_FUSED ? names[s] : "fp8", &cmp);
+            audit_print_row(t, label, ops[b]->name, op == HC_FUSED ? names[s] : names[2], &cmp);
         }
     }
 out:
@@ -170,7 +172,7 @@ out:
 void audit_fp8(tally *t, const beam_ops *const ops[BM_NBACKENDS], int quick, uint64_t seed)
 {
     static const char *const fnames[QM_NFORMS] = {"group128", "group64-ue8m0-col", "token", "token-ue8m0",
-                                                  "tensor"};
+                                                  "tensor", "nvfp4-g672", "nvfp4-g1"};
     static const int64_t Ts[3] = {1, 7, 64};
     static const int32_t Hs[2] = {2048, 7168};
     static const hc_mode modes[2] = {HC_MODE_NORMAL, HC_MODE_MIXED};
