@@ -13,8 +13,8 @@ UE8M0 = 1
 COL_MAJOR = 2
 # torch.float8_e4m3fn where torch has it (>= 2.1); uint8 bits otherwise
 FP8 = getattr(torch, "float8_e4m3fn", None)
-# torch.float4_e2m1fn_x2 (two E2M1 values a byte) where torch has it (>= 2.8);
-# uint8 bits otherwise
+# torch.float4_e2m1fn_x2 (two E2M1 values a byte) where torch has it (newer
+# than float8); uint8 bits otherwise
 FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
 

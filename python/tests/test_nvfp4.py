@@ -235,6 +235,23 @@ def test_gather(poisoned, nranks, tokens):
             check(q, qs, want_n, g)
 
 
+def test_gather_ranks_differ():
+    """Ranks passing different global scales all fail, naming the rule."""
+    from test_gather_cpu import local_rows, run_ranks
+    h = 512
+    _, r, gm, w, nw = inputs(5, h, "cpu", 60)
+
+    def body(grp, rank):
+        lg, lw = local_rows(gm, w, 5, 2, rank, K, h)
+        with beammoe.Workspace.cpu(grp, rank, 8, h, timeout_ms=5000) as ws:
+            with pytest.raises(ValueError, match=r"rank 1 and rank 0 passed different quant"):
+                beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+                    beammoe.MoEOutput(lg, lw), r, nw, 1e-6, nw, 1e-5, None, ws, quant=beammoe.NVFP4Quant(1.0 + rank))
+
+    with beammoe.CpuGroup(2) as grp:
+        run_ranks(2, lambda rank: body(grp, rank))
+
+
 # ---- the layout and the dtypes ---------------------------------------------------------
 
 def test_offsets_are_the_blocked_layout():
