@@ -245,9 +245,9 @@ def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, po
     Collective, with the gather's rules: x holds this rank's tokens, residual
     all T = residual.shape[0]. Returns (hidden, normalized | None, q,
     q_scales), each of all T tokens (q [T, hidden], NVFP4 [T, hidden / 2];
-    q_scales as quant lays them out for T rows) and the same bits on every rank; next_eps is
-    required. A call that the workspace would gather in Python is refused
-    (NotImplementedError; the module's text)."""
+    q_scales as quant lays them out for T rows) and the same bits on every
+    rank; next_eps is required. A call that the workspace would gather in
+    Python is refused (NotImplementedError; the module's text)."""
     fn = GATHER + "_fp8"
     g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_fp8(
         fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
