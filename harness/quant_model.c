@@ -108,9 +108,14 @@ uint8_t qm_nvfp4_scale(float m, float g)
 float qm_nvfp4_factor(uint8_t sf, float g)
 {
     pthread_once(&g_once, qm_fill);
-    /* the FP32 quotient, correctly rounded: the double quotient of two
-     * floats rounds to the same float (53 >= 2 * 24 + 2 bits) */
-    return sf ? (float)((double)g / g_val[sf]) : 0.0f;
+    /* RN(g * RN(1 / value)): the double reciprocal rounds to the FP32 one
+     * (53 >= 2 * 24 + 2 bits), and the double product of two floats is
+     * exact, so its rounding is the FP32 product's */
+    if (!sf) return 0.0f;
+    {
+        const float r = (float)(1.0 / g_val[sf]);
+        return (float)((double)g * (double)r);
+    }
 }
 
 int64_t qm_nvfp4_offset(int64_t t, int64_t b, int32_t H)

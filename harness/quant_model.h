@@ -31,7 +31,7 @@ float qm_scale(const beam_quant *q, const uint16_t *y, int n);
  * even code, beyond 6 saturated) with p's sign as bit 3; a NaN gives 0x7.
  * qm_nvfp4_scale(m, g): a block's scale code from its largest magnitude m
  * (not a NaN) and the global scale g: e4m3(min(RN(g * RN(m * RN(1/6))),
- * 448)). qm_nvfp4_factor(sf, g): RN(g / value(sf)), 0 when sf is 0.
+ * 448)). qm_nvfp4_factor(sf, g): RN(g * RN(1 / value(sf))), 0 when sf is 0.
  * qm_nvfp4_offset(t, b, H): the byte of token t's block b in the tiled
  * scale layout. */
 uint8_t qm_e2m1(float p);

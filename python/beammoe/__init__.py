@@ -19,8 +19,9 @@ strategy and every world size give the same bits.
 x is an MoEOutput(gemm2_permuted, expert_weights, live_tokens=None). hidden
 is a new tensor and residual is left unchanged, as in the reference;
 inplace=True writes hidden into residual instead. The *_fp8 forms of the
-three operations with a next norm (beammoe.fp8) take quant=FP8Quant(...) and
-also return the next norm's output quantized to FP8. With torch >= 2.4 the
+three operations with a next norm (beammoe.fp8) take quant=FP8Quant(...) or
+NVFP4Quant(global_scale) and also return the next norm's output quantized to
+FP8 or NVFP4. With torch >= 2.4 the
 operations are also torch operators, torch.ops.beammoe.* (torch.compile,
 CUDA graphs). Errors: ValueError/TypeError for broken rules (the library's
 message where the library checks the rule), BeamError (a RuntimeError with
@@ -51,8 +52,8 @@ if _torch_release(_torch.__version__) < MIN_TORCH:
 from ._errors import (BeamArgumentError, BeamCommError, BeamDeviceError, BeamError, BeamOutOfMemoryError,
                       BeamUnsupportedError)
 from ._lib import backend_name, library_path, version
-from .fp8 import (FP8Quant, beam_moe_finalize_gather_norm_residual_norm_fp8, beam_moe_finalize_norm_residual_norm_fp8,
-                  beam_norm_residual_norm_fp8)
+from .fp8 import (FP8Quant, NVFP4Quant, beam_moe_finalize_gather_norm_residual_norm_fp8,
+                  beam_moe_finalize_norm_residual_norm_fp8, beam_norm_residual_norm_fp8)
 from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
@@ -72,6 +73,7 @@ def __getattr__(name):
 __all__ = [
     "MoEOutput",
     "FP8Quant",
+    "NVFP4Quant",
     "beam_moe_finalize_norm_residual_norm_fp8",
     "beam_moe_finalize_gather_norm_residual_norm_fp8",
     "beam_norm_residual_norm_fp8",

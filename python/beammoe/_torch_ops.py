@@ -23,6 +23,10 @@ on torch's current stream, with no host synchronization).
     moe_finalize_gather_norm_residual_norm_fp8(workspace, gemm2, weights, residual, ..., keep_normalized)
         -> (hidden, normalized, q, q_scales)
 
+The *_fp8 operators' kind, group_size, flags and scale are the library's
+beam_quant fields (FP8Quant.fields(), NVFP4Quant.fields(): kind 4 is NVFP4);
+q and q_scales are shaped as _fp8_layout.empty_outputs makes them.
+
 `!` marks the tensor written in place; every other tensor is read only and
 every result is a new tensor. Without a next norm (next_eps None) the
 `normalized` result is an empty tensor (the functions of beammoe return

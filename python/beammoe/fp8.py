@@ -1,4 +1,4 @@
-"""The next layer's FP8 input, in the same pass (docs/numerics.md#fp8).
+"""The next layer's FP8 or NVFP4 input, in the same pass (docs/numerics.md#fp8, #nvfp4).
 
     quant = beammoe.FP8Quant("group", group_size=128)        # DeepGEMM / vLLM per-token-group
     hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_norm_residual_norm_fp8(
@@ -22,17 +22,34 @@ with vLLM's semantics:
   FP8Quant("tensor", scale=s)
       the caller's static scale: q_scales is a one-element tensor holding s
 
-q equals quantizing the BF16 normalized output afterwards, bit for bit, on
-every backend. keep_normalized=False (the default) writes only the FP8 form
-(normalized is None); True writes both. With torch >= 2.4 they are also
-torch operators (torch.ops.beammoe.*_fp8: torch.compile, CUDA graphs), but
-for inplace=True, which runs in eager calls only.
+or to NVFP4 (docs/numerics.md#nvfp4), the input of Blackwell's block-scaled
+FP4 GEMMs, as vLLM's scaled_fp4_quant writes it:
 
-The gather's FP8 form writes q and q_scales of every rank's tokens (the
-gathered rows: tokens = residual.shape[0]), the same bits on every rank. It
-runs in the library's gather only: a workspace that gathers in Python (a
-CPU workspace over a torch.distributed process group; an UNFUSED call with
-the workspace's all_gather hook) refuses it.
+  NVFP4Quant(global_scale)
+      g = global_scale (vLLM's input_global_scale, usually 448 * 6 / amax;
+      0 < g < 2^118 as an FP32): q [tokens, hidden / 2] two E2M1 values a
+      byte, element 2i in the low four bits (torch.float4_e2m1fn_x2; uint8
+      on a torch without it); q_scales [tokens rounded up to 128, hidden /
+      16] an E4M3 scale per 16 values (torch.float8_e4m3fn, or uint8), its
+      bytes in the 128 x 4 tiled layout the GEMM reads (swizzled, not row
+      t, column b); the padding rows past the last token are not written
+
+q and q_scales equal quantizing the BF16 normalized output afterwards, bit
+for bit, on every backend. keep_normalized=False (the default) writes only
+the quantized form (normalized is None); True writes both. With torch >= 2.4
+they are also torch operators (torch.ops.beammoe.*_fp8, whose kind,
+group_size, flags and scale are quant.fields(): torch.compile, CUDA graphs),
+but for inplace=True, which runs in eager calls only.
+
+    quant = beammoe.NVFP4Quant(448 * 6 / amax)               # vLLM's scaled_fp4_quant
+    hidden, _, q, q_scales = beammoe.beam_norm_residual_norm_fp8(
+        x, residual, pre_w, 1e-6, next_w, 1e-6, None, quant=quant)
+
+The gather's quantized form writes q and q_scales of every rank's tokens
+(the gathered rows: tokens = residual.shape[0]), the same bits on every
+rank. It runs in the library's gather only: a workspace that gathers in
+Python (a CPU workspace over a torch.distributed process group; an UNFUSED
+call with the workspace's all_gather hook) refuses it.
 """
 import ctypes
 
@@ -43,7 +60,7 @@ from . import _tensors as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
 from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, route
 from ._checks import FUSED, FUSED_NAMES, GATHER, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
-from ._fp8_layout import COL_MAJOR, KINDS, UE8M0, empty_outputs, struct
+from ._fp8_layout import COL_MAJOR, KINDS, NVFP4, NVFP4_BLOCK, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
 from .workspace import check_workspace, refuse_python_gather
 
@@ -91,10 +108,46 @@ class FP8Quant:
         return KINDS[self.kind], self.group_size, flags, self.scale if self.kind == "tensor" else 0.0
 
 
+# The library's bound on the global scale: g / 2^-9 (the smallest nonzero
+# block scale) must stay finite as an FP32.
+NVFP4_SCALE_LIMIT = 2.0 ** 118
+
+
+class NVFP4Quant:
+    """NVFP4 (docs/numerics.md#nvfp4): E2M1 values, an E4M3 scale per 16 and
+    the caller's global scale g, 0 < g < 2^118 as an FP32 (see the module's
+    text)."""
+
+    __slots__ = ("global_scale",)
+
+    kind = "nvfp4"
+    group_size = NVFP4_BLOCK
+
+    def __init__(self, global_scale):
+        g = A.number("NVFP4Quant", "global_scale", global_scale)
+        # the value the library gets is the FP32 nearest (ctypes.c_float);
+        # the comparisons are false for a NaN
+        if not 0.0 < ctypes.c_float(g).value < NVFP4_SCALE_LIMIT:
+            raise ValueError("NVFP4Quant: global_scale=%r must be > 0 and < 2^118 as an FP32" % (g,))
+        self.global_scale = g
+
+    def __repr__(self):
+        return "NVFP4Quant(%r)" % self.global_scale
+
+    def fields(self):
+        """(kind, group_size, flags, scale): the library's encoding (the
+        torch operators' arguments)."""
+        return NVFP4, NVFP4_BLOCK, 0, self.global_scale
+
+
+QUANTS = (FP8Quant, NVFP4Quant)
+
+
 def _flags_and_next(fn, quant, inplace, keep_normalized, ne):
     """The arguments the functions add to the plain ones; returns quant."""
-    if not isinstance(quant, FP8Quant):
-        raise TypeError("%s: quant must be a beammoe.FP8Quant, got %s" % (fn, type(quant).__name__))
+    if not isinstance(quant, QUANTS):
+        raise TypeError("%s: quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got %s"
+                        % (fn, type(quant).__name__))
     A.flag(fn, "inplace", inplace)
     A.flag(fn, "keep_normalized", keep_normalized)
     if ne is None:
@@ -145,7 +198,7 @@ def _from_operator(out, keep_normalized):
 
 def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
                                 scales=None, *, quant, inplace=False, keep_normalized=False):
-    """beam_norm_residual_norm with the next norm's output also (or only) in FP8.
+    """beam_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4 (quant).
 
     Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
     fn = NRN + "_fp8"
@@ -165,7 +218,7 @@ def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next
 def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
                                              routed_scale=1.0, *, quant, strategy=None, inplace=False,
                                              keep_normalized=False):
-    """beam_moe_finalize_norm_residual_norm with the next norm's output also (or only) in FP8.
+    """beam_moe_finalize_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4 (quant).
 
     Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
     fn = FUSED + "_fp8"
@@ -187,14 +240,14 @@ def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps,
 def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps,
                                                     scales, workspace, routed_scale=1.0, *, quant, strategy=None,
                                                     inplace=False, keep_normalized=False):
-    """beam_moe_finalize_gather_norm_residual_norm with the next norm's output also (or only) in FP8.
+    """beam_moe_finalize_gather_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4.
 
     Collective, with the gather's rules: x holds this rank's tokens, residual
     all T = residual.shape[0]. Returns (hidden, normalized | None, q,
-    q_scales), each of all T tokens (q [T, hidden]; q_scales as FP8Quant
-    lays them out for T rows) and the same bits on every rank; next_eps is
-    required. A call that the workspace would gather in Python is refused
-    (NotImplementedError; the module's text)."""
+    q_scales), each of all T tokens (q [T, hidden], NVFP4 [T, hidden / 2];
+    q_scales as quant lays them out for T rows) and the same bits on every
+    rank; next_eps is required. A call that the workspace would gather in
+    Python is refused (NotImplementedError; the module's text)."""
     fn = GATHER + "_fp8"
     g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_fp8(
         fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,

@@ -151,7 +151,7 @@ def test_bad_quant(kw, err, msg):
 
 def test_bad_calls():
     x, r, _, _, nw = inputs(2, 256, "cpu", 5)
-    with pytest.raises(TypeError, match=r"quant must be a beammoe.FP8Quant, got dict"):
+    with pytest.raises(TypeError, match=r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got dict"):
         beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None, quant={"kind": "group"})
     with pytest.raises(ValueError, match=r"next_eps must be given"):
         beammoe.beam_norm_residual_norm_fp8(x, r, None, None, None, None, None, quant=beammoe.FP8Quant())

@@ -168,8 +168,8 @@ def test_each_rank_its_own_layout(gen):
 def test_argument_errors(gen):
     g, w, residual, pw, nw = data(gen, 5)
     with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 4, H) as ws:
-        refused(ws, TypeError, FN + r"quant must be a beammoe.FP8Quant, got dict", g, w, residual, pw, nw,
-                quant={"kind": "token"})
+        refused(ws, TypeError, FN + r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got dict", g, w,
+                residual, pw, nw, quant={"kind": "token"})
         refused(ws, TypeError, FN + r"keep_normalized", g, w, residual, pw, nw, keep_normalized=1)
         refused(ws, ValueError, r"tokens=5 must be <= max_tokens=4 of the workspace", g, w, residual, pw, nw)
         g4, w4, r4 = g[: 4 * TOP_K], w[:4], residual[:4]
