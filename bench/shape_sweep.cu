@@ -21,7 +21,7 @@
  *                       lines compare bm_pick_shape's choice with the best;
  *                       --quant N times the kernels compiled with the
  *                       quantized output instead (1 group 128, 2 token, 3
- *                       tensor; normalized in FP8 only)
+ *                       tensor, 4 NVFP4; normalized in that form only)
  *
  * Built by `make bench/shape_sweep` in a CUDA build; run it on a GPU host.
  */
@@ -187,7 +187,7 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
     memset(&qp, 0, sizeof qp);
     if (quant) {
         qp.kind = qf.kind;
-        qp.group = qf.kind == BEAM_QUANT_FP8_GROUP ? qf.group_size : H;
+        qp.group = qf.kind == BEAM_QUANT_FP8_GROUP ? qf.group_size : qf.kind == BEAM_QUANT_NVFP4 ? 16 : H;
         qp.ue8m0 = (qf.flags & BEAM_QUANT_UE8M0) != 0;
         qp.scale = qf.scale;
         qp.values = (uint8_t *)bqv.alloc((size_t)cap * H, c.misalign ? 1 : 0);
@@ -195,6 +195,10 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
         const int col = (qf.flags & BEAM_QUANT_COL_MAJOR) != 0;
         qp.ld_t = qf.kind == BEAM_QUANT_FP8_GROUP && !col ? H / qf.group_size : 1;
         qp.ld_g = col ? qf.scale_ld : 1;
+        if (qf.kind == BEAM_QUANT_NVFP4) { /* the scale array's bytes are the block scales */
+            qp.block_scales = (uint8_t *)qp.scales;
+            qp.scales = NULL;
+        }
     }
     const bm_quant_params *qpp = quant ? &qp : nullptr;
     /* with the quantized output, normalized is optional: half the cases
@@ -239,7 +243,8 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
         std::vector<uint8_t> gv((size_t)cap * H), wv((size_t)cap * H, 0xA5);
         std::vector<float> gs(nsc), ws(nsc);
         CK(cudaMemcpy(gv.data(), qp.values, gv.size(), cudaMemcpyDeviceToHost));
-        if (nsc) CK(cudaMemcpy(gs.data(), qp.scales, nsc * 4, cudaMemcpyDeviceToHost));
+        if (nsc) CK(cudaMemcpy(gs.data(), qp.scales ? (void *)qp.scales : (void *)qp.block_scales, nsc * 4,
+                               cudaMemcpyDeviceToHost));
         memset(ws.data(), 0xA5, nsc * 4);
         qm_quant(&qf, want_norm.data(), T, H, wv.data(), ws.data());
         for (size_t i = 0; i < gv.size(); ++i)
@@ -250,7 +255,7 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
                 ++bad;
             }
         if (nsc && memcmp(gs.data(), ws.data(), nsc * 4) != 0) {
-            fprintf(stderr, "  MISMATCH fp8 scales (form %d)\n", c.quant);
+            fprintf(stderr, "  MISMATCH quantized scales (form %d)\n", c.quant);
             ++bad;
         }
     }
@@ -315,7 +320,7 @@ static int check()
         c.scales = rnd() % 2; c.inplace = rnd() % 3 == 0; c.misalign = rnd() % 4 == 0;
         c.special = rnd() % 4 == 0;
         c.routed = (rnd() % 2) ? 1.0f : 2.5f;
-        c.quant = rnd() % 3 == 0 ? 1 + (int)(rnd() % QM_NFP8_FORMS) : 0; /* FP8 only: no NVFP4 kernels yet */
+        c.quant = rnd() % 3 == 0 ? 1 + (int)(rnd() % QM_NFORMS) : 0;
         if (c.op == OP_FIN) c.inplace = 0;
         /* every compiled shape that covers H (always the picked one) */
         std::vector<bm_shape> shs;
@@ -339,7 +344,7 @@ static int check()
     for (int iter = 0; iter < 12; ++iter) {
         case_t c = {iter % 4, 8, (iter % 3 == 0) ? 7168 : 2048, 300 + (int64_t)(rnd() % 700), 0, 1, 1, 1, 1, 1, iter % 2, iter % 3 == 1, 1, 1.0f};
         c.cap = c.T + 1;
-        c.quant = 1 + iter % QM_NFP8_FORMS;
+        c.quant = 1 + iter % QM_NFORMS;
         if (c.op == OP_FIN) c.inplace = 0;
         long b = run_case(c, pick_for(c.op, c.T, c.H, c.normA), 0);
         ++ncases;
@@ -408,8 +413,9 @@ int perf(int argc, char **argv)
         /* --eager N: N plain launches of the picked shape, no graph, no
          * timing (for a profiler) */
         else if (!strcmp(argv[i], "--eager") && i + 1 < argc) { eager = atoi(argv[++i]); picked_only = 1; }
-        /* --quant N: the next norm's output in FP8 only, N = 1 group 128,
-         * 2 token, 3 tensor (the ops with a next norm; normalized NULL) */
+        /* --quant N: the next norm's output in FP8 or NVFP4 only, N = 1
+         * group 128, 2 token, 3 tensor, 4 NVFP4 (the ops with a next norm;
+         * normalized NULL) */
         else if (!strcmp(argv[i], "--quant") && i + 1 < argc) quant = atoi(argv[++i]);
         else { fprintf(stderr, "shape_sweep perf: unknown option %s\n", argv[i]); return 2; }
     }
@@ -501,7 +507,10 @@ int perf(int argc, char **argv)
         auto al = [](size_t n) { return (n + 255) & ~(size_t)255; };
         perf_bufs pb;
         pb.o_x = 0; pb.o_w = al(bx); pb.o_res = pb.o_w + al(bw); pb.o_out = pb.o_res + al(brow);
-        pb.o_norm = pb.o_out + al(brow); pb.set_bytes = pb.o_norm + al(brow);
+        /* normalized's region also holds NVFP4's values and whole tiles of
+         * block scales (--quant 4) */
+        const size_t fp4 = al((size_t)T * H / 2) + (size_t)BEAM_NVFP4_SCALE_BYTES(T, H);
+        pb.o_norm = pb.o_out + al(brow); pb.set_bytes = pb.o_norm + al(brow > fp4 ? brow : fp4);
         pb.nsets = (int)std::max<size_t>(2, (3 * L2 + pb.set_bytes - 1) / pb.set_bytes);
         pb.nsets = std::min(pb.nsets, 2000);
         CK(cudaMalloc(&pb.pool, pb.set_bytes * pb.nsets));
@@ -572,15 +581,17 @@ int perf(int argc, char **argv)
                     return p;
                 };
                 /* set s's quantized output in normalized's place (values,
-                 * then the row-major scales) */
+                 * then the row-major scales; NVFP4's block scales 256
+                 * bytes aligned) */
                 auto mkq = [&](int s) {
                     bm_quant_params q;
                     memset(&q, 0, sizeof q);
                     q.kind = quant;
-                    q.group = quant == 1 ? 128 : H;
-                    q.scale = quant == 3 ? 0.0125f : 0.0f;
+                    q.group = quant == 1 ? 128 : quant == 4 ? 16 : H;
+                    q.scale = quant == 3 ? 0.0125f : quant == 4 ? 336.0f : 0.0f;
                     q.values = (uint8_t *)(pb.pool + (size_t)s * pb.set_bytes + pb.o_norm);
-                    q.scales = quant == 3 ? NULL : (float *)(void *)(q.values + (size_t)T * H);
+                    q.scales = quant >= 3 ? NULL : (float *)(void *)(q.values + (size_t)T * H);
+                    if (quant == 4) q.block_scales = q.values + ((size_t)T * H / 2 + 255) / 256 * 256;
                     q.ld_t = quant == 1 ? H / 128 : 1;
                     q.ld_g = 1;
                     return q;

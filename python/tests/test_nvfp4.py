@@ -348,8 +348,8 @@ needs_ops = pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS,
 
 @needs_ops
 @pytest.mark.parametrize("fields,msg", [
-    ((4, 128, 0, 1.0), r"BEAM_QUANT_NVFP4 takes group_size 16"),
-    ((4, 16, 1, 1.0), r"BEAM_QUANT_NVFP4 takes group_size 16"),
+    ((4, 128, 0, 1.0), r"BEAM_QUANT_NVFP4 takes quant->group_size 16"),
+    ((4, 16, 1, 1.0), r"BEAM_QUANT_NVFP4 takes quant->group_size 16"),
     ((4, 16, 0, 0.0), r"quant->scale=0 \(the global scale\) must be > 0 and < 2\^118"),
     ((4, 16, 0, 2.0 ** 118), r"must be > 0 and < 2\^118"),
 ])
