@@ -50,11 +50,21 @@ static inline uint8_t bm_nvfp4_scale_code(float m, float g)
     return bm_e4m3(sv < BM_FP8_MAX ? sv : BM_FP8_MAX);
 }
 
+/* The value of a scale code (non-negative, not a NaN), exact, from its
+ * bits: a normal code's exponent and mantissa moved into an FP32's, a
+ * subnormal one m * 2^-9 (bm_e4m3_value's ldexpf is a library call, once
+ * per 16 values here) */
+static inline float bm_nvfp4_scale_value(uint8_t sf)
+{
+    const uint32_t e = (uint32_t)sf >> 3, m = sf & 7u;
+    return e ? bm_fp8_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0x1p-9f;
+}
+
 /* The factor of a block's values, os = g * (1 / value(sf)), each operation
  * rounded to FP32; 0 when sf is 0. */
 static inline float bm_nvfp4_factor(uint8_t sf, float g)
 {
-    return sf ? g * (1.0f / bm_e4m3_value(sf)) : 0.0f;
+    return sf ? g * (1.0f / bm_nvfp4_scale_value(sf)) : 0.0f;
 }
 
 #endif
