@@ -99,7 +99,7 @@ static beam_status bm_cuda_check_pointers(const char *fn, const bm_ptr *p, int n
 static beam_status bm_cuda_run(const char *fn, const bm_row_params &p, void *stream,
                                const bm_quant_params *q = nullptr)
 {
-    const bm_shape s = bm_pick_shape(p, q && q->kind);
+    const bm_shape s = bm_pick_shape(p, q ? q->kind : 0);
     cudaError_t e = bm_launch_rows(p, s, bm_params_vec_ok(p, q), (cudaStream_t)stream, q);
     if (e != cudaSuccess)
         return bm_fail(BEAM_ERR_DEVICE, "%s: kernel launch failed: %s", fn, cudaGetErrorString(e));

@@ -89,23 +89,42 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * multiprocessor stays ahead */
     const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
     const bool nrn_prefill = !(p.normA && n2 >= 1024);
-    /* With a quantized output norm_residual_norm's rows take other kernels
-     * (shape_sweep perf --quant 1, next norm only, group 128, one H200): at
-     * H = 7168 the nrn kernel only for 64 < T <= 512 without a pre-norm
-     * (T = 512: 12.94-13.49 us against 14.49 for the pipelined; with a
-     * pre-norm it was not timed there), the cluster row kernel at decode
-     * (T = 1: 2.61 against 3.37; T = 64: 3.93 against 4.24; below) and the
-     * pipelined one of 256 threads x 4 chunks, depth 3 beyond (T = 4096:
-     * 63.25 against 79.65; T = 16384: 228.58, the best); at H = 4096 and
-     * 2048 (T = 4096) the row kernel, 128 threads (37.33 against 38.72 us
-     * for the pipelined; 21.49 against 25.68) */
+    /* With a quantized output (quant: its kind) norm_residual_norm's rows
+     * take other kernels (shape_sweep perf --quant 1 and 4, next norm only,
+     * FP8 group 128 and NVFP4, one H200): at H = 7168 the pipelined kernel
+     * of 512 threads x 2 chunks, depth 3 for 64 < T <= 512 without a
+     * pre-norm (T = 512: FP8 13.06 us, NVFP4 14.42, against 13.59 and 16.53
+     * for the nrn kernel, which an earlier run had ahead of the pipelined
+     * kernel of 256 x 4: 12.94-13.49 against 14.49), the cluster row kernel
+     * at decode (T = 1: 2.61 against 3.37; T = 64: 3.93 against 4.24;
+     * below) and the pipelined one of 256 threads x 4 chunks, depth 3
+     * beyond (T = 4096: 63.25 against 79.65; T = 16384: 228.58, the best);
+     * at H = 4096 and 2048 (T = 4096) the row kernel, 128 threads (37.33
+     * against 38.72 us for the pipelined; 21.49 against 25.68) */
     if (quant && !fin && p.residual && rows > 64 && n2 >= 256) {
         if (n2 >= 1024 && rows <= 512 && !p.normA) {
-            s.nt = 512; s.j = 2; s.mb = 2; s.st = 2;
+            s.nt = 512; s.j = 2; s.d = 3;
         } else if (n2 >= 1024) {
             s.nt = 256; s.j = 4; s.d = 3;
         } else {
             s.nt = 128; s.j = n2 / 128; s.u = n2 == 512 ? 2 : 4;
+        }
+        return s;
+    }
+    /* ... and the fused op's (T = 4096 and 16384, one H200): at H = 7168
+     * beyond T = 512 the pipelined kernel of 256 x 4, depth 3 (T = 16384:
+     * FP8 607.5 against 614.6 us for the plain rows' 512 x 2, NVFP4 638.5
+     * against 660.9; T = 4096: 165.3 against 164.9, 173.2 against 177.2);
+     * at H = 2048 FP8's the row kernel of 128 x 2 (54.3 against 56.4 for
+     * the pipelined 256 x 1), NVFP4's the pipelined 128 x 2, depth 4, 8
+     * blocks a multiprocessor (53.9 against 60.6) */
+    if (quant && fin && p.residual && rows > 512 && (n2 >= 1024 || n2 == 256)) {
+        if (n2 >= 1024) {
+            s.nt = 256; s.j = 4; s.d = 3;
+        } else if (quant == BM_QUANT_NVFP4) {
+            s.nt = 128; s.j = 2; s.d = 4; s.mb = 8;
+        } else {
+            s.nt = 128; s.j = 2; s.u = 4;
         }
         return s;
     }
@@ -122,7 +141,11 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
          * row spread over a cluster of up to 8 multiprocessors as long as
          * the grid stays within one wave */
         const int sms = bm_device_sms();
-        int cs = rows > 1 ? 4 : 8; /* measured: 8 blocks only pay for one row */
+        /* measured: 8 blocks only pay for one row; with a quantized output
+         * (its tail of latency spread wider) the fused op's up to 8 rows
+         * (T = 8, H = 7168: FP8 4.47 against 4.81 us for 4 blocks, NVFP4
+         * 4.09 against 5.03) */
+        int cs = rows > (quant && fin ? 8 : 1) ? 4 : 8;
         while (cs > 1 && (rows * cs > sms || n2 / cs < 64))
             cs /= 2;
         s.cs = cs;

@@ -46,8 +46,8 @@ struct bm_shape {
 };
 
 /* The shape the library uses for the launch p (rows, hidden, and what the
- * row holds: finalize or not, a pre-norm or not, quant: with a quantized
- * output or not). */
+ * row holds: finalize or not, a pre-norm or not, quant: the kind of its
+ * quantized output, BEAM_QUANT_*, or 0). */
 bm_shape bm_pick_shape(const bm_row_params &p, int quant = 0);
 
 /* The row-kernel shape that stands in for a pipelined or nrn one when a
