@@ -193,7 +193,8 @@ class Workspace:
       collectives on CPU tensors (gloo). The gather takes CPU tensors: each
       rank finalizes its own rows with the library, the rows are
       all-gathered over the group (or the all_gather hook), and the
-      residual add and norms run with the library on all rows; every
+      residual add and norms run with the library on all rows (the FP8 and
+      NVFP4 forms: norm_residual_norm_q, the library quantizing them); every
       strategy gives these same bits. Each rank's argument checks and a
       signature of its arguments travel first, so a rank that rejects its
       arguments, or ranks that disagree, make every rank raise.
