@@ -336,8 +336,9 @@ def check_quant(ws, rank, nranks):
         assert_bits_equal(res, residual, "residual after a failed in-place call")
     res = residual.clone()
     if rank == 1:
-        expect(ValueError, r"^%s: next_eps must be given" % fn, lambda: beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
-            beammoe.MoEOutput(lg, lw), res, pw, 1e-6, None, None, None, ws, quant=mine, inplace=True))
+        expect(ValueError, r"^%s: next_eps must be given" % fn,
+               lambda: beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+                   beammoe.MoEOutput(lg, lw), res, pw, 1e-6, None, None, None, ws, quant=mine, inplace=True))
     else:
         expect(beammoe.BeamArgumentError, r"^%s: rank 1 failed \(ValueError: %s: next_eps must be given" % (fn, fn),
                lambda: gather_q(ws, lg, lw, res, pw, nw, mine, inplace=True))
