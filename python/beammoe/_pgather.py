@@ -24,6 +24,16 @@ The result is the composition that the library's fused operation equals by
 construction (docs/numerics.md), so every strategy and world size gives the
 bits of the one-process fused operation.
 
+The quantized form (beammoe.fp8: FP8Quant, NVFP4Quant) is the same call
+with the form's checks in step 1 (the caller's, then the library's own on
+zero rows: beam_moe_finalize_norm_residual_norm_q), its form in the
+signature (kind, group_size and UE8M0, and the scale, which the ranks must
+share as in the library's gather; where the scales lie and whether
+normalized is kept are each rank's own), and step 3 through the library's
+norm_residual_norm_q with the form's beam_quant: the library quantizes the
+T gathered rows' normalized, so q and q_scales are the bits of the local
+_fp8 operation on all the tokens, as the library's gather writes them.
+
 The signature travels over the process group (int64 words) for a CPU
 workspace over a process group, and through the hook as a [1, hidden] BF16
 row (its bytes) for a library workspace with a hook.
@@ -35,6 +45,7 @@ import torch
 
 from . import _calls
 from . import _checks
+from . import _fp8_layout
 from . import _lib
 from . import _run
 from . import _tensors as A
@@ -51,16 +62,29 @@ _OTHER = 6  # status of a failure that is no library status (e.g. a hook's excep
 # The header's fields after (magic, status), and how a mismatch names them.
 CALL_FIELDS = (("tokens", "int"), ("hidden", "int"), ("top_k", "int"), ("strategy", "strategy"),
                ("routed_scale", "float"), ("post_eps", "float"), ("post_weight", "given"),
-               ("next_eps", "float"), ("next_weight", "given"), ("scales[0]", "float"), ("scales[1]", "float"))
+               ("next_eps", "float"), ("next_weight", "given"), ("scales[0]", "float"), ("scales[1]", "float"),
+               ("quant", "quant"), ("quant scale", "float"))
 CREATE_FIELDS = (("max_tokens", "int"), ("hidden_size", "int"), ("moe_gather_oneshot_max_tokens", "int"),
                  ("twoshot_max_tokens", "int"), ("timeout_ms", "int"))
 _STRATEGY = {0: "auto", 1: "fused", 2: "unfused", 3: "oneshot", 4: "twoshot"}
 _NAMES = '"auto", "oneshot", "twoshot" or "unfused"'
+assert 2 + len(CALL_FIELDS) <= _HEAD - 1  # the header's words: magic, status, the fields, the message's length
 _FUSED = "beam_moe_finalize_norm_residual_norm"
+_QUANT_KINDS = {1: "FP8 group", 2: "FP8 token", 3: "FP8 tensor", _fp8_layout.NVFP4: "NVFP4"}
 
 
 def _f32_bits(v):
     return _NONE if v is None else struct.unpack("<i", struct.pack("<f", v))[0]
+
+
+def _quant_word(fields):
+    """The quantized form's part that every rank must share (the library's
+    gather compares the same): kind, group_size and BEAM_QUANT_UE8M0 in one
+    word; 0 without a quantized form."""
+    if fields is None:
+        return 0
+    kind, group, flags, _ = fields
+    return (kind & 0xFF) | (group & 0xFFFF) << 8 | (flags & _fp8_layout.UE8M0) << 24
 
 
 def _status(e):
@@ -100,6 +124,11 @@ def _shown(kind, v):
         return "given" if v else "None"
     if kind == "strategy":
         return _STRATEGY.get(v, str(v))
+    if kind == "quant":
+        if v == 0:
+            return "None"
+        return "%s (group_size %d%s)" % (_QUANT_KINDS.get(v & 0xFF, "kind %d" % (v & 0xFF)), (v >> 8) & 0xFFFF,
+                                         ", ue8m0" if v >> 24 else "")
     return str(v)
 
 
@@ -205,32 +234,49 @@ def _gather_rules(fn, ws, st, tokens, hidden, capacity):
     return st if st else ws._auto_enum(tokens)
 
 
-def _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne):
+def _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne, quant, keep):
     """The library's checks of the operation (top_k, hidden, eps, scales,
-    routed_scale, pointers): its fused operation on zero rows, with the
-    gather's name in the message."""
+    routed_scale, pointers; with quant, a beam_quant, the quantized form's
+    encoding): its fused operation on zero rows, with the gather's name in
+    the message."""
     empty = torch.empty(0, dtype=BF16, device=dev)
     try:
-        _run.fused(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
-                   empty if ne is not None else None, 0)
+        if quant is None:
+            _run.fused(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
+                       empty if ne is not None else None, 0)
+        else:
+            _run.fused_q(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
+                         empty if keep else None, 0, quant)
     except BeamArgumentError as e:
         msg = str(e)
-        if msg.startswith(_FUSED + ":"):
-            raise BeamArgumentError(fn + msg[len(_FUSED):]) from None
+        for name in (_FUSED + "_q:", _FUSED + ":"):
+            if msg.startswith(name):
+                raise BeamArgumentError(fn + msg[len(name) - 1:]) from None
         raise
 
 
-def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace, op=False):
+def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace, op=False, quant=None,
+           keep_normalized=False):
     """The gather of ops.beam_moe_finalize_gather_norm_residual_norm in
     Python. Eager (op=False): the function's own arguments; returns
     (hidden, normalized | None), refusing a backward pass where autograd
     records. op=True (the torch operator's implementation): x is
     (gemm2, weights), strategy the library's value; returns (hidden, normalized
     | None) with hidden = residual when inplace. ws is a Workspace (both
-    callers hold one)."""
+    callers hold one).
+
+    quant: None, or the quantized form of beammoe.fp8 as a callable
+    quant(next_eps) that checks the form's own arguments (keep_normalized
+    among them) and returns its beam_quant fields (kind, group_size, flags,
+    scale); q and q_scales are made as _fp8_layout makes them, and the call
+    returns (hidden, normalized | None, q, q_scales), normalized only where
+    keep_normalized. Its results carry no autograd record, as the local
+    quantized calls' (an in-place write is refused while autograd records
+    on a leaf)."""
     rank, R = ws.rank, ws.world_size
     err = None
     head = ()
+    qst = None
     try:
         if op:
             g, w = x
@@ -239,6 +285,7 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
         st = strategy if type(strategy) is int else A.strategy(fn, strategy, _lib.STRATEGIES, _NAMES)
         capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = _checks.check_fused(
             fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, st, gather=True)
+        qf = quant(ne) if quant is not None else None
         A.flag(fn, "inplace", inplace)
         tensors = (g, w, residual, pw, nw)
         dev, _, recording = _calls.route(fn, _checks.FUSED_NAMES, tensors)
@@ -248,7 +295,16 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
             _calls.no_autograd_write(fn, "residual", residual, recording, True)
         tokens = residual.shape[0]
         st = _gather_rules(fn, ws, st, tokens, hidden, capacity)
-        _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne)
+        if qf is not None:
+            # the outputs first (as the library's gather allocates before the
+            # ranks agree): the library checks the form's struct below
+            with torch.no_grad():
+                out = residual if inplace else torch.empty_like(residual)
+                normalized = torch.empty_like(residual) if keep_normalized else None
+                q, qs = _fp8_layout.empty_outputs(qf[0], qf[1], qf[2], qf[3], tokens, hidden, dev)
+            qst = _fp8_layout.struct(qf[0], qf[1], qf[2], qf[3], q, qs)
+        _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne, qst,
+                       keep_normalized)
         per = -(-tokens // R)
         owned = min(max(tokens - rank * per, 0), per)
         fin = torch.empty(per, hidden, dtype=BF16, device=dev)
@@ -257,7 +313,8 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
         _run.finalize(dev, g, w, capacity, owned, top_k, hidden, scale, pw, pe, fin)
         head = (tokens, hidden, top_k, st, _f32_bits(scale), _f32_bits(pe), int(pw is not None), _f32_bits(ne),
                 int(nw is not None), _f32_bits(s[0] if s is not None else None),
-                _f32_bits(s[1] if s is not None else None))
+                _f32_bits(s[1] if s is not None else None), _quant_word(qf),
+                _f32_bits(qf[3] if qf is not None else None))
     except Exception as e:  # carried to every rank below
         err = e
     table = exchange(ws, fn, pack(err, head))
@@ -268,8 +325,16 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
             return
         rows = torch.empty(R * per, hidden, dtype=BF16, device=dev)
         _all_gather_rows(ws, fn, rows, fin)
-        _run.norm_residual_norm(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n)
+        if qst is None:
+            _run.norm_residual_norm(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n)
+        else:  # the library quantizes the gathered rows' normalized
+            _run.norm_residual_norm_q(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n, qst)
 
+    if qst is not None:
+        compute(out, normalized)
+        if inplace and not op:
+            _calls.increment_versions((residual,))  # written behind torch's back, as fp8.py's local calls do
+        return out, normalized, q, qs
     if op:
         normalized = torch.empty_like(residual) if ne is not None else None
         out = residual if inplace else torch.empty_like(residual)

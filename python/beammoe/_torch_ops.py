@@ -52,7 +52,7 @@ from ._calls import HAVE_TORCH_OPS
 from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
                       FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
                       check_finalize, check_fused, check_nrn)
-from .workspace import Workspace, check_workspace, refuse_python_gather
+from .workspace import Workspace, check_workspace
 
 
 _GATHER_FP8 = _GATHER + "_fp8"
@@ -219,9 +219,12 @@ def _register():
 
     # ---- the FP8 output of the next norm (beammoe.fp8): q and q_scales as
     # _fp8_layout makes them; normalized empty unless kept
-    def fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized):
+    def need_next(next_eps):
         if next_eps is None:
             raise ValueError("the FP8 output needs next_eps (it quantizes the next norm's output)")
+
+    def fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized):
+        need_next(next_eps)
         tokens, hidden = residual.shape
         q, qs = empty_outputs(kind, group_size, flags, scale, tokens, hidden, residual.device)
         n = torch.empty_like(residual) if keep_normalized else _no_normalized(residual)
@@ -283,7 +286,15 @@ def _register():
                    scales: Optional[List[float]], routed_scale: float, strategy: int, kind: int, group_size: int,
                    flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         ws = _workspace(_GATHER_FP8, workspace, residual.device)
-        refuse_python_gather(_GATHER_FP8, ws, residual, strategy)
+        if ws._python_gather(residual, strategy):
+            # the gather in Python (_pgather), the library quantizing the gathered rows
+            def fields(ne):
+                need_next(ne)
+                return kind, group_size, flags, scale
+            h, n, q, qs = _pgather.gather(ws, _GATHER_FP8, (gemm2, weights), residual, post_weight, post_eps,
+                                          next_weight, next_eps, scales, routed_scale, strategy, False, op=True,
+                                          quant=fields, keep_normalized=keep_normalized)
+            return h, (n if n is not None else _no_normalized(residual)), q, qs
         return fused_fp8_impl(_GATHER_FP8, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
                               scales, routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, True,
                               ws._run_gather)

@@ -47,22 +47,25 @@ but for inplace=True, which runs in eager calls only.
 
 The gather's quantized form writes q and q_scales of every rank's tokens
 (the gathered rows: tokens = residual.shape[0]), the same bits on every
-rank. It runs in the library's gather only: a workspace that gathers in
-Python (a CPU workspace over a torch.distributed process group; an UNFUSED
-call with the workspace's all_gather hook) refuses it.
+rank, whichever runs the gather: the library's, or Python's (a CPU
+workspace over a torch.distributed process group; an UNFUSED call with the
+workspace's all_gather hook: _pgather.py), which hands the gathered rows
+to the library's norm_residual_norm_q with the form, so the library
+quantizes them there too.
 """
 import ctypes
 
 import torch
 
+from . import _pgather
 from . import _run
 from . import _tensors as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
-from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, route
+from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, operator_needed, route
 from ._checks import FUSED, FUSED_NAMES, GATHER, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
 from ._fp8_layout import COL_MAJOR, KINDS, NVFP4, NVFP4_BLOCK, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
-from .workspace import check_workspace, refuse_python_gather
+from .workspace import Workspace, check_workspace
 
 
 class FP8Quant:
@@ -246,14 +249,20 @@ def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, po
     all T = residual.shape[0]. Returns (hidden, normalized | None, q,
     q_scales), each of all T tokens (q [T, hidden], NVFP4 [T, hidden / 2];
     q_scales as quant lays them out for T rows) and the same bits on every
-    rank; next_eps is required. A call that the workspace would gather in
-    Python is refused (NotImplementedError; the module's text)."""
+    rank; next_eps is required. A workspace that gathers in Python gives
+    the same bits (the module's text)."""
     fn = GATHER + "_fp8"
+    if isinstance(workspace, Workspace) and workspace._python_gather(residual, strategy) and not operator_needed():
+        # Over a torch.distributed group on the CPU, or through the workspace's
+        # all_gather hook: every rank's checks, this form's among them, travel
+        # with the call, and the library quantizes the gathered rows (_pgather).
+        return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                               routed_scale, strategy, inplace, keep_normalized=keep_normalized,
+                               quant=lambda ne: _flags_and_next(fn, quant, inplace, keep_normalized, ne).fields())
     g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_fp8(
         fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
         keep_normalized, True)
     handle = check_workspace(fn, workspace, residual.device)  # _run_fp8 checks that every tensor is there
-    refuse_python_gather(fn, workspace, residual, st)
     tokens = residual.shape[0]
     out = _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
                    keep_normalized, lambda dev, h, n, qst: workspace._run_gather(

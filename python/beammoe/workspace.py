@@ -193,7 +193,8 @@ class Workspace:
       collectives on CPU tensors (gloo). The gather takes CPU tensors: each
       rank finalizes its own rows with the library, the rows are
       all-gathered over the group (or the all_gather hook), and the
-      residual add and norms run with the library on all rows; every
+      residual add and norms run with the library on all rows (the FP8 and
+      NVFP4 forms: norm_residual_norm_q, the library quantizing them); every
       strategy gives these same bits. Each rank's argument checks and a
       signature of its arguments travel first, so a rank that rejects its
       arguments, or ranks that disagree, make every rank raise.
@@ -570,22 +571,3 @@ def check_workspace(fn, workspace, dev):
         raise TypeError("%s: workspace must be a beammoe.Workspace, got %s" % (fn, type(workspace).__name__))
     return workspace._handle_for(fn, dev)
 
-
-def refuse_python_gather(fn, workspace, residual, strategy):
-    """Refuse a call that `workspace` (a Workspace) would gather in Python
-    (_pgather.py: every call of a CPU workspace over a process group, the
-    UNFUSED calls of one with the all_gather hook), for the FP8 output, which
-    only the library's gather writes. What decides is the same on every rank
-    (the workspace's kind, hook and thresholds, the call's strategy and
-    tokens), so every rank raises here and none waits for a peer."""
-    if not workspace._python_gather(residual, strategy):
-        return
-    if workspace._pg:
-        why = "a CPU workspace over a torch.distributed process group gathers in Python"
-        fix = "use a CpuGroup workspace (Workspace.cpu) or a CUDA one"
-    else:
-        why = "with the workspace's all_gather hook set, an UNFUSED call gathers in Python"
-        fix = "set workspace.all_gather = None or pass strategy=\"oneshot\" or \"twoshot\""
-    raise NotImplementedError("%s: workspace: %s, which has no FP8 output (only the library's gather writes "
-                              "one); %s, or call beam_moe_finalize_gather_norm_residual_norm and quantize its "
-                              "normalized" % (fn, why, fix))

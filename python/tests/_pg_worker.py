@@ -10,6 +10,12 @@ the all_gather hook; threshold assignment; a rank that rejects its
 arguments, ranks that disagree (tokens, scales, eps, workspace sizes): every
 rank raises and the group stays usable; and last, a peer that never arrives:
 a BeamCommError within timeout_ms.
+
+`python _pg_worker.py RANK NRANKS INIT_FILE quant` runs the quantized form
+instead (check_quant): every FP8 form and NVFP4, every strategy, normalized
+kept or not, in place or not, over the group and through the hook, against
+the one-process local _fp8 operation on all the tokens, bit for bit; and
+ranks that differ in the form (every rank raises, nothing written).
 """
 import os
 import sys
@@ -224,6 +230,132 @@ def check_timeout(rank):
         time.sleep(4)
 
 
+def poison_outputs():
+    """q and q_scales filled before every call (0xFF bytes, NaN scales; a
+    static scale is the caller's): the local call's and the gather's alike,
+    so that a byte not written shows, and NVFP4's padding rows (never
+    written) compare equal."""
+    from beammoe import _fp8_layout
+    from beammoe import fp8 as fp8_module
+
+    empty = _fp8_layout.empty_outputs
+
+    def empty_outputs(*args):
+        q, qs = empty(*args)
+        q.view(torch.uint8).fill_(0xFF)
+        if qs.element_size() == 1:
+            qs.view(torch.uint8).fill_(0xFF)
+        elif args[0] != _fp8_layout.KINDS["tensor"]:
+            qs.fill_(float("nan"))
+        return q, qs
+
+    fp8_module.empty_outputs = _fp8_layout.empty_outputs = empty_outputs
+
+
+def _bits(t):
+    return t.view({1: torch.uint8, 4: torch.int32}[t.element_size()])
+
+
+def quant_forms():
+    return [beammoe.FP8Quant("group", 128), beammoe.FP8Quant("group", 64, ue8m0=True),
+            beammoe.FP8Quant("group", 128, column_major=True),
+            beammoe.FP8Quant("group", 64, ue8m0=True, column_major=True), beammoe.FP8Quant("token"),
+            beammoe.FP8Quant("token", ue8m0=True), beammoe.FP8Quant("tensor", scale=0.0125),
+            beammoe.NVFP4Quant(672.0)]
+
+
+def gather_q(ws, lg, lw, residual, pw, nw, quant, **kw):
+    return beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+        beammoe.MoEOutput(lg, lw), residual, pw, 1e-6, nw, 1e-5, ARGS["scales"], ws, ARGS["routed"], quant=quant,
+        **kw)
+
+
+def same_q(got, want, keep, what):
+    h, n, q, qs = got
+    assert_bits_equal(h, want[0], what + " hidden")
+    if keep:
+        assert_bits_equal(n, want[1], what + " normalized")
+    else:
+        assert n is None, what + " normalized"
+    for a, b, name in ((q, want[2], "q"), (qs, want[3], "q_scales")):
+        assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()), what + " " + name
+        assert torch.equal(_bits(a), _bits(b)), what + " " + name
+
+
+def all_gather_hook(nranks):
+    def hook(out, inp):
+        if torch.__version__ >= "2":
+            dist.all_gather_into_tensor(out, inp)
+        else:  # gloo of torch 1.13: no all_gather_into_tensor, no BF16
+            out, inp = out.view(torch.uint8), inp.view(torch.uint8)
+            dist.all_gather(list(out.view(nranks, -1, out.shape[1]).unbind(0)), inp)
+    return hook
+
+
+def check_quant(ws, rank, nranks):
+    poison_outputs()
+    for tokens in (0, 7, 130):
+        g, w, residual, pw, nw = case(tokens)
+        lg, lw = local_rows(g, w, tokens, nranks, rank)
+        for quant in quant_forms():
+            want = beammoe.beam_moe_finalize_norm_residual_norm_fp8(
+                beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, ARGS["scales"], ARGS["routed"], quant=quant,
+                keep_normalized=True)
+            for hook in (None, all_gather_hook(nranks)):
+                ws.all_gather = hook
+                for strategy in ((None, "oneshot", "twoshot", "unfused") if hook is None else (None,)):
+                    for keep in (False, True):
+                        for inplace in (False, True):
+                            res = residual.clone()
+                            got = gather_q(ws, lg, lw, res, pw, nw, quant, strategy=strategy, inplace=inplace,
+                                           keep_normalized=keep)
+                            what = "rank %d tokens %d %r strategy %s hook %s keep=%s inplace=%s" % (
+                                rank, tokens, quant, strategy, hook is not None, keep, inplace)
+                            assert (got[0] is res) == inplace, what
+                            if not inplace:
+                                assert_bits_equal(res, residual, what + ": residual left unchanged")
+                            same_q(got, want, keep, what)
+            ws.all_gather = None
+    if nranks != 2:
+        return
+    # Each rank's own layout; ranks that differ in the form all raise, nothing written.
+    tokens = 7
+    g, w, residual, pw, nw = case(tokens)
+    lg, lw = local_rows(g, w, tokens, nranks, rank)
+    mine = beammoe.FP8Quant("group", 64, column_major=rank == 0)
+    want = beammoe.beam_moe_finalize_norm_residual_norm_fp8(
+        beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, ARGS["scales"], ARGS["routed"], quant=mine,
+        keep_normalized=True)
+    same_q(gather_q(ws, lg, lw, residual, pw, nw, mine, keep_normalized=rank == 1), want, rank == 1, "own layout")
+    fn = "beam_moe_finalize_gather_norm_residual_norm_fp8"
+    for quant in (beammoe.FP8Quant("token", ue8m0=rank == 1), beammoe.NVFP4Quant(1.0 + rank),
+                  beammoe.NVFP4Quant(1.0) if rank == 0 else beammoe.FP8Quant("tensor", scale=1.0)):
+        res = residual.clone()
+        expect(beammoe.BeamArgumentError, r"^%s: the ranks disagree on quant( scale)?: rank 0 has" % fn,
+               lambda: gather_q(ws, lg, lw, res, pw, nw, quant, inplace=True))
+        assert_bits_equal(res, residual, "residual after a failed in-place call")
+    res = residual.clone()
+    if rank == 1:
+        expect(ValueError, r"^%s: next_eps must be given" % fn,
+               lambda: beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+                   beammoe.MoEOutput(lg, lw), res, pw, 1e-6, None, None, None, ws, quant=mine, inplace=True))
+    else:
+        expect(beammoe.BeamArgumentError, r"^%s: rank 1 failed \(ValueError: %s: next_eps must be given" % (fn, fn),
+               lambda: gather_q(ws, lg, lw, res, pw, nw, mine, inplace=True))
+    assert_bits_equal(res, residual, "residual after a failed in-place call")
+
+
+def main_quant(rank, nranks, init_file):
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=nranks)
+    ws = beammoe.Workspace(None, 256, H, device="cpu", moe_gather_oneshot_max_tokens=4,
+                           moe_gather_separate_norm_min_tokens=17, timeout_ms=60000)
+    check_quant(ws, rank, nranks)
+    ws.close()
+    print("rank %d: ok" % rank, flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def main(rank, nranks, init_file):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=nranks)
     ws = beammoe.Workspace(None, 64, H, device="cpu", moe_gather_oneshot_max_tokens=4,
@@ -246,4 +378,4 @@ def main(rank, nranks, init_file):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    (main_quant if sys.argv[4:] == ["quant"] else main)(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -5,8 +5,10 @@ One process with a one-rank gloo group runs here; two processes (one per
 rank, _pg_worker.py, under a hard timeout) check the bits against the
 one-process fused operation, the CpuGroup gather and the torch-written
 reference, the hook, threshold assignment, rejected and disagreeing ranks
-(every rank raises, nobody waits) and a peer that never arrives. The hook
-and thresholds of library workspaces run over a CpuGroup (threads)."""
+(every rank raises, nobody waits) and a peer that never arrives; two and
+three processes the quantized form (beammoe.fp8: every FP8 form and NVFP4)
+against the one-process local _fp8 operation. The hook and thresholds of
+library workspaces run over a CpuGroup (threads)."""
 import os
 import subprocess
 import sys
@@ -140,12 +142,25 @@ def test_cpu_workspace_arguments(gloo1):
 def test_two_processes(nranks):
     """One process per rank (gloo over a file store): see _pg_worker.py. A
     hard timeout: a hang fails the test instead of stalling the suite."""
+    _run_workers(nranks)
+
+
+@needs_gloo
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_quantized_form_processes(nranks):
+    """The quantized form (beammoe.fp8: every FP8 form and NVFP4) gathered in
+    Python over the group and through the hook, one process per rank:
+    _pg_worker.py's check_quant."""
+    _run_workers(nranks, "quant")
+
+
+def _run_workers(nranks, *mode):
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as d:
         store = os.path.join(d, "store")
-        procs = [subprocess.Popen([sys.executable, os.path.join(_here, "_pg_worker.py"), str(r), str(nranks), store],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        procs = [subprocess.Popen([sys.executable, os.path.join(_here, "_pg_worker.py"), str(r), str(nranks), store]
+                                  + list(mode), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
                  for r in range(nranks)]
         deadline = time.monotonic() + 240
         outs = []
@@ -156,7 +171,7 @@ def test_two_processes(nranks):
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
-            pytest.fail("the two-process gather did not finish within 240 s (a hang)")
+            pytest.fail("the %d-process gather did not finish within 240 s (a hang)" % nranks)
         finally:
             for p in procs:
                 if p.poll() is None:

@@ -12,10 +12,10 @@ its values (nearest_code), not torch's conversion: the model runs on every
 torch the package supports (1.13 has no float8 dtypes), on the CPU.
 
 Every function (the local operations here, the gather over a CPU group
-too) against the model, bit for bit, on the CPU and on CUDA where torch
-sees a device; q and q_scales poisoned before the call, so that a byte not
-written shows, and the padding rows of q_scales (not written, the docs
-say) keep the poison. Then the shapes and dtypes (uint8 where torch has no
+too, run by the library or in Python) against the model, bit for bit, on
+the CPU and on CUDA where torch sees a device; q and q_scales poisoned
+before the call, so that a byte not written shows, and the padding rows of
+q_scales (not written, the docs say) keep the poison. Then the shapes and dtypes (uint8 where torch has no
 float4_e2m1fn_x2 / float8_e4m3fn), torch.compile and the fake
 implementations, and the argument errors.
 """
@@ -137,8 +137,9 @@ def check(q, qs, normalized, g, poisoned=True):
 @pytest.fixture
 def poisoned(monkeypatch):
     """q and q_scales filled with 0xFF before the call: a byte that the call
-    does not write shows."""
-    empty = fp8_module.empty_outputs
+    does not write shows (the functions' maker, and _fp8_layout's, which
+    the gather in Python takes)."""
+    empty = _fp8_layout.empty_outputs
 
     def empty_outputs(*args):
         q, qs = empty(*args)
@@ -147,6 +148,7 @@ def poisoned(monkeypatch):
         return q, qs
 
     monkeypatch.setattr(fp8_module, "empty_outputs", empty_outputs)
+    monkeypatch.setattr(_fp8_layout, "empty_outputs", empty_outputs)
 
 
 def inputs(t, h, dev, seed):
@@ -234,6 +236,46 @@ def test_gather(poisoned, nranks, tokens):
     for out in results:
         for _, n, q, qs in out:
             assert n is None
+            check(q, qs, want_n, g)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+@pytest.mark.parametrize("tokens", [7, 130])
+def test_gather_in_python(poisoned, nranks, tokens):
+    """The gathers run in Python (_pgather.py: here the UNFUSED calls with
+    the workspace's all_gather hook, over a CPU group) give the model of
+    all the gathered rows too (the library quantizes them), normalized kept
+    or not, in place or not; the process groups' in
+    test_gather_process_group.py."""
+    from test_gather_cpu import local_rows, run_ranks
+    from test_gather_process_group import ThreadAllGather
+    g, h = 672.0, 512
+    _, r, gm, w, nw = inputs(tokens, h, "cpu", 70 + tokens)
+    want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(gm, w), r, nw, 1e-6, nw, 1e-5,
+                                                                   None, 1.5)
+    ag = ThreadAllGather(nranks)
+
+    def body(grp, rank):
+        lg, lw = local_rows(gm, w, tokens, nranks, rank, K, h)
+        out = []
+        with beammoe.Workspace.cpu(grp, rank, 256, h) as ws:
+            ws.all_gather = ag.hook_for(rank)
+            for keep in (False, True):
+                for inplace in (False, True):
+                    res = r.clone()
+                    got = beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+                        beammoe.MoEOutput(lg, lw), res, nw, 1e-6, nw, 1e-5, None, ws, 1.5,
+                        quant=beammoe.NVFP4Quant(g), strategy="unfused", keep_normalized=keep, inplace=inplace)
+                    assert (got[0] is res) == inplace and same(res, want_h if inplace else r)
+                    out.append((keep, got))
+        return out
+
+    with beammoe.CpuGroup(nranks) as grp:
+        results = run_ranks(nranks, lambda rank: body(grp, rank))
+    assert len(ag.calls) == nranks * 4 * 2  # each call through the hook: the signature, then the rows
+    for out in results:
+        for keep, (hid, n, q, qs) in out:
+            assert same(hid, want_h) and (n is None) != keep and (n is None or same(n, want_n))
             check(q, qs, want_n, g)
 
 
