@@ -156,6 +156,23 @@ void hu_fill_f32_nan(float *p, size_t n)
         p[i] = hu_f32(pat[i % 4]);
 }
 
+void hu_code_starts(unsigned (*code)(uint32_t), int n, uint32_t top, uint32_t *lo)
+{
+    int k;
+    lo[0] = 0;
+    for (k = 1; k < n; k++) {
+        uint32_t a = 0, b = top; /* code(a) < k <= code(b) */
+        while (b - a > 1) {
+            const uint32_t m = a + (b - a) / 2;
+            if (code(m) >= (unsigned)k)
+                b = m;
+            else
+                a = m;
+        }
+        lo[k] = b;
+    }
+}
+
 uint64_t hu_fnv1a(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = (const unsigned char *)p;

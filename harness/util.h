@@ -123,6 +123,13 @@ int hu_split_pair(const char *s, float out[2]);
 float hu_f32(uint32_t u);
 uint32_t hu_u32(float v);
 
+/* Where each code of a rounding conversion starts: for code(bits), a code
+ * that never decreases over the magnitude patterns [0, top] (positive
+ * floats order as their bits), lo[k] for k = 1 .. n - 1 is the first
+ * pattern whose code is >= k, found by bisection; lo[0] = 0. Exhaustive
+ * tests then check whole intervals. */
+void hu_code_starts(unsigned (*code)(uint32_t), int n, uint32_t top, uint32_t *lo);
+
 /* ---- time --------------------------------------------------------------- */
 double hu_now(void);             /* monotonic seconds */
 double hu_median(double *v, int n); /* sorts v */

@@ -31,6 +31,7 @@ TOP_K, H = 4, 512
 STRATEGIES = (None, "oneshot", "twoshot", "unfused")
 # (keep_normalized, inplace) of each strategy's calls
 CALLS = ((False, False), (True, False), (False, True))
+ALL_CALLS = ((False, False), (False, True), (True, False), (True, True))  # (keep_normalized, inplace)
 # every FP8 form and NVFP4 (its g: vLLM's 448 * 6 / amax for amax 4)
 QUANTS = FORMS + [beammoe.NVFP4Quant(672.0)]
 POST_EPS, NEXT_EPS, SCALES, ROUTED = 1e-6, 1e-5, (0.5, 1.5), 1.25
@@ -101,20 +102,20 @@ def local_fp8(g, w, residual, pw, nw, quant, keep_normalized=True):
         keep_normalized=keep_normalized)
 
 
-def python_calls(ws, lg, lw, residual, pw, nw, quant, strategies):
-    """The calls of every (keep_normalized, inplace) with each strategy:
-    [(what, keep, result)]; residual is left as it was unless in place."""
+def gather_calls(ws, lg, lw, residual, pw, nw, quant, strategies, calls=ALL_CALLS):
+    """The calls of each (keep_normalized, inplace) of `calls` with each
+    strategy: [(what, keep, result)]; residual is left as it was unless in
+    place."""
     out = []
     for strategy in strategies:
-        for keep in (False, True):
-            for inplace in (False, True):
-                res = residual.clone()
-                got = gather_fp8(ws, lg, lw, res, pw, nw, quant, strategy=strategy, inplace=inplace,
-                                 keep_normalized=keep)
-                assert (got[0] is res) == inplace
-                if not inplace:
-                    assert_bits_equal(res, residual, "residual left unchanged")
-                out.append(("%s keep=%s inplace=%s" % (strategy, keep, inplace), keep, got))
+        for keep, inplace in calls:
+            res = residual.clone()
+            got = gather_fp8(ws, lg, lw, res, pw, nw, quant, strategy=strategy, inplace=inplace,
+                             keep_normalized=keep)
+            assert (got[0] is res) == inplace
+            if not inplace:
+                assert_bits_equal(res, residual, "residual left unchanged")
+            out.append(("%s keep=%s inplace=%s" % (strategy, keep, inplace), keep, got))
     return out
 
 
@@ -144,14 +145,7 @@ def rank_calls(grp, r, nranks, tokens, g, w, residual, pw, nw, quant):
         lg, lw = local_rows(g, w, tokens, nranks, r, TOP_K, H)
         out = []
         for strategy in STRATEGIES:
-            for keep, inplace in CALLS:
-                res = residual.clone()
-                got = gather_fp8(ws, lg, lw, res, pw, nw, quant, strategy=strategy, inplace=inplace,
-                                 keep_normalized=keep)
-                assert (got[0] is res) == inplace
-                if not inplace:
-                    assert_bits_equal(res, residual, "residual left unchanged")
-                out.append(("%s keep=%s inplace=%s" % (strategy, keep, inplace), keep, got))
+            out += gather_calls(ws, lg, lw, residual, pw, nw, quant, (strategy,), CALLS)
             _, n = beammoe.beam_moe_finalize_gather_norm_residual_norm(
                 beammoe.MoEOutput(lg, lw), residual, pw, POST_EPS, nw, NEXT_EPS, SCALES, ws, ROUTED,
                 strategy=strategy)
@@ -259,7 +253,7 @@ def test_hook_gathers_in_python(gen, poisoned, nranks, tokens):
             ws.all_gather = ag.hook_for(r)
             for quant in QUANTS:
                 before = len([c for c in ag.calls if c[0] == r])
-                out.append(python_calls(ws, lg, lw, residual, pw, nw, quant, ("unfused", None)))
+                out.append(gather_calls(ws, lg, lw, residual, pw, nw, quant, ("unfused", None)))
                 # each call: the signature through the hook, then the rows (none without tokens)
                 # (AUTO takes ONESHOT, the library's, for no tokens)
                 calls = len([c for c in ag.calls if c[0] == r]) - before
@@ -315,10 +309,10 @@ def test_process_group_workspace(gen, poisoned, gloo1):  # noqa: F811
         with beammoe.Workspace(None, 256, H, device="cpu") as ws:
             for quant in QUANTS:
                 want = local_fp8(g, w, residual, pw, nw, quant)
-                assert_all_same([python_calls(ws, g, w, residual, pw, nw, quant, STRATEGIES)], want, quant)
+                assert_all_same([gather_calls(ws, g, w, residual, pw, nw, quant, STRATEGIES)], want, quant)
                 calls = []
                 ws.all_gather = lambda out, inp: (calls.append(1), out.copy_(inp))
-                assert_all_same([python_calls(ws, g, w, residual, pw, nw, quant, (None,))], want, quant)
+                assert_all_same([gather_calls(ws, g, w, residual, pw, nw, quant, (None,))], want, quant)
                 ws.all_gather = None
                 assert len(calls) == (4 if tokens else 0)  # the rows (the signature goes over the group)
 
