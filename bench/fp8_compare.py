@@ -20,12 +20,17 @@ of the top_k = 8 expert rows, post norm, residual add, next norm; the
 reference module's call) and nrn (beam_norm_residual_norm, next norm only).
 Forms (`--forms`; beammoe.FP8Quant): group128 (vLLM's per_token_group_quant),
 group128+ue8m0+cm (power-of-two scales, column-major: DeepGEMM's), token
-(per token), tensor (a static scale, 0.0125); also group64, token+ue8m0.
+(per token), tensor (a static scale, 0.0125); also group64, token+ue8m0;
+and nvfp4 (beammoe.NVFP4Quant, global scale 672: E2M1 values, E4M3 scales
+per 16 values in the tiled layout, docs/numerics.md#nvfp4).
 
 The quantization reference (bf16+quant): group absmax a, s = max(a, 1e-10)
 / 448 (ue8m0: the power of two >= max(s, 1e-10)); per token s = max(a / 448,
 1 / (448 * 512)); static s given; q = clamp(x / s, -448, 448) as
-float8_e4m3fn. 448 and the static scale are tensors passed to the compiled
+float8_e4m3fn; nvfp4 the definition of docs/numerics.md#nvfp4 in torch
+operations (the scale's E4M3 by torch's conversion after the clamp to 448,
+E2M1 by counting the rounding boundaries passed, the scales permuted into
+the tiled layout). 448 and the static scale are tensors passed to the compiled
 function, never Python numbers: Inductor on CUDA turns a division by a
 constant into a multiplication by its reciprocal, 1 ulp off for 448. On CUDA
 Inductor's eager_numerics.division_rounding is set where torch has it (else
@@ -42,7 +47,8 @@ the L2, "hot" repeats one. CPU: the median wall time of single calls
 The copy bandwidth is measured in the same run, and fp8 is quoted as a
 fraction of its floor (bytes over that bandwidth). Bytes: fused T*K*H*2
 expert rows + T*K*4 weights + T*H*2 residual read + T*H*2 hidden written +
-T*H q written + the scales written (4 per scale) + H*2 per norm weight (as
+T*H q written (nvfp4: T*H/2) + the scales written (4 per scale; nvfp4 1 per
+16 values) + H*2 per norm weight (as
 torch_compare counts them); nrn T*H*2 x read instead of the expert rows and
 weights.
 
@@ -81,7 +87,9 @@ FORMS = {
     "tensor": dict(kind="tensor", scale=TENSOR_SCALE),
     "group64": dict(kind="group", group_size=64),
     "token+ue8m0": dict(kind="token", ue8m0=True),
+    "nvfp4": dict(nvfp4=True),
 }
+NVFP4_SCALE = 672.0  # the global scale: vLLM's 448 * 6 / amax for amax 4
 DEFAULT_FORMS = "group128,group128+ue8m0+cm,token,tensor"
 # the BF16 calls and inputs of torch_compare's configurations
 OPS = {"fused": tc.Config("fused", "post+next", post="w"), "nrn": tc.Config("nrn", "next")}
@@ -122,12 +130,52 @@ def quantize_tokens(v, ue8m0, fp8_max):
     return (v / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 
+def make_form(name):
+    """The beammoe quantization form of a --forms name."""
+    kw = FORMS[name]
+    return beammoe.NVFP4Quant(NVFP4_SCALE) if kw.get("nvfp4") else beammoe.FP8Quant(**kw)
+
+
+def quantize_nvfp4(v, g):
+    """docs/numerics.md#nvfp4 in torch operations, g the global scale as an
+    FP32 [1] tensor: (q [T, H / 2] uint8, the scale codes [T rounded up to
+    128, H / 16] uint8 in the tiled layout, padding rows zero)."""
+    t, h = v.shape
+    b = v.view(t, h // 16, 16)
+    sv = g * (b.abs().amax(-1) * (1.0 / 6.0))  # 1 / 6 rounds to the definition's RN(1/6) in FP32
+    sf = sv.clamp(max=FP8_MAX).to(FP8)
+    value = sf.float()
+    os = torch.where(value == 0, torch.zeros_like(value), g * (1.0 / value))
+    p = b * os[..., None]
+    a = p.abs().view(torch.int32)
+    mag = ((a > 0x3E800000).int() + (a >= 0x3F400000).int() + (a > 0x3FA00000).int() + (a >= 0x3FE00000).int()
+           + (a > 0x40200000).int() + (a >= 0x40600000).int() + (a > 0x40A00000).int())
+    sign = torch.where(torch.isnan(p), torch.zeros_like(mag), (p.view(torch.int32) >> 28) & 8)
+    c = (mag | sign).view(t, h)
+    q = (c[:, 0::2] | (c[:, 1::2] << 4)).to(torch.uint8)
+    rows = (t + 127) // 128 * 128
+    codes = torch.zeros(rows, h // 16, dtype=torch.uint8, device=v.device)
+    codes[:t] = sf.view(torch.uint8)
+    tiled = codes.view(rows // 128, 4, 32, h // 64, 4).permute(0, 3, 2, 1, 4).reshape(rows, h // 16)
+    return q, tiled
+
+
+def untile(scales, t):
+    """The first t rows of tiled NVFP4 scale codes [rows, H / 16] in row
+    order (quantize_nvfp4's permutation undone)."""
+    rows, k = scales.shape
+    s = scales.reshape(rows // 128, k // 4, 32, 4, 4).permute(0, 3, 2, 1, 4).reshape(rows, k)
+    return s[:t]
+
+
 def quantizer(quant):
     """f(normalized, fp8_max, static_scale) -> (q, scales) for one FP8Quant,
     plain torch ops to compile; 448 and the static scale come in as tensors
     so that every division stays a division under Inductor."""
     def quantize(x, fp8_max, static_scale):
         v = x.float()
+        if quant.kind == "nvfp4":
+            return quantize_nvfp4(v, NVFP4_SCALE)
         if quant.kind == "group":
             return quantize_groups(v, quant.group_size, quant.ue8m0, quant.column_major, fp8_max)
         if quant.kind == "token":
@@ -201,22 +249,28 @@ def methods(op, quant, compiled, consts):
 
 def same_bits(a, b):
     """Equal shapes and bits (by value: a column-major tensor against a
-    row-major one; NaN equals NaN)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
+    row-major one; NaN equals NaN; one-byte codes whatever their dtype:
+    torch.float4_e2m1fn_x2 and float8_e4m3fn against the reference's uint8)."""
+    if a.shape != b.shape or (a.dtype != b.dtype and a.element_size() != 1):
         return False
     as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]
     return torch.equal(a.view(as_int), b.view(as_int))
 
 
-def check(fns, args):
+def check(fns, args, quant):
     """"agree" when fp8 (and fp8+bf16) write the bits of bf16+quant: hidden,
     q and scales (and normalized). Run once per operation, shape and form,
     before that form's first timing."""
     want = [o.clone() for o in fns["bf16+quant"](*tc.fresh(args))]
+    t = want[0].shape[0]
+    if quant.kind == "nvfp4":  # the scales' padding rows are not written: compare the tokens' rows
+        want[3] = untile(want[3], t)
     for name in ("fp8", "fp8+bf16"):
         if name not in fns:
             continue
-        got = fns[name](*tc.fresh(args))
+        got = list(fns[name](*tc.fresh(args)))
+        if quant.kind == "nvfp4":
+            got[3] = untile(got[3].view(torch.uint8), t)
         if got[1] is not None and not same_bits(got[1], want[1]):
             return "DIFFER"
         if not all(same_bits(g, w) for i, (g, w) in enumerate(zip(got, want)) if i != 1):
@@ -229,22 +283,29 @@ def check(fns, args):
 def scales_bytes(quant, t, h):
     """The scales written: FP32 per token and group, per token, or the one
     static scale (column-major padding is allocated, not written)."""
+    if quant.kind == "nvfp4":
+        return t * (h // 16)  # one byte a block of 16 (the tiles' padding rows are not written)
     if quant.kind == "group":
         return t * (h // quant.group_size) * 4
     return t * 4 if quant.kind == "token" else 4
 
 
+def q_bytes(quant, t, h):
+    """The quantized values written: a byte a value, NVFP4 half that."""
+    return t * h // 2 if quant.kind == "nvfp4" else t * h
+
+
 def fp8_bytes(op, quant, t, h):
     """fp8's bytes: torch_compare's count of the BF16 operation with
     normalized written (T*H*2) replaced by q (T*H) and its scales."""
-    return OPS[op].nbytes(t, h) - t * h * 2 + t * h + scales_bytes(quant, t, h)
+    return OPS[op].nbytes(t, h) - t * h * 2 + q_bytes(quant, t, h) + scales_bytes(quant, t, h)
 
 
 def set_bytes(op, quant, t, h):
     """One buffer set's size for the cold rotation: inputs and outputs, plus
     what the largest method (fp8+bf16) allocates, as torch_compare counts it."""
     cfg = OPS[op]
-    return cfg.nbytes(t, h) + cfg.results_bytes(t, h) + t * h + scales_bytes(quant, t, h)
+    return cfg.nbytes(t, h) + cfg.results_bytes(t, h) + q_bytes(quant, t, h) + scales_bytes(quant, t, h)
 
 
 # ---- CUDA and CPU runs ----------------------------------------------------------
@@ -267,7 +328,7 @@ def time_shape(op, forms, compiled, consts, t, h, timer, checks):
     for name, quant in forms.items():
         fns = methods(op, quant, compiled[name], consts)
         if name not in checks:
-            checks[name] = check(fns, timer.args)
+            checks[name] = check(fns, timer.args, quant)
         res = {"bf16": base}
         res.update((m, timer(fn)) for m, fn in fns.items() if m != "bf16")
         rows.append((op, name, timer.mode, t, h, checks[name], res))
@@ -423,7 +484,7 @@ def main():
     if dev == "cuda" and not torch.cuda.is_available():
         sys.exit("fp8_compare.py: --device cuda but torch sees no CUDA device")
     ops = pick("ops", args.ops, list(OPS))
-    forms = {n: beammoe.FP8Quant(**FORMS[n]) for n in pick("forms", args.forms, list(FORMS))}
+    forms = {n: make_form(n) for n in pick("forms", args.forms, list(FORMS))}
     shapes = parse_shapes(args.shapes, forms) if args.shapes else default_shapes(dev)
     raise_compile_limits()
     with torch.inference_mode():
