@@ -46,8 +46,10 @@ static inline uint32_t bm_e2m1(float p)
  * 448)), each product rounded to FP32; never negative, never a NaN. */
 static inline uint8_t bm_nvfp4_scale_code(float m, float g)
 {
-    const float sv = g * (m * BM_FP4_RCP6);
-    return bm_e4m3(sv < BM_FP8_MAX ? sv : BM_FP8_MAX);
+    /* bm_e4m3_sel saturates at 448 (an infinite sv too) and equals bm_e4m3
+     * for every value but a NaN, which sv is not: no branches, so that the
+     * loop over a row's blocks vectorizes */
+    return bm_e4m3_sel(g * (m * BM_FP4_RCP6));
 }
 
 /* The value of a scale code (non-negative, not a NaN), exact, from its
@@ -57,14 +59,20 @@ static inline uint8_t bm_nvfp4_scale_code(float m, float g)
 static inline float bm_nvfp4_scale_value(uint8_t sf)
 {
     const uint32_t e = (uint32_t)sf >> 3, m = sf & 7u;
-    return e ? bm_fp8_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0x1p-9f;
+    const uint32_t normal = 0u - (uint32_t)(e != 0);
+    const uint32_t sub = bm_fp8_bits((float)m * 0x1p-9f); /* exact */
+    return bm_fp8_float(((((e + 120u) << 23) | (m << 20)) & normal) | (sub & ~normal));
 }
 
 /* The factor of a block's values, os = g * (1 / value(sf)), each operation
- * rounded to FP32; 0 when sf is 0. */
+ * rounded to FP32; +0 when sf is 0. Masks, no branch (as cpu/fp8.h's
+ * select forms): a zero code divides by 1 instead and its result is
+ * masked to +0. */
 static inline float bm_nvfp4_factor(uint8_t sf, float g)
 {
-    return sf ? g * (1.0f / bm_nvfp4_scale_value(sf)) : 0.0f;
+    const uint32_t nz = 0u - (uint32_t)(sf != 0);
+    const float os = g * (1.0f / bm_nvfp4_scale_value((uint8_t)(sf | (~nz & 0x38u)))); /* 0x38: 1.0 */
+    return bm_fp8_float(bm_fp8_bits(os) & nz);
 }
 
 #endif
