@@ -109,8 +109,8 @@ struct bm_kparams<BM_QF_NONE> {
  * v and its chunks as bm_quant_row's: a block of 16 values is two chunks on
  * adjacent lanes, so its maximum is one shuffle; the even chunk's thread
  * stores the block's scale. os = g * (1 / value(sf)) is a reciprocal and a
- * multiply per chunk, not per value (no division: its slow-path call cost
- * the FP8 kernels that share this code registers and speed). */
+ * multiply per chunk, not per value: the definition's own two operations,
+ * with no division and no slow-path call. */
 template <int J, bool VEC, int STRIDE>
 __device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, int64_t row,
                                              const float (&v)[J][8], int C, int g0, bool st)
