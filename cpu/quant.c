@@ -80,8 +80,8 @@ BM_QUANT_INLINE void bm_quant_values(const uint16_t *restrict y, float s, uint8_
 }
 
 /* NVFP4 rows t0..t1: two values a byte, an E4M3 scale a block of 16 at its
- * tiled place. Three passes over a row: the blocks' scales and factors
- * and the factors, every value's code, then the pairs: branch-free loops
+ * tiled place. Three passes over a row: the blocks' scales and factors,
+ * every value's code, then the pairs: branch-free loops
  * the compiler vectorizes whole (with each block's codes and scale in one
  * loop, nrn at T = 64, H = 7168 took 1304 us on one thread of the
  * development VM; so, 750-800, while a build ran beside). */
