@@ -496,22 +496,23 @@ class Workspace:
         library's own rule while they are the values it was handed); quant:
         the BeamQuant of its FP8 output, or None."""
         handle, ops = self.handle, self._ops
-        if st != _AUTO or self._c_auto:
+
+        def run(strategy):
             _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
-                        h, n, quant, st)
+                        h, n, quant, strategy)
+        if st != _AUTO or self._c_auto:
+            run(st)
             return
         st = self._auto_enum(tokens)
         try:
-            _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
-                        h, n, quant, st)
+            run(st)
         except BeamUnsupportedError as e:
             # A CUDA workspace without peer memory (every rank alike, before
             # anything was launched): AUTO is UNFUSED there, as in the library.
             if st == _UNFUSED or "needs peer memory" not in str(e):
                 raise
             self._peerless = True
-            _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
-                        h, n, quant, _UNFUSED)
+            run(_UNFUSED)
 
     @property
     def handle(self):
