@@ -17,7 +17,11 @@ by side per operation, shape and quantization form:
 
 Operations (`--ops`): fused (beam_moe_finalize_norm_residual_norm: finalize
 of the top_k = 8 expert rows, post norm, residual add, next norm; the
-reference module's call) and nrn (beam_norm_residual_norm, next norm only).
+reference module's call) and nrn (beam_norm_residual_norm, next norm only);
+or any configuration of bench/torch_compare.py that has a next norm, by its
+label with a colon (fused:post+next+scales, nrn:pre+next, nrn:next+inplace,
+...; `--ops all`: every one): the pre-norm, scales, norms without weights and
+in-place calls, each in its FP8 form with the same arguments.
 Forms (`--forms`; beammoe.FP8Quant): group128 (vLLM's per_token_group_quant),
 group128+ue8m0+cm (power-of-two scales, column-major: DeepGEMM's), token
 (per token), tensor (a static scale, 0.0125); also group64, token+ue8m0;
@@ -52,7 +56,7 @@ T*H q written (nvfp4: T*H/2) + the scales written (4 per scale; nvfp4 1 per
 torch_compare counts them); nrn T*H*2 x read instead of the expert rows and
 weights.
 
-    python3 bench/fp8_compare.py [--device auto|cuda|cpu] [--ops fused,nrn]
+    python3 bench/fp8_compare.py [--device auto|cuda|cpu] [--ops fused,nrn|all|fused:post+next+scales,...]
                                  [--forms group128,group128+ue8m0+cm,token,tensor]
                                  [--shapes 1:7168,64:7168,...] [--modes cold,hot]
                                  [--iters N] [--threads N]
@@ -91,8 +95,11 @@ FORMS = {
 }
 NVFP4_SCALE = 672.0  # the global scale: vLLM's 448 * 6 / amax for amax 4
 DEFAULT_FORMS = "group128,group128+ue8m0+cm,token,tensor"
-# the BF16 calls and inputs of torch_compare's configurations
+# the BF16 calls and inputs of torch_compare's configurations: "fused" and
+# "nrn" the reference module's call and the next norm alone, then every one
+# with a next norm by its label ("fused:post+next+scales")
 OPS = {"fused": tc.Config("fused", "post+next", post="w"), "nrn": tc.Config("nrn", "next")}
+OPS.update((c.label.replace(" ", ":"), c) for c in tc.CONFIGS if c.op in ("fused", "nrn"))
 METHODS = ("bf16", "bf16+quant", "fp8", "fp8+bf16")
 
 
@@ -213,24 +220,30 @@ def raise_compile_limits(n=1024):
 # ---- the four methods -----------------------------------------------------------
 
 def fp8_call(op, quant, keep):
-    """The operation's FP8 form on a Config's inputs (the same arguments as
-    torch_compare's BF16 call: strategy FUSED, no scales)."""
-    if op == "fused":
+    """The operation's FP8 form on a Config's inputs, with the arguments of
+    torch_compare's BF16 call (its norms, scales and in-place choice;
+    strategy FUSED)."""
+    cfg = OPS[op]
+    if cfg.op == "fused":
+        post_eps = EPS if cfg.post else None
+
         def run(gemm2, weights, residual, post_w, next_w):
             return beammoe.beam_moe_finalize_norm_residual_norm_fp8(
-                beammoe.MoEOutput(gemm2, weights), residual, post_w, EPS, next_w, EPS, None, tc.ROUTED_SCALE,
-                quant=quant, strategy="fused", keep_normalized=keep)
+                beammoe.MoEOutput(gemm2, weights), residual, post_w, post_eps, next_w, EPS, cfg.scales,
+                tc.ROUTED_SCALE, quant=quant, strategy="fused", inplace=cfg.inplace, keep_normalized=keep)
     else:
+        pre_eps = EPS if cfg.pre else None
+
         def run(x, residual, pre_w, next_w):
-            return beammoe.beam_norm_residual_norm_fp8(x, residual, None, None, next_w, EPS, None, quant=quant,
-                                                       keep_normalized=keep)
+            return beammoe.beam_norm_residual_norm_fp8(x, residual, pre_w, pre_eps, next_w, EPS, cfg.scales,
+                                                       quant=quant, inplace=cfg.inplace, keep_normalized=keep)
     return run
 
 
 def bf16_call(op):
     """torch_compare's BF16 call of the operation (strategy FUSED for the
     fused op): the baseline, and what bf16+quant quantizes."""
-    return OPS[op].beam("fused" if op == "fused" else "plain")
+    return OPS[op].beam("fused" if OPS[op].op == "fused" else "plain")
 
 
 def methods(op, quant, compiled, consts):
@@ -242,7 +255,7 @@ def methods(op, quant, compiled, consts):
         hidden, normalized = bf16(*args)
         return (hidden, normalized) + tuple(compiled(normalized, *consts))
     out = {"bf16": bf16, "bf16+quant": bf16_quant, "fp8": fp8_call(op, quant, False)}
-    if op == "fused":
+    if OPS[op].op == "fused":
         out["fp8+bf16"] = fp8_call(op, quant, True)
     return out
 
@@ -468,7 +481,8 @@ def parse_shapes(given, forms):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    ap.add_argument("--ops", default="fused,nrn", help="operations: fused, nrn (default both)")
+    ap.add_argument("--ops", default="fused,nrn", help="operations: fused, nrn, a configuration of "
+                    "torch_compare with a next norm (fused:post+next+scales, ...), or all (default fused,nrn)")
     ap.add_argument("--forms", default=DEFAULT_FORMS, help="quantization forms, of: %s (default %s)" % (
         ", ".join(FORMS), DEFAULT_FORMS))
     ap.add_argument("--shapes", help="T:H pairs, comma-separated (default: by device)")
@@ -483,7 +497,7 @@ def main():
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cuda" and not torch.cuda.is_available():
         sys.exit("fp8_compare.py: --device cuda but torch sees no CUDA device")
-    ops = pick("ops", args.ops, list(OPS))
+    ops = [k for k in OPS if ":" in k] if args.ops == "all" else pick("ops", args.ops, list(OPS))
     forms = {n: make_form(n) for n in pick("forms", args.forms, list(FORMS))}
     shapes = parse_shapes(args.shapes, forms) if args.shapes else default_shapes(dev)
     raise_compile_limits()

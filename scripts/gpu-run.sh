@@ -31,6 +31,9 @@
 #   overhead.txt    bench/python_overhead.py --device cuda
 #   fp8.txt         bench/fp8_compare.py: the FP8 output beside the BF16 one
 #                   and beside quantizing normalized afterwards
+#   fp8-all.txt     the same for every configuration with a next norm
+#                   (pre-norm, scales, no weights, in place), FP8 group 128
+#                   and NVFP4, T = 1 and 4096 at H = 7168
 #   vllm.txt        bench/fp8_vllm_diff.py: where vLLM's FP8 formulas give
 #                   other bits (the GPU's log2f)
 # (the Python steps run when python3 imports torch)
@@ -41,7 +44,7 @@
 # GROUP_TIMEOUT (seconds for each of the two long gather steps, default
 # 600), SKIP (a space-separated list of steps to leave out: test shapes
 # memcheck racecheck group group-stress group-memcheck group-racecheck bench
-# python compare gemm overhead fp8 vllm).
+# python compare gemm overhead fp8 fp8-all vllm).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -118,6 +121,8 @@ if python3 -c 'import torch' >/dev/null 2>&1; then
     step gemm gemm.txt python3 bench/gemm_pair.py
     step overhead overhead.txt python3 bench/python_overhead.py --device cuda
     step fp8 fp8.txt python3 bench/fp8_compare.py --device cuda
+    step fp8-all fp8-all.txt python3 bench/fp8_compare.py --device cuda --ops all --forms group128,nvfp4 \
+        --shapes 1:7168,4096:7168
     step vllm vllm.txt python3 bench/fp8_vllm_diff.py --device cuda
 else
     echo "python: skipped (python3 cannot import torch)" >> "$OUT/summary.txt"
