@@ -59,12 +59,7 @@ struct bm_tp_params_q : bm_tp_params {
     bm_quant_params q;
 };
 template <int Q>
-struct bm_tp_kparams {
-    typedef bm_tp_params_q type;
-};
-template <>
-struct bm_tp_kparams<BM_QF_NONE> {
-    typedef bm_tp_params type;
+struct bm_tp_kparams : bm_params_for<bm_tp_params, bm_tp_params_q, Q> {
 };
 
 /* Normalized rows out (st: this block stores): the BF16 row where the call

@@ -95,14 +95,18 @@ struct bm_row_params_q : bm_row_params {
  * cost norm_residual_norm's FP8 form 6-8% at T >= 4096, H = 7168: spills). */
 enum { BM_QF_NONE = 0, BM_QF_FP8 = 1, BM_QF_NVFP4 = 2 };
 /* The parameter block of a kernel compiled with (Q) or without the
- * quantized output. */
-template <int Q>
-struct bm_kparams {
-    typedef bm_row_params_q type;
+ * quantized output: Plain, or WithQ (Plain and a bm_quant_params q). The
+ * row kernels' here, the gather kernels' in gather_fused.cu. */
+template <class Plain, class WithQ, int Q>
+struct bm_params_for {
+    typedef WithQ type;
 };
-template <>
-struct bm_kparams<BM_QF_NONE> {
-    typedef bm_row_params type;
+template <class Plain, class WithQ>
+struct bm_params_for<Plain, WithQ, BM_QF_NONE> {
+    typedef Plain type;
+};
+template <int Q>
+struct bm_kparams : bm_params_for<bm_row_params, bm_row_params_q, Q> {
 };
 
 /* The NVFP4 output of one row's normalized values (docs/numerics.md#nvfp4),
