@@ -145,7 +145,8 @@ __device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, in
  * QF: the kernel's form, NVFP4 to bm_nvfp4_row):
  * v holds f(normalized) of the thread's chunks c = g0 + j * STRIDE (c >= C:
  * padding). Groups of 128 or 64 values are 16 or 8 chunks of consecutive
- * lanes, so a group's maximum is a shuffle among them; a token's maximum is
+ * lanes, so a group's maximum is a warp reduction among them
+ * (bm_groups_max); a token's maximum is
  * the row's, across the cluster (tc; last: no exchange follows in this
  * kernel). Every thread of the block (of every block of the cluster) must
  * call it; st false: compute, store nothing (a gather block that failed). */
