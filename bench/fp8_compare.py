@@ -98,8 +98,8 @@ DEFAULT_FORMS = "group128,group128+ue8m0+cm,token,tensor"
 # the BF16 calls and inputs of torch_compare's configurations: "fused" and
 # "nrn" the reference module's call and the next norm alone, then every one
 # with a next norm by its label ("fused:post+next+scales")
-OPS = {"fused": tc.Config("fused", "post+next", post="w"), "nrn": tc.Config("nrn", "next")}
-OPS.update((c.label.replace(" ", ":"), c) for c in tc.CONFIGS if c.op in ("fused", "nrn"))
+OPS = {c.label.replace(" ", ":"): c for c in tc.CONFIGS if c.op in ("fused", "nrn")}
+OPS["fused"], OPS["nrn"] = OPS["fused:post+next"], OPS["nrn:next"]
 METHODS = ("bf16", "bf16+quant", "fp8", "fp8+bf16")
 
 
