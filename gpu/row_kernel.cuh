@@ -216,9 +216,11 @@ __device__ __forceinline__ bool bm_quant_exchanges(const P &p)
  * they are the end of the parameter block, which the rest of the kernel
  * never reads, so their first read, in the row's tail after norm B, waited
  * for the constant cache each launch (the fused op at T = 1, H = 7168, FP8
- * group, on an H200: 3.78 -> 3.72 us with this). Thread 0 of each block stores a value
- * made of every field into shared memory, so that ptxas keeps the reads;
- * the other warps of the multiprocessor then find them cached. */
+ * group, on an H200: 3.78 -> 3.72 us with this). Thread 0 of each block
+ * stores a value made of every field into shared memory, so that ptxas
+ * keeps the reads; the other warps of the multiprocessor then find them
+ * cached. (Measured in the decode row kernel only; the gather kernels do
+ * not call it.) */
 template <int Q, class P>
 __device__ __forceinline__ void bm_quant_touch(const P &p)
 {
