@@ -30,13 +30,16 @@
     X(512, 1, 4, 1) X(128, 2, 4, 1) X(128, 2, 4, 8) X(256, 1, 4, 1)            \
     X(256, 1, 4, 8)
 
-/* norm_residual_norm's prefill shapes (NT, J, MB, HINT): MB resident blocks
- * per multiprocessor asked of the compiler; HINT the L2 policy of the row
- * loads (nrn_kernel.cuh). */
+/* norm_residual_norm's prefill shapes (NT, J, MB, HINT, PK): MB resident
+ * blocks per multiprocessor asked of the compiler; HINT the L2 policy of
+ * the row loads; PK 1: the row held as packed BF16 bits (nrn_kernel.cuh). */
 #define BM_NRNS(X)                                                            \
-    X(512, 2, 2, 0) X(512, 2, 2, 1) X(512, 2, 2, 2) X(1024, 1, 2, 1)           \
-    X(256, 2, 4, 0) X(256, 2, 4, 1) X(256, 2, 4, 2) X(128, 2, 8, 0)            \
-    X(128, 2, 8, 1) X(128, 2, 8, 2) X(256, 1, 8, 1)
+    X(512, 2, 2, 0, 0) X(512, 2, 2, 1, 0) X(512, 2, 2, 2, 0)                   \
+    X(1024, 1, 2, 1, 0) X(256, 2, 4, 0, 0) X(256, 2, 4, 1, 0)                  \
+    X(256, 2, 4, 2, 0) X(128, 2, 8, 0, 0) X(128, 2, 8, 1, 0)                   \
+    X(128, 2, 8, 2, 0) X(256, 1, 8, 1, 0)                                      \
+    X(128, 8, 4, 1, 1) X(256, 4, 4, 1, 1) X(512, 2, 3, 1, 1)                   \
+    X(128, 4, 8, 1, 1)
 
 static int next_pow2(int c)
 {
@@ -84,11 +87,9 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * H > 4096 it beats the cluster row kernel without a pre-norm at
      * T = 1, 8, 64 and with one from T = 64 (at T = 1 the cluster's eight
      * multiprocessors do the two reductions' loads sooner: 2.91 against
-     * 3.04 us); in prefill it beats every other kernel but for a pre-norm
-     * with H > 4096, where the pipelined kernel with 3 blocks per
-     * multiprocessor stays ahead */
+     * 3.04 us); in prefill it beats every other kernel (below: which of
+     * its shapes) */
     const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
-    const bool nrn_prefill = !(p.normA && n2 >= 1024);
     /* With a quantized output (quant: its kind) norm_residual_norm's rows
      * take other kernels (shape_sweep perf --quant 1 and 4, next norm only,
      * FP8 group 128 and NVFP4, one H200): at H = 7168 the pipelined kernel
@@ -128,7 +129,22 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
         }
         return s;
     }
-    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode && !quant : nrn_prefill)) {
+    /* In prefill at H > 4096 the nrn kernel holds its rows packed (PK),
+     * four per multiprocessor, with or without a pre-norm (bench/shape_sweep
+     * perf --op 1, one H200; the float rows of 512 x 2, two per
+     * multiprocessor, or the pipelined kernel before): T = 512 next norm
+     * 9.77 against 10.34 us, pre + next 10.98 against 13.18; T = 4096 pre +
+     * next 60.22 against 64.86 (91.5% of the floor); T = 16384 pre + next
+     * 222.78 against 241.86 (99.1%), next norm 222.18 against 226.16. At
+     * decode, and at H = 4096 and 2048, the float rows stay ahead or level. */
+    if (!fin && p.residual && n2 >= 1024 && rows > 64 && !quant) {
+        s.nt = 128;
+        s.j = 8;
+        s.mb = 4;
+        s.st = 2 + 3; /* HINT 1: evict_last; PK */
+        return s;
+    }
+    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode && !quant : true)) {
         s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
         s.j = 2;
         s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
@@ -157,9 +173,9 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
     }
     /* prefill: the fastest shape of bench/shape_sweep on an H200 for each
      * kind of row (docs/PERF.md): the pipelined kernel where a row has many
-     * items (finalize: K slots and the residual); for norm_residual_norm
-     * rows with a pre-norm and H > 4096, the pipeline with 3 blocks per
-     * multiprocessor (the two reductions of a row hidden behind more rows) */
+     * items (finalize: K slots and the residual); for rows of neither
+     * (norm_residual_norm's took the nrn kernel above) at H > 4096, the
+     * pipeline with 3 blocks per multiprocessor */
     if (n2 >= 1024) {
         if (fin) {
             s.nt = 512; s.j = 2; s.d = 3;
@@ -182,6 +198,10 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
 
 bm_shape bm_row_twin(bm_shape s)
 {
+    if (s.st > 0 && s.j == 8) { /* no row kernel of 8 chunks: the same cover */
+        s.nt *= 2;
+        s.j = 4;
+    }
     if (s.d > 0 || s.st > 0) {
         s.d = 0;
         s.st = 0;
@@ -198,8 +218,8 @@ int bm_shape_ok(bm_shape s, int hidden)
     if (s.st > 0) {
         if (s.cs != 1 || s.d != 0)
             return 0;
-#define BM_SOK(NT, J, MB, HINT) \
-    if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT) return 1;
+#define BM_SOK(NT, J, MB, HINT, PK) \
+    if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT + 3 * PK) return 1;
         BM_NRNS(BM_SOK)
 #undef BM_SOK
         return 0;
@@ -227,8 +247,8 @@ int bm_shape_list(bm_shape *out, int max)
     if (n < max) out[n] = bm_shape{NT, J, U, CS, CS > 1, 0, 1, 0}; ++n;
 #define BM_LPIPE(NT, J, D, MB) \
     if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, D, MB, 0}; ++n;
-#define BM_LNRN(NT, J, MB, HINT) \
-    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, 0, MB, 1 + HINT}; ++n;
+#define BM_LNRN(NT, J, MB, HINT, PK) \
+    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, 0, MB, 1 + HINT + 3 * PK}; ++n;
     BM_SHAPES(BM_LROW)
     BM_PIPES(BM_LPIPE)
     BM_NRNS(BM_LNRN)
@@ -375,12 +395,12 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
         /* one row per block; rows beyond the grid: a grid-stride loop */
         const int64_t cap = (int64_t)(INT_MAX / 8);
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
-#define BM_SGO(NT, J, MB, HINT)                                                   \
-        if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT)             \
-            return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE>, p, blocks, NT, 1, 0, s.pdl, stream) \
-                   : pq->q.kind == BM_QUANT_NVFP4                                                                \
-                       ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
-                       : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8>, *pq, blocks, NT, 1, 0, s.pdl, stream);
+#define BM_SGO(NT, J, MB, HINT, PK)                                               \
+        if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT + 3 * PK)    \
+            return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK>, p, blocks, NT, 1, 0, s.pdl, stream) \
+                   : pq->q.kind == BM_QUANT_NVFP4                                                                    \
+                       ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
+                       : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK>, *pq, blocks, NT, 1, 0, s.pdl, stream);
         BM_NRNS(BM_SGO)
 #undef BM_SGO
         return cudaErrorInvalidConfiguration;
@@ -434,10 +454,10 @@ cudaError_t bm_preload_rows(void)
     BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_FP8>))                          \
     BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_NVFP4>))                         \
     BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_NVFP4>))
-#define BM_PRE_NRN(NT, J, MB, HINT)                                                   \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE>))                              \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8>))                               \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4>))
+#define BM_PRE_NRN(NT, J, MB, HINT, PK)                                               \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK>))                          \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK>))                           \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK>))
     BM_SHAPES(BM_PRE_ROW)
     BM_PIPES(BM_PRE_PIPE)
     BM_NRNS(BM_PRE_NRN)

@@ -42,7 +42,8 @@ struct bm_shape {
               * 1 otherwise */
     int st;  /* > 0: norm_residual_norm's prefill kernel (nrn_kernel.cuh;
               * vector path, cs == 1, u and d unused), its row loads with
-              * L2 policy st - 1 (0 none, 1 evict_last, 2 evict_first) */
+              * L2 policy (st - 1) % 3 (0 none, 1 evict_last, 2
+              * evict_first), the row held packed when st > 3 */
 };
 
 /* The shape the library uses for the launch p (rows, hidden, and what the

@@ -13,9 +13,11 @@
  *    its start, instead of being prefetched into L1 at kernel start and
  *    read after the reduction: a prefetch per block of a grid of one block
  *    per row cost about 5% at H = 7168, and a load after the reduction
- *    puts an L2 round trip on the row's critical path. (Holding the row as
- *    packed BF16 bits to fit more blocks per multiprocessor measured 1-10%
- *    slower.)
+ *    puts an L2 round trip on the row's critical path;
+ *  - PK shapes hold the row as packed BF16 bits instead (bm_nrn_row_packed):
+ *    at two blocks per multiprocessor that measured 1-10% slower, but it
+ *    is what lets four rows of H = 7168 stay resident, which the library
+ *    takes in prefill at H > 4096 (gpu/launch.cu says by how much);
  *  - HINT picks an L2 policy for the row loads (0 none, 1 evict_last,
  *    2 evict_first); the library takes evict_last, within 1% of the others
  *    at the large shapes and up to 2% ahead in some runs (the others are
@@ -61,7 +63,117 @@ __device__ __forceinline__ uint64_t bm_l2_policy()
     return pol;
 }
 
-template <int NT, int J, int MB, int HINT, int Q>
+/* The squares' sum of the thread's chunks held packed: the same chunk sums
+ * and halving tree as bm_sumsq_local on the widened values. */
+template <int J>
+__device__ __forceinline__ float bm_sumsq_packed(const bm_pack8 (&h)[J])
+{
+    float P[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        float f[8];
+        bm_unpack8(h[j], f);
+        P[j] = bm_chunk_sumsq(f);
+    }
+    bm_halving<J / 2>(P);
+    return P[0];
+}
+
+/* The thread's J chunks of one norm weight row (zero for padding chunks and
+ * for no weight). */
+template <int NT, int J>
+__device__ __forceinline__ void bm_nrn_weights(bm_pack8 (&w)[J], const uint16_t *wrow, int C, int t)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = t + j * NT;
+        w[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+        if (wrow && c < C)
+            w[j] = bm_load8<true>(wrow + (size_t)c * 8);
+    }
+}
+
+/* One row held as BF16 bits (PK shapes): every value a stage leaves is
+ * rounded to BF16 (x, the pre-normed x, hidden), so the packed bits are all
+ * the row needs between stages, four registers per chunk instead of eight
+ * floats and four. That is what lets four rows of H = 7168 (or sixteen of
+ * 2048) stay resident per multiprocessor: a call of a few hundred rows runs
+ * in one wave. The norm weights are loaded just before each reduction
+ * (their latency behind it; from L1 after the first rows). Same stages,
+ * same order, same bits as the float rows below. */
+template <int NT, int J, int HINT, int Q>
+__device__ __forceinline__ void bm_nrn_row_packed(const typename bm_kparams<Q>::type &p, int64_t row, int t,
+                                                  uint64_t pol, bm_tree_ctx<NT, 1> &tc)
+{
+    const int C = p.hidden >> 3;
+    const int H = p.hidden;
+    bm_pack8 h[J], r[J], w[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = t + j * NT;
+        h[j] = r[j] = bm_pack8{{0u, 0u, 0u, 0u}}; /* padding chunks: +0 */
+        if (c < C) {
+            h[j] = bm_load8_hint<HINT>(p.x + (size_t)row * H + (size_t)c * 8, pol);
+            r[j] = bm_load8_hint<HINT>(p.residual + (size_t)row * H + (size_t)c * 8, pol);
+        }
+    }
+
+    /* ---- norm A (pre-norm) of x ---- */
+    if (p.normA) {
+        bm_nrn_weights<NT, J>(w, p.wA, C, t);
+        const float inv = bm_inv_rms(tc.sum(bm_sumsq_packed<J>(h), false), H, p.epsA);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            if (t + j * NT >= C)
+                continue;
+            float f[8];
+            bm_unpack8(h[j], f);
+            h[j] = bm_norm_apply8(f, inv, p.wA != NULL, w[j]);
+        }
+    }
+
+    /* ---- scales, residual add -> hidden ---- */
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = t + j * NT;
+        if (c >= C)
+            continue;
+        float f[8];
+        bm_unpack8(h[j], f);
+        h[j] = bm_residual8(f, r[j], p.has_scales, p.scale_x, p.scale_r);
+        bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, h[j]);
+    }
+
+    /* ---- norm B of hidden -> normalized ---- */
+    if (!p.normB)
+        return;
+    bm_nrn_weights<NT, J>(w, p.wB, C, t);
+    const float inv = bm_inv_rms(tc.sum(bm_sumsq_packed<J>(h), false), H, p.epsB);
+    if constexpr (Q) {
+        float v[J][8];
+        bm_pack8 pk[J];
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            bm_unpack8(h[j], v[j]);
+            if (t + j * NT < C)
+                pk[j] = bm_norm_apply8(v[j], inv, p.wB != NULL, w[j]);
+        }
+        bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
+    } else {
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = t + j * NT;
+            if (c >= C)
+                continue;
+            float f[8];
+            bm_unpack8(h[j], f);
+            const bm_pack8 pk = bm_norm_apply8(f, inv, p.wB != NULL, w[j]);
+            bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
+        }
+    }
+}
+
+template <int NT, int J, int MB, int HINT, int Q, int PK>
 __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
@@ -78,62 +190,67 @@ __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparam
     bm_pdl_trigger();
 
     for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-        bm_pack8 xr[J], rr[J], wa[J], wb[J];
-        float v[J][8];
+        if constexpr (PK) {
+            bm_nrn_row_packed<NT, J, HINT, Q>(p, row, t, pol, tc);
+        } else {
+            bm_pack8 xr[J], rr[J], wa[J], wb[J];
+            float v[J][8];
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = t + j * NT;
-            xr[j] = rr[j] = wa[j] = wb[j] = zero;
-            if (c < C) {
-                xr[j] = bm_load8_hint<HINT>(p.x + (size_t)row * H + (size_t)c * 8, pol);
-                rr[j] = bm_load8_hint<HINT>(p.residual + (size_t)row * H + (size_t)c * 8, pol);
-                if (wA)
-                    wa[j] = bm_load8<true>(wA + (size_t)c * 8);
-                if (wB)
-                    wb[j] = bm_load8<true>(wB + (size_t)c * 8);
+            for (int j = 0; j < J; ++j) {
+                const int c = t + j * NT;
+                xr[j] = rr[j] = wa[j] = wb[j] = zero;
+                if (c < C) {
+                    xr[j] = bm_load8_hint<HINT>(p.x + (size_t)row * H + (size_t)c * 8, pol);
+                    rr[j] = bm_load8_hint<HINT>(p.residual + (size_t)row * H + (size_t)c * 8, pol);
+                    if (wA)
+                        wa[j] = bm_load8<true>(wA + (size_t)c * 8);
+                    if (wB)
+                        wb[j] = bm_load8<true>(wB + (size_t)c * 8);
+                }
+                bm_unpack8(xr[j], v[j]); /* padding chunks: +0 */
             }
-            bm_unpack8(xr[j], v[j]); /* padding chunks: +0 */
-        }
 
-        /* ---- norm A (pre-norm) of x ---- */
-        if (p.normA) {
-            const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsA);
-#pragma unroll
-            for (int j = 0; j < J; ++j)
-                if (t + j * NT < C)
-                    bm_norm_apply8(v[j], inv, wA != NULL, wa[j]);
-        }
-
-        /* ---- scales, residual add -> hidden ---- */
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = t + j * NT;
-            if (c >= C)
-                continue;
-            const bm_pack8 pk = bm_residual8(v[j], rr[j], p.has_scales, p.scale_x, p.scale_r);
-            bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, pk);
-        }
-
-        /* ---- norm B of hidden -> normalized ---- */
-        if (p.normB) {
-            const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsB);
-            if constexpr (Q) {
-                bm_pack8 pk[J];
+            /* ---- norm A (pre-norm) of x ---- */
+            if (p.normA) {
+                const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsA);
 #pragma unroll
                 for (int j = 0; j < J; ++j)
                     if (t + j * NT < C)
-                        pk[j] = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
-                bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
-            } else {
-                /* each chunk stored as soon as it is normalized: fewer live
-                 * registers than collecting the row (no spill at 64) */
+                        bm_norm_apply8(v[j], inv, wA != NULL, wa[j]);
+            }
+
+            /* ---- scales, residual add -> hidden ---- */
 #pragma unroll
-                for (int j = 0; j < J; ++j) {
-                    const int c = t + j * NT;
-                    if (c >= C)
-                        continue;
-                    const bm_pack8 pk = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
-                    bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
+            for (int j = 0; j < J; ++j) {
+                const int c = t + j * NT;
+                if (c >= C)
+                    continue;
+                const bm_pack8 pk = bm_residual8(v[j], rr[j], p.has_scales, p.scale_x, p.scale_r);
+                bm_store8<true>(p.out + (size_t)row * H + (size_t)c * 8, pk);
+            }
+
+            /* ---- norm B of hidden -> normalized ---- */
+            if (p.normB) {
+                const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsB);
+                if constexpr (Q) {
+                    bm_pack8 pk[J];
+#pragma unroll
+                    for (int j = 0; j < J; ++j)
+                        if (t + j * NT < C)
+                            pk[j] = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
+                    bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
+                } else {
+                    /* each chunk stored as soon as it is normalized:
+                     * fewer live registers than collecting the row (no
+                     * spill at 64) */
+#pragma unroll
+                    for (int j = 0; j < J; ++j) {
+                        const int c = t + j * NT;
+                        if (c >= C)
+                            continue;
+                        const bm_pack8 pk = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
+                        bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
+                    }
                 }
             }
         }

@@ -309,6 +309,9 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>
     const int H = p.hidden;
     const int b = CS > 1 ? (int)(blockIdx.x % CS) : 0;
     const int g0 = b * NT + (int)threadIdx.x;
+    /* the norm weights loaded before each reduction: the FP8 decode
+     * kernels (bm_norm_stage) */
+    constexpr bool WFIRST = Q == BM_QF_FP8 && J == 1;
     /* the number of norms of a row is the same in every block of a cluster */
     const bool xchg = CS > 1 && (p.normA || (p.residual && p.normB));
     bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0};
@@ -376,8 +379,8 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>
         /* ---- norm A ---- */
         const bool last_row = row + rstep >= p.rows;
         if (p.normA)
-            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc,
-                                                  last_row && !(p.residual && p.normB));
+            bm_norm_stage<NT, J, CS, VEC, STRIDE, WFIRST>(v, pk, p.wA, p.epsA, H, C, g0, tc,
+                                                          last_row && !(p.residual && p.normB));
 
         /* ---- finalize only: store ---- */
         if (!p.residual) {
@@ -407,8 +410,8 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>
             /* the plain kernels' call as it was before Q existed: the
              * constant-false term changed their register allocation */
             if constexpr (Q) {
-                bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc,
-                                                      last_row && !bm_quant_exchanges<Q>(p));
+                bm_norm_stage<NT, J, CS, VEC, STRIDE, WFIRST>(v, pk, p.wB, p.epsB, H, C, g0, tc,
+                                                              last_row && !bm_quant_exchanges<Q>(p));
             } else {
                 bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, last_row);
             }

@@ -197,9 +197,15 @@ __device__ __forceinline__ void bm_cluster_wait()
 {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+/* The exit barrier's arrive (bm_tree_ctx): relaxed, since what it stands
+ * for, the block's own last exchange completed, is ordered by the mbarrier
+ * wait before it, not by memory. A release here would also wait until the
+ * block's earlier global stores (hidden, stored before norm B) are
+ * performed at cluster scope: an L2 round trip on the decode kernels'
+ * critical path. */
 __device__ __forceinline__ void bm_cluster_arrive()
 {
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 
 /* The cluster level of the tree for buffer i (phase: its parity bit); MAX:
@@ -408,24 +414,46 @@ __device__ __forceinline__ bm_pack8 bm_norm_apply8(float (&v)[8], float inv, int
 /* The whole norm of a row held by a block (or a cluster of CS blocks):
  * v <- f(N(v, w, eps)) for the thread's J chunks, the BF16 bits in out.
  * Chunk j of the thread is c = g0 + j * STRIDE; chunks c >= C are padding
- * (+0 in v, never loaded or stored). w: the norm weight row, or NULL. */
-template <int NT, int J, int CS, bool VEC, int STRIDE>
+ * (+0 in v, never loaded or stored). w: the norm weight row, or NULL.
+ * WFIRST: the weights are loaded before the reduction (their latency
+ * behind it, their registers held across it) instead of after it. Measured
+ * on an H200, the fused op's decode kernels at T = 1, H = 7168: the FP8
+ * ones gain (group 128 3.38 -> 3.23 us, tensor 3.27 -> 3.10), the BF16 and
+ * NVFP4 ones lose (3.10 -> 3.23, 3.44 -> 3.48), so only the FP8 decode
+ * kernels ask for it. */
+template <int NT, int J, int CS, bool VEC, int STRIDE, bool WFIRST = false>
 __device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[J],
                                               const uint16_t *w, float eps, int hidden,
                                               int C, int g0, bm_tree_ctx<NT, CS> &tc,
                                               bool last)
 {
-    const float sum = tc.sum(bm_sumsq_local<J>(v), last);
-    const float inv = bm_inv_rms(sum, hidden, eps);
+    if constexpr (WFIRST) {
+        bm_pack8 wp[J];
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * STRIDE;
-        if (c >= C)
-            continue;
-        bm_pack8 wp = {{0u, 0u, 0u, 0u}};
-        if (w)
-            wp = bm_load8<VEC>(w + (size_t)c * 8);
-        out[j] = bm_norm_apply8(v[j], inv, w != NULL, wp);
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * STRIDE;
+            wp[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+            if (w && c < C)
+                wp[j] = bm_load8<VEC>(w + (size_t)c * 8);
+        }
+        const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), last), hidden, eps);
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+            if (g0 + j * STRIDE < C)
+                out[j] = bm_norm_apply8(v[j], inv, w != NULL, wp[j]);
+    } else {
+        const float sum = tc.sum(bm_sumsq_local<J>(v), last);
+        const float inv = bm_inv_rms(sum, hidden, eps);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * STRIDE;
+            if (c >= C)
+                continue;
+            bm_pack8 wp = {{0u, 0u, 0u, 0u}};
+            if (w)
+                wp = bm_load8<VEC>(w + (size_t)c * 8);
+            out[j] = bm_norm_apply8(v[j], inv, w != NULL, wp);
+        }
     }
 }
 
