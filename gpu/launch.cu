@@ -144,7 +144,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
         s.st = 2 + 3; /* HINT 1: evict_last; PK */
         return s;
     }
-    if (!fin && p.residual && n2 >= 256 && (rows <= 64 ? nrn_decode && !quant : true)) {
+    if (!fin && p.residual && n2 >= 256 && (rows > 64 || (nrn_decode && !quant))) {
         s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
         s.j = 2;
         s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
