@@ -38,8 +38,8 @@
     X(1024, 1, 2, 1, 0) X(256, 2, 4, 0, 0) X(256, 2, 4, 1, 0)                  \
     X(256, 2, 4, 2, 0) X(128, 2, 8, 0, 0) X(128, 2, 8, 1, 0)                   \
     X(128, 2, 8, 2, 0) X(256, 1, 8, 1, 0)                                      \
-    X(128, 8, 4, 1, 1) X(256, 4, 4, 1, 1) X(512, 2, 3, 1, 1)                   \
-    X(128, 4, 8, 1, 1)
+    X(128, 8, 4, 1, 1) X(128, 8, 4, 2, 1) X(256, 4, 4, 1, 1)                   \
+    X(512, 2, 3, 1, 1) X(128, 4, 8, 1, 1)
 
 static int next_pow2(int c)
 {
@@ -82,8 +82,8 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
     s.mb = 1;
     s.st = 0;
     /* norm_residual_norm (no expert slots, a residual): the nrn kernel
-     * (nrn_kernel.cuh), one row per block, its row loads marked
-     * evict_last. Measured (bench/shape_sweep, cuda_bench): at decode for
+     * (nrn_kernel.cuh), one row per block, an L2 policy on its row loads
+     * (below). Measured (bench/shape_sweep, cuda_bench): at decode for
      * H > 4096 it beats the cluster row kernel without a pre-norm at
      * T = 1, 8, 64 and with one from T = 64 (at T = 1 the cluster's eight
      * multiprocessors do the two reductions' loads sooner: 2.91 against
@@ -136,19 +136,27 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * 9.77 against 10.34 us, pre + next 10.98 against 13.18; T = 4096 pre +
      * next 60.22 against 64.86 (91.5% of the floor); T = 16384 pre + next
      * 222.78 against 241.86 (99.1%), next norm 222.18 against 226.16. At
-     * decode, and at H = 4096 and 2048, the float rows stay ahead or level. */
+     * decode, and at H = 4096 and 2048, the float rows stay ahead or level.
+     * Its row loads evict_first up to T = 512, evict_last beyond (the same
+     * tool: T = 512 pre + next 10.67 against 10.93 us, with scales 11.29
+     * against 11.79, next norm 9.71 against 9.74; T = 4096 60.78 against
+     * 58.91, T = 16384 240.46 against 223.07). */
     if (!fin && p.residual && n2 >= 1024 && rows > 64 && !quant) {
         s.nt = 128;
         s.j = 8;
         s.mb = 4;
-        s.st = 2 + 3; /* HINT 1: evict_last; PK */
+        s.st = (rows <= 512 ? 3 : 2) + 3; /* HINT 2 or 1; PK */
         return s;
     }
     if (!fin && p.residual && n2 >= 256 && (rows > 64 || (nrn_decode && !quant))) {
         s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
         s.j = 2;
         s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
-        s.st = 2; /* HINT 1: evict_last */
+        /* the row loads evict_last in prefill (HINT 1), evict_first at
+         * decode (HINT 2): at T = 64, H = 7168 (shape_sweep perf, two runs)
+         * 2.94 against 3.10-3.12 us, with a pre-norm 3.72 against
+         * 3.90-3.93, with scales too 3.85-3.87 against 4.07-4.08 */
+        s.st = rows <= 64 ? 3 : 2;
         s.pdl = rows <= 64;
         return s;
     }

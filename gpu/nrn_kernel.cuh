@@ -19,9 +19,10 @@
  *    is what lets four rows of H = 7168 stay resident, which the library
  *    takes in prefill at H > 4096 (gpu/launch.cu says by how much);
  *  - HINT picks an L2 policy for the row loads (0 none, 1 evict_last,
- *    2 evict_first); the library takes evict_last, within 1% of the others
- *    at the large shapes and up to 2% ahead in some runs (the others are
- *    compiled for bench/shape_sweep).
+ *    2 evict_first); the library takes evict_last in prefill beyond
+ *    T = 512 (within 1% of the others at T = 4096 with the float rows, up
+ *    to 8% ahead with the packed ones) and evict_first at decode and up to
+ *    T = 512 (about 5% ahead at T = 64): gpu/launch.cu says where.
  * The arithmetic is the stages of row_ops.cuh in the same order, so the
  * bits are those of every other kernel. x may be the buffer of hidden or
  * normalized (UNFUSED's second launch) and the residual that of hidden (in
