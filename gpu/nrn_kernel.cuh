@@ -80,25 +80,21 @@ __device__ __forceinline__ float bm_sumsq_packed(const bm_pack8 (&h)[J])
     return P[0];
 }
 
-/* The thread's J chunks of one norm weight row (zero for padding chunks and
- * for no weight). */
-template <int NT, int J>
-__device__ __forceinline__ void bm_nrn_weights(bm_pack8 (&w)[J], const uint16_t *wrow, int C, int t)
+/* The norm of one chunk held packed: its BF16 bits widened, then
+ * bm_norm_apply8. */
+__device__ __forceinline__ bm_pack8 bm_norm_packed8(const bm_pack8 &h, float inv, bool has_w,
+                                                    const bm_pack8 &w)
 {
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = t + j * NT;
-        w[j] = bm_pack8{{0u, 0u, 0u, 0u}};
-        if (wrow && c < C)
-            w[j] = bm_load8<true>(wrow + (size_t)c * 8);
-    }
+    float f[8];
+    bm_unpack8(h, f);
+    return bm_norm_apply8(f, inv, has_w, w);
 }
 
 /* One row held as BF16 bits (PK shapes): every value a stage leaves is
  * rounded to BF16 (x, the pre-normed x, hidden), so the packed bits are all
  * the row needs between stages, four registers per chunk instead of eight
- * floats and four. That is what lets four rows of H = 7168 (or sixteen of
- * 2048) stay resident per multiprocessor: a call of a few hundred rows runs
+ * floats and four. That is what lets four rows of H = 7168 (or eight of
+ * 4096, a shape bench/shape_sweep times) stay resident per multiprocessor: a call of a few hundred rows runs
  * in one wave. The norm weights are loaded just before each reduction
  * (their latency behind it; from L1 after the first rows). Same stages,
  * same order, same bits as the float rows below. */
@@ -121,16 +117,12 @@ __device__ __forceinline__ void bm_nrn_row_packed(const typename bm_kparams<Q>::
 
     /* ---- norm A (pre-norm) of x ---- */
     if (p.normA) {
-        bm_nrn_weights<NT, J>(w, p.wA, C, t);
+        bm_weight_chunks<J, true, NT>(w, p.wA, C, t);
         const float inv = bm_inv_rms(tc.sum(bm_sumsq_packed<J>(h), false), H, p.epsA);
 #pragma unroll
-        for (int j = 0; j < J; ++j) {
-            if (t + j * NT >= C)
-                continue;
-            float f[8];
-            bm_unpack8(h[j], f);
-            h[j] = bm_norm_apply8(f, inv, p.wA != NULL, w[j]);
-        }
+        for (int j = 0; j < J; ++j)
+            if (t + j * NT < C)
+                h[j] = bm_norm_packed8(h[j], inv, p.wA != NULL, w[j]);
     }
 
     /* ---- scales, residual add -> hidden ---- */
@@ -148,7 +140,7 @@ __device__ __forceinline__ void bm_nrn_row_packed(const typename bm_kparams<Q>::
     /* ---- norm B of hidden -> normalized ---- */
     if (!p.normB)
         return;
-    bm_nrn_weights<NT, J>(w, p.wB, C, t);
+    bm_weight_chunks<J, true, NT>(w, p.wB, C, t);
     const float inv = bm_inv_rms(tc.sum(bm_sumsq_packed<J>(h), false), H, p.epsB);
     if constexpr (Q) {
         float v[J][8];
@@ -164,12 +156,9 @@ __device__ __forceinline__ void bm_nrn_row_packed(const typename bm_kparams<Q>::
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const int c = t + j * NT;
-            if (c >= C)
-                continue;
-            float f[8];
-            bm_unpack8(h[j], f);
-            const bm_pack8 pk = bm_norm_apply8(f, inv, p.wB != NULL, w[j]);
-            bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
+            if (c < C)
+                bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8,
+                                bm_norm_packed8(h[j], inv, p.wB != NULL, w[j]));
         }
     }
 }

@@ -411,6 +411,20 @@ __device__ __forceinline__ bm_pack8 bm_norm_apply8(float (&v)[8], float inv, int
     return p;
 }
 
+/* The thread's J chunks c = g0 + j * STRIDE of one norm weight row into
+ * registers (zero for padding chunks and for no weight, w NULL). */
+template <int J, bool VEC, int STRIDE>
+__device__ __forceinline__ void bm_weight_chunks(bm_pack8 (&wp)[J], const uint16_t *w, int C, int g0)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * STRIDE;
+        wp[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+        if (w && c < C)
+            wp[j] = bm_load8<VEC>(w + (size_t)c * 8);
+    }
+}
+
 /* The whole norm of a row held by a block (or a cluster of CS blocks):
  * v <- f(N(v, w, eps)) for the thread's J chunks, the BF16 bits in out.
  * Chunk j of the thread is c = g0 + j * STRIDE; chunks c >= C are padding
@@ -429,13 +443,7 @@ __device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[
 {
     if constexpr (WFIRST) {
         bm_pack8 wp[J];
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = g0 + j * STRIDE;
-            wp[j] = bm_pack8{{0u, 0u, 0u, 0u}};
-            if (w && c < C)
-                wp[j] = bm_load8<VEC>(w + (size_t)c * 8);
-        }
+        bm_weight_chunks<J, VEC, STRIDE>(wp, w, C, g0);
         const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), last), hidden, eps);
 #pragma unroll
         for (int j = 0; j < J; ++j)
