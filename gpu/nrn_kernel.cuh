@@ -94,10 +94,11 @@ __device__ __forceinline__ bm_pack8 bm_norm_packed8(const bm_pack8 &h, float inv
  * rounded to BF16 (x, the pre-normed x, hidden), so the packed bits are all
  * the row needs between stages, four registers per chunk instead of eight
  * floats and four. That is what lets four rows of H = 7168 (or eight of
- * 4096, a shape bench/shape_sweep times) stay resident per multiprocessor: a call of a few hundred rows runs
- * in one wave. The norm weights are loaded just before each reduction
- * (their latency behind it; from L1 after the first rows). Same stages,
- * same order, same bits as the float rows below. */
+ * 4096, a shape bench/shape_sweep times) stay resident per multiprocessor:
+ * a call of a few hundred rows runs in one wave. The norm weights are
+ * loaded just before each reduction (their latency behind it; from L1
+ * after the first rows). Same stages, same order, same bits as the float
+ * rows below. */
 template <int NT, int J, int HINT, int Q>
 __device__ __forceinline__ void bm_nrn_row_packed(const typename bm_kparams<Q>::type &p, int64_t row, int t,
                                                   uint64_t pol, bm_tree_ctx<NT, 1> &tc)
