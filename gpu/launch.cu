@@ -145,7 +145,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
         s.nt = 128;
         s.j = 8;
         s.mb = 4;
-        s.st = (rows <= 512 ? 3 : 2) + 3; /* HINT 2 or 1; PK */
+        s.st = bm_nrn_st(rows <= 512 ? 2 : 1, 1);
         return s;
     }
     if (!fin && p.residual && n2 >= 256 && (rows > 64 || (nrn_decode && !quant))) {
@@ -156,7 +156,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
          * decode (HINT 2): at T = 64, H = 7168 (shape_sweep perf, two runs)
          * 2.94 against 3.10-3.12 us, with a pre-norm 3.72 against
          * 3.90-3.93, with scales too 3.85-3.87 against 4.07-4.08 */
-        s.st = rows <= 64 ? 3 : 2;
+        s.st = bm_nrn_st(rows <= 64 ? 2 : 1, 0);
         s.pdl = rows <= 64;
         return s;
     }
@@ -227,7 +227,7 @@ int bm_shape_ok(bm_shape s, int hidden)
         if (s.cs != 1 || s.d != 0)
             return 0;
 #define BM_SOK(NT, J, MB, HINT, PK) \
-    if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT + 3 * PK) return 1;
+    if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK)) return 1;
         BM_NRNS(BM_SOK)
 #undef BM_SOK
         return 0;
@@ -256,7 +256,7 @@ int bm_shape_list(bm_shape *out, int max)
 #define BM_LPIPE(NT, J, D, MB) \
     if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, D, MB, 0}; ++n;
 #define BM_LNRN(NT, J, MB, HINT, PK) \
-    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, 0, MB, 1 + HINT + 3 * PK}; ++n;
+    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, 0, MB, bm_nrn_st(HINT, PK)}; ++n;
     BM_SHAPES(BM_LROW)
     BM_PIPES(BM_LPIPE)
     BM_NRNS(BM_LNRN)
@@ -404,7 +404,7 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
         const int64_t cap = (int64_t)(INT_MAX / 8);
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
 #define BM_SGO(NT, J, MB, HINT, PK)                                               \
-        if (s.nt == NT && s.j == J && s.mb == MB && s.st == 1 + HINT + 3 * PK)    \
+        if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK))  \
             return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK>, p, blocks, NT, 1, 0, s.pdl, stream) \
                    : pq->q.kind == BM_QUANT_NVFP4                                                                    \
                        ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK>, *pq, blocks, NT, 1, 0, s.pdl, stream) \

@@ -46,6 +46,14 @@ struct bm_shape {
               * evict_first), the row held packed when st > 3 */
 };
 
+/* The st of the nrn kernel with L2 policy hint (0 none, 1 evict_last,
+ * 2 evict_first) and its row packed (pk 1) or not: the one place that
+ * encodes it. */
+constexpr int bm_nrn_st(int hint, int pk)
+{
+    return 1 + hint + 3 * pk;
+}
+
 /* The shape the library uses for the launch p (rows, hidden, and what the
  * row holds: finalize or not, a pre-norm or not, quant: the kind of its
  * quantized output, BEAM_QUANT_*, or 0). */
