@@ -5,10 +5,11 @@
  * bytes read plus written), then for each shape (K = 8; H = 7168 with T in
  * {1, 8, 64, 512, 4096, 16384}; H = 4096 and 2048 at T = 4096) and each
  * configuration a user can call (cfgs below: every op, with and without the
- * post or pre norm and its weight, scales, routed scale) the median time
- * per call over CUDA graph replays. One graph holds N calls on N different
- * buffer sets, N chosen so that the sets together exceed 3x the L2 cache:
- * every call reads cold memory, as in a model. Time per call = graph time /
+ * post or pre norm and its weight, scales, routed scale, in place) the
+ * median time per call over CUDA graph replays. One graph holds N calls on
+ * N different buffer sets, outputs included, N chosen so that the sets
+ * together exceed 3x the L2 cache: every call reads cold memory and writes
+ * lines no recent call wrote, as in a model. Time per call = graph time /
  * N; median over 20 replays.
  *
  * Bytes per call (docs/PERF.md): finalize reads T*K*H*2 + T*K*4, writes
@@ -58,26 +59,29 @@ typedef struct bench_cfg {
     int quant; /* the next norm's output in FP8 or NVFP4 only (beam_*_q): 0
                 * no, else BEAM_QUANT_FP8_GROUP (group 128), _TOKEN, _TENSOR,
                 * BEAM_QUANT_NVFP4 */
+    int inplace; /* hidden written over the residual (hidden_out == residual) */
 } bench_cfg;
 
 static const bench_cfg cfgs[] = {
-    {"finalize", OP_FIN, 0, 0, 0, 1.0f, 0},
-    {"finalize+post", OP_FIN, 1, 1, 0, 1.0f, 0},
-    {"finalize+post0", OP_FIN, 1, 0, 0, 2.5f, 0},
-    {"nrn", OP_NRN, 0, 0, 0, 1.0f, 0},
-    {"nrn+pre", OP_NRN, 1, 1, 0, 1.0f, 0},
-    {"nrn+pre+scales", OP_NRN, 1, 1, 1, 1.0f, 0},
-    {"fused", OP_FUSED, 0, 0, 0, 1.0f, 0},
-    {"fused+post", OP_FUSED, 1, 1, 0, 1.0f, 0},
-    {"fused+post0", OP_FUSED, 1, 0, 0, 1.0f, 0},
-    {"fused+post+scales", OP_FUSED, 1, 1, 1, 2.5f, 0},
-    {"unfused+post", OP_UNFUSED, 1, 1, 0, 1.0f, 0},
-    {"nrn fp8 group", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_FP8_GROUP},
-    {"fused+post fp8 group", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_GROUP},
-    {"fused+post fp8 token", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TOKEN},
-    {"fused+post fp8 tensor", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TENSOR},
-    {"nrn nvfp4", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_NVFP4},
-    {"fused+post nvfp4", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_NVFP4},
+    {"finalize", OP_FIN, 0, 0, 0, 1.0f, 0, 0},
+    {"finalize+post", OP_FIN, 1, 1, 0, 1.0f, 0, 0},
+    {"finalize+post0", OP_FIN, 1, 0, 0, 2.5f, 0, 0},
+    {"nrn", OP_NRN, 0, 0, 0, 1.0f, 0, 0},
+    {"nrn+pre", OP_NRN, 1, 1, 0, 1.0f, 0, 0},
+    {"nrn+pre+scales", OP_NRN, 1, 1, 1, 1.0f, 0, 0},
+    {"nrn+inplace", OP_NRN, 0, 0, 0, 1.0f, 0, 1},
+    {"fused", OP_FUSED, 0, 0, 0, 1.0f, 0, 0},
+    {"fused+post", OP_FUSED, 1, 1, 0, 1.0f, 0, 0},
+    {"fused+post0", OP_FUSED, 1, 0, 0, 1.0f, 0, 0},
+    {"fused+post+scales", OP_FUSED, 1, 1, 1, 2.5f, 0, 0},
+    {"fused+post+inplace", OP_FUSED, 1, 1, 0, 1.0f, 0, 1},
+    {"unfused+post", OP_UNFUSED, 1, 1, 0, 1.0f, 0, 0},
+    {"nrn fp8 group", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_FP8_GROUP, 0},
+    {"fused+post fp8 group", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_GROUP, 0},
+    {"fused+post fp8 token", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TOKEN, 0},
+    {"fused+post fp8 tensor", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TENSOR, 0},
+    {"nrn nvfp4", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_NVFP4, 0},
+    {"fused+post nvfp4", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_NVFP4, 0},
 };
 enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
@@ -148,7 +152,8 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         char *b = pool + (rotate ? s : 0) * set_bytes;
         const uint16_t *x = (const uint16_t *)b;
         const float *w = (const float *)(b + o_w);
-        uint16_t *res = (uint16_t *)(b + o_res), *out = (uint16_t *)(b + o_out);
+        uint16_t *res = (uint16_t *)(b + o_res);
+        uint16_t *out = cf->inplace ? res : (uint16_t *)(b + o_out);
         uint16_t *nrm = (uint16_t *)(b + o_nrm);
         const beam_norm *nA = cf->normA ? normA : NULL;
         static const float scales[2] = {0.75f, 1.25f};

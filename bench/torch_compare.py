@@ -30,8 +30,10 @@ normalized).
 CUDA (when torch sees a GPU): each method is captured in CUDA graphs and
 replayed; the time per call is the median over replays. "cold" rotates among
 buffer sets that together exceed 3x the GPU's L2 cache (no call finds its
-inputs in L2); "hot" repeats one set. Results are allocated inside the
-graph, so its calls reuse the same result buffers (as a model's layers do).
+inputs in L2), and each call keeps its own result buffers, so no call
+writes lines that an earlier one left in L2 (the floor's bytes all go to
+memory, and an in-place call, which writes into its own set's residual, is
+measured as the others are); "hot" repeats one set, results reused.
 
 CPU tensors: the median wall time of single calls, with
 torch.set_num_threads(all cores).
@@ -250,9 +252,13 @@ def l2_bytes():
     return getattr(props, "L2_cache_size", 0) or 60 * 2 ** 20
 
 
-def graph_time_us(fn, sets, calls, iters):
+def graph_time_us(fn, sets, calls, iters, hold=False):
     """Median time per call of replays of one CUDA graph that makes `calls`
-    calls of fn, cycling through `sets`."""
+    calls of fn, cycling through `sets`. hold: every call's results stay
+    alive until the capture ends, so each call writes its own buffers
+    (otherwise the graph's pool hands the next call the buffers the last
+    one freed, and at sizes that fit in L2 the writes land on lines still
+    there)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -261,9 +267,13 @@ def graph_time_us(fn, sets, calls, iters):
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    held = []
     with torch.cuda.graph(graph):
         for i in range(calls):
-            fn(*sets[i % len(sets)])
+            r = fn(*sets[i % len(sets)])
+            if hold:
+                held.append(r)
+    del held
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -318,7 +328,8 @@ def run_cuda(configs, shapes, modes, iters, unfused):
                 if mode == modes[0]:
                     print(check_line(cfg, t, h, sets[0], compiled))
                 methods = [("compiled", compiled)] + [(s, cfg.beam(s)) for s in cfg.strategies(unfused)]
-                results = {name: graph_time_us(fn, sets, calls, iters) for name, fn in methods}
+                results = {name: graph_time_us(fn, sets, calls, iters, hold=mode == "cold")
+                           for name, fn in methods}
                 floor_us = cfg.nbytes(t, h) / bw * 1e6
                 rows.append((cfg, mode, t, h, results, floor_us))
                 print("%s T=%d H=%d %s (%d buffer sets): %s; floor %.2f us" % (
