@@ -6,11 +6,12 @@
  * {1, 8, 64, 512, 4096, 16384}; H = 4096 and 2048 at T = 4096) and each
  * configuration a user can call (cfgs below: every op, with and without the
  * post or pre norm and its weight, scales, routed scale, in place) the
- * median time per call over CUDA graph replays. One graph holds N calls on
- * N different buffer sets, outputs included, N chosen so that the sets
- * together exceed 3x the L2 cache: every call reads cold memory and writes
- * lines no recent call wrote, as in a model. Time per call = graph time /
- * N; median over 20 replays.
+ * median time per call over CUDA graph replays. One graph cycles through N
+ * buffer sets, outputs included, N chosen so that the sets together exceed
+ * 3x the L2 cache: every call reads cold memory and writes lines no recent
+ * call wrote, as in a model. It makes N calls or more (graph_calls), so
+ * that the graph's own launch latency is spread thin. Time per call =
+ * graph time / calls; median over 20 replays.
  *
  * Bytes per call (docs/PERF.md): finalize reads T*K*H*2 + T*K*4, writes
  * T*H*2; norm_residual_norm reads x and residual, writes hidden and
@@ -136,10 +137,27 @@ static const beam_ops *g_ops;
         if (ok_s_ != BEAM_OK) FAIL("%s: %s", #x, g_ops->last_error());          \
     } while (0)
 
-/* Median time per call (us) of a graph of n calls of op; rotate: call i
- * uses buffer set i (else every call uses set 0). */
+/* The calls of one cold graph: every buffer set once, and more (up to 20,
+ * cycling through the sets) while the graph's bytes would take under half
+ * a millisecond at the copy bandwidth. Below that the graph's own launch
+ * latency (one per replay, on the GPU's clock between the two events)
+ * showed in the time per call: a graph of the two sets of T = 4096 (H =
+ * 2048 or 7168, one H200) timed each call 1.2-1.5 us slower than one of
+ * twenty calls. Longer graphs gain nothing, and twenty calls of T = 16384
+ * timed some configurations 10-18% slower, erratically. */
+static size_t graph_calls(size_t nsets, double bytes, double copy_gbs)
+{
+    const double floor_us = bytes / copy_gbs / 1e3;
+    size_t n = nsets;
+    while (n < 20 && n * floor_us < 500.0)
+        n++;
+    return n;
+}
+
+/* Median time per call (us) of a graph of n calls of op; nsets > 0: call
+ * i uses buffer set i % nsets (else every call uses set 0). */
 static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *pool, size_t set_bytes,
-                         size_t n, int rotate, const bench_cfg *cf, int64_t T, int32_t H, int32_t K,
+                         size_t n, size_t nsets, const bench_cfg *cf, int64_t T, int32_t H, int32_t K,
                          size_t o_w, size_t o_res, size_t o_out, size_t o_nrm, const beam_norm *normA,
                          const beam_norm *next, int reps, double *times)
 {
@@ -149,7 +167,7 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
     int r;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     for (s = 0; s < n; s++) {
-        char *b = pool + (rotate ? s : 0) * set_bytes;
+        char *b = pool + (nsets ? s % nsets : 0) * set_bytes;
         const uint16_t *x = (const uint16_t *)b;
         const float *w = (const float *)(b + o_w);
         uint16_t *res = (uint16_t *)(b + o_res);
@@ -326,8 +344,8 @@ int main(int argc, char **argv)
                                                 : fin_b + wA + brow + nrm_b + H * 2.0;
             double us, hot = 0.0;
             if (quick && cf->normA != (op != OP_NRN)) continue;
-            us = time_calls(st, e0, e1, pool, set_bytes, nsets, 1, cf, T, H, K, o_w, o_res, o_out, o_nrm,
-                            &post, &next, reps, times);
+            us = time_calls(st, e0, e1, pool, set_bytes, graph_calls(nsets, bytes, copy_gbs), nsets, cf, T,
+                            H, K, o_w, o_res, o_out, o_nrm, &post, &next, reps, times);
             /* decode sizes also hot: 50 calls on one buffer set, which then
              * stays in L2 (as when the previous kernel just wrote it) */
             if (T <= 64)

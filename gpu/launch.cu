@@ -91,22 +91,34 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * its shapes) */
     const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
     /* With a quantized output (quant: its kind) norm_residual_norm's rows
-     * take other kernels (shape_sweep perf --quant 1 and 4, next norm only,
-     * FP8 group 128 and NVFP4, one H200): at H = 7168 the pipelined kernel
-     * of 512 threads x 2 chunks, depth 3 for 64 < T <= 512 without a
-     * pre-norm (T = 512: FP8 13.06 us, NVFP4 14.42, against 13.59 and 16.53
-     * for the nrn kernel, which an earlier run had ahead of the pipelined
-     * kernel of 256 x 4: 12.94-13.49 against 14.49), the cluster row kernel
-     * at decode (T = 1: 2.61 against 3.37; T = 64: 3.93 against 4.24;
-     * below) and the pipelined one of 256 threads x 4 chunks, depth 3
-     * beyond (T = 4096: 63.25 against 79.65; T = 16384: 228.58, the best);
-     * at H = 4096 and 2048 (T = 4096) the row kernel, 128 threads (37.33
-     * against 38.72 us for the pipelined; 21.49 against 25.68) */
+     * take other kernels (shape_sweep perf --quant 1 and 4, FP8 group 128
+     * and NVFP4, one H200), the cluster row kernel at decode (T = 1: 2.61
+     * against 3.37 us; T = 64: 3.93 against 4.24; below), and in prefill:
+     *  - H = 7168, FP8: the row kernel of 256 threads x 4 chunks (T = 512
+     *    next norm 12.03 us against 12.34 for the pipelined kernel of
+     *    512 x 2, pre-norm 13.80 against 15.39 for the pipelined 256 x 4;
+     *    T = 4096 58.21 / 70.50 against 60.48 / 77.47; T = 16384 211.07 /
+     *    257.78 against 223.37 / 290.57);
+     *  - H = 7168, NVFP4: the pipelined kernel of 512 x 2, depth 3 for
+     *    T <= 512 without a pre-norm (T = 512: 14.42 against 16.53 for the
+     *    nrn kernel), of 256 x 4, depth 3 otherwise (T = 16384: 287.91
+     *    against 317.34 for the row kernel);
+     *  - H = 2048 with a pre-norm: the nrn kernel's float rows, 128 x 2
+     *    (T = 4096: FP8 23.52 against 25.26 us, evict_first; NVFP4 27.94
+     *    against 28.95, evict_last);
+     *  - else at H = 4096 and 2048 the row kernel, 128 threads (T = 4096
+     *    next norm: 37.33 against 38.72 us for the pipelined; 21.49
+     *    against 25.68). */
     if (quant && !fin && p.residual && rows > 64 && n2 >= 256) {
-        if (n2 >= 1024 && rows <= 512 && !p.normA) {
+        if (n2 >= 1024 && quant != BM_QUANT_NVFP4) {
+            s.nt = 256; s.j = 4; s.u = 2;
+        } else if (n2 >= 1024 && rows <= 512 && !p.normA) {
             s.nt = 512; s.j = 2; s.d = 3;
         } else if (n2 >= 1024) {
             s.nt = 256; s.j = 4; s.d = 3;
+        } else if (n2 == 256 && p.normA) {
+            s.nt = 128; s.j = 2; s.mb = 8;
+            s.st = bm_nrn_st(quant == BM_QUANT_NVFP4 ? 1 : 2, 0);
         } else {
             s.nt = 128; s.j = n2 / 128; s.u = n2 == 512 ? 2 : 4;
         }
@@ -116,16 +128,18 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * beyond T = 512 the pipelined kernel of 256 x 4, depth 3 (T = 16384:
      * FP8 607.5 against 614.6 us for the plain rows' 512 x 2, NVFP4 638.5
      * against 660.9; T = 4096: 165.3 against 164.9, 173.2 against 177.2);
-     * at H = 2048 FP8's the row kernel of 128 x 2 (54.3 against 56.4 for
-     * the pipelined 256 x 1), NVFP4's the pipelined 128 x 2, depth 4, 8
-     * blocks a multiprocessor (53.9 against 60.6) */
+     * at H = 2048 FP8's the row kernel of 256 x 1 (fused+post, group
+     * 128: 49.39 against 54.08 for the row kernel of 128 x 2, which had
+     * measured 54.3 against 56.4 for the pipelined 256 x 1; token 49.38
+     * against 53.41), NVFP4's the pipelined 128 x 2, depth 4, 8 blocks a
+     * multiprocessor (53.9 against 60.6) */
     if (quant && fin && p.residual && rows > 512 && (n2 >= 1024 || n2 == 256)) {
         if (n2 >= 1024) {
             s.nt = 256; s.j = 4; s.d = 3;
         } else if (quant == BM_QUANT_NVFP4) {
             s.nt = 128; s.j = 2; s.d = 4; s.mb = 8;
         } else {
-            s.nt = 128; s.j = 2; s.u = 4;
+            s.nt = 256; s.j = 1; s.u = 8;
         }
         return s;
     }
@@ -136,16 +150,19 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * 9.77 against 10.34 us, pre + next 10.98 against 13.18; T = 4096 pre +
      * next 60.22 against 64.86 (91.5% of the floor); T = 16384 pre + next
      * 222.78 against 241.86 (99.1%), next norm 222.18 against 226.16. At
-     * decode, and at H = 4096 and 2048, the float rows stay ahead or level.
-     * Its row loads evict_first up to T = 512, evict_last beyond (the same
-     * tool: T = 512 pre + next 10.67 against 10.93 us, with scales 11.29
-     * against 11.79, next norm 9.71 against 9.74; T = 4096 60.78 against
-     * 58.91, T = 16384 240.46 against 223.07). */
-    if (!fin && p.residual && n2 >= 1024 && rows > 64 && !quant) {
+     * decode, and at H = 4096 and 2048, the float rows stay ahead or level,
+     * but for H = 4096 with scales: there 128 x 4 packed, eight rows a
+     * multiprocessor (T = 4096 pre + next + scales 35.54 against 36.58
+     * us; without scales the float rows lead, 34.59 against 35.19).
+     * Its row loads evict_first up to T = 512 at H > 4096, evict_last
+     * beyond (the same tool: T = 512 pre + next 10.67 against 10.93 us,
+     * with scales 11.29 against 11.79, next norm 9.71 against 9.74;
+     * T = 4096 60.78 against 58.91, T = 16384 240.46 against 223.07). */
+    if (!fin && p.residual && rows > 64 && !quant && (n2 >= 1024 || (n2 == 512 && p.has_scales))) {
         s.nt = 128;
-        s.j = 8;
-        s.mb = 4;
-        s.st = bm_nrn_st(rows <= 512 ? 2 : 1, 1);
+        s.j = n2 >= 1024 ? 8 : 4;
+        s.mb = n2 >= 1024 ? 4 : 8;
+        s.st = bm_nrn_st(n2 >= 1024 && rows <= 512 ? 2 : 1, 1);
         return s;
     }
     if (!fin && p.residual && n2 >= 256 && (rows > 64 || (nrn_decode && !quant))) {
