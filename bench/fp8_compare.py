@@ -45,8 +45,9 @@ their strides), and their hidden and normalized equal bf16's.
 
 CUDA: each method captured in CUDA graphs and replayed (torch_compare's
 graph_time_us); "cold" rotates among buffer sets that together exceed 3x
-the L2, each call with its own result buffers, "hot" repeats one. CPU: the median wall time of single calls
-(torch_compare's wall_us), with torch.set_num_threads(all cores).
+the L2, each call with its own result buffers, "hot" repeats one. CPU:
+the median wall time of single calls (torch_compare's wall_us), with
+torch.set_num_threads(all cores).
 
 The copy bandwidth is measured in the same run, and fp8 is quoted as a
 fraction of its floor (bytes over that bandwidth). Bytes: fused T*K*H*2

@@ -92,7 +92,8 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
     const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
     /* With a quantized output (quant: its kind) norm_residual_norm's rows
      * take other kernels (shape_sweep perf --quant 1 and 4, FP8 group 128
-     * and NVFP4, one H200), the cluster row kernel at decode (T = 1: 2.61
+     * and NVFP4, one H200; FP8's token and tensor scales take FP8 group
+     * 128's kernels), the cluster row kernel at decode (T = 1: 2.61
      * against 3.37 us; T = 64: 3.93 against 4.24; below), and in prefill:
      *  - H = 7168, FP8: the row kernel of 256 threads x 4 chunks (T = 512
      *    next norm 12.03 us against 12.34 for the pipelined kernel of
