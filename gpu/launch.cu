@@ -154,7 +154,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * decode, and at H = 4096 and 2048, the float rows stay ahead or level,
      * but for H = 4096 with scales: there 128 x 4 packed, eight rows a
      * multiprocessor (T = 4096 pre + next + scales 35.54 against 36.58
-     * us; without scales the float rows lead, 34.59 against 35.19).
+     * us; without scales the float rows are faster, 34.59 against 35.19).
      * Its row loads evict_first up to T = 512 at H > 4096, evict_last
      * beyond (the same tool: T = 512 pre + next 10.67 against 10.93 us,
      * with scales 11.29 against 11.79, next norm 9.71 against 9.74;
