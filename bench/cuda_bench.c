@@ -9,7 +9,7 @@
  * median time per call over CUDA graph replays. One graph cycles through N
  * buffer sets, outputs included, N chosen so that the sets together exceed
  * 3x the L2 cache: every call reads cold memory and writes lines no recent
- * call wrote, as in a model. It makes N calls or more (graph_calls), so
+ * call wrote, as in a model. It makes N calls or more (bm_graph_calls), so
  * that the graph's own launch latency is spread thin. Time per call =
  * graph time / calls; median over 20 replays.
  *
@@ -46,6 +46,7 @@
 #include "beammoe.h"
 #include "checks.h"
 #include "gpu_probe.h"
+#include "graph_calls.h"
 
 enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
 
@@ -136,23 +137,6 @@ static const beam_ops *g_ops;
         beam_status ok_s_ = (x);                                                 \
         if (ok_s_ != BEAM_OK) FAIL("%s: %s", #x, g_ops->last_error());          \
     } while (0)
-
-/* The calls of one cold graph: every buffer set once, and more (up to 20,
- * cycling through the sets) while the graph's bytes would take under half
- * a millisecond at the copy bandwidth. Below that the graph's own launch
- * latency (one per replay, on the GPU's clock between the two events)
- * showed in the time per call: a graph of the two sets of T = 4096 (H =
- * 2048 or 7168, one H200) timed each call 1.2-1.5 us slower than one of
- * twenty calls. Longer graphs gain nothing, and twenty calls of T = 16384
- * timed some configurations 10-18% slower, erratically. */
-static size_t graph_calls(size_t nsets, double bytes, double copy_gbs)
-{
-    const double floor_us = bytes / copy_gbs / 1e3;
-    size_t n = nsets;
-    while (n < 20 && n * floor_us < 500.0)
-        n++;
-    return n;
-}
 
 /* Median time per call (us) of a graph of n calls of op; nsets > 0: call
  * i uses buffer set i % nsets (else every call uses set 0). */
@@ -344,8 +328,8 @@ int main(int argc, char **argv)
                                                 : fin_b + wA + brow + nrm_b + H * 2.0;
             double us, hot = 0.0;
             if (quick && cf->normA != (op != OP_NRN)) continue;
-            us = time_calls(st, e0, e1, pool, set_bytes, graph_calls(nsets, bytes, copy_gbs), nsets, cf, T,
-                            H, K, o_w, o_res, o_out, o_nrm, &post, &next, reps, times);
+            us = time_calls(st, e0, e1, pool, set_bytes, bm_graph_calls(nsets, bytes, copy_gbs), nsets, cf,
+                            T, H, K, o_w, o_res, o_out, o_nrm, &post, &next, reps, times);
             /* decode sizes also hot: 50 calls on one buffer set, which then
              * stays in L2 (as when the previous kernel just wrote it) */
             if (T <= 64)

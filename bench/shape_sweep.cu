@@ -37,6 +37,7 @@
 #include "checks.h"
 #include "fp4_check.cuh"
 #include "fp8_check.cuh"
+#include "graph_calls.h"
 #include "launch.h"
 extern "C" {
 #include "naive_ref.h"
@@ -613,13 +614,7 @@ int perf(int argc, char **argv)
                 }
                 cudaGraph_t g; cudaGraphExec_t ge;
                 CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-                /* every set once, and more calls (up to 20, cycling) while
-                 * the graph would take under half a millisecond: the
-                 * graph's launch latency is not a call's (cuda_bench's
-                 * graph_calls says what it cost) */
-                int calls = pb.nsets;
-                while (calls < 20 && calls * (bytes / copy_gbs / 1e3) < 500.0)
-                    ++calls;
+                const int calls = (int)bm_graph_calls((size_t)pb.nsets, bytes, copy_gbs);
                 for (int c = 0; c < calls; ++c) {
                     const int s = c % pb.nsets;
                     bm_row_params p = mk(s);

@@ -32,7 +32,7 @@ DISTCLEANFILES += gpu/$(DEPDIR)/launch.Plo gpu/$(DEPDIR)/backend_cuda.Plo
 # (public API + cudart, the harness's check macros and GPU probe; run it on
 # a GPU host, see scripts/gpu-check.sh).
 noinst_PROGRAMS += bench/cuda_bench
-bench_cuda_bench_SOURCES = bench/cuda_bench.c
+bench_cuda_bench_SOURCES = bench/cuda_bench.c bench/graph_calls.h
 bench_cuda_bench_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) $(CUDA_CPPFLAGS)
 bench_cuda_bench_LDFLAGS = $(CUDA_LDFLAGS)
 bench_cuda_bench_LDADD = harness/libharness_cuda.la harness/libharness.la libbeammoe.la $(CUDA_LIBS)
