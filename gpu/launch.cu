@@ -97,48 +97,60 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * against 3.37 us; T = 64: 3.93 against 4.24; below), and in prefill:
      *  - H = 7168, FP8: the row kernel of 256 threads x 4 chunks (T = 512
      *    next norm 12.03 us against 12.34 for the pipelined kernel of
-     *    512 x 2, pre-norm 13.80 against 15.39 for the pipelined 256 x 4;
-     *    T = 4096 58.21 / 70.50 against 60.48 / 77.47; T = 16384 211.07 /
-     *    257.78 against 223.37 / 290.57);
+     *    512 x 2; T = 4096 58.21 / 70.50 with a pre-norm against 60.48 /
+     *    77.47 for the pipelined 256 x 4; T = 16384 211.07 / 257.78
+     *    against 223.37 / 290.57), but with a pre-norm up to T = 512 the
+     *    pipelined 256 x 4, depth 2 (T = 512: 13.75 against 14.02 us,
+     *    token 12.83 against 13.12, tensor 12.23 against 12.60; NVFP4
+     *    15.14 against 15.63 for depth 3);
      *  - H = 7168, NVFP4: the pipelined kernel of 512 x 2, depth 3 for
      *    T <= 512 without a pre-norm (T = 512: 14.42 against 16.53 for the
      *    nrn kernel), of 256 x 4, depth 3 otherwise (T = 16384: 287.91
      *    against 317.34 for the row kernel);
-     *  - H = 2048 with a pre-norm: the nrn kernel's float rows, 128 x 2
-     *    (T = 4096: FP8 23.52 against 25.26 us, evict_first; NVFP4 27.94
-     *    against 28.95, evict_last);
+     *  - H = 4096 and 2048, NVFP4: the pipelined kernel of 128 threads,
+     *    depth 4 (T = 4096, H = 2048: next norm 22.92 against 23.77 us for
+     *    the row kernel, pre-norm 27.07 against 27.90 for the nrn kernel;
+     *    H = 4096: 42.41 / 51.51 against 44.41 / 53.73 for the row kernel);
+     *  - H = 2048 with a pre-norm, FP8: the nrn kernel's float rows,
+     *    128 x 2, evict_first (T = 4096: 23.52 against 25.26 us);
      *  - else at H = 4096 and 2048 the row kernel, 128 threads (T = 4096
      *    next norm: 37.33 against 38.72 us for the pipelined; 21.49
      *    against 25.68). */
     if (quant && !fin && p.residual && rows > 64 && n2 >= 256) {
-        if (n2 >= 1024 && quant != BM_QUANT_NVFP4) {
+        if (n2 >= 1024 && p.normA && rows <= 512) {
+            s.nt = 256; s.j = 4; s.d = 2;
+        } else if (n2 >= 1024 && quant != BM_QUANT_NVFP4) {
             s.nt = 256; s.j = 4; s.u = 2;
         } else if (n2 >= 1024 && rows <= 512 && !p.normA) {
             s.nt = 512; s.j = 2; s.d = 3;
         } else if (n2 >= 1024) {
             s.nt = 256; s.j = 4; s.d = 3;
+        } else if (quant == BM_QUANT_NVFP4) {
+            s.nt = 128; s.j = n2 / 128; s.d = 4;
         } else if (n2 == 256 && p.normA) {
             s.nt = 128; s.j = 2; s.mb = 8;
-            s.st = bm_nrn_st(quant == BM_QUANT_NVFP4 ? 1 : 2, 0);
+            s.st = bm_nrn_st(2, 0);
         } else {
             s.nt = 128; s.j = n2 / 128; s.u = n2 == 512 ? 2 : 4;
         }
         return s;
     }
-    /* ... and the fused op's (T = 4096 and 16384, one H200): at H = 7168
-     * beyond T = 512 the pipelined kernel of 256 x 4, depth 3 (T = 16384:
-     * FP8 607.5 against 614.6 us for the plain rows' 512 x 2, NVFP4 638.5
-     * against 660.9; T = 4096: 165.3 against 164.9, 173.2 against 177.2);
-     * at H = 2048 FP8's the row kernel of 256 x 1 (fused+post, group
-     * 128: 49.39 against 54.08 for the row kernel of 128 x 2, which had
-     * measured 54.3 against 56.4 for the pipelined 256 x 1; token 49.38
-     * against 53.41), NVFP4's the pipelined 128 x 2, depth 4, 8 blocks a
-     * multiprocessor (53.9 against 60.6) */
-    if (quant && fin && p.residual && rows > 512 && (n2 >= 1024 || n2 == 256)) {
+    /* ... and the fused op's (one H200, since the pipelined kernel holds
+     * or early-loads its norm weights): at H = 7168 in prefill the
+     * pipelined kernel of 256 x 4, depth 4 (fused + post, FP8 group 128:
+     * T = 512 26.45 against 26.88 us for the plain rows' 512 x 2, depth 3;
+     * T = 4096 155.92 against 160.67; T = 16384 589.31 against 611.86,
+     * 588.58 at depth 3; NVFP4 27.05 / 162.27 / 603.19 against 27.51 /
+     * 174.16 / 659.50); at H = 2048 beyond T = 512 FP8's the row kernel
+     * of 256 x 1 (fused + post, group 128, T = 4096: 48.89 against 51.38
+     * for the pipelined 128 x 2; token 49.08 against 51.09), NVFP4's the
+     * pipelined 128 x 2, depth 4 (46.38 against 50.95 with 8 blocks a
+     * multiprocessor asked of the compiler) */
+    if (quant && fin && p.residual && ((rows > 64 && n2 >= 1024) || (rows > 512 && n2 == 256))) {
         if (n2 >= 1024) {
-            s.nt = 256; s.j = 4; s.d = 3;
+            s.nt = 256; s.j = 4; s.d = 4;
         } else if (quant == BM_QUANT_NVFP4) {
-            s.nt = 128; s.j = 2; s.d = 4; s.mb = 8;
+            s.nt = 128; s.j = 2; s.d = 4;
         } else {
             s.nt = 256; s.j = 1; s.u = 8;
         }
@@ -201,9 +213,16 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * kind of row (docs/PERF.md): the pipelined kernel where a row has many
      * items (finalize: K slots and the residual); for rows of neither
      * (norm_residual_norm's took the nrn kernel above) at H > 4096, the
-     * pipeline with 3 blocks per multiprocessor */
+     * pipeline with 3 blocks per multiprocessor. Finalize and the fused op
+     * at H = 7168: 512 x 2, depth 3 up to T = 512 (fused + post, T = 512:
+     * 24.46 against 24.60 us for 256 x 4), 256 x 4, depth 3 beyond (T =
+     * 4096: 157.07 against 158.34; T = 16384: 611.23 against 619.00); at
+     * H = 2048 128 x 2, depth 4 (T = 4096: 45.58 against 47.05 for
+     * 256 x 1) */
     if (n2 >= 1024) {
-        if (fin) {
+        if (fin && rows > 512) {
+            s.nt = 256; s.j = 4; s.d = 3;
+        } else if (fin) {
             s.nt = 512; s.j = 2; s.d = 3;
         } else {
             s.nt = 512; s.j = 2; s.d = 4; s.mb = 3;
@@ -212,7 +231,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
         s.nt = 256; s.j = 2; s.d = 4; /* fin (nrn rows took the nrn kernel) */
     } else if (n2 == 256) {
         if (fin) {
-            s.nt = 256; s.j = 1; s.d = 4;
+            s.nt = 128; s.j = 2; s.d = 4;
         } else {
             s.nt = 128; s.j = 2; s.d = 4; s.mb = 8;
         }

@@ -425,6 +425,21 @@ __device__ __forceinline__ void bm_weight_chunks(bm_pack8 (&wp)[J], const uint16
     }
 }
 
+/* The whole norm of a row (bm_norm_stage, below) with the thread's weight
+ * chunks already in registers: wp, zero where has_w is false. */
+template <int NT, int J, int CS, int STRIDE>
+__device__ __forceinline__ void bm_norm_stage_held(float (&v)[J][8], bm_pack8 (&out)[J],
+                                                   const bm_pack8 (&wp)[J], bool has_w, float eps,
+                                                   int hidden, int C, int g0,
+                                                   bm_tree_ctx<NT, CS> &tc, bool last)
+{
+    const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), last), hidden, eps);
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+        if (g0 + j * STRIDE < C)
+            out[j] = bm_norm_apply8(v[j], inv, has_w, wp[j]);
+}
+
 /* The whole norm of a row held by a block (or a cluster of CS blocks):
  * v <- f(N(v, w, eps)) for the thread's J chunks, the BF16 bits in out.
  * Chunk j of the thread is c = g0 + j * STRIDE; chunks c >= C are padding
@@ -433,8 +448,9 @@ __device__ __forceinline__ void bm_weight_chunks(bm_pack8 (&wp)[J], const uint16
  * behind it, their registers held across it) instead of after it. Measured
  * on an H200, the fused op's decode kernels at T = 1, H = 7168: the FP8
  * ones gain (group 128 3.38 -> 3.23 us, tensor 3.27 -> 3.10), the BF16 and
- * NVFP4 ones lose (3.10 -> 3.23, 3.44 -> 3.48), so only the FP8 decode
- * kernels ask for it. */
+ * NVFP4 ones lose (3.10 -> 3.23, 3.44 -> 3.48), so of the decode kernels
+ * only the FP8 ones ask for it; the pipelined kernel does where it cannot
+ * hold the weights (pipe_kernel.cuh). */
 template <int NT, int J, int CS, bool VEC, int STRIDE, bool WFIRST = false>
 __device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[J],
                                               const uint16_t *w, float eps, int hidden,
@@ -444,11 +460,7 @@ __device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[
     if constexpr (WFIRST) {
         bm_pack8 wp[J];
         bm_weight_chunks<J, VEC, STRIDE>(wp, w, C, g0);
-        const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), last), hidden, eps);
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-            if (g0 + j * STRIDE < C)
-                out[j] = bm_norm_apply8(v[j], inv, w != NULL, wp[j]);
+        bm_norm_stage_held<NT, J, CS, STRIDE>(v, out, wp, w != NULL, eps, hidden, C, g0, tc, last);
     } else {
         const float sum = tc.sum(bm_sumsq_local<J>(v), last);
         const float inv = bm_inv_rms(sum, hidden, eps);
