@@ -64,16 +64,18 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const type
     bm_pdl_wait();
     bm_pdl_trigger();
     /* The norm weights of the thread's chunks are the same for every row
-     * of the block: held in registers from kernel start (HOLD) where that
-     * leaves the block's occupancy as it was, else loaded before each
+     * of the block: held in registers from kernel start (HOLD) where a
+     * block covers at most 512 chunks (H <= 4096) and asks the compiler
+     * for no minimum of resident blocks, else loaded before each
      * reduction (from L1, prefetched here), so that their latency hides
      * behind it. Either way not after the reduction, on the row's chain
-     * of dependent steps, which cost the post-norm configurations 3-6
+     * of dependent steps, where they cost the post-norm configurations 3-6
      * points of the floor. Measured (bench/shape_sweep perf, T = 4096, one
-     * H200; fused + post: after -> before -> held): H = 2048 89.7 -> 90.0
-     * -> 92.6%, H = 4096 92.2 -> 95.2 -> 97.9%, H = 7168 96.8 -> 97.3 ->
-     * 90.2% (held: 66 registers, one block of 512 threads per SM instead
-     * of two); FP8 group 128 at H = 7168 90.4 -> 94.6 -> 74.8%. */
+     * H200; fused + post: after -> before -> held, in every kernel): H =
+     * 2048 89.7 -> 90.0 -> 92.6%, H = 4096 92.2 -> 95.2 -> 97.9%, H = 7168
+     * (512 x 2) 96.8 -> 97.3 -> 90.2%; FP8 group 128 at H = 7168 (256 x 4)
+     * 90.4 -> 94.6 -> 74.8%. Held under a bound of 6-8 resident blocks,
+     * the weights spilled. */
     constexpr bool HOLD = NT * J <= 512 && MB <= 1;
     bm_pack8 wAr[HOLD ? J : 1], wBr[HOLD ? J : 1];
     if constexpr (HOLD) {
