@@ -154,13 +154,14 @@ static void qm_nvfp4(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_
         }
 }
 
-void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals, float *scales)
+void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals, void *scale_array)
 {
     const int n = q->kind == BEAM_QUANT_FP8_GROUP ? q->group_size : H;
+    float *scales = (float *)scale_array;
     int64_t t;
     int g, i;
     if (q->kind == BEAM_QUANT_NVFP4) {
-        qm_nvfp4(q, nrm, T, H, vals, (uint8_t *)scales);
+        qm_nvfp4(q, nrm, T, H, vals, (uint8_t *)scale_array);
         return;
     }
     for (t = 0; t < T; t++)

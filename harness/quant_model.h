@@ -42,12 +42,12 @@ int64_t qm_nvfp4_offset(int64_t t, int64_t b, int32_t H);
 /* values and scales of T rows of normalized ([T, H] BF16), into arrays laid
  * out as q says (q->values, q->scales and q->block_scales are not used):
  * vals [T, H] (NVFP4: [T, H / 2], two codes a byte, the even element low),
- * scales as q's kind, flags and scale_ld place them (NVFP4: the array's
- * bytes are the block scales, each at qm_nvfp4_offset of its row t of the
- * T given, which is the global row in a gather). Nothing else of the two
- * arrays is written (column-major padding and the NVFP4 tiles' rows past T
- * included). */
-void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals, float *scales);
+ * scales the FP32 scales as q's kind, flags and scale_ld place them, or for
+ * NVFP4 the E4M3 block scales, bytes, each at qm_nvfp4_offset of its row t
+ * of the T given (the global row in a gather): hence void *. Nothing else
+ * of the two arrays is written (column-major padding and the NVFP4 tiles'
+ * rows past T included). */
+void qm_quant(const beam_quant *q, const uint16_t *nrm, int64_t T, int32_t H, uint8_t *vals, void *scales);
 
 /* The forms the tests run, for T rows (values, scales and scale_ld's
  * arrays are the caller's): group 128 row-major, group 64 UE8M0

@@ -161,7 +161,7 @@ static uint8_t model_block(const uint16_t *y, float g, int b, uint8_t *codes)
     memcpy(row + 16 * b, y, 32);
     memset(vals, 0xA5, sizeof vals);
     memset(sc, 0xA5, sizeof sc);
-    qm_quant(&q, row, 1, H, vals, (float *)(void *)sc);
+    qm_quant(&q, row, 1, H, vals, sc);
     for (i = 0; i < 16; i++) codes[i] = (uint8_t)((vals[8 * b + i / 2] >> (4 * (i & 1))) & 0xF);
     return sc[BEAM_NVFP4_SCALE_OFFSET(0, b, H)];
 }
@@ -456,7 +456,7 @@ static void test_random(void)
             }
         memset(vals, 0xA5, sizeof vals);
         memset(sc, 0xA5, sizeof sc);
-        qm_quant(&q, rows, T, H, vals, (float *)(void *)sc);
+        qm_quant(&q, rows, T, H, vals, sc);
         for (t = 0; t < T; t++)
             for (b = 0; b < H / 16; b++) {
                 uint8_t lc[16];
