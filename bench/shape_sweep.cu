@@ -13,9 +13,10 @@
  *                       each form of the quantized output, checked against
  *                       harness/quant_model.c)
  *   shape_sweep perf [--op N] [--T N] [--H N] [--cfg NAME] [--summary]
- *                    [--picked] [--eager N] [--quant N]
+ *                    [--picked] [--eager N] [--quant N] [--hot]
  *                       copy bandwidth, an empty kernel per graph node, then
- *                       for each shape of docs/PERF.md and each configuration
+ *                       for each shape of docs/PERF.md (or the one of --T
+ *                       and --H) and each configuration
  *                       a user can call, every compiled launch shape's time
  *                       (graph replays over rotating cold buffers); SUMMARY
  *                       lines compare bm_pick_shape's choice with the best;
@@ -402,7 +403,7 @@ enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
 int perf(int argc, char **argv)
 {
-    int only_op = -1, only_T = -1, only_H = -1, verbose = 1, picked_only = 0, eager = 0, quant = 0;
+    int only_op = -1, only_T = -1, only_H = -1, verbose = 1, picked_only = 0, eager = 0, quant = 0, hot = 0;
     const char *only_cfg = NULL;
     for (int i = 2; i < argc; ++i) {
         if (!strcmp(argv[i], "--op") && i + 1 < argc) only_op = atoi(argv[++i]);
@@ -418,6 +419,9 @@ int perf(int argc, char **argv)
          * group 128, 2 token, 3 tensor, 4 NVFP4 (the ops with a next norm;
          * normalized NULL) */
         else if (!strcmp(argv[i], "--quant") && i + 1 < argc) quant = atoi(argv[++i]);
+        /* --hot: every call on the same buffers (inputs found in L2, as a
+         * decode step finds the expert GEMM's fresh output) */
+        else if (!strcmp(argv[i], "--hot")) hot = 1;
         else { fprintf(stderr, "shape_sweep perf: unknown option %s\n", argv[i]); return 2; }
     }
     cudaDeviceProp prop;
@@ -498,7 +502,9 @@ int perf(int argc, char **argv)
         }
     }
     struct shp { int T, H; };
-    const shp shapes[] = {{1, 7168}, {8, 7168}, {64, 7168}, {512, 7168}, {4096, 7168}, {16384, 7168}, {4096, 4096}, {4096, 2048}};
+    std::vector<shp> shapes = {{1, 7168}, {8, 7168}, {64, 7168}, {512, 7168}, {4096, 7168}, {16384, 7168}, {4096, 4096}, {4096, 2048}};
+    /* --T and --H together: that shape, listed above or not */
+    if (only_T > 0 && only_H > 0 && only_H % 8 == 0) shapes = {{only_T, only_H}};
     const int K = 8;
     const size_t L2 = prop.l2CacheSize;
     for (auto S : shapes) {
@@ -513,7 +519,7 @@ int perf(int argc, char **argv)
         const size_t fp4 = al((size_t)T * H / 2) + (size_t)BEAM_NVFP4_SCALE_BYTES(T, H);
         pb.o_norm = pb.o_out + al(brow); pb.set_bytes = pb.o_norm + al(brow > fp4 ? brow : fp4);
         pb.nsets = (int)std::max<size_t>(2, (3 * L2 + pb.set_bytes - 1) / pb.set_bytes);
-        pb.nsets = std::min(pb.nsets, 2000);
+        pb.nsets = hot ? 1 : std::min(pb.nsets, 2000);
         CK(cudaMalloc(&pb.pool, pb.set_bytes * pb.nsets));
         fill_kernel<<<1024, 256>>>((uint16_t *)pb.pool, pb.set_bytes * pb.nsets / 2, 77);
         CK(cudaGetLastError());
@@ -647,8 +653,9 @@ int perf(int argc, char **argv)
                 CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
             }
             if (eager) continue;
-            printf("SUMMARY%s T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%) floor %.2f us\n",
-                   quant == 1 ? " fp8 group" : quant == 2 ? " fp8 token" : quant == 3 ? " fp8 tensor" : "", T, H,
+            printf("SUMMARY%s%s T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%) floor %.2f us\n",
+                   quant == 1 ? " fp8 group" : quant == 2 ? " fp8 token" : quant == 3 ? " fp8 tensor" : quant == 4 ? " nvfp4" : "",
+                   hot ? " hot" : "", T, H,
                    cf.name, cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, cands[0].mb, cands[0].st, picked,
                    100.0 * (bytes / copy_gbs / 1e3) / picked, bs.nt, bs.j, bs.u, bs.cs, bs.pdl, bs.d, bs.mb, bs.st, best,
                    100.0 * (bytes / copy_gbs / 1e3) / best, bytes / copy_gbs / 1e3);

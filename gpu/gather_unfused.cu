@@ -50,7 +50,7 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
         f.rows = owned;
         f.hidden = H;
         BM_CHECK(bm_tp_launched(fn, "the finalize kernel",
-                                bm_launch_rows(f, bm_pick_shape(f), bm_params_vec_ok(f), stream)));
+                                bm_launch_rows(f, bm_pick_shape(f, 0, w->shared), bm_params_vec_ok(f), stream)));
     }
 
     if (w->nranks > 1 && w->group) {
@@ -84,5 +84,5 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
     n.hidden = H;
     const bm_quant_params q = bm_quant_of(a);
     return bm_tp_launched(fn, "the norm_residual_norm kernel",
-                          bm_launch_rows(n, bm_pick_shape(n, q.kind), bm_params_vec_ok(n, &q), stream, &q));
+                          bm_launch_rows(n, bm_pick_shape(n, q.kind, w->shared), bm_params_vec_ok(n, &q), stream, &q));
 }

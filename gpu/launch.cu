@@ -30,16 +30,20 @@
     X(512, 1, 4, 1) X(128, 2, 4, 1) X(128, 2, 4, 8) X(256, 1, 4, 1)            \
     X(256, 1, 4, 8)
 
-/* norm_residual_norm's prefill shapes (NT, J, MB, HINT, PK): MB resident
- * blocks per multiprocessor asked of the compiler; HINT the L2 policy of
- * the row loads; PK 1: the row held as packed BF16 bits (nrn_kernel.cuh). */
+/* norm_residual_norm's prefill shapes (NT, J, MB, HINT, PK, PF): MB
+ * resident blocks per multiprocessor asked of the compiler; HINT the L2
+ * policy of the row loads; PK 1: the row held as packed BF16 bits; PF 1:
+ * the block's next row requested into L2 at the row's start
+ * (nrn_kernel.cuh). */
 #define BM_NRNS(X)                                                            \
-    X(512, 2, 2, 0, 0) X(512, 2, 2, 1, 0) X(512, 2, 2, 2, 0)                   \
-    X(1024, 1, 2, 1, 0) X(256, 2, 4, 0, 0) X(256, 2, 4, 1, 0)                  \
-    X(256, 2, 4, 2, 0) X(128, 2, 8, 0, 0) X(128, 2, 8, 1, 0)                   \
-    X(128, 2, 8, 2, 0) X(256, 1, 8, 1, 0)                                      \
-    X(128, 8, 4, 1, 1) X(128, 8, 4, 2, 1) X(256, 4, 4, 1, 1)                   \
-    X(512, 2, 3, 1, 1) X(128, 4, 8, 1, 1)
+    X(512, 2, 2, 0, 0, 0) X(512, 2, 2, 1, 0, 0) X(512, 2, 2, 2, 0, 0)          \
+    X(1024, 1, 2, 1, 0, 0) X(256, 2, 4, 0, 0, 0) X(256, 2, 4, 1, 0, 0)         \
+    X(256, 2, 4, 2, 0, 0) X(128, 2, 8, 0, 0, 0) X(128, 2, 8, 1, 0, 0)          \
+    X(128, 2, 8, 2, 0, 0) X(256, 1, 8, 1, 0, 0)                                \
+    X(128, 8, 4, 1, 1, 0) X(128, 8, 4, 2, 1, 0) X(256, 4, 4, 1, 1, 0)          \
+    X(512, 2, 3, 1, 1, 0) X(128, 4, 8, 1, 1, 0)                                \
+    X(128, 8, 4, 1, 1, 1) X(128, 2, 8, 1, 0, 1) X(256, 2, 4, 1, 0, 1)          \
+    X(512, 2, 2, 1, 0, 1) X(128, 4, 8, 1, 1, 1)
 
 static int next_pow2(int c)
 {
@@ -69,7 +73,7 @@ static int bm_device_sms(void)
     return n;
 }
 
-bm_shape bm_pick_shape(const bm_row_params &p, int quant)
+bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
 {
     const int64_t rows = p.rows;
     const int n2 = next_pow2(p.hidden / 8); /* 32 .. 1024 */
@@ -170,12 +174,17 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
      * Its row loads evict_first up to T = 512 at H > 4096, evict_last
      * beyond (the same tool: T = 512 pre + next 10.67 against 10.93 us,
      * with scales 11.29 against 11.79, next norm 9.71 against 9.74;
-     * T = 4096 60.78 against 58.91, T = 16384 240.46 against 223.07). */
+     * T = 4096 60.78 against 58.91, T = 16384 240.46 against 223.07).
+     * Beyond T = 512 at H > 4096 each block also requests its next row
+     * into L2 as it starts a row (PF; two runs of the same tool, T = 4096:
+     * pre + next 58.52-58.54 against 59.31-59.39 us, with scales
+     * 58.93-58.99 against 59.72-59.87, next norm level; T = 16384 pre +
+     * next 222.17 against 223.05). */
     if (!fin && p.residual && rows > 64 && !quant && (n2 >= 1024 || (n2 == 512 && p.has_scales))) {
         s.nt = 128;
         s.j = n2 >= 1024 ? 8 : 4;
         s.mb = n2 >= 1024 ? 4 : 8;
-        s.st = bm_nrn_st(n2 >= 1024 && rows <= 512 ? 2 : 1, 1);
+        s.st = n2 >= 1024 && rows <= 512 ? bm_nrn_st(2, 1) : bm_nrn_st(1, 1, n2 >= 1024);
         return s;
     }
     if (!fin && p.residual && n2 >= 256 && (rows > 64 || (nrn_decode && !quant))) {
@@ -190,17 +199,29 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant)
         s.pdl = rows <= 64;
         return s;
     }
-    if (rows <= 64) {
+    if (rows <= 64 && !shared) {
         /* decode: one chunk per thread, the whole row loaded at once, the
          * row spread over a cluster of up to 8 multiprocessors as long as
          * the grid stays within one wave */
         const int sms = bm_device_sms();
-        /* measured: 8 blocks only pay for one row; with a quantized output
-         * (its tail of latency spread wider) the fused op's up to 8 rows
-         * (T = 8, H = 7168: FP8 4.47 against 4.81 us for 4 blocks, NVFP4
-         * 4.09 against 5.03) */
-        int cs = rows > (quant && fin ? 8 : 1) ? 4 : 8;
-        while (cs > 1 && (rows * cs > sms || n2 / cs < 64))
+        /* Clusters of 8 blocks (bench/shape_sweep perf, cold and --hot, one
+         * H200; fused + post, H = 7168, against 4 blocks a row):
+         *  - finalize rows (the fused op, finalize) up to T = 8: T = 2
+         *    3.15 against 3.42 us (hot 2.92 / 3.26), T = 8 3.34 / 3.60 (hot
+         *    2.96 / 3.32); with a quantized output FP8 4.47 against 4.81,
+         *    NVFP4 4.09 against 5.03 (T = 8);
+         *  - without a quantized output also at T = 17..32 for H = 7168,
+         *    two blocks a multiprocessor (T = 32: 4.73 against 4.85, hot
+         *    3.98 / 4.19; finalize 2.79 / 2.84), though not at T = 16
+         *    (level cold, hot 3.42 against 3.36, finalize 1.83 / 1.71),
+         *    and at T <= 16 for H = 4096 (T = 16: 3.30 against 3.39);
+         *  - for rows without expert slots (norm_residual_norm at decode
+         *    where the nrn kernel does not take it) only at T = 1. */
+        const bool plain_fin = fin && !quant;
+        const bool two_per_sm = plain_fin && n2 >= 1024 && rows > 16 && rows <= 32;
+        const bool wide = fin ? rows <= 8 || two_per_sm || (plain_fin && n2 == 512 && rows <= 16) : rows <= 1;
+        int cs = wide ? 8 : 4;
+        while (cs > 1 && (rows * cs > (two_per_sm ? 2 * sms : sms) || n2 / cs < 64))
             cs /= 2;
         s.cs = cs;
         s.nt = n2 / cs;
@@ -263,8 +284,8 @@ int bm_shape_ok(bm_shape s, int hidden)
     if (s.st > 0) {
         if (s.cs != 1 || s.d != 0)
             return 0;
-#define BM_SOK(NT, J, MB, HINT, PK) \
-    if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK)) return 1;
+#define BM_SOK(NT, J, MB, HINT, PK, PF) \
+    if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK, PF)) return 1;
         BM_NRNS(BM_SOK)
 #undef BM_SOK
         return 0;
@@ -292,8 +313,8 @@ int bm_shape_list(bm_shape *out, int max)
     if (n < max) out[n] = bm_shape{NT, J, U, CS, CS > 1, 0, 1, 0}; ++n;
 #define BM_LPIPE(NT, J, D, MB) \
     if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, D, MB, 0}; ++n;
-#define BM_LNRN(NT, J, MB, HINT, PK) \
-    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, 0, MB, bm_nrn_st(HINT, PK)}; ++n;
+#define BM_LNRN(NT, J, MB, HINT, PK, PF) \
+    if (n < max) out[n] = bm_shape{NT, J, 0, 1, 0, 0, MB, bm_nrn_st(HINT, PK, PF)}; ++n;
     BM_SHAPES(BM_LROW)
     BM_PIPES(BM_LPIPE)
     BM_NRNS(BM_LNRN)
@@ -440,12 +461,12 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
         /* one row per block; rows beyond the grid: a grid-stride loop */
         const int64_t cap = (int64_t)(INT_MAX / 8);
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
-#define BM_SGO(NT, J, MB, HINT, PK)                                               \
-        if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK))  \
-            return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK>, p, blocks, NT, 1, 0, s.pdl, stream) \
+#define BM_SGO(NT, J, MB, HINT, PK, PF)                                           \
+        if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK, PF)) \
+            return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK, PF>, p, blocks, NT, 1, 0, s.pdl, stream) \
                    : pq->q.kind == BM_QUANT_NVFP4                                                                    \
-                       ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
-                       : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK>, *pq, blocks, NT, 1, 0, s.pdl, stream);
+                       ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK, PF>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
+                       : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK, PF>, *pq, blocks, NT, 1, 0, s.pdl, stream);
         BM_NRNS(BM_SGO)
 #undef BM_SGO
         return cudaErrorInvalidConfiguration;
@@ -499,10 +520,10 @@ cudaError_t bm_preload_rows(void)
     BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_FP8>))                          \
     BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_NVFP4>))                         \
     BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_NVFP4>))
-#define BM_PRE_NRN(NT, J, MB, HINT, PK)                                               \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK>))                          \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK>))                           \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK>))
+#define BM_PRE_NRN(NT, J, MB, HINT, PK, PF)                                           \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK, PF>))                      \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK, PF>))                       \
+    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK, PF>))
     BM_SHAPES(BM_PRE_ROW)
     BM_PIPES(BM_PRE_PIPE)
     BM_NRNS(BM_PRE_NRN)

@@ -43,21 +43,28 @@ struct bm_shape {
     int st;  /* > 0: norm_residual_norm's prefill kernel (nrn_kernel.cuh;
               * vector path, cs == 1, u and d unused), its row loads with
               * L2 policy (st - 1) % 3 (0 none, 1 evict_last, 2
-              * evict_first), the row held packed when st > 3 */
+              * evict_first), the row held packed when (st - 1) / 3 is
+              * odd, the next row requested into L2 when st > 6 */
 };
 
 /* The st of the nrn kernel with L2 policy hint (0 none, 1 evict_last,
- * 2 evict_first) and its row packed (pk 1) or not: the one place that
- * encodes it. */
-constexpr int bm_nrn_st(int hint, int pk)
+ * 2 evict_first), its row packed (pk 1) or not, the next row requested
+ * into L2 (pf 1) or not: the one place that encodes it. */
+constexpr int bm_nrn_st(int hint, int pk, int pf = 0)
 {
-    return 1 + hint + 3 * pk;
+    return 1 + hint + 3 * pk + 6 * pf;
 }
 
 /* The shape the library uses for the launch p (rows, hidden, and what the
  * row holds: finalize or not, a pre-norm or not, quant: the kind of its
- * quantized output, BEAM_QUANT_*, or 0). */
-bm_shape bm_pick_shape(const bm_row_params &p, int quant = 0);
+ * quantized output, BEAM_QUANT_*, or 0). shared 1: ranks of an in-process
+ * group share the device, where the peers' gather blocks, waiting for this
+ * rank, may hold multiprocessors in every GPC; then no clusters, the
+ * prefill shapes at decode too. A cluster of CS blocks starts only when
+ * one GPC has CS multiprocessors with room at once: with clusters of 8
+ * for a rank's 8 rows (UNFUSED at T = 63, 8 ranks on one H200)
+ * tests/test_gather_group timed out waiting for that rank. */
+bm_shape bm_pick_shape(const bm_row_params &p, int quant = 0, int shared = 0);
 
 /* The row-kernel shape that stands in for a pipelined or nrn one when a
  * base is not 16-byte aligned (both load 16 bytes at a time), and for an
