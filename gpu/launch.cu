@@ -33,8 +33,8 @@
 /* norm_residual_norm's prefill shapes (NT, J, MB, HINT, PK, PF): MB
  * resident blocks per multiprocessor asked of the compiler; HINT the L2
  * policy of the row loads; PK 1: the row held as packed BF16 bits; PF 1:
- * the block's next row requested into L2 at the row's start
- * (nrn_kernel.cuh). */
+ * the block's next row of the grid-stride loop requested into L2 at the
+ * row's start (none with a grid of one block per row: nrn_kernel.cuh). */
 #define BM_NRNS(X)                                                            \
     X(512, 2, 2, 0, 0, 0) X(512, 2, 2, 1, 0, 0) X(512, 2, 2, 2, 0, 0)          \
     X(1024, 1, 2, 1, 0, 0) X(256, 2, 4, 0, 0, 0) X(256, 2, 4, 1, 0, 0)         \
@@ -175,11 +175,13 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
      * beyond (the same tool: T = 512 pre + next 10.67 against 10.93 us,
      * with scales 11.29 against 11.79, next norm 9.71 against 9.74;
      * T = 4096 60.78 against 58.91, T = 16384 240.46 against 223.07).
-     * Beyond T = 512 at H > 4096 each block also requests its next row
-     * into L2 as it starts a row (PF; two runs of the same tool, T = 4096:
-     * pre + next 58.52-58.54 against 59.31-59.39 us, with scales
-     * 58.93-58.99 against 59.72-59.87, next norm level; T = 16384 pre +
-     * next 222.17 against 223.05). */
+     * Beyond T = 512 at H > 4096 the PF twin of that shape, which measured
+     * faster (two runs of the same tool, T = 4096: pre + next 58.52-58.54
+     * against 59.31-59.39 us, with scales 58.93-58.99 against
+     * 59.72-59.87, next norm level; T = 16384 pre + next 222.17 against
+     * 223.05) though with a grid of one block per row it issues no
+     * prefetch (nrn_kernel.cuh): the difference is the compiled code's or
+     * the order of the runs, not the prefetch's. */
     if (!fin && p.residual && rows > 64 && !quant && (n2 >= 1024 || (n2 == 512 && p.has_scales))) {
         s.nt = 128;
         s.j = n2 >= 1024 ? 8 : 4;

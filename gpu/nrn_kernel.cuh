@@ -19,12 +19,16 @@
  *    is what lets four rows of H = 7168 stay resident, which the library
  *    takes in prefill at H > 4096, and at H = 4096 with scales (eight rows
  *    of 128 x 4; gpu/launch.cu says by how much);
- *  - PF shapes have one thread request the block's next row (x and the
- *    residual) into L2 as a row starts (two bulk prefetches, no
- *    registers): memory stays busy while the block reduces the row, and
- *    the next row's loads find L2. Where a block takes several rows
- *    (H > 4096 beyond T = 512) that measured 1.3-1.5% faster with a
- *    pre-norm, level without one;
+ *  - PF shapes have one thread request the block's next row of the
+ *    grid-stride loop (x and the residual) into L2 as a row starts (two
+ *    bulk prefetches, no registers). gpu/launch.cu launches one block per
+ *    row, so no block has a next row and no prefetch is issued: the PF
+ *    kernels run the same loads and arithmetic as their twins (without a
+ *    quantized output the same registers and no spills either,
+ *    gpu/ptxas-regs.txt). The 1.3-1.5% that shape_sweep
+ *    measured for them at T = 4096, H = 7168 with a pre-norm is not the
+ *    prefetch's; a persistent grid, which would give the prefetch a row
+ *    to fetch, is not measured yet (docs/PERF.md);
  *  - HINT picks an L2 policy for the row loads (0 none, 1 evict_last,
  *    2 evict_first); the library takes evict_last in prefill beyond
  *    T = 512 (within 1% of the others at T = 4096 with the float rows, up
