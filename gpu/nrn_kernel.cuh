@@ -27,8 +27,9 @@
  *    quantized output the same registers and no spills either,
  *    gpu/ptxas-regs.txt). The 1.3-1.5% that shape_sweep
  *    measured for them at T = 4096, H = 7168 with a pre-norm is not the
- *    prefetch's; a persistent grid, which would give the prefetch a row
- *    to fetch, is not measured yet (docs/PERF.md);
+ *    prefetch's. A persistent grid, which gives the prefetch a row to
+ *    fetch, measured 22-30% slower at T = 4096, H = 7168 and 10-13% at
+ *    H = 2048 (docs/PERF.md);
  *  - HINT picks an L2 policy for the row loads (0 none, 1 evict_last,
  *    2 evict_first); the library takes evict_last in prefill beyond
  *    T = 512 (within 1% of the others at T = 4096 with the float rows, up
