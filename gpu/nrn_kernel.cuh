@@ -28,7 +28,7 @@
  *    gpu/ptxas-regs.txt). The 1.3-1.5% that shape_sweep
  *    measured for them at T = 4096, H = 7168 with a pre-norm is not the
  *    prefetch's. A persistent grid, which gives the prefetch a row to
- *    fetch, measured 22-30% slower at T = 4096, H = 7168 and 10-13% at
+ *    fetch, measured 28-32% slower at T = 4096, H = 7168 and 10-14% at
  *    H = 2048 (docs/PERF.md);
  *  - HINT picks an L2 policy for the row loads (0 none, 1 evict_last,
  *    2 evict_first); the library takes evict_last in prefill beyond
