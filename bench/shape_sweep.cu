@@ -537,7 +537,6 @@ int perf(int argc, char **argv)
         for (auto s : all_shapes)
             for (int pdl = 0; pdl < 2 && !picked_only; ++pdl) {
                 s.pdl = pdl;
-                if (pdl && T > 64) continue;
                 if (!bm_shape_ok(s, H)) continue;
                 long cover = (long)s.cs * s.nt * s.j;
                 if (cover > std::max(32, H / 8) * 2 - 1) continue; /* more than N2 */

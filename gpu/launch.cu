@@ -79,7 +79,17 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
     const int n2 = next_pow2(p.hidden / 8); /* 32 .. 1024 */
     const bool fin = p.experts != NULL;
     bm_shape s;
-    s.pdl = 0;
+    /* Every launch asks for programmatic dependent launch: each kernel waits
+     * (griddepcontrol.wait) for the preceding one before touching memory, so
+     * only its launch and scheduling overlap that kernel's tail. Measured
+     * beyond decode too (bench/shape_sweep perf, one H200, same shape
+     * without and with): T = 512, H = 7168, norm_residual_norm 8.90-9.00 ->
+     * 8.46-8.49 us, with a pre-norm 9.63-9.77 -> 9.54-9.56, finalize 18.32
+     * -> 17.61, fused 23.13 -> 22.34, FP8 group 128 nrn 12.19 -> 11.81;
+     * T = 4096: nrn with a pre-norm 58.89 -> 58.06 (H = 7168), 18.19 ->
+     * 17.88 (H = 2048); at T >= 4096 the fused op and finalize within
+     * +-0.7%. */
+    s.pdl = 1;
     s.cs = 1;
     s.d = 0;
     s.u = 0;
@@ -198,7 +208,6 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
          * 2.94 against 3.10-3.12 us, with a pre-norm 3.72 against
          * 3.90-3.93, with scales too 3.85-3.87 against 4.07-4.08 */
         s.st = bm_nrn_st(rows <= 64 ? 2 : 1, 0);
-        s.pdl = rows <= 64;
         return s;
     }
     if (rows <= 64 && !shared) {
@@ -229,7 +238,6 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
         s.nt = n2 / cs;
         s.j = 1;
         s.u = 8;
-        s.pdl = 1;
         return s;
     }
     /* prefill: the fastest shape of bench/shape_sweep on an H200 for each

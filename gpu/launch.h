@@ -9,15 +9,15 @@
  * beyond the multiprocessor count, asked once per device):
  *  - decode (rows <= 64): the row kernel, one chunk per thread, the row
  *    spread over a cluster of up to 8 blocks (latency: every load of the row
- *    in flight at once, on up to 8 multiprocessors), launched with
- *    programmatic dependent launch so that its start overlaps the tail of
- *    the preceding kernel (the kernel waits for it before reading memory);
- *    norm_residual_norm with H > 4096 takes the nrn kernel (one block per
- *    row, also with programmatic dependent launch) but for a pre-norm at
- *    T <= 8;
+ *    in flight at once, on up to 8 multiprocessors); norm_residual_norm
+ *    with H > 4096 takes the nrn kernel (one block per row) but for a
+ *    pre-norm at T <= 8;
  *  - prefill: the pipelined kernel (pipe_kernel.cuh) for finalize and the
  *    fused op, the nrn kernel (nrn_kernel.cuh) for norm_residual_norm,
  *    as measured per hidden size.
+ * Every shape is launched with programmatic dependent launch, so that a
+ * kernel's launch overlaps the tail of the preceding kernel of the stream
+ * (each kernel waits for that one before touching memory).
  * Launch shapes were chosen with bench/shape_sweep on an H200 (docs/PERF.md).
  */
 #ifndef BEAMMOE_GPU_LAUNCH_H
