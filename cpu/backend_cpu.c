@@ -31,52 +31,28 @@ static beam_status bm_cpu_op(const bm_args *a, int op)
     return BEAM_OK;
 }
 
-/* An op with a quantized output: the op writes normalized (the caller's
- * array, or a temporary one when only the quantized form is asked for),
- * then each row of it is quantized. The temporary is allocated before
- * anything is written. */
-static beam_status bm_cpu_quantized(const bm_args *a, beam_status (*op)(const bm_args *))
-{
-    bm_args b;
-    uint16_t *tmp;
-    beam_status st;
-    if (!a->q.kind) return op(a);
-    BM_CHECK(bm_cpu_quant_target(a, &b, &tmp));
-    st = op(&b);
-    if (st == BEAM_OK) bm_cpu_quant_rows(&b, b.normalized);
-    free(tmp);
-    return st;
-}
-
 static beam_status bm_cpu_finalize(const bm_args *a)
 {
     return bm_cpu_op(a, BM_OP_FINALIZE);
 }
 
-static beam_status bm_cpu_nrn_rows(const bm_args *a)
+/* A quantized output of normalized is made by the rows themselves, each
+ * row's right after its normalized (cpu/rows.h): no second pass, and no
+ * array of the call's own when only the quantized form is asked for. */
+static beam_status bm_cpu_norm_residual_norm(const bm_args *a)
 {
     return bm_cpu_op(a, BM_OP_NRN);
 }
 
-static beam_status bm_cpu_norm_residual_norm(const bm_args *a)
-{
-    return bm_cpu_quantized(a, bm_cpu_nrn_rows);
-}
-
 /* One pass: the finalized row never leaves the thread's scratch. */
-static beam_status bm_cpu_fused_rows(const bm_args *a)
+static beam_status bm_cpu_fused(const bm_args *a)
 {
     return bm_cpu_op(a, BM_OP_FUSED);
 }
 
-static beam_status bm_cpu_fused(const bm_args *a)
-{
-    return bm_cpu_quantized(a, bm_cpu_fused_rows);
-}
-
 /* The composition: finalize all rows into a scratch array, then
  * norm_residual_norm over it (no pre-norm). Same bits as the fused pass. */
-static beam_status bm_cpu_unfused_rows(const bm_args *a)
+static beam_status bm_cpu_unfused(const bm_args *a)
 {
     const char *fn = a->fn;
     bm_args b = *a;
@@ -98,11 +74,6 @@ static beam_status bm_cpu_unfused_rows(const bm_args *a)
     bm_cpu_scratch_free(&s);
     free(tmp);
     return BEAM_OK;
-}
-
-static beam_status bm_cpu_unfused(const bm_args *a)
-{
-    return bm_cpu_quantized(a, bm_cpu_unfused_rows);
 }
 
 static beam_workspace_config bm_cpu_ws_default(void)

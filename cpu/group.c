@@ -466,16 +466,24 @@ static const char *bm_disagree(const bm_slot *s, const bm_slot *s0)
     return NULL;
 }
 
-static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn,
+static beam_status bm_gather_run(bm_ws *ws, const bm_args *call, beam_strategy strategy, const char *fn,
                                  const bm_scratch *scr)
 {
+    /* the stages' rows without the quantized output: a TWOSHOT rank's rows
+     * are a window of the call's, and normalized is quantized after the
+     * last barrier (bm_gather_held) */
+    bm_args plain = *call;
+    const bm_args *a = &plain;
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     bm_shared *sh = impl->sh;
     const int32_t R = ws->nranks, r = ws->rank, tmo = ws->cfg.timeout_ms;
     const int64_t T = a->tokens, L = (T + R - 1) / R, start = (int64_t)r * L;
     const size_t H = (size_t)a->hidden, row = H * sizeof(uint16_t);
     int64_t owned = T - start;
-    bm_args b = *a;
+    bm_args b;
+
+    plain.q.kind = 0;
+    b = plain;
 
     owned = owned < 0 ? 0 : (owned > L ? L : owned);
     b.tokens = owned;

@@ -2,6 +2,10 @@
  * quant.c - the quantized output of normalized on the CPU: the ground truth
  * of docs/numerics.md#fp8, one row at a time from the row's BF16
  * normalized values (so it equals quantizing the BF16 output afterwards).
+ * The local operations call it per row from cpu/rows.c, right after the
+ * row's normalized is written (bm_cpu_quant_row); the group gather, whose
+ * ranks compute windows of rows into shared stages, quantizes all its
+ * normalized rows after the call's last barrier (bm_cpu_quant_rows).
  *
  * Both loops of a group are branch-free so that the compiler vectorizes
  * them (plain C, every architecture): the group's largest magnitude as an
@@ -85,7 +89,7 @@ BM_QUANT_INLINE void bm_quant_values(const uint16_t *restrict y, float s, uint8_
  * the compiler vectorizes whole (with each block's codes and scale in one
  * loop, nrn at T = 64, H = 7168 took 1304 us on one thread of the
  * development VM; so, 750-800, while a build ran beside). */
-BM_QUANT_INLINE void bm_nvfp4_rows(const bm_quant *q, const uint16_t *normalized, int64_t t0, int64_t t1,
+BM_QUANT_INLINE void bm_nvfp4_rows(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1,
                                    int32_t hidden)
 {
     float os[BM_MAX_HIDDEN / 16];
@@ -94,7 +98,7 @@ BM_QUANT_INLINE void bm_nvfp4_rows(const bm_quant *q, const uint16_t *normalized
     int64_t t;
     int b, i;
     for (t = t0; t < t1; t++) {
-        const uint16_t *y = normalized + (size_t)t * (size_t)hidden;
+        const uint16_t *y = y0 + (size_t)(t - t0) * (size_t)hidden;
         uint8_t *out = q->values + (size_t)t * (size_t)(hidden / 2);
         for (b = 0; b < nb; b++) sf[b] = bm_nvfp4_scale_code(bm_fp8_absmax_bf16(y + 16 * b, 16), q->scale);
         for (b = 0; b < nb; b++) os[b] = bm_nvfp4_factor(sf[b], q->scale);
@@ -105,19 +109,20 @@ BM_QUANT_INLINE void bm_nvfp4_rows(const bm_quant *q, const uint16_t *normalized
     }
 }
 
-/* Rows t0..t1 of normalized into values and scales. */
-static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *normalized, int64_t t0, int64_t t1,
+/* Rows t0..t1 into values and scales; row t's normalized values are at
+ * y0 + (t - t0) * hidden. */
+static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1,
                                           int32_t hidden)
 {
     const int n = q->group;
     int64_t t;
     int g;
     if (q->kind == BEAM_QUANT_NVFP4) {
-        bm_nvfp4_rows(q, normalized, t0, t1, hidden);
+        bm_nvfp4_rows(q, y0, t0, t1, hidden);
         return;
     }
     for (t = t0; t < t1; t++) {
-        const uint16_t *y = normalized + (size_t)t * (size_t)hidden;
+        const uint16_t *y = y0 + (size_t)(t - t0) * (size_t)hidden;
         uint8_t *out = q->values + (size_t)t * (size_t)hidden;
         for (g = 0; g < hidden / n; g++) {
             const uint16_t *yg = y + (size_t)g * n;
@@ -170,8 +175,13 @@ void bm_cpu_quant_rows(const bm_args *a, const uint16_t *normalized)
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1)
         for (c = 0; c < nchunks; c++) {
             const int64_t t0 = c * chunk;
-            bm_quant_rows(&a->q, normalized, t0, t0 + chunk < T ? t0 + chunk : T, H);
+            bm_quant_rows(&a->q, normalized + (size_t)t0 * (size_t)H, t0, t0 + chunk < T ? t0 + chunk : T, H);
         }
     }
 #endif
+}
+
+void bm_cpu_quant_row(const bm_quant *q, const uint16_t *y, int64_t t, int32_t hidden)
+{
+    bm_quant_rows(q, y, t, t + 1, hidden);
 }

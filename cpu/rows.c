@@ -48,11 +48,13 @@ static size_t bm_round64(size_t n)
 }
 
 /* Scratch of one thread: two widened rows (portable kernels; the vector
- * kernels use the first hidden * 2 bytes for the row's bits) and the chunk
- * sums, each part 64-byte aligned. */
+ * kernels use the first hidden * 2 bytes for the row's bits), the chunk
+ * sums, and one BF16 row for normalized when only its quantized form is
+ * asked for, each part 64-byte aligned. */
 size_t bm_cpu_row_scratch(int32_t hidden)
 {
-    return 2 * bm_round64((size_t)hidden * sizeof(float)) + BM_PART_BYTES;
+    return 2 * bm_round64((size_t)hidden * sizeof(float)) + BM_PART_BYTES +
+           bm_round64((size_t)hidden * sizeof(uint16_t));
 }
 
 /* bf16 bits of a widened row element (exact: it already holds a BF16 value;
@@ -158,9 +160,11 @@ BM_INLINE void bm_residual(const bm_args *a, const float *xf, const uint16_t *re
     if (a->next.on) bm_rmsnorm(v, hs, &a->next, NULL, normalized, part);
 }
 
-/* The scratch of one thread as two widened rows and the chunk sums. */
+/* The scratch of one thread as two widened rows, the chunk sums and the
+ * normalized row of a quantized-only call. */
 typedef struct bm_rowbuf {
     float *r0, *r1, *part;
+    uint16_t *nrm;
 } bm_rowbuf;
 
 static bm_rowbuf bm_rowbuf_of(void *scratch, int32_t hidden)
@@ -170,7 +174,15 @@ static bm_rowbuf bm_rowbuf_of(void *scratch, int32_t hidden)
     b.r0 = (float *)scratch;
     b.r1 = (float *)(void *)((unsigned char *)scratch + row);
     b.part = (float *)(void *)((unsigned char *)scratch + 2 * row);
+    b.nrm = (uint16_t *)(void *)((unsigned char *)scratch + 2 * row + BM_PART_BYTES);
     return b;
+}
+
+/* Where row o's normalized goes: the caller's array, or the scratch row
+ * when only the quantized form is asked for. */
+static uint16_t *bm_nrm_row(const bm_args *a, size_t o, uint16_t *scratch_row)
+{
+    return a->normalized ? a->normalized + o : a->q.kind ? scratch_row : NULL;
 }
 
 static BM_CPU_CLONES void bm_finalize_rows(const bm_args *a, int64_t t0, int64_t t1, void *scratch)
@@ -195,10 +207,11 @@ static BM_CPU_CLONES void bm_nrn_rows(const bm_args *a, int64_t t0, int64_t t1, 
     for (t = t0; t < t1; t++) {
         const size_t o = (size_t)t * hs;
         const uint16_t *x = a->x + o;
+        uint16_t *nrm = bm_nrm_row(a, o, b.nrm);
         for (h = 0; h < hs; h++) b.r0[h] = bm_f(x[h]);
         if (a->pre.on) bm_rmsnorm(b.r0, a->hidden, &a->pre, b.r0, NULL, b.part); /* in place */
-        bm_residual(a, b.r0, a->residual + o, a->hidden_out + o, a->normalized ? a->normalized + o : NULL,
-                    b.r1, b.part);
+        bm_residual(a, b.r0, a->residual + o, a->hidden_out + o, nrm, b.r1, b.part);
+        if (a->q.kind) bm_cpu_quant_row(&a->q, nrm, t, a->hidden);
     }
 }
 
@@ -209,9 +222,10 @@ static BM_CPU_CLONES void bm_fused_rows(const bm_args *a, int64_t t0, int64_t t1
     int64_t t;
     for (t = t0; t < t1; t++) {
         const size_t o = (size_t)t * hs;
+        uint16_t *nrm = bm_nrm_row(a, o, b.nrm);
         bm_finalize_stage(a, t, b.r0, b.r1, b.part);
-        bm_residual(a, b.r0, a->residual + o, a->hidden_out + o, a->normalized ? a->normalized + o : NULL,
-                    b.r1, b.part);
+        bm_residual(a, b.r0, a->residual + o, a->hidden_out + o, nrm, b.r1, b.part);
+        if (a->q.kind) bm_cpu_quant_row(&a->q, nrm, t, a->hidden);
     }
 }
 
@@ -287,11 +301,11 @@ void bm_cpu_rows(const bm_args *a, int op, int64_t t0, int64_t t1, void *scratch
         /* the row's bits where the first widened row would be */
         const bm_rowbuf b = bm_rowbuf_of(scratch, a->hidden);
         if (isa == BM_ISA_AVX512BF16)
-            bm_simd_rows_16b(a, op, t0, t1, b.r0, b.part);
+            bm_simd_rows_16b(a, op, t0, t1, b.r0, b.part, b.nrm);
         else if (isa == BM_ISA_AVX512)
-            bm_simd_rows_16(a, op, t0, t1, b.r0, b.part);
+            bm_simd_rows_16(a, op, t0, t1, b.r0, b.part, b.nrm);
         else
-            bm_simd_rows_8(a, op, t0, t1, b.r0, b.part);
+            bm_simd_rows_8(a, op, t0, t1, b.r0, b.part, b.nrm);
         return;
     }
 #endif

@@ -26,8 +26,16 @@ size_t bm_cpu_row_scratch(int32_t hidden);
  *  BM_OP_NRN:      hidden_out, normalized = norm_residual_norm(x, residual)
  *  BM_OP_FUSED:    hidden_out, normalized = norm_residual_norm(finalize(..),
  *                  residual) without storing the finalized row
- * hidden_out may be the residual buffer. */
+ * hidden_out may be the residual buffer. With a quantized output (a->q.kind)
+ * each row's normalized is quantized as soon as it is written, in the same
+ * pass (bm_cpu_quant_row): from the caller's normalized row, or, when only
+ * the quantized form is asked for (a->normalized NULL), from a row of the
+ * scratch. Rows are indexed from a's pointers, q's included. */
 void bm_cpu_rows(const bm_args *a, int op, int64_t t0, int64_t t1, void *scratch);
+
+/* The quantized output (q) of row t from its BF16 normalized values y[0,
+ * hidden) (cpu/quant.c); cannot fail. */
+void bm_cpu_quant_row(const bm_quant *q, const uint16_t *y, int64_t t, int32_t hidden);
 
 /* The kernels these rows run (BM_ISA_*, lib/cpu_isa.h), as picked once per
  * process. */

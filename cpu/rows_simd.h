@@ -374,7 +374,7 @@ BM_AI void FN(bm_pass_)(const bm_args *a, const int src, const int dst, const in
 
 /* Rows [t0, t1) of one op; nt: streaming stores. */
 BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t1, VU *sb, VF *part,
-                           const int nt)
+                           uint16_t *nrm_row, const int nt)
 {
     const int32_t hs = a->hidden, top_k = a->top_k;
     const size_t H = (size_t)hs, KH = (size_t)top_k * H, units = H / BM_U;
@@ -457,9 +457,12 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
         }
         if (a->next.on) {
             const float inv = FN(bm_inv_)(part, hs, a->next.eps);
+            /* the quantized form is made from the row just written, while
+             * it is in the cache (nrm_row: the row of a quantized-only call) */
+            uint16_t *nrm = a->normalized ? a->normalized + o : nrm_row;
             FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->next.weight, sb, part,
-                         NULL,
-                         a->normalized + o, &pf, nt);
+                         NULL, nrm, &pf, nt);
+            if (a->q.kind) bm_cpu_quant_row(&a->q, nrm, t, hs);
         }
     }
 }
@@ -468,16 +471,19 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
  * inputs' lines from the caches) and aligned to the vector size (every row
  * then is: a row is a multiple of 512 bytes); a fence orders them before
  * anything the thread does next. */
-static void FN(bm_simd_rows_)(const bm_args *a, int op, int64_t t0, int64_t t1, void *sb, void *part)
+static void FN(bm_simd_rows_)(const bm_args *a, int op, int64_t t0, int64_t t1, void *sb, void *part,
+                              uint16_t *nrm_row)
 {
     const uintptr_t mis = op == BM_OP_FINALIZE
                               ? (uintptr_t)a->output
                               : (uintptr_t)a->hidden_out | (a->next.on ? (uintptr_t)a->normalized : 0);
-    if ((uint64_t)a->tokens * (uint64_t)a->hidden >= BM_NT_MIN_ELEMS && mis % (4 * BM_W) == 0) {
-        FN(bm_rows_nt_)(a, op, t0, t1, (VU *)sb, (VF *)part, 1);
+    /* not with a quantized output: its pass reads normalized back at once,
+     * which streaming stores would have sent past the cache */
+    if ((uint64_t)a->tokens * (uint64_t)a->hidden >= BM_NT_MIN_ELEMS && mis % (4 * BM_W) == 0 && !a->q.kind) {
+        FN(bm_rows_nt_)(a, op, t0, t1, (VU *)sb, (VF *)part, nrm_row, 1);
         _mm_sfence();
     } else {
-        FN(bm_rows_nt_)(a, op, t0, t1, (VU *)sb, (VF *)part, 0);
+        FN(bm_rows_nt_)(a, op, t0, t1, (VU *)sb, (VF *)part, nrm_row, 0);
     }
 }
 
