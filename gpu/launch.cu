@@ -87,8 +87,8 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
      * 8.46-8.49 us, with a pre-norm 9.63-9.77 -> 9.54-9.56, finalize 18.32
      * -> 17.61, fused 23.13 -> 22.34, FP8 group 128 nrn 12.19 -> 11.81;
      * T = 4096: nrn with a pre-norm 58.89 -> 58.06 (H = 7168), 18.19 ->
-     * 17.88 (H = 2048); at T >= 4096 the fused op and finalize within
-     * +-0.7%. */
+     * 17.88 (H = 2048); at T >= 4096 the fused op and finalize move by
+     * -1.2% to +0.7% (docs/PERF.md). */
     s.pdl = 1;
     s.cs = 1;
     s.d = 0;
