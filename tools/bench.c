@@ -29,28 +29,34 @@
 enum { BENCH_OP_FINALIZE, BENCH_OP_NRN, BENCH_OP_FUSED };
 
 /* The configurations of the table: op, post (finalize/fused) or pre (nrn)
- * norm, next norm, scales; norms always with a weight. */
+ * norm, next norm, scales; norms always with a weight. fp8: normalized in
+ * its FP8 form only (E4M3, a scale per group of 128, row-major; the *_q
+ * calls with normalized NULL), as an FP8 model's next layer reads it. */
 typedef struct bench_cfg {
     const char *name;
     int op; /* BENCH_OP_* */
-    int pre, next, scales;
+    int pre, next, scales, fp8;
 } bench_cfg;
 
+#define BENCH_GROUP 128
+
 static const bench_cfg CFGS[] = {
-    {"fused next", BENCH_OP_FUSED, 0, 1, 0},
-    {"fused post next", BENCH_OP_FUSED, 1, 1, 0},
-    {"fused post next scales", BENCH_OP_FUSED, 1, 1, 1},
-    {"finalize", BENCH_OP_FINALIZE, 0, 0, 0},
-    {"finalize post", BENCH_OP_FINALIZE, 1, 0, 0},
-    {"nrn next", BENCH_OP_NRN, 0, 1, 0},
-    {"nrn pre next", BENCH_OP_NRN, 1, 1, 0},
+    {"fused next", BENCH_OP_FUSED, 0, 1, 0, 0},
+    {"fused post next", BENCH_OP_FUSED, 1, 1, 0, 0},
+    {"fused post next scales", BENCH_OP_FUSED, 1, 1, 1, 0},
+    {"finalize", BENCH_OP_FINALIZE, 0, 0, 0, 0},
+    {"finalize post", BENCH_OP_FINALIZE, 1, 0, 0, 0},
+    {"nrn next", BENCH_OP_NRN, 0, 1, 0, 0},
+    {"nrn pre next", BENCH_OP_NRN, 1, 1, 0, 0},
+    {"fused post next fp8", BENCH_OP_FUSED, 1, 1, 0, 1},
+    {"nrn next fp8", BENCH_OP_NRN, 0, 1, 0, 1},
 };
 #define NCFG ((int)(sizeof CFGS / sizeof CFGS[0]))
 
 /* The path column: the kernels (lib/cpu_isa.h) and the passes over one row
  * that the vector kernels of cpu/rows_simd.h make for op; pre is the
  * pre-norm (nrn) or the post-norm (finalize, fused). */
-static void bench_path_text(int isa, int op, int pre, int next, char *buf, size_t n)
+static void bench_path_text(int isa, int op, int pre, int next, int fp8, char *buf, size_t n)
 {
     const char *p;
     if (op == BENCH_OP_FINALIZE)
@@ -63,9 +69,9 @@ static void bench_path_text(int isa, int op, int pre, int next, char *buf, size_
         p = pre ? (next ? "chunks -> pre-norm+residual+chunks -> next-norm" : "chunks -> pre-norm+residual")
                 : (next ? "residual+chunks -> next-norm" : "residual");
     if (isa == BM_ISA_PORTABLE)
-        snprintf(buf, n, "portable loops");
+        snprintf(buf, n, "portable loops%s", fp8 ? " -> fp8" : "");
     else
-        snprintf(buf, n, "%s %s", bm_isa_name(isa), p);
+        snprintf(buf, n, "%s %s%s", bm_isa_name(isa), p, fp8 ? " -> fp8" : "");
 }
 
 static void bench_usage(FILE *f)
@@ -84,8 +90,9 @@ static void bench_usage(FILE *f)
             "\n"
             "Configurations (fused = beam_moe_finalize_norm_residual_norm, strategy\n"
             "FUSED; nrn = beam_norm_residual_norm; post, pre and next norms have a\n"
-            "weight; scales = {0.5, 2}):\n",
-            COPY_REPS);
+            "weight; scales = {0.5, 2}; fp8: normalized written only in its FP8 form,\n"
+            "E4M3 with a scale per group of %d, through the *_q calls):\n",
+            COPY_REPS, BENCH_GROUP);
     for (i = 0; i < NCFG; i++) fprintf(f, "  %d  %s\n", i + 1, CFGS[i].name);
     fprintf(f,
             "\n"
@@ -230,6 +237,8 @@ static const beam_ops *g_cpu;
 typedef struct bench_bufs {
     uint16_t *experts, *x, *residual, *hidden, *normalized, *output, *norm_w;
     float *weights;
+    uint8_t *values; /* the FP8 form of normalized, and its scales */
+    float *scales;
 } bench_bufs;
 
 /* One call of configuration c on rows [first, first + T) of the 8192-row
@@ -241,7 +250,22 @@ static beam_status call_op(const bench_bufs *b, const bench_cfg *c, int64_t firs
     const beam_norm *pre = c->pre ? &norm : NULL, *next = c->next ? &norm : NULL;
     const float *sc = c->scales ? scales : NULL;
     const size_t r = (size_t)first, KH = (size_t)BENCH_K * BENCH_H, H = BENCH_H;
-    uint16_t *nrm = c->next ? b->normalized + r * H : NULL;
+    uint16_t *nrm = c->next && !c->fp8 ? b->normalized + r * H : NULL;
+    if (c->fp8) {
+        beam_quant q;
+        memset(&q, 0, sizeof q);
+        q.kind = BEAM_QUANT_FP8_GROUP;
+        q.group_size = BENCH_GROUP;
+        q.values = b->values + r * H;
+        q.scales = b->scales + r * (H / BENCH_GROUP);
+        if (c->op == BENCH_OP_FUSED)
+            return g_cpu->moe_finalize_norm_residual_norm_q(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
+                                                            BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H,
+                                                            sc, next, b->hidden + r * H, NULL, &q,
+                                                            BEAM_STRATEGY_FUSED, NULL);
+        return g_cpu->norm_residual_norm_q(b->x + r * H, b->residual + r * H, T, BENCH_H, pre, sc, next,
+                                           b->hidden + r * H, NULL, &q, NULL);
+    }
     if (c->op == BENCH_OP_FUSED)
         return g_cpu->moe_finalize_norm_residual_norm(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
                                                       BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H, sc,
@@ -253,17 +277,22 @@ static beam_status call_op(const bench_bufs *b, const bench_cfg *c, int64_t firs
                                pre, b->output + r * H, NULL);
 }
 
-static const char *op_fn(int op)
+static const char *op_fn(const bench_cfg *c)
 {
-    return op == BENCH_OP_FUSED ? "beam_moe_finalize_norm_residual_norm"
-           : op == BENCH_OP_NRN ? "beam_norm_residual_norm"
-                             : "beam_moe_finalize";
+    if (c->fp8)
+        return c->op == BENCH_OP_FUSED ? "beam_moe_finalize_norm_residual_norm_q" : "beam_norm_residual_norm_q";
+    return c->op == BENCH_OP_FUSED ? "beam_moe_finalize_norm_residual_norm"
+           : c->op == BENCH_OP_NRN ? "beam_norm_residual_norm"
+                                   : "beam_moe_finalize";
 }
 
 static double cfg_bytes(const bench_cfg *c, int64_t T)
 {
-    if (c->op == BENCH_OP_FUSED) return bytes_fused(T, BENCH_K, BENCH_H, c->pre, c->next, c->next);
-    if (c->op == BENCH_OP_NRN) return bytes_nrn(T, BENCH_H, c->pre, c->next, c->next);
+    /* fp8: a byte per value and 4 per group's scale written instead of
+     * normalized's 2 per value */
+    const double q = c->fp8 ? (double)T * BENCH_H * -1.0 + (double)T * (BENCH_H / BENCH_GROUP) * 4.0 : 0.0;
+    if (c->op == BENCH_OP_FUSED) return bytes_fused(T, BENCH_K, BENCH_H, c->pre, c->next, c->next) + q;
+    if (c->op == BENCH_OP_NRN) return bytes_nrn(T, BENCH_H, c->pre, c->next, c->next) + q;
     return bytes_finalize(T, BENCH_K, BENCH_H, c->pre);
 }
 
@@ -284,7 +313,7 @@ static double time_op(const bench_bufs *b, const bench_cfg *c, int64_t T, double
     for (i = 0; i < 2 && st == BEAM_OK; i++) /* warm-up: thread pool, lazy binding */
         st = call_op(b, c, hot ? 0 : (cursor++ % slices) * T, T);
     if (st != BEAM_OK) {
-        report_lib_error(g_cpu, "bench", op_fn(c->op), st);
+        report_lib_error(g_cpu, "bench", op_fn(c), st);
         return -1.0;
     }
     start = hu_now();
@@ -417,8 +446,10 @@ int cmd_bench(int argc, char **argv)
     b.normalized = hu_malloc(rowsH * 2);
     b.output = hu_malloc(rowsH * 2);
     b.norm_w = hu_malloc((size_t)BENCH_H * 2);
+    b.values = hu_malloc(rowsH);
+    b.scales = hu_malloc(rowsH / BENCH_GROUP * 4);
     if (!csrc || !cdst || !b.experts || !b.weights || !b.x || !b.residual || !b.hidden || !b.normalized ||
-        !b.output || !b.norm_w) {
+        !b.output || !b.norm_w || !b.values || !b.scales) {
         fprintf(stderr, "beammoe bench: out of memory for the inputs and the copy buffers\n");
         rc = TOOL_EXIT_FAIL;
         goto out;
@@ -434,6 +465,8 @@ int cmd_bench(int argc, char **argv)
     par_fill_bf16(b.normalized, rowsH, 0.0f, 0.0f);
     par_fill_bf16(b.output, rowsH, 0.0f, 0.0f);
     par_fill_bf16(b.norm_w, BENCH_H, 0.5f, 1.5f);
+    memset(b.values, 0, rowsH); /* first touch before the timed calls, as the other outputs */
+    memset(b.scales, 0, rowsH / BENCH_GROUP * 4);
     for (i = 0; i < BENCH_TMAX * BENCH_K; i++) b.weights[i] = nr_f(hashed_bf16((uint64_t)i, 0.0f, 0.25f));
 
     printf("inputs: %s; each row: memcpy right before and after its timed calls (the larger is "
@@ -466,7 +499,7 @@ int cmd_bench(int argc, char **argv)
     for (ci = 0; ci < ncfg; ci++) {
         const bench_cfg *c = &CFGS[cfgs[ci] - 1];
         char path[160];
-        bench_path_text(isa, c->op, c->pre, c->next, path, sizeof path);
+        bench_path_text(isa, c->op, c->pre, c->next, c->fp8, path, sizeof path);
         for (i = 0; i < nT; i++) {
             const double gbs = cfg_bytes(c, Ts[i]) / best[ci][i] * 1e-9;
             printf("%6lld  %-24s %10.1f %8.2f %8.2f %8.1f%%  %s\n", (long long)Ts[i], c->name,
@@ -484,5 +517,7 @@ out:
     free(b.normalized);
     free(b.output);
     free(b.norm_w);
+    free(b.values);
+    free(b.scales);
     return rc;
 }
