@@ -97,8 +97,8 @@ tests_test_fp4_LDADD = $(BEAM_TEST_LIBS)
 # gather's tests; thread-safe through pthread_once).
 tests_test_quant_SOURCES = tests/test_quant.c
 tests_test_quant_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
-tests_test_quant_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
-tests_test_quant_LDFLAGS = $(PTHREAD_CFLAGS)
+tests_test_quant_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS) $(OPENMP_CFLAGS)
+tests_test_quant_LDFLAGS = $(PTHREAD_CFLAGS) $(OPENMP_CFLAGS)
 tests_test_quant_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 EXTRA_tests_test_quant_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 

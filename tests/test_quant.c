@@ -26,6 +26,9 @@
  *             fused op's _q under FUSED and UNFUSED; normalized written too
  *             or only the quantized form (normalized NULL)
  *   values    random rows with zeros, subnormals, infinities and NaN
+ *   threads   the CPU's calls under test take 1, 2 and 3 OpenMP threads in
+ *             turn: each row is quantized inside the threaded row loop
+ *             (cpu/rows.c), so its bytes must not depend on the team
  *   errors    each rule of the quant argument: INVALID_ARGUMENT, nothing
  *             written
  */
@@ -37,6 +40,9 @@
 #include <string.h>
 
 #include <CUnit/Basic.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "beammoe.h"
 #include "devmem.h"
@@ -234,6 +240,9 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
     /* NVFP4: the scales array's bytes are the block scales, poisoned the
      * same (every byte of a padding row of the last tile must stay so) */
     qm_bind(&q, (uint8_t *)bvals.dev + off, bsc.dev);
+#ifdef _OPENMP
+    if (!ops->device_memory) omp_set_num_threads(1 + (int)(g_calls % 3));
+#endif
     if (op == OP_NRN || op == OP_NRN_PRE) {
         /* x and residual again: an in-place reference never ran, inputs are intact */
         st = ops->norm_residual_norm_q(bx.dev, bres.dev, T, H, op == OP_NRN_PRE ? &pre : NULL, scales, &next,
@@ -245,6 +254,12 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
     }
     ++g_calls;
     describe(d, sizeof d, &q, op, T, H, with_nrm, off);
+#ifdef _OPENMP
+    if (!ops->device_memory) {
+        const size_t l = strlen(d);
+        snprintf(d + l, sizeof d - l, " threads=%d", 1 + (int)((g_calls - 1) % 3));
+    }
+#endif
     if (st != BEAM_OK) {
         fprintf(stderr, "  %s %s: status %d (%s)\n", ops->name, d, (int)st, ops->last_error());
         ok = 0;
