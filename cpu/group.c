@@ -466,24 +466,16 @@ static const char *bm_disagree(const bm_slot *s, const bm_slot *s0)
     return NULL;
 }
 
-static beam_status bm_gather_run(bm_ws *ws, const bm_args *call, beam_strategy strategy, const char *fn,
+static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn,
                                  const bm_scratch *scr)
 {
-    /* the stages' rows without the quantized output: a TWOSHOT rank's rows
-     * are a window of the call's, and normalized is quantized after the
-     * last barrier (bm_gather_held) */
-    bm_args plain = *call;
-    const bm_args *a = &plain;
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     bm_shared *sh = impl->sh;
     const int32_t R = ws->nranks, r = ws->rank, tmo = ws->cfg.timeout_ms;
     const int64_t T = a->tokens, L = (T + R - 1) / R, start = (int64_t)r * L;
     const size_t H = (size_t)a->hidden, row = H * sizeof(uint16_t);
     int64_t owned = T - start;
-    bm_args b;
-
-    plain.q.kind = 0;
-    b = plain;
+    bm_args b = *a;
 
     owned = owned < 0 ? 0 : (owned > L ? L : owned);
     b.tokens = owned;
@@ -569,7 +561,13 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
             st = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s: "
                          "every rank must pass the same", fn, (int)r, what);
     }
-    if (st == BEAM_OK && a->tokens > 0) st = bm_gather_run(ws, &b, strategy, fn, &scr);
+    if (st == BEAM_OK && a->tokens > 0) {
+        /* the stages' rows without the quantized output (a TWOSHOT rank's
+         * rows are a window of the call's): it is made below */
+        bm_args rows = b;
+        rows.q.kind = 0;
+        st = bm_gather_run(ws, &rows, strategy, fn, &scr);
+    }
     /* normalized is this rank's own now (the stages may already hold the
      * next call's rows): quantize it after the last barrier */
     if (st == BEAM_OK && a->tokens > 0 && a->q.kind) bm_cpu_quant_rows(&b, b.normalized);

@@ -459,7 +459,7 @@ BM_AI void FN(bm_rows_nt_)(const bm_args *a, const int op, int64_t t0, int64_t t
             const float inv = FN(bm_inv_)(part, hs, a->next.eps);
             /* the quantized form is made from the row just written, while
              * it is in the cache (nrm_row: the row of a quantized-only call) */
-            uint16_t *nrm = a->normalized ? a->normalized + o : nrm_row;
+            uint16_t *nrm = bm_nrm_row(a, o, nrm_row);
             FN(bm_pass_)(a, BM_SRC_SCR, BM_DST_OUT, 0, ahead, NULL, NULL, 1, inv, a->next.weight, sb, part,
                          NULL, nrm, &pf, nt);
             if (a->q.kind) bm_cpu_quant_row(&a->q, nrm, t, hs);

@@ -251,28 +251,20 @@ static beam_status call_op(const bench_bufs *b, const bench_cfg *c, int64_t firs
     const float *sc = c->scales ? scales : NULL;
     const size_t r = (size_t)first, KH = (size_t)BENCH_K * BENCH_H, H = BENCH_H;
     uint16_t *nrm = c->next && !c->fp8 ? b->normalized + r * H : NULL;
-    if (c->fp8) {
-        beam_quant q;
-        memset(&q, 0, sizeof q);
-        q.kind = BEAM_QUANT_FP8_GROUP;
-        q.group_size = BENCH_GROUP;
-        q.values = b->values + r * H;
-        q.scales = b->scales + r * (H / BENCH_GROUP);
-        if (c->op == BENCH_OP_FUSED)
-            return g_cpu->moe_finalize_norm_residual_norm_q(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
-                                                            BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H,
-                                                            sc, next, b->hidden + r * H, NULL, &q,
-                                                            BEAM_STRATEGY_FUSED, NULL);
-        return g_cpu->norm_residual_norm_q(b->x + r * H, b->residual + r * H, T, BENCH_H, pre, sc, next,
-                                           b->hidden + r * H, NULL, &q, NULL);
-    }
+    beam_quant q; /* the *_q calls with no quant are the plain operations */
+    memset(&q, 0, sizeof q);
+    q.kind = BEAM_QUANT_FP8_GROUP;
+    q.group_size = BENCH_GROUP;
+    q.values = b->values + r * H;
+    q.scales = b->scales + r * (H / BENCH_GROUP);
     if (c->op == BENCH_OP_FUSED)
-        return g_cpu->moe_finalize_norm_residual_norm(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
-                                                      BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H, sc,
-                                                      next, b->hidden + r * H, nrm, BEAM_STRATEGY_FUSED, NULL);
+        return g_cpu->moe_finalize_norm_residual_norm_q(b->experts + r * KH, b->weights + r * BENCH_K, T, T,
+                                                        BENCH_K, BENCH_H, 1.0f, pre, b->residual + r * H, sc,
+                                                        next, b->hidden + r * H, nrm, c->fp8 ? &q : NULL,
+                                                        BEAM_STRATEGY_FUSED, NULL);
     if (c->op == BENCH_OP_NRN)
-        return g_cpu->norm_residual_norm(b->x + r * H, b->residual + r * H, T, BENCH_H, pre, sc, next,
-                                         b->hidden + r * H, nrm, NULL);
+        return g_cpu->norm_residual_norm_q(b->x + r * H, b->residual + r * H, T, BENCH_H, pre, sc, next,
+                                           b->hidden + r * H, nrm, c->fp8 ? &q : NULL, NULL);
     return g_cpu->moe_finalize(b->experts + r * KH, b->weights + r * BENCH_K, T, T, BENCH_K, BENCH_H, 1.0f,
                                pre, b->output + r * H, NULL);
 }
@@ -288,11 +280,11 @@ static const char *op_fn(const bench_cfg *c)
 
 static double cfg_bytes(const bench_cfg *c, int64_t T)
 {
-    /* fp8: a byte per value and 4 per group's scale written instead of
-     * normalized's 2 per value */
-    const double q = c->fp8 ? (double)T * BENCH_H * -1.0 + (double)T * (BENCH_H / BENCH_GROUP) * 4.0 : 0.0;
-    if (c->op == BENCH_OP_FUSED) return bytes_fused(T, BENCH_K, BENCH_H, c->pre, c->next, c->next) + q;
-    if (c->op == BENCH_OP_NRN) return bytes_nrn(T, BENCH_H, c->pre, c->next, c->next) + q;
+    /* fp8: no BF16 normalized; a byte per value and 4 per group's scale */
+    const int nrm = c->next && !c->fp8;
+    const double q = c->fp8 ? (double)T * BENCH_H + (double)T * (BENCH_H / BENCH_GROUP) * 4.0 : 0.0;
+    if (c->op == BENCH_OP_FUSED) return bytes_fused(T, BENCH_K, BENCH_H, c->pre, nrm, c->next) + q;
+    if (c->op == BENCH_OP_NRN) return bytes_nrn(T, BENCH_H, c->pre, nrm, c->next) + q;
     return bytes_finalize(T, BENCH_K, BENCH_H, c->pre);
 }
 
