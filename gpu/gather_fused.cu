@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
     const int g0 = (CS > 1 ? (fb % CS) * NT : 0) + (int)threadIdx.x;
     /* the number of norms of a row is the same in every block of a cluster */
     const bool xchg = CS > 1 && (p.normA || p.normB);
-    bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0};
+    bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, -1};
 
     if constexpr (CS > 1)
         if (xchg)

@@ -196,7 +196,7 @@ template <int NT, int J, int MB, int HINT, int Q, int PK, int PF = 0>
 __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
-    bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0};
+    bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0, -1};
     const int C = p.hidden >> 3;
     const int H = p.hidden;
     const int t = threadIdx.x;

@@ -50,7 +50,7 @@ template <int NT, int J, int D, int MB, bool FIN, int Q>
 __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const typename bm_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
-    bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0};
+    bm_tree_ctx<NT, 1> tc = {red, nullptr, 0, 0u, 0, 0, -1};
     /* D stages of J x NT 16-byte slots, dynamic (above the 48 KB static limit) */
     extern __shared__ uint4 bm_pipe_ring[];
     uint4 (*ring)[J][NT] = reinterpret_cast<uint4 (*)[J][NT]>(bm_pipe_ring);

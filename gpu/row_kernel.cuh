@@ -26,8 +26,9 @@
  * once.
  *
  * Decode sizes may spread one row over a cluster of CS blocks (CS > 1, on
- * CS multiprocessors): "virtual thread" g = b*NT + t of cluster rank b owns
- * chunks g, g + CS*NT, ...; the norm's tree then runs over the thread's own
+ * CS multiprocessors): thread t of cluster rank b is the "virtual thread"
+ * g that owns chunks g, g + CS*NT, ... (one chunk a thread: the row split
+ * evenly, bm_cluster_slot); the norm's tree then runs over the thread's own
  * chunks, across the cluster's blocks (the exchange of row_ops.cuh), then
  * within the block, which is the halving order of docs/numerics.md (high
  * index bits first).
@@ -308,13 +309,20 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>
     const int C = p.hidden >> 3;
     const int H = p.hidden;
     const int b = CS > 1 ? (int)(blockIdx.x % CS) : 0;
-    const int g0 = b * NT + (int)threadIdx.x;
+    /* The row split evenly over the cluster (bm_cluster_slot) for blocks
+     * of 256 threads and more: clusters of 4 and 2 at H = 7168, where it
+     * measured 2-4% faster (docs/PERF.md). With it the compiler allocated
+     * the kernels of 128 threads differently, and those at T = 1 and 8 ran
+     * 2-4% slower though their split is b * NT + t already (896 chunks on
+     * eight blocks of 128); so they keep the code they had. */
+    constexpr bool EVEN = CS > 1 && J == 1 && NT >= 256;
+    const int g0 = EVEN ? bm_cluster_slot<NT, CS>(C, b) : b * NT + (int)threadIdx.x;
     /* the norm weights loaded before each reduction: the FP8 decode
      * kernels (bm_norm_stage) */
     constexpr bool WFIRST = Q == BM_QF_FP8 && J == 1;
     /* the number of norms of a row is the same in every block of a cluster */
     const bool xchg = CS > 1 && (p.normA || (p.residual && p.normB));
-    bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0};
+    bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, EVEN ? g0 : -1};
 
     bm_quant_touch<Q>(p);
     if constexpr (CS > 1)

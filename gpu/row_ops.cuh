@@ -209,12 +209,15 @@ __device__ __forceinline__ void bm_cluster_arrive()
 }
 
 /* The cluster level of the tree for buffer i (phase: its parity bit); MAX:
- * the largest of the CS values instead (a token's quantization scale). */
+ * the largest of the CS values instead (a token's quantization scale). g:
+ * the thread's virtual index (its slot in the tree, bm_cluster_slot), or
+ * -1 for b * NT + t; the value lands in slot g of every block's buffer,
+ * and each thread then takes slots t, NT + t, ... */
 template <int NT, int CS, bool MAX = false>
-__device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t phase, float q)
+__device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t phase, float q, int g)
 {
     const uint32_t me = (uint32_t)(blockIdx.x % CS);
-    const uint32_t slot = bm_smem_u32(&x.buf[i][me][threadIdx.x]);
+    const uint32_t slot = bm_smem_u32(g >= 0 ? &x.buf[i][0][0] + g : &x.buf[i][me][threadIdx.x]);
     const uint32_t bar = bm_smem_u32(&x.bar[i]);
     if (threadIdx.x == 0)
         asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
@@ -249,6 +252,31 @@ __device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t
         bm_halving<CS / 2>(qb);
     }
     return qb[0];
+}
+
+/* The virtual index g of this thread in a row spread over a cluster of CS
+ * blocks of NT threads, one chunk a thread: the row's C chunks split
+ * evenly, R = C / CS rounded up to a whole warp, chunk g = b * R + t for
+ * t < R (b: the block's rank in the cluster); the threads beyond hold the
+ * padding slots up to CS * NT, which the tree adds as +0. The tree runs
+ * over the slots (bm_xchg_sum puts each thread's value in slot g), so
+ * which thread holds which slot changes no bit. With g = b * NT + t a row
+ * of 896 chunks (H = 7168) put 512 in block 0 and 384 in block 1, and each
+ * norm waited for block 0's share. R a multiple of 32 keeps a warp's
+ * chunks consecutive, a quantization group's (16 or 8 chunks) on aligned
+ * lanes and an NVFP4 block's pair on an even lane. */
+template <int NT, int CS>
+__device__ __forceinline__ int bm_cluster_slot(int C, int b)
+{
+    const int t = (int)threadIdx.x;
+    if constexpr (CS == 1) {
+        return t;
+    } else {
+        int r = ((C + CS - 1) / CS + 31) & ~31;
+        if (r > NT)
+            r = NT;
+        return t < r ? b * r + t : CS * r + b * (NT - r) + (t - r);
+    }
 }
 
 /* the maximum over aligned groups of `lanes` lanes of a warp (a power of
@@ -322,6 +350,7 @@ struct bm_tree_ctx {
     int ready;            /* the cluster barrier of bm_xchg_start passed */
 
     int left;             /* arrived on the exit barrier (see finish) */
+    int slot;             /* the thread's virtual index, -1: b * NT + t */
 
     /* last: no exchange follows in this kernel. Then the block arrives on
      * the cluster barrier that finish waits for: a block may exit only
@@ -338,7 +367,7 @@ struct bm_tree_ctx {
                 bm_cluster_wait();
                 ready = 1;
             }
-            q = bm_xchg_sum<NT, CS>(*xc, par, (phase >> par) & 1u, q);
+            q = bm_xchg_sum<NT, CS>(*xc, par, (phase >> par) & 1u, q, slot);
             phase ^= 1u << par;
             if (last) {
                 bm_cluster_arrive();
@@ -369,7 +398,7 @@ struct bm_tree_ctx {
                 bm_cluster_wait();
                 ready = 1;
             }
-            q = bm_xchg_sum<NT, CS, MAX>(*xc, par, (phase >> par) & 1u, q);
+            q = bm_xchg_sum<NT, CS, MAX>(*xc, par, (phase >> par) & 1u, q, slot);
             phase ^= 1u << par;
             if (last) {
                 bm_cluster_arrive();
