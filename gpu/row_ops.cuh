@@ -212,7 +212,11 @@ __device__ __forceinline__ void bm_cluster_arrive()
  * the largest of the CS values instead (a token's quantization scale). g:
  * the thread's virtual index (its slot in the tree, bm_cluster_slot), or
  * -1 for b * NT + t; the value lands in slot g of every block's buffer,
- * and each thread then takes slots t, NT + t, ... */
+ * and each thread then takes slots t, NT + t, ... (-1 rather than that
+ * index itself: passed as a number, it changed the instructions of every
+ * kernel that keeps b * NT + t, the row kernels of 64 and 128 threads and
+ * the tensor-parallel ones, by cuobjdump; a build that changed those row
+ * kernels ran 2-4% slower at T = 1 and 8) */
 template <int NT, int CS, bool MAX = false>
 __device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t phase, float q, int g)
 {
