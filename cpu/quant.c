@@ -27,7 +27,6 @@
 #endif
 
 #include "bf16.h"
-#include "check.h" /* BM_MAX_HIDDEN */
 #include "error.h"
 #include "fp4.h"
 #include "fp8.h"
@@ -83,30 +82,38 @@ BM_QUANT_INLINE void bm_quant_values(const uint16_t *restrict y, float s, uint8_
     for (i = 0; i < n; i++) out[i] = (uint8_t)bm_fp8_quant_sel(bm_f(y[i]), s);
 }
 
+/* Values of an NVFP4 row handled per piece: the piece's arrays (a few
+ * hundred bytes) stay on the caller's stack whatever the hidden size, since
+ * a library runs on its callers' threads and their stacks may be 16 KiB
+ * (tests/test_stack.c). A multiple of 64 (four blocks' scales are one
+ * 4-byte word of the tiled layout) that divides every hidden size (a
+ * multiple of 256). */
+#define BM_NVFP4_PIECE 256
+
 /* NVFP4 rows t0..t1: two values a byte, an E4M3 scale a block of 16 at its
- * tiled place. Three passes over a row: the blocks' scales and factors,
- * every value's code, then the pairs: branch-free loops
- * the compiler vectorizes whole (with each block's codes and scale in one
- * loop, nrn at T = 64, H = 7168 took 1304 us on one thread of the
- * development VM; so, 750-800, while a build ran beside). */
+ * tiled place. Three passes over each piece of a row: the blocks' scales
+ * and factors, every value's code, then the pairs: branch-free loops the
+ * compiler vectorizes whole (one loop doing a block's codes and scale
+ * together does not vectorize). */
 BM_QUANT_INLINE void bm_nvfp4_rows(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1,
                                    int32_t hidden)
 {
-    float os[BM_MAX_HIDDEN / 16];
-    uint8_t sf[BM_MAX_HIDDEN / 16], c[BM_MAX_HIDDEN];
-    const int nb = hidden / 16;
+    float os[BM_NVFP4_PIECE / 16];
+    uint8_t sf[BM_NVFP4_PIECE / 16], c[BM_NVFP4_PIECE];
     int64_t t;
-    int b, i;
-    for (t = t0; t < t1; t++) {
-        const uint16_t *y = y0 + (size_t)(t - t0) * (size_t)hidden;
-        uint8_t *out = q->values + (size_t)t * (size_t)(hidden / 2);
-        for (b = 0; b < nb; b++) sf[b] = bm_nvfp4_scale_code(bm_fp8_absmax_bf16(y + 16 * b, 16), q->scale);
-        for (b = 0; b < nb; b++) os[b] = bm_nvfp4_factor(sf[b], q->scale);
-        /* four blocks' scales are four consecutive bytes of the tiled layout */
-        for (b = 0; b < nb; b += 4) memcpy(q->block_scales + BEAM_NVFP4_SCALE_OFFSET(t, b, hidden), sf + b, 4);
-        for (i = 0; i < hidden; i++) c[i] = (uint8_t)bm_e2m1(bm_f(y[i]) * os[i >> 4]);
-        for (i = 0; i < hidden / 2; i++) out[i] = (uint8_t)(c[2 * i] | (c[2 * i + 1] << 4));
-    }
+    int p, b, i;
+    for (t = t0; t < t1; t++)
+        for (p = 0; p < hidden; p += BM_NVFP4_PIECE) {
+            const uint16_t *y = y0 + (size_t)(t - t0) * (size_t)hidden + p;
+            uint8_t *out = q->values + (size_t)t * (size_t)(hidden / 2) + p / 2;
+            for (b = 0; b < BM_NVFP4_PIECE / 16; b++)
+                sf[b] = bm_nvfp4_scale_code(bm_fp8_absmax_bf16(y + 16 * b, 16), q->scale);
+            for (b = 0; b < BM_NVFP4_PIECE / 16; b++) os[b] = bm_nvfp4_factor(sf[b], q->scale);
+            for (b = 0; b < BM_NVFP4_PIECE / 16; b += 4)
+                memcpy(q->block_scales + BEAM_NVFP4_SCALE_OFFSET(t, p / 16 + b, hidden), sf + b, 4);
+            for (i = 0; i < BM_NVFP4_PIECE; i++) c[i] = (uint8_t)bm_e2m1(bm_f(y[i]) * os[i >> 4]);
+            for (i = 0; i < BM_NVFP4_PIECE / 2; i++) out[i] = (uint8_t)(c[2 * i] | (c[2 * i + 1] << 4));
+        }
 }
 
 /* Rows t0..t1 into values and scales; row t's normalized values are at

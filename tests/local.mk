@@ -32,8 +32,8 @@
 #   test_contract      every rule of docs/contract.md: status, message, no write
 #   test_dispatch      backend selection of libbeammoe; its first call on a
 #                      16 KiB thread stack
-#   test_stack         every op and the gather on 64 KiB thread stacks
-#                      (OMP_STACKSIZE=64K too)
+#   test_stack         every op, plain and quantized, and the gather on 16 KiB
+#                      thread stacks (OMP_STACKSIZE=16K too; 64 KiB under ASan)
 #   test_oom           no memory for the scratch: out of memory, nothing
 #                      written (skipped under AddressSanitizer)
 #   test_symbols.sh    the libraries export the same beam_* symbols
@@ -137,7 +137,7 @@ tests_test_contract_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_contract_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_contract_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
-# Runs itself again with OMP_STACKSIZE=64K; its own threads get 64 KiB.
+# Runs itself again with OMP_STACKSIZE=16K (64K under ASan); its own threads get the same.
 tests_test_stack_SOURCES = tests/test_stack.c
 tests_test_stack_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_stack_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)

@@ -2,14 +2,16 @@
  * test_stack.c - the CPU backend on small thread stacks.
  *
  * A library runs on its callers' threads, whose stacks may be small: every
- * call below runs on a thread created with a 64 KiB stack, and the OpenMP
- * worker threads get 64 KiB too (OMP_STACKSIZE=64K: the program runs itself
+ * call below runs on a thread created with a 16 KiB stack, and the OpenMP
+ * worker threads get 16 KiB too (OMP_STACKSIZE=16K: the program runs itself
  * again with it set, since the runtime reads it once at load). The shapes are
  * the numerics sweep's (top_k 1..32, hidden 256..8192, tokens 1, 7, 100),
- * every op and local strategy, 1, 2 and 3 OpenMP threads, plus the CPU
- * group's gather with its ranks on 64 KiB stacks; every result must equal the
- * naive reference (computed on the main thread). A kernel that keeps rows of
- * `hidden` floats on the stack dies here with SIGSEGV.
+ * every op and local strategy, and the quantized calls (*_q) in every form
+ * of harness/quant_model.h, on 1, 2 and 3 OpenMP threads, plus the CPU
+ * group's gather, plain and quantized, with its ranks on 16 KiB stacks; every
+ * result must equal the naive reference and the quantization model
+ * (computed on the main thread). A kernel that keeps rows of `hidden` values
+ * on the stack dies here with SIGSEGV.
  *
  * Links libbeammoe_cpu directly.
  */
@@ -24,20 +26,37 @@
 
 #include <CUnit/Basic.h>
 
+#include "quant_model.h"
 #include "suite.h"
 
-/* 64 KiB, or the smallest stack the platform allows where that is more
- * (128 KiB on aarch64 Linux, for pthreads and libgomp alike) */
+/* AddressSanitizer's redzones make every frame several times larger (see
+ * tests/test_dispatch.c): that build checks 64 KiB, the others 16 KiB. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BEAM_TEST_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(BEAM_TEST_ASAN)
+#define BEAM_TEST_ASAN 1
+#endif
+#ifdef BEAM_TEST_ASAN
+#define SMALL_STACK_KIB 64
+#else
+#define SMALL_STACK_KIB 16
+#endif
+
+/* SMALL_STACK_KIB, or the smallest stack the platform allows where that is
+ * more (128 KiB on aarch64 Linux, for pthreads and libgomp alike) */
 static size_t small_stack(void)
 {
     const long min = sysconf(_SC_THREAD_STACK_MIN);
-    return min > 64 * 1024 ? (size_t)min : (size_t)64 * 1024;
+    return min > SMALL_STACK_KIB * 1024 ? (size_t)min : (size_t)SMALL_STACK_KIB * 1024;
 }
 #define SMALL_STACK small_stack()
 
 static uint64_t g_seed;
 
-/* Run fn(arg) on a new thread with a 64 KiB stack and wait for it. */
+/* Run fn(arg) on a new thread with a small stack and wait for it. */
 static int on_small_stack(void *(*fn)(void *), void *arg)
 {
     pthread_attr_t at;
@@ -57,13 +76,70 @@ static int on_small_stack(void *(*fn)(void *), void *arg)
 
 /* ---- local ops ------------------------------------------------------------ */
 
+/* The quantized calls: norm_residual_norm_q and
+ * moe_finalize_norm_residual_norm_q, each form of qm_forms, normalized not
+ * kept (the path that quantizes from a row of scratch). */
+#define NQOPS 2
+
 typedef struct local_job {
     const hc_case *d;
     const uint16_t *ref_h[3], *ref_n[3]; /* per op */
     uint16_t *got_h, *got_n;
+    int index;                            /* the case's */
+    beam_quant q[QM_NFORMS];              /* unbound forms */
+    uint8_t *ref_v[NQOPS][QM_NFORMS];     /* the model's values and scales */
+    float *ref_s[NQOPS][QM_NFORMS];
+    uint8_t *got_v;
+    float *got_s;
     int calls, failed;                   /* filled by the thread */
     char first[400];
 } local_job;
+
+/* The cases that also run the quantized calls: a next norm, and up to 7
+ * rows (enough for a team of 3 threads at every hidden size; the model's
+ * search per value makes 100 rows slow). */
+static int quantized(const hc_spec *s)
+{
+    return s->next != HC_NORM_OFF && s->T <= 7;
+}
+
+/* The *_q calls of one case against the model (x, experts, residual as
+ * the case holds them; hidden into got_h, compared with the plain op's). */
+static void quant_calls(local_job *j, int ti, int threads)
+{
+    const hc_case *d = j->d;
+    const hc_spec *s = &d->s;
+    const size_t TH = (size_t)s->T * (size_t)s->H;
+    beam_norm pre, post, next;
+    int f, op;
+    for (f = 0; f < QM_NFORMS; f++)
+        for (op = 0; op < NQOPS; op++) {
+            beam_quant q = j->q[f];
+            if ((f + j->index) % 3 != ti) continue; /* each form on one thread count a case, in rotation */
+            const size_t nv = qm_values_bytes(&q, s->T, s->H), ns = qm_scale_floats(&q, s->T, s->H);
+            beam_status st;
+            int bad;
+            memset(j->got_v, 0xA5, nv);
+            memset(j->got_s, 0xA5, 4 * ns);
+            qm_bind(&q, j->got_v, j->got_s);
+            if (op == 0)
+                st = beam_norm_residual_norm_q(d->x, d->residual, s->T, s->H, hu_beam_norm(&d->pre, &pre),
+                                               s->scales ? d->scales : NULL, hu_beam_norm(&d->next, &next),
+                                               j->got_h, NULL, &q, NULL);
+            else
+                st = beam_moe_finalize_norm_residual_norm_q(
+                    d->experts, d->weights, d->cap, s->T, s->K, s->H, d->rs, hu_beam_norm(&d->post, &post),
+                    d->residual, s->scales ? d->scales : NULL, hu_beam_norm(&d->next, &next), j->got_h, NULL,
+                    &q, BEAM_STRATEGY_AUTO, NULL);
+            bad = st != BEAM_OK || memcmp(j->got_h, j->ref_h[op + 1], 2 * TH) != 0 ||
+                  memcmp(j->got_v, j->ref_v[op][f], nv) != 0 || memcmp(j->got_s, j->ref_s[op][f], 4 * ns) != 0;
+            j->calls++;
+            if (bad && !j->failed++)
+                snprintf(j->first, sizeof j->first, "%s_q form=%d (kind %d) threads=%d status=%d",
+                         op == 0 ? "norm_residual_norm" : "moe_finalize_norm_residual_norm", f, (int)q.kind,
+                         threads, (int)st);
+        }
+}
 
 static void *local_main(void *p)
 {
@@ -87,8 +163,44 @@ static void *local_main(void *p)
                     snprintf(j->first, sizeof j->first, "op=%d strategy=%d threads=%d status=%d guard=%d",
                              op, (int)strats[k], threads[ti], (int)st, guard_ok);
             }
+        if (quantized(&j->d->s)) quant_calls(j, ti, threads[ti]);
     }
     return NULL;
+}
+
+/* make (1) or free (0) the model's outputs of j's case for every form, from
+ * the reference's normalized rows of nrn and of the fused op; the outputs'
+ * arrays too. The model leaves padding alone: both sides start as 0xA5. */
+static void quant_refs(local_job *j, int make)
+{
+    const hc_spec *s = &j->d->s;
+    size_t most_v = 0, most_s = 0;
+    int f, op;
+    qm_forms(j->q, s->T);
+    for (f = 0; f < QM_NFORMS; f++)
+        for (op = 0; op < NQOPS; op++) {
+            const size_t nv = qm_values_bytes(&j->q[f], s->T, s->H), ns = qm_scale_floats(&j->q[f], s->T, s->H);
+            if (!make) {
+                hu_free(j->ref_v[op][f]);
+                hu_free(j->ref_s[op][f]);
+                continue;
+            }
+            most_v = nv > most_v ? nv : most_v;
+            most_s = ns > most_s ? ns : most_s;
+            j->ref_v[op][f] = (uint8_t *)hu_alloc(nv + 1, 0);
+            j->ref_s[op][f] = (float *)hu_alloc(4 * ns + 4, 0);
+            memset(j->ref_v[op][f], 0xA5, nv);
+            memset(j->ref_s[op][f], 0xA5, 4 * ns);
+            if (quantized(s))
+                qm_quant(&j->q[f], j->ref_n[op + 1], s->T, s->H, j->ref_v[op][f], j->ref_s[op][f]);
+        }
+    if (make) {
+        j->got_v = (uint8_t *)hu_alloc(most_v + 1, 0);
+        j->got_s = (float *)hu_alloc(4 * most_s + 4, 0);
+    } else {
+        hu_free(j->got_v);
+        hu_free(j->got_s);
+    }
 }
 
 static const int32_t KS[] = {1, 2, 6, 8, 32};
@@ -127,6 +239,7 @@ static void test_local_ops(void)
         TH = (size_t)s.T * (size_t)s.H;
         memset(&j, 0, sizeof j);
         j.d = &d;
+        j.index = i;
         for (op = 0; op < 3; op++) {
             ref[2 * op] = (uint16_t *)hu_alloc(2 * TH, 0);
             ref[2 * op + 1] = (uint16_t *)hu_alloc(2 * TH, 0);
@@ -136,12 +249,14 @@ static void test_local_ops(void)
         }
         j.got_h = (uint16_t *)hu_alloc(2 * TH, 0);
         j.got_n = (uint16_t *)hu_alloc(2 * TH, 0);
+        quant_refs(&j, 1);
         CU_ASSERT_FATAL(on_small_stack(local_main, &j));
         if (j.failed) fprintf(stderr, "FAIL seed=%llu [%s]: %d of %d calls, first: %s\n",
                               (unsigned long long)g_seed, desc, j.failed, j.calls, j.first);
         CU_ASSERT_EQUAL(j.failed, 0);
         cases++;
         calls += j.calls;
+        quant_refs(&j, 0);
         for (op = 0; op < 6; op++) hu_free(ref[op]);
         hu_free(j.got_h);
         hu_free(j.got_n);
@@ -160,6 +275,8 @@ typedef struct gather_job {
     const hc_case *d;
     beam_strategy strategy;
     uint16_t *hid, *nrm; /* [T, H] this rank's outputs */
+    beam_quant q[QM_NFORMS]; /* bound to this rank's values and sbuf */
+    float *sbuf[QM_NFORMS];
     beam_status st;
     char msg[300];
 } gather_job;
@@ -172,6 +289,7 @@ static void *gather_main(void *p)
     const size_t KH = (size_t)s->K * (size_t)s->H;
     beam_norm post, next;
     beam_workspace *ws = NULL;
+    int f;
     omp_set_num_threads(2);
     j->st = beam_workspace_create_cpu(j->g, j->rank, s->T, s->H, NULL, &ws);
     if (j->st == BEAM_OK) {
@@ -179,6 +297,11 @@ static void *gather_main(void *p)
             ws, j->d->experts + (size_t)start * KH, j->d->weights + (size_t)start * (size_t)s->K, L, s->T,
             s->K, s->H, j->d->rs, hu_beam_norm(&j->d->post, &post), j->d->residual, j->d->scales,
             hu_beam_norm(&j->d->next, &next), j->hid, j->nrm, j->strategy, NULL);
+        for (f = 0; f < QM_NFORMS && j->st == BEAM_OK; f++)
+            j->st = beam_moe_finalize_gather_norm_residual_norm_q(
+                ws, j->d->experts + (size_t)start * KH, j->d->weights + (size_t)start * (size_t)s->K, L, s->T,
+                s->K, s->H, j->d->rs, hu_beam_norm(&j->d->post, &post), j->d->residual, j->d->scales,
+                hu_beam_norm(&j->d->next, &next), j->hid, NULL, &j->q[f], j->strategy, NULL);
         if (j->st != BEAM_OK) snprintf(j->msg, sizeof j->msg, "%s", beam_last_error());
         beam_workspace_destroy(ws);
     } else {
@@ -195,7 +318,11 @@ static void test_gather(void)
     hc_case d;
     size_t TH;
     uint16_t *ref_h, *ref_n;
-    int k, r;
+    beam_quant forms[QM_NFORMS];
+    uint8_t *ref_v[QM_NFORMS];
+    float *ref_s[QM_NFORMS];
+    size_t nv[QM_NFORMS], ns[QM_NFORMS];
+    int k, r, f;
 
     memset(&s, 0, sizeof s);
     s.K = 8;
@@ -209,6 +336,16 @@ static void test_gather(void)
     ref_h = (uint16_t *)hu_alloc(2 * TH, 0);
     ref_n = (uint16_t *)hu_alloc(2 * TH, 0);
     hc_ref(&d, HC_FUSED, ref_h, ref_n);
+    qm_forms(forms, s.T);
+    for (f = 0; f < QM_NFORMS; f++) {
+        nv[f] = qm_values_bytes(&forms[f], s.T, s.H);
+        ns[f] = qm_scale_floats(&forms[f], s.T, s.H);
+        ref_v[f] = (uint8_t *)hu_alloc(nv[f] + 1, 0);
+        ref_s[f] = (float *)hu_alloc(4 * ns[f] + 4, 0);
+        memset(ref_v[f], 0xA5, nv[f]);
+        memset(ref_s[f], 0xA5, 4 * ns[f]);
+        qm_quant(&forms[f], ref_n, s.T, s.H, ref_v[f], ref_s[f]);
+    }
     for (k = 0; k < 3; k++) {
         beam_cpu_group *g = NULL;
         gather_job jobs[R];
@@ -225,6 +362,15 @@ static void test_gather(void)
             jobs[r].strategy = strats[k];
             jobs[r].hid = (uint16_t *)hu_alloc(2 * TH, 0);
             jobs[r].nrm = (uint16_t *)hu_alloc(2 * TH, 0);
+            for (f = 0; f < QM_NFORMS; f++) {
+                uint8_t *v = (uint8_t *)hu_alloc(nv[f] + 1, 0);
+                float *sc = (float *)hu_alloc(4 * ns[f] + 4, 0);
+                memset(v, 0xA5, nv[f]);
+                memset(sc, 0xA5, 4 * ns[f]);
+                jobs[r].q[f] = forms[f];
+                jobs[r].sbuf[f] = sc;
+                qm_bind(&jobs[r].q[f], v, sc);
+            }
             CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], &at, gather_main, &jobs[r]), 0);
         }
         pthread_attr_destroy(&at);
@@ -237,10 +383,24 @@ static void test_gather(void)
             CU_ASSERT_EQUAL(jobs[r].st, BEAM_OK);
             CU_ASSERT_EQUAL(hu_cmp_bf16(label, jobs[r].hid, ref_h, TH), 0);
             CU_ASSERT_EQUAL(hu_cmp_bf16(label, jobs[r].nrm, ref_n, TH), 0);
+            for (f = 0; f < QM_NFORMS; f++) {
+                beam_quant *q = &jobs[r].q[f];
+                if (memcmp(q->values, ref_v[f], nv[f]) != 0 || memcmp(jobs[r].sbuf[f], ref_s[f], 4 * ns[f]) != 0) {
+                    fprintf(stderr, "FAIL %s: the quantized output of form %d (kind %d) differs\n", label, f,
+                            (int)q->kind);
+                    CU_FAIL("quantized gather output");
+                }
+                hu_free(q->values);
+                hu_free(jobs[r].sbuf[f]);
+            }
             hu_free(jobs[r].hid);
             hu_free(jobs[r].nrm);
         }
         CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+    }
+    for (f = 0; f < QM_NFORMS; f++) {
+        hu_free(ref_v[f]);
+        hu_free(ref_s[f]);
     }
     hu_free(ref_h);
     hu_free(ref_n);
@@ -249,8 +409,8 @@ static void test_gather(void)
 
 int main(int argc, char **argv)
 {
-    static const suite_test tests[] = {{"every op on 64 KiB stacks", test_local_ops},
-                                    {"the CPU gather on 64 KiB stacks", test_gather},
+    static const suite_test tests[] = {{"every op, plain and quantized, on small stacks", test_local_ops},
+                                    {"the CPU gather on small stacks", test_gather},
                                     {NULL, NULL}};
     const char *ss = getenv("OMP_STACKSIZE");
     char want[32];
