@@ -102,6 +102,12 @@ struct beam_cpu_group {
     bm_rdv call_rdv;  /* the gathers' barriers */
     bm_rdv make_rdv;  /* workspace creation's barriers */
     int broken;       /* a barrier timed out: the group can only be destroyed */
+    /* rank + 1 of a rank that refused to join the creation of generation
+     * refused_gen because it already holds a workspace (0: none): the
+     * peers waiting in that creation give up at once; cleared when the
+     * last of them has left */
+    int32_t refused;
+    uint64_t refused_gen;
     int32_t live_ws;
     int32_t making_n; /* creations in progress (the group cannot go then) */
     char *joined;     /* [nranks]: the rank holds a workspace */
@@ -141,13 +147,19 @@ static void bm_deadline(struct timespec *ts, int32_t timeout_ms)
 /* Wait at rendezvous v until all nranks arrive. A timeout breaks the whole
  * group, both rendezvous: the timed-out one's count no longer says who is
  * where, and one rule (destroy everything) is simpler than a half-broken
- * group. */
+ * group. Except with `withdraw`, for a rendezvous that nothing has
+ * happened before (a creation's first): a rank that gives up there takes
+ * its arrival back, so the count stays right, the group and its existing
+ * workspaces keep working, and a peer that comes later waits for a rank
+ * that has left and gives up too. There a rank also gives up at once when
+ * a peer refused this creation (g->refused). */
 static beam_status bm_barrier(beam_cpu_group *g, bm_rdv *v, int32_t rank, int32_t timeout_ms,
-                              const char *fn)
+                              const char *fn, int withdraw)
 {
     struct timespec ts;
     uint64_t gen;
     beam_status st = BEAM_OK;
+    int left = 0; /* withdrew: 1 at the timeout, 2 + r when rank r refused */
 
     bm_deadline(&ts, timeout_ms);
     pthread_mutex_lock(&g->mu);
@@ -160,14 +172,30 @@ static beam_status bm_barrier(beam_cpu_group *g, bm_rdv *v, int32_t rank, int32_
         pthread_cond_broadcast(&g->cv);
     } else {
         while (gen == v->gen && !g->broken) {
+            if (withdraw && g->refused && g->refused_gen == gen) {
+                left = 1 + g->refused;
+                break;
+            }
             if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && gen == v->gen) {
+                if (withdraw) {
+                    left = 1;
+                    break;
+                }
                 g->broken = 1;
                 pthread_cond_broadcast(&g->cv);
             }
         }
+        if (left && --v->arrived == 0) g->refused = 0;
         if (gen == v->gen) st = BEAM_ERR_COMM;
     }
     pthread_mutex_unlock(&g->mu);
+    if (left > 1)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d already holds a workspace on this group and "
+                       "refused to join; nothing was created (the group and its workspaces are unchanged)", fn,
+                       left - 2);
+    if (left)
+        return bm_fail(st, "%s: rank %d: a peer did not arrive within timeout_ms=%d; nothing was created "
+                       "(the group and its workspaces are unchanged)", fn, (int)rank, (int)timeout_ms);
     if (st != BEAM_OK)
         return bm_fail(st, "%s: rank %d: a peer did not arrive within timeout_ms=%d, or an earlier "
                        "timeout broke the group (destroy it)", fn, (int)rank, (int)timeout_ms);
@@ -304,13 +332,22 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d: another %s call for this rank is in "
                        "progress on another thread (one at a time per rank)", fn, (int)rank, fn);
     }
+    if (g->joined[rank]) {
+        /* Refused at once and without joining: joining would make peers
+         * that are not creating wait for this rank. Peers waiting in a
+         * creation now give up at once with the reason. */
+        if (g->make_rdv.arrived > 0) {
+            g->refused = rank + 1;
+            g->refused_gen = g->make_rdv.gen;
+            pthread_cond_broadcast(&g->cv);
+        }
+        pthread_mutex_unlock(&g->mu);
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d already holds a workspace on this group (one "
+                       "per rank: destroy it first); nothing was created and that workspace is unchanged", fn,
+                       (int)rank);
+    }
     g->making[rank] = 1;
     g->making_n++;
-    /* This one joins (with the failure), so that peers creating now fail at
-     * once with it instead of waiting for this rank. */
-    if (local == BEAM_OK && g->joined[rank])
-        local = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d already holds a workspace on this group "
-                        "(one per rank: destroy it first)", fn, (int)rank);
     memset(mine, 0, sizeof *mine);
     mine->status = local;
     mine->tokens = ws->max_tokens;
@@ -324,7 +361,7 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     /* A rank whose own arguments failed has no valid timeout of its own. */
     tmo = local == BEAM_OK ? ws->cfg.timeout_ms : 30000;
 
-    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn);
+    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn, 1);
     if (st != BEAM_OK) goto fail;
     for (r = 0; r < g->nranks && bad < 0; r++)
         if (all[r].status != BEAM_OK || all[r].tokens != all[0].tokens || all[r].hidden != all[0].hidden ||
@@ -345,7 +382,7 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     }
     /* Second barrier: nobody re-posts a creation slot before all have read,
      * and rank 0's allocation is visible to all. */
-    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn);
+    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn, 0);
     if (st != BEAM_OK) {
         /* A generation completes for every rank or for none, and after a
          * failure it never completes: no rank took these buffers. */
@@ -483,7 +520,7 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
     case BEAM_STRATEGY_ONESHOT:
         b.output = sh->fin + (size_t)start * H;
         if (owned) bm_cpu_run(&b, BM_OP_FINALIZE, scr);
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn));
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0));
         b = *a;
         b.x = sh->fin;
         b.pre.on = 0;
@@ -494,7 +531,7 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
         b.hidden_out = sh->hid + (size_t)start * H;
         b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
         if (owned) bm_cpu_run(&b, BM_OP_FUSED, scr);
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn));
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0));
         memcpy(a->hidden_out, sh->hid, (size_t)T * row);
         if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
         break;
@@ -504,17 +541,17 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
             bm_cpu_run(&b, BM_OP_FINALIZE, scr);
             memcpy(sh->fin + (size_t)start * H, sh->local[r], (size_t)owned * row);
         }
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn));
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0));
         memcpy(sh->gathered[r], sh->fin, (size_t)T * row);
         b = *a;
         b.x = sh->gathered[r];
         b.pre.on = 0;
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn)); /* the stage is free again */
+        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0)); /* the stage is free again */
         bm_cpu_run(&b, BM_OP_NRN, scr);
         return BEAM_OK;
     }
     /* Nobody may refill the stages for the next call before all have read. */
-    return bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn);
+    return bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0);
 }
 
 /* What a call allocates before the agreement, so that a rank without
@@ -547,7 +584,7 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
 
     if (local == BEAM_OK) local = bm_gather_alloc(a, &b, &scr, &tmp, fn);
     bm_post(&bank[ws->rank], a, strategy, local);
-    st = bm_barrier(g, &g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn);
+    st = bm_barrier(g, &g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn, 0);
     for (r = 0; r < R && st == BEAM_OK; r++) {
         if (bank[r].status != BEAM_OK) {
             st = local != BEAM_OK ? local /* this rank's own message is set */

@@ -49,6 +49,7 @@
 #include "gather_proto.cuh"
 #include "launch.h"
 #include "row_kernel.cuh"
+#include "tp_shape.h"
 
 #define BM_TP_U 4 /* expert slots loaded ahead (two chunks per thread) */
 
@@ -438,19 +439,15 @@ static int bm_tp_next_pow2(int c)
 }
 
 /* Decode sizes (few rows per rank): one chunk per thread, and the row
- * spread over a cluster of up to 8 blocks while the grid stays within one
- * wave of an H200 (132 multiprocessors), as the row kernel does, so that a
- * row's loads are spread over several multiprocessors. Larger: two chunks
- * per thread, one block per row group. Depends on L and hidden only, so
- * every rank picks the same shape. */
-int bm_tp_shape_index(int64_t L, int hidden, int qkind)
+ * spread over a cluster (gpu/tp_shape.h). Larger: two chunks per thread,
+ * one block per row group. Depends on L, hidden and the workspace's agreed
+ * multiprocessor count only, so every rank picks the same shape. */
+int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms)
 {
     const int n2 = bm_tp_next_pow2(hidden / 8); /* 32 .. 1024 */
     if (L > 128 && n2 >= 256)
         return n2 == 1024 ? 17 : (n2 == 512 ? 16 : 15);
-    int cs = 8;
-    while (cs > 1 && (L * cs > 132 || n2 / cs < 64 || qkind == BM_QUANT_TOKEN))
-        cs /= 2;
+    const int cs = bm_tp_cluster_size(L, n2, qkind == BM_QUANT_TOKEN, sms);
     const int nt = n2 / cs;
 #define BM_PICK(I, NT, J, CS) \
     if (J == 1 && NT == nt && CS == cs) return I;
@@ -541,6 +538,15 @@ void bm_tp_caps(int share, int32_t *caps)
         }
         caps[i] = c < 1 ? 1 : c;
     }
+}
+
+int bm_tp_device_sms(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        sms = 1;
+    cudaGetLastError();
+    return sms < 1 ? 1 : sms;
 }
 
 /* Load every kernel a gather call can launch (see bm_preload_rows). */
@@ -648,7 +654,7 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     static_cast<bm_tp_params &>(pq) = p;
     pq.q = bm_quant_of(a);
     const bool quant = pq.q.kind != 0;
-    const int shape = bm_tp_shape_index(p.L, w->hidden, pq.q.kind);
+    const int shape = bm_tp_shape_index(p.L, w->hidden, pq.q.kind, w->sms);
     const int cap = w->gcap[quant ? BM_TP_QCAP(shape) : shape];
     const int64_t want = p.L < 1 ? 1 : p.L;
     const unsigned grid = (unsigned)(want < cap ? want : cap);

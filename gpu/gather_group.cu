@@ -41,6 +41,7 @@ struct bm_tp_post {
     char *base;
     uint16_t *ag;
     int32_t gcap[BM_TP_NCAPS];
+    int32_t sms; /* its device's multiprocessors */
     bm_tp_shape shape; /* what every rank must pass alike */
 };
 
@@ -51,6 +52,13 @@ struct beam_cpu_group {
     unsigned long long gen; /* meetings completed */
     int32_t count;          /* ranks waiting in the current meeting */
     int32_t live;           /* workspaces alive on the group */
+    int32_t creating;       /* ranks waiting in a creation's first meeting */
+    /* rank + 1 of a rank that refused to join the creation meeting of
+     * generation refused_gen because it already holds a workspace (0:
+     * none): the ranks waiting there give up at once; cleared when the
+     * last of them has left */
+    int32_t refused;
+    unsigned long long refused_gen;
     char joined[BM_TP_MAX_RANKS];
     bm_tp_post post[BM_TP_MAX_RANKS];
 };
@@ -91,8 +99,10 @@ extern "C" beam_status bm_cuda_group_destroy(beam_cpu_group *g)
 
 /* Wait until every rank of the group has come (the group's mutex held by
  * the caller, released while waiting). A rank that gives up at the timeout
- * withdraws, so a later meeting still counts right. */
-static beam_status bm_grp_meet(beam_cpu_group *g, int timeout_ms, const char *fn)
+ * withdraws, so a later meeting still counts right. In a creation's first
+ * meeting (`creating`) a rank also gives up at once when a peer refused
+ * that creation (g->refused). */
+static beam_status bm_grp_meet(beam_cpu_group *g, int timeout_ms, const char *fn, int creating = 0)
 {
     const unsigned long long gen = g->gen;
     if (++g->count == g->nranks) {
@@ -109,13 +119,23 @@ static beam_status bm_grp_meet(beam_cpu_group *g, int timeout_ms, const char *fn
         until.tv_sec += 1;
         until.tv_nsec -= 1000000000L;
     }
-    while (g->gen == gen)
-        if (pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && g->gen == gen) {
-            --g->count;
-            return bm_fail(BEAM_ERR_COMM, "%s: waited %d ms for the other ranks of the group; not all came", fn,
-                           timeout_ms);
-        }
-    return BEAM_OK;
+    g->creating += creating;
+    int refused = 0;
+    bool timed_out = false;
+    while (g->gen == gen && !(refused = creating && g->refused && g->refused_gen == gen ? g->refused : 0) &&
+           !timed_out)
+        timed_out = pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && g->gen == gen;
+    if ((g->creating -= creating) == 0)
+        g->refused = 0;
+    if (g->gen != gen)
+        return BEAM_OK;
+    --g->count;
+    if (refused)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d already holds a workspace on this group and "
+                       "refused to join; nothing was created (the group and its workspaces are unchanged)", fn,
+                       refused - 1);
+    return bm_fail(BEAM_ERR_COMM, "%s: waited %d ms for the other ranks of the group; not all came", fn,
+                   timeout_ms);
 }
 
 extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_status local)
@@ -131,12 +151,20 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     memset(&mine, 0, sizeof mine);
     mine.device = -1;
 
+    /* Refused at once and without meeting: peers that are not creating
+     * would wait for this rank. */
     pthread_mutex_lock(&g->mu);
-    if (local == BEAM_OK && g->joined[rank])
-        local = bm_fail(BEAM_ERR_INVALID_ARGUMENT,
-                        "%s: rank=%d already holds a workspace on this group (one per rank: destroy it first)", fn,
-                        (int)rank);
+    const int holds = g->joined[rank];
+    if (holds && g->creating > 0) { /* the peers waiting in a creation give up at once */
+        g->refused = rank + 1;
+        g->refused_gen = g->gen;
+        pthread_cond_broadcast(&g->cv);
+    }
     pthread_mutex_unlock(&g->mu);
+    if (holds)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                       "%s: rank=%d already holds a workspace on this group (one per rank: destroy it first); "
+                       "nothing was created and that workspace is unchanged", fn, (int)rank);
     if (local == BEAM_OK && cudaGetDevice(&mine.device) != cudaSuccess) {
         cudaGetLastError();
         local = bm_fail(BEAM_ERR_DEVICE, "%s: no current CUDA device", fn);
@@ -160,6 +188,7 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
         mine.base = w->base;
         mine.ag = w->ag;
         mine.shape = bm_tp_shape_of(ws);
+        mine.sms = bm_tp_device_sms();
     }
 
     /* first meeting: every rank's record */
@@ -167,7 +196,7 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     bm_tp_post all[BM_TP_MAX_RANKS];
     pthread_mutex_lock(&g->mu);
     g->post[rank] = mine;
-    st = bm_grp_meet(g, timeout_ms, fn);
+    st = bm_grp_meet(g, timeout_ms, fn, 1);
     memcpy(all, g->post, sizeof all);
     pthread_mutex_unlock(&g->mu);
     if (local != BEAM_OK) {
@@ -183,6 +212,8 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
         }
         if ((st = bm_tp_same_shape(fn, s, &all[s].shape, &mine.shape)) != BEAM_OK)
             goto fail;
+        if (s == 0 || all[s].sms < w->sms)
+            w->sms = all[s].sms;
     }
 
     /* launch caps for the ranks that share this device (bm_tp_caps), agreed

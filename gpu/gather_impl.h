@@ -145,6 +145,9 @@ struct bm_tp_ws {
      * the ranks that share a device, so that every rank's kernel is
      * resident at once */
     int gcap[BM_TP_NCAPS];
+    /* the fewest multiprocessors of any rank's device, agreed at creation:
+     * the decode shapes' wave (gpu/tp_shape.h) */
+    int sms;
     cudaStream_t side;             /* create/destroy collectives only */
     uint32_t timeout_ms;
 };
@@ -190,9 +193,11 @@ uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy);
 
 /* gather_fused.cu */
 /* qkind: the quantized output's kind (BEAM_QUANT_FP8_*, 0 none): a
- * token's scale takes a shape of one block per row */
-int bm_tp_shape_index(int64_t L, int hidden, int qkind);
-int bm_tp_occupancy_cap(int index); /* BM_TP_NCAPS index: groups resident on this device */
+ * token's scale takes a shape of one block per row; sms: the workspace's
+ * (bm_tp_ws.sms) */
+int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms);
+int bm_tp_occupancy_cap(int index);
+int bm_tp_device_sms(void); /* the current device's multiprocessors */ /* BM_TP_NCAPS index: groups resident on this device */
 cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
                                cudaStream_t stream);
 /* A rank whose arguments failed: mark its flags for this epoch as "rejected"

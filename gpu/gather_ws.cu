@@ -48,6 +48,7 @@ struct bm_tp_rec {
     unsigned long long host;
     int32_t ok;
     int32_t gcap[BM_TP_NCAPS];
+    int32_t sms;       /* its device's multiprocessors */
     bm_tp_shape shape; /* what every rank must pass alike */
 };
 
@@ -276,6 +277,7 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
         cudaGetLastError();
         mine.host = 0; /* cannot export: nobody maps us, the fused paths are off */
     }
+    mine.sms = bm_tp_device_sms();
     if (ok)
         bm_tp_caps(1, mine.gcap); /* NCCL: one rank per device */
     else
@@ -327,6 +329,8 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
         for (int i = 0; i < BM_TP_NCAPS; ++i)
             if (s == 0 || recs[s].gcap[i] < w->gcap[i])
                 w->gcap[i] = recs[s].gcap[i] < 1 ? 1 : recs[s].gcap[i];
+        if (s == 0 || recs[s].sms < w->sms)
+            w->sms = recs[s].sms < 1 ? 1 : recs[s].sms;
     }
 
     /* Map every peer's region when all ranks share this host. */

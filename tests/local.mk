@@ -18,6 +18,8 @@
 #   test_fp8           the E4M3 conversion and scales of cpu/fp8.h against a
 #                      nearest-value search, every BF16 value
 #   test_fp4           the NVFP4 pieces of cpu/fp4.h and the harness's model
+#   test_tp_shape      the gather's decode cluster size (gpu/tp_shape.h) from
+#                      the workspace's multiprocessor count
 #                      of them: hand-checked vectors, E2M1 on every FP32
 #                      value, the block scale on every BF16 maximum
 #   test_quant         the quantized output of normalized (beam_*_q), every
@@ -56,7 +58,7 @@ tests_libbeamtest_la_LIBADD = harness/libharness.la
 BEAM_TEST_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) -I$(top_srcdir)/tests
 BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
 
-BEAM_CPU_TESTS = tests/test_fp8 tests/test_fp4 tests/test_quant tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
+BEAM_CPU_TESTS = tests/test_fp8 tests/test_fp4 tests/test_tp_shape tests/test_quant tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
 	tests/test_golden tests/test_threads tests/test_group tests/test_contract \
 	tests/test_dispatch tests/test_stack
 # test_oom replaces malloc, which valgrind replaces too: not in the valgrind
@@ -86,6 +88,10 @@ tests_test_fp8_LDADD = $(BEAM_TEST_LIBS)
 # NVFP4's E2M1 conversion and block scale of cpu/fp4.h, against hand-checked
 # vectors and the harness's model (harness/quant_model.c), exhaustive over
 # FP32 (the E2M1 conversion) and BF16 (the block maxima).
+tests_test_tp_shape_SOURCES = tests/test_tp_shape.c
+tests_test_tp_shape_CPPFLAGS = $(BEAM_TEST_CPPFLAGS) -I$(top_srcdir)/gpu
+tests_test_tp_shape_LDADD = $(BEAM_TEST_LIBS)
+
 tests_test_fp4_SOURCES = tests/test_fp4.c
 tests_test_fp4_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_fp4_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)

@@ -1677,8 +1677,8 @@ static void test_create_refusal(void)
     CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
 }
 
-/* Rank 1 fails its own creation checks (or has no out-parameter, or
- * already holds a workspace) while rank 0's arguments are fine and its
+/* Rank 1 fails its own creation checks (or has no out-parameter) while
+ * rank 0's arguments are fine and its
  * timeout is the default 30 s: both fail at once, nobody waits, and the
  * group still works. A rank out of range cannot join at all: its peer
  * times out (here after 300 ms) and the group is broken. */
@@ -1733,40 +1733,6 @@ static void test_create_failures(void)
             fprintf(stderr, "create failure '%s' on rank 1: %.2f s; rank 0: %d %s; rank 1: %d %s\n",
                     bad[b].what, secs, (int)mk[0].st, mk[0].msg, (int)mk[1].st, mk[1].msg);
     }
-    /* the group still works, and a rank that already holds a workspace
-     * joins a new creation only to fail it on every rank */
-    memset(mk, 0, sizeof mk);
-    for (k = 0; k < 2; k++) {
-        mk[k].g = g;
-        mk[k].rank = k;
-        mk[k].max_tokens = 8;
-        mk[k].hidden = 256;
-        pthread_create(&th[k], NULL, mk_main, &mk[k]);
-    }
-    for (k = 0; k < 2; k++)
-        pthread_join(th[k], NULL);
-    CU_ASSERT_EQUAL(mk[0].st, BEAM_OK);
-    CU_ASSERT_EQUAL(mk[1].st, BEAM_OK);
-    {
-        mk_call again[2];
-        beam_workspace *keep0 = mk[0].ws;
-        memset(again, 0, sizeof again);
-        CU_ASSERT_EQUAL(beam_workspace_destroy(mk[1].ws), BEAM_OK);
-        for (k = 0; k < 2; k++) {
-            again[k].g = g;
-            again[k].rank = k;
-            again[k].max_tokens = 8;
-            again[k].hidden = 256;
-            pthread_create(&th[k], NULL, mk_main, &again[k]);
-        }
-        for (k = 0; k < 2; k++)
-            pthread_join(th[k], NULL);
-        CU_ASSERT_EQUAL(again[0].st, BEAM_ERR_INVALID_ARGUMENT);
-        CU_ASSERT_PTR_NOT_NULL(strstr(again[0].msg, "already holds a workspace"));
-        CU_ASSERT_EQUAL(again[1].st, BEAM_ERR_INVALID_ARGUMENT);
-        CU_ASSERT_PTR_NOT_NULL(strstr(again[1].msg, "rank 0 failed its own checks"));
-        CU_ASSERT_EQUAL(beam_workspace_destroy(keep0), BEAM_OK);
-    }
     CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
 
     /* rank out of range: the peer has nobody to meet and times out */
@@ -1788,6 +1754,147 @@ static void test_create_failures(void)
     CU_ASSERT_EQUAL(mk[0].st, BEAM_ERR_COMM);
     CU_ASSERT_PTR_NOT_NULL(strstr(mk[0].msg, "timeout_ms=300"));
     CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+}
+
+static double secs_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
+}
+
+/* Both ranks' gathers on ws[] of case d, each on its thread: 1 when both
+ * return the reference's bits. */
+static int gather_both(beam_workspace *const *ws, gdata *d)
+{
+    ga_call ga[2];
+    pthread_t th[2];
+    int k, ok = 1;
+    for (k = 0; k < 2; k++) {
+        memset(&ga[k], 0, sizeof ga[k]);
+        ga[k].ws = ws[k];
+        ga[k].d = d;
+        ga[k].r = k;
+        ga[k].s = BEAM_STRATEGY_AUTO;
+        pthread_create(&th[k], NULL, ga_main, &ga[k]);
+    }
+    for (k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        if (ga[k].st != BEAM_OK || !outputs_exact(d, k)) {
+            fprintf(stderr, "gather after a refused creation, rank %d: status %d %s\n", k, (int)ga[k].st,
+                    ga[k].msg);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+/* A rank that already holds a workspace and creates another is refused at
+ * once with that reason, whatever its timeout, without joining: its peers'
+ * workspaces and the group keep working. A peer already waiting in a
+ * creation then gives up at once with the reason; one that comes later
+ * waits for its own timeout only, and the group is not broken by it. */
+static void test_create_repeated(void)
+{
+    beam_cpu_group *g = NULL;
+    beam_workspace_config cfg = beam_workspace_config_default();
+    beam_workspace *ws[2] = {NULL, NULL};
+    mk_call mk[2], again;
+    pthread_t th[2];
+    struct timespec t0;
+    gcase c;
+    gdata d;
+    int k;
+    cfg.timeout_ms = 400;
+    gcase_small(&c, 5);
+    gdata_make(&d, &c, 2, g_seed + 37);
+    CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
+    memset(mk, 0, sizeof mk);
+    for (k = 0; k < 2; k++) {
+        mk[k].g = g;
+        mk[k].rank = k;
+        mk[k].max_tokens = 8;
+        mk[k].hidden = 512;
+        mk[k].cfg = &cfg;
+        pthread_create(&th[k], NULL, mk_main, &mk[k]);
+    }
+    for (k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        CU_ASSERT_EQUAL_FATAL(mk[k].st, BEAM_OK);
+        ws[k] = mk[k].ws;
+    }
+
+    /* rank 0 again, alone, with the default 30 s timeout: at once */
+    memset(&again, 0, sizeof again);
+    again.g = g;
+    again.rank = 0;
+    again.max_tokens = 8;
+    again.hidden = 512;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    mk_main(&again);
+    CU_ASSERT(secs_since(&t0) < 0.2);
+    CU_ASSERT_EQUAL(again.st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NULL(again.ws);
+    CU_ASSERT_PTR_NOT_NULL(strstr(again.msg, "rank=0 already holds a workspace on this group"));
+    CU_ASSERT(gather_both(ws, &d));
+
+    /* rank 1 creates anew (30 s) and waits; rank 0's repeated creation
+     * ends that wait at once, with the reason */
+    CU_ASSERT_EQUAL(beam_workspace_destroy(ws[1]), BEAM_OK);
+    memset(&mk[1], 0, sizeof mk[1]);
+    mk[1].g = g;
+    mk[1].rank = 1;
+    mk[1].max_tokens = 8;
+    mk[1].hidden = 512;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pthread_create(&th[1], NULL, mk_main, &mk[1]);
+    {
+        struct timespec nap = {0, 100000000L};
+        nanosleep(&nap, NULL); /* rank 1 is waiting by now (or soon: then it times out, below) */
+    }
+    again.ws = NULL;
+    mk_main(&again);
+    CU_ASSERT_EQUAL(again.st, BEAM_ERR_INVALID_ARGUMENT);
+    pthread_join(th[1], NULL);
+    CU_ASSERT(secs_since(&t0) < 5.0);
+    CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "rank 0 already holds a workspace on this group"));
+    if (mk[1].st != BEAM_ERR_INVALID_ARGUMENT)
+        fprintf(stderr, "rank 1 beside a refused creation: status %d: %s\n", (int)mk[1].st, mk[1].msg);
+
+    /* rank 1 alone (400 ms): its own timeout, and the group is not broken */
+    mk[1].cfg = &cfg;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    mk_main(&mk[1]);
+    CU_ASSERT(secs_since(&t0) < 2.0);
+    CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_COMM);
+    CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "timeout_ms=400; nothing was created"));
+
+    /* both anew: a working pair again */
+    CU_ASSERT_EQUAL(beam_workspace_destroy(ws[0]), BEAM_OK);
+    for (k = 0; k < 2; k++) {
+        memset(&mk[k], 0, sizeof mk[k]);
+        mk[k].g = g;
+        mk[k].rank = k;
+        mk[k].max_tokens = 8;
+        mk[k].hidden = 512;
+        mk[k].cfg = &cfg;
+        pthread_create(&th[k], NULL, mk_main, &mk[k]);
+    }
+    for (k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        CU_ASSERT_EQUAL_FATAL(mk[k].st, BEAM_OK);
+        ws[k] = mk[k].ws;
+    }
+    for (k = 0; k < 2; k++) {
+        hu_poison(d.hid[k], 2 * ((size_t)c.T + GUARD) * (size_t)c.H);
+        hu_poison(d.nrm[k], 2 * ((size_t)c.T + GUARD) * (size_t)c.H);
+    }
+    CU_ASSERT(gather_both(ws, &d));
+    for (k = 0; k < 2; k++)
+        CU_ASSERT_EQUAL(beam_workspace_destroy(ws[k]), BEAM_OK);
+    CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
+    gdata_free(&d);
 }
 
 /* Non-collective argument errors of the group and workspace calls. */
@@ -1864,6 +1971,7 @@ int main(void)
                                     {"overlapping calls are refused", test_refusal},
                                     {"overlapping creations are refused", test_create_refusal},
                                     {"a failed creation fails its peers at once", test_create_failures},
+                                    {"a repeated creation is refused at once, the group keeps working", test_create_repeated},
                                     {NULL, NULL}};
     g_seed = hu_seed("test_group");
     /* a hang is a failure: SIGALRM ends the program (default action) */

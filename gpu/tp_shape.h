@@ -1,0 +1,33 @@
+/*
+ * tp_shape.h - the cluster size of the gather's decode launches (internal):
+ * plain C, so that gpu/gather_fused.cu picks by it and tests/test_tp_shape.c
+ * checks it on any host.
+ *
+ * At decode sizes (few rows per rank) a row is spread over a cluster of up
+ * to 8 blocks, so that its loads come from several multiprocessors, while
+ * the grid (rows times cluster size) stays within one wave of the device;
+ * at least 64 threads per block; one block per row when the quantized
+ * output keeps one scale per token (its maximum is over the whole row).
+ *
+ * sms is the workspace's multiprocessor count, the fewest of any rank's
+ * device (agreed at creation), so that every rank of a workspace picks the
+ * same shape from the same (rows, hidden): the ranks' blocks exchange data
+ * by shape.
+ */
+#ifndef BEAMMOE_GPU_TP_SHAPE_H
+#define BEAMMOE_GPU_TP_SHAPE_H
+
+#include <stdint.h>
+
+/* Blocks per row (1, 2, 4 or 8) for rows of a rank, n2 threads' worth of
+ * chunks per row (a power of two, hidden / 8 rounded up), token_scale 1
+ * when the quantized output has a scale per token. */
+static inline int bm_tp_cluster_size(int64_t rows, int n2, int token_scale, int sms)
+{
+    int cs = 8;
+    while (cs > 1 && (rows * cs > sms || n2 / cs < 64 || token_scale))
+        cs /= 2;
+    return cs;
+}
+
+#endif
