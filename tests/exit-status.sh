@@ -110,6 +110,7 @@ expect 2 "--hidden given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --hidden=
 expect 2 "--op given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --op fused --op finalize
 expect 2 "--output given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --output a --output b
 expect 2 "--backend given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --backend cpu --backend cpu
+expect 2 "--post-norm given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --post-norm --post-norm
 expect 2 "--top-k applies to --op finalize and fused only" $RUN --op nrn --tokens 4 --top-k 2 --hidden 256
 expect 2 "--routed-scale applies to --op finalize and fused only" $RUN --op nrn --tokens 4 --hidden 256 \
     --routed-scale 2
@@ -143,6 +144,8 @@ expect 2 "--seed applies to the built-in sweep, not to --input" audit --input x.
 expect 2 "--seed applies to the built-in sweep, not to --input" audit --seed 3 --input x.safetensors
 expect 2 "--input given twice" audit --input a.safetensors --input b.safetensors
 expect 2 "--seed given twice" audit --seed 1 --seed 1
+expect 2 "--quick given twice" audit --quick --quick
+expect 2 "--help given twice" audit -h --help
 expect 2 "unexpected argument 'extra'" audit --help extra
 
 # ---- bench (its errors only: the bench itself takes minutes) ----
@@ -155,6 +158,7 @@ expect 2 "unrecognized option" bench --bogus
 expect 2 "--threads given twice" bench --threads 1 --threads 2
 expect 2 "--tokens given twice" bench --tokens 1 --tokens 64
 expect 2 "--config given twice" bench --config 1 --config 2
+expect 2 "--hot given twice" bench --hot --hot
 expect 2 "unexpected argument 'extra'" bench --help extra
 
 echo "$checks checks, $fail failed"

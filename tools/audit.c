@@ -614,7 +614,7 @@ int cmd_audit(int argc, char **argv)
         li = -1; /* getopt_long sets it for long options only */
         opt = getopt_long(argc, argv, "h", longopts, &li);
         if (opt == -1) break;
-        if (option_once("audit", longopts, li, seen)) return TOOL_EXIT_USAGE;
+        if (option_once("audit", longopts, li, opt, seen)) return TOOL_EXIT_USAGE;
         switch (opt) {
         case 'q':
             ax.quick = 1;

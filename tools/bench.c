@@ -360,7 +360,7 @@ int cmd_bench(int argc, char **argv)
         li = -1; /* getopt_long sets it for long options only */
         opt = getopt_long(argc, argv, "h", longopts, &li);
         if (opt == -1) break;
-        if (option_once("bench", longopts, li, seen)) return TOOL_EXIT_USAGE;
+        if (option_once("bench", longopts, li, opt, seen)) return TOOL_EXIT_USAGE;
         switch (opt) {
         case 't':
             if (parse_i32("bench", "--threads", optarg, &threads)) return TOOL_EXIT_USAGE;

@@ -100,9 +100,12 @@ int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2]
     return -1;
 }
 
-int option_once(const char *cmd, const struct option *longopts, int li, unsigned char *seen)
+int option_once(const char *cmd, const struct option *longopts, int li, int opt, unsigned char *seen)
 {
-    if (li < 0 || longopts[li].has_arg == no_argument) return 0;
+    /* a short option (-h) has no long index: its long form's */
+    for (int i = 0; li < 0 && longopts[i].name; i++)
+        if (!longopts[i].flag && longopts[i].val == opt) li = i;
+    if (li < 0) return 0; /* not ours: getopt's own error follows */
     if (seen[li]) {
         fprintf(stderr, "beammoe %s: --%s given twice; give each option once\n"
                         "Try 'beammoe %s --help'.\n",

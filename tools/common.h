@@ -49,13 +49,14 @@ int parse_f32(const char *cmd, const char *opt, const char *s, float *out);
 int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2]);
 int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out);
 
-/* A value option given twice keeps one value and drops the other: refuse it.
- * longopts[li] is the option getopt_long just returned (li < 0: a short
- * option, not checked); seen[] has one zeroed slot per entry of longopts.
- * 0, or prints "beammoe <cmd>: --<name> given twice; ..." and returns -1.
- * Flags (no_argument) may repeat: they hold no value to lose. */
+/* Every option once, flags too (the help's exit-status rule): a value
+ * option given twice would keep one value and drop the other, and a
+ * repeated flag is as likely a mistake. opt and longopts[li] are what
+ * getopt_long just returned (li < 0: a short option, matched by its value);
+ * seen[] has one zeroed slot per entry of longopts. 0, or prints
+ * "beammoe <cmd>: --<name> given twice; ..." and returns -1. */
 struct option;
-int option_once(const char *cmd, const struct option *longopts, int li, unsigned char *seen);
+int option_once(const char *cmd, const struct option *longopts, int li, int opt, unsigned char *seen);
 /* Arguments left after the options: 0 when there are none, else prints
  * "beammoe <cmd>: unexpected argument '<arg>'" and returns -1. */
 int no_operands(const char *cmd, int argc, char **argv, int optind_);

@@ -140,7 +140,7 @@ int cmd_run(int argc, char **argv)
         li = -1; /* getopt_long sets it for long options only */
         opt = getopt_long(argc, argv, "h", longopts, &li);
         if (opt == -1) break;
-        if (option_once("run", longopts, li, seen)) return TOOL_EXIT_USAGE;
+        if (option_once("run", longopts, li, opt, seen)) return TOOL_EXIT_USAGE;
         switch (opt) {
         case O_TOKENS:
             if (parse_i64("run", "--tokens", optarg, &tokens)) return TOOL_EXIT_USAGE;
