@@ -4,15 +4,17 @@
 # top Makefile.am's `.cu.lo` rule. Paths are relative to the top directory.
 
 BEAM_GATHER_OBJS = gpu/gather.lo gpu/gather_ws.lo gpu/gather_fused.lo gpu/gather_unfused.lo \
-	gpu/gather_group.lo
+	gpu/gather_group.lo gpu/gather_watch.lo
 BEAM_CU_DEPFILES += gpu/$(DEPDIR)/gather.Plo gpu/$(DEPDIR)/gather_ws.Plo \
-	gpu/$(DEPDIR)/gather_fused.Plo gpu/$(DEPDIR)/gather_unfused.Plo gpu/$(DEPDIR)/gather_group.Plo
+	gpu/$(DEPDIR)/gather_fused.Plo gpu/$(DEPDIR)/gather_unfused.Plo gpu/$(DEPDIR)/gather_group.Plo gpu/$(DEPDIR)/gather_watch.Plo
 
 libbeammoe_cuda_la_LIBADD += $(BEAM_GATHER_OBJS) $(NCCL_LIBS)
 libbeammoe_cuda_la_DEPENDENCIES += $(BEAM_GATHER_OBJS)
 
 CLEANFILES += $(BEAM_GATHER_OBJS) gpu/gather.o gpu/gather_ws.o gpu/gather_fused.o \
 	gpu/gather_unfused.o gpu/gather_group.o gpu/.libs/gather.o gpu/.libs/gather_ws.o \
-	gpu/.libs/gather_fused.o gpu/.libs/gather_unfused.o gpu/.libs/gather_group.o
+	gpu/.libs/gather_fused.o gpu/.libs/gather_unfused.o gpu/.libs/gather_group.o \
+	gpu/gather_watch.o gpu/.libs/gather_watch.o
 DISTCLEANFILES += gpu/$(DEPDIR)/gather.Plo gpu/$(DEPDIR)/gather_ws.Plo \
-	gpu/$(DEPDIR)/gather_fused.Plo gpu/$(DEPDIR)/gather_unfused.Plo gpu/$(DEPDIR)/gather_group.Plo
+	gpu/$(DEPDIR)/gather_fused.Plo gpu/$(DEPDIR)/gather_unfused.Plo gpu/$(DEPDIR)/gather_group.Plo \
+	gpu/$(DEPDIR)/gather_watch.Plo

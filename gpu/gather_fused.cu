@@ -407,24 +407,37 @@ __global__ void __launch_bounds__(256) bm_tp_allgather_kernel(const bm_tp_params
  * of the records that the all-gather replicates, and after it the check of
  * every rank's record: a rank that rejected its arguments or passed other
  * ones fails the call on every rank (recorded; reported by the next call). */
-__global__ void bm_tp_record_kernel(uint32_t *rec, int rank, uint32_t status, uint32_t sig)
+/* NCCL UNFUSED: this rank's record before the all-gathers, and the check
+ * of every rank's after them; the two count the all-gathers begun and
+ * ended into host-mapped words for the watchdog (gather_watch.cu).
+ * count_only: a rank that rejected its arguments only counts. */
+__global__ void bm_tp_record_kernel(uint32_t *rec, int rank, uint32_t status, uint32_t sig, bm_tp_err *err,
+                                    unsigned long long *state)
 {
     bm_pdl_wait();
     if (threadIdx.x == 0) {
         rec[2 * rank] = status;
         rec[2 * rank + 1] = sig;
+        const unsigned long long n = state[BM_TP_AG] + 1;
+        state[BM_TP_AG] = n;
+        err->ag_begun = n;
+        __threadfence_system();
     }
 }
 
 __global__ void bm_tp_check_kernel(const uint32_t *rec, int nranks, uint32_t sig, bm_tp_err *err,
-                                   unsigned long long *state)
+                                   unsigned long long *state, int count_only)
 {
     bm_pdl_wait();
     const int s = (int)threadIdx.x;
-    if (s < nranks) {
+    if (s < nranks && !count_only) {
         const int why = rec[2 * s] != 0u ? BM_TP_PEER_REJECTED : rec[2 * s + 1] != sig ? BM_TP_MISMATCH : 0;
         if (why)
             bm_tp_put_err(err, state, why, s, 0ull);
+    }
+    if (s == 0) {
+        err->ag_ended = state[BM_TP_AG];
+        __threadfence_system();
     }
 }
 
@@ -713,13 +726,13 @@ cudaError_t bm_tp_launch_allgather(const bm_tp_ws *w, int64_t T, uint32_t sig, c
 
 cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig, cudaStream_t stream)
 {
-    bm_tp_record_kernel<<<1, 32, 0, stream>>>(w->rec, w->rank, status, sig);
+    bm_tp_record_kernel<<<1, 32, 0, stream>>>(w->rec, w->rank, status, sig, w->err_d, w->epoch);
     return cudaGetLastError();
 }
 
-cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, cudaStream_t stream)
+cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, int count_only, cudaStream_t stream)
 {
-    bm_tp_check_kernel<<<1, BM_TP_MAX_RANKS, 0, stream>>>(w->rec, w->nranks, sig, w->err_d, w->epoch);
+    bm_tp_check_kernel<<<1, BM_TP_MAX_RANKS, 0, stream>>>(w->rec, w->nranks, sig, w->err_d, w->epoch, count_only);
     return cudaGetLastError();
 }
 

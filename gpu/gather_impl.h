@@ -99,12 +99,17 @@ enum {
     BM_TP_PEER_REJECTED = 2, /* peer rejected its arguments */
     BM_TP_MISMATCH = 3,      /* peer passed arguments that differ from ours */
     BM_TP_CONCURRENT = 4,    /* two calls on this workspace overlapped */
-    BM_TP_PEER_FAILED = 5    /* peer gave the call up (it found a failure) */
+    BM_TP_PEER_FAILED = 5,   /* peer gave the call up (it found a failure) */
+    BM_TP_NCCL_TIMEOUT = 6   /* UNFUSED over NCCL: the all-gather outlasted timeout_ms */
 };
 struct bm_tp_err {
     volatile uint32_t code;
     volatile int32_t peer;
     volatile unsigned long long epoch;
+    /* NCCL UNFUSED: the all-gathers begun and ended, written by the record
+     * and check kernels around each one, read by the watchdog
+     * (gather_watch.cu) */
+    volatile unsigned long long ag_begun, ag_ended;
 };
 
 
@@ -117,11 +122,19 @@ enum {
     BM_TP_CLAIM = BM_TP_MAX_BLOCKS,
     BM_TP_DONE = BM_TP_MAX_BLOCKS + 1,
     BM_TP_DEAD = BM_TP_MAX_BLOCKS + 2,
-    BM_TP_STATE_WORDS = BM_TP_MAX_BLOCKS + 3
+    BM_TP_AG = BM_TP_MAX_BLOCKS + 3, /* NCCL UNFUSED: all-gathers begun */
+    BM_TP_STATE_WORDS = BM_TP_MAX_BLOCKS + 4
 };
+
+struct bm_tp_watch;
 
 struct bm_tp_ws {
     ncclComm_t comm;          /* NULL for an in-process group */
+    /* NCCL: the workspace's own communicator, split from comm at creation
+     * and non-blocking, so that the library can bound every wait on it
+     * and abort it (gather_watch.cu); NULL once aborted */
+    ncclComm_t own;
+    struct bm_tp_watch *watch; /* its watchdog (NCCL, R > 1) */
     beam_cpu_group *group;    /* an in-process group (gather_group.cu); NULL for NCCL */
     int device;
     int rank, nranks;
@@ -196,8 +209,8 @@ uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy);
  * token's scale takes a shape of one block per row; sms: the workspace's
  * (bm_tp_ws.sms) */
 int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms);
-int bm_tp_occupancy_cap(int index);
-int bm_tp_device_sms(void); /* the current device's multiprocessors */ /* BM_TP_NCAPS index: groups resident on this device */
+int bm_tp_occupancy_cap(int index); /* BM_TP_NCAPS index: groups resident on this device */
+int bm_tp_device_sms(void);         /* the current device's multiprocessors */
 cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
                                cudaStream_t stream);
 /* A rank whose arguments failed: mark its flags for this epoch as "rejected"
@@ -214,11 +227,12 @@ cudaError_t bm_tp_preload(void);
 /* gather_unfused.cu: finalize, all-gather (NCCL or the kernel above),
  * norm_residual_norm. local_status != BEAM_OK: this rank only tells its
  * peers (it joins the all-gather with a "rejected" record). */
-beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, uint32_t sig,
+beam_status bm_tp_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_t sig,
                           beam_status local_status);
-/* NCCL UNFUSED records (gather_fused.cu): write this rank's, check all. */
+/* NCCL UNFUSED records (gather_fused.cu): write this rank's, check all
+ * (count_only: only count the all-gather ended, for the watchdog). */
 cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig, cudaStream_t stream);
-cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, cudaStream_t stream);
+cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, int count_only, cudaStream_t stream);
 
 /* What every rank must pass alike at creation: the workspace's size and
  * configuration (gather_ws.cu; the NCCL exchange and in-process groups). */
@@ -238,6 +252,31 @@ void bm_tp_release(bm_tp_ws *w);
 /* gather_group.cu: an in-process group's destruction (collective); st: the
  * status to return when it succeeds. */
 beam_status bm_tp_group_destroy(bm_tp_ws *w, beam_status st);
+
+/* gather_watch.cu: the workspace's own communicator and its watchdog.
+ * bm_tp_own_split: split parent into *own (non-blocking), collective, with
+ * the wait for the peers bounded where parent allows it (a blocking parent
+ * waits inside NCCL). bm_tp_own_settle: after an operation on w->own that
+ * returned r, wait until NCCL has taken it and, with a stream, until the
+ * stream is done, at most until deadline_ns (bm_tp_now_ns clock); past it,
+ * or on an NCCL error, abort w->own (recording why) and return the error.
+ * bm_tp_own_abort: record code (if none is yet) and abort w->own, once.
+ * bm_tp_own_enter/leave: around a use of w->own while the watchdog runs;
+ * enter returns 0 (and holds nothing) when w->own was aborted.
+ * bm_tp_watch_start/stop: the watchdog that aborts w->own when an UNFUSED
+ * all-gather has run longer than timeout_ms (the peers never came).
+ * bm_tp_own_close: finalize and destroy w->own, bounded; abort if that
+ * fails. */
+unsigned long long bm_tp_now_ns(void);
+ncclResult_t bm_tp_own_split(ncclComm_t parent, int rank, ncclComm_t *own, unsigned long long deadline_ns);
+ncclResult_t bm_tp_own_settle(bm_tp_ws *w, ncclResult_t r, cudaStream_t stream, unsigned long long deadline_ns,
+                              int stream_too);
+void bm_tp_own_abort(bm_tp_ws *w, uint32_t code);
+int bm_tp_own_enter(bm_tp_ws *w);
+void bm_tp_own_leave(bm_tp_ws *w);
+int bm_tp_watch_start(bm_tp_ws *w);
+void bm_tp_watch_stop(bm_tp_ws *w);
+void bm_tp_own_close(bm_tp_ws *w);
 
 /* gather_ws.cu: the failure record as a status + message (BEAM_OK if none). */
 beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w);

@@ -11,7 +11,8 @@
  * L = ceil(T/R) rows from every rank, the last rank's rows past T included
  * (whatever the buffer holds there; never read after).
  *
- * Over NCCL every rank's status and call signature travel with its rows
+ * Over NCCL (the workspace's own communicator, gather_watch.cu) every
+ * rank's status and call signature travel with its rows
  * (a second all-gather of two words per rank in the same NCCL group), and
  * a check kernel compares them, so a rank that rejected its arguments, or
  * passed other ones, fails the call on every rank instead of leaving them
@@ -30,7 +31,7 @@ static beam_status bm_tp_launched(const char *fn, const char *what, cudaError_t 
     return bm_fail(BEAM_ERR_DEVICE, "%s: %s failed: %s", fn, what, cudaGetErrorString(e));
 }
 
-beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, uint32_t sig,
+beam_status bm_tp_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_t sig,
                           beam_status local_status)
 {
     /* a rejecting rank's tokens may be out of range: the count it joins with */
@@ -58,21 +59,33 @@ beam_status bm_tp_unfused(const char *fn, const bm_tp_ws *w, const bm_args *a, u
             return bm_tp_launched(fn, "the reject kernel", bm_tp_launch_reject(w, stream));
         BM_CHECK(bm_tp_launched(fn, "the all-gather kernel", bm_tp_launch_allgather(w, T, sig, stream)));
     } else if (w->nranks > 1) {
-        BM_CHECK(bm_tp_launched(fn, "the record kernel",
-                                bm_tp_launch_record(w, local_status != BEAM_OK, sig, stream)));
-        ncclResult_t r = ncclGroupStart();
-        if (r == ncclSuccess)
-            r = ncclAllGather(w->rec + 2 * w->rank, w->rec, 2, ncclUint32, w->comm, stream);
-        if (r == ncclSuccess)
-            r = ncclAllGather(mine, w->ag, (size_t)L * H * sizeof(uint16_t), ncclChar, w->comm, stream);
-        const ncclResult_t r2 = ncclGroupEnd();
-        if (r == ncclSuccess)
-            r = r2;
+        /* on the workspace's own communicator: NCCL's taking of the
+         * all-gathers is awaited at most timeout_ms (then the communicator
+         * is aborted), their run on the GPU is watched (gather_watch.cu) */
+        if (!bm_tp_own_enter(w))
+            return bm_tp_check_failed(fn, w);
+        cudaError_t e = bm_tp_launch_record(w, local_status != BEAM_OK, sig, stream);
+        ncclResult_t r = ncclSuccess;
+        if (e == cudaSuccess) {
+            r = ncclGroupStart();
+            if (r == ncclSuccess)
+                r = ncclAllGather(w->rec + 2 * w->rank, w->rec, 2, ncclUint32, w->own, stream);
+            if (r == ncclSuccess || r == ncclInProgress)
+                r = ncclAllGather(mine, w->ag, (size_t)L * H * sizeof(uint16_t), ncclChar, w->own, stream);
+            const ncclResult_t r2 = ncclGroupEnd();
+            if (r == ncclSuccess || r == ncclInProgress)
+                r = r2;
+            r = bm_tp_own_settle(w, r, stream, bm_tp_now_ns() + (unsigned long long)w->timeout_ms * 1000000ull, 0);
+        }
+        bm_tp_own_leave(w);
+        BM_CHECK(bm_tp_launched(fn, "the record kernel", e));
         if (r != ncclSuccess)
-            return bm_fail(BEAM_ERR_COMM, "%s: ncclAllGather failed: %s", fn, ncclGetErrorString(r));
+            return bm_fail(BEAM_ERR_COMM, "%s: ncclAllGather on rank %d failed: %s; the workspace is unusable, "
+                           "destroy it", fn, w->rank, ncclGetErrorString(r));
+        BM_CHECK(bm_tp_launched(fn, "the record check kernel",
+                                bm_tp_launch_check(w, sig, local_status != BEAM_OK, stream)));
         if (local_status != BEAM_OK)
             return local_status;
-        BM_CHECK(bm_tp_launched(fn, "the record check kernel", bm_tp_launch_check(w, sig, stream)));
     }
 
     /* norm_residual_norm over every row, with the quantized output of

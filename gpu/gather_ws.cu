@@ -1,6 +1,7 @@
 /*
  * gather_ws.cu - creating and destroying an NCCL gather workspace
- * (internal). Both are collective over the caller's communicator and may
+ * (internal). Both are collective over the caller's communicator (its
+ * split into the workspace's own, then that one: gather_watch.cu) and may
  * synchronize; no later call does.
  *
  * Creation: every rank allocates its peer-visible region, zeroes the flags,
@@ -83,6 +84,9 @@ static size_t bm_tp_round(size_t n)
  * peers are the other ranks' own allocations). */
 void bm_tp_release(bm_tp_ws *w)
 {
+    bm_tp_watch_stop(w);
+    if (w->own)
+        ncclCommAbort(w->own);
     for (int s = 0; s < w->nranks && s < BM_TP_MAX_RANKS && !w->group; ++s)
         if (w->peer[s] && w->peer[s] != w->base)
             cudaIpcCloseMemHandle(w->peer[s]);
@@ -172,12 +176,18 @@ const char *bm_tp_alloc(bm_tp_ws *w, const bm_ws *ws, int R)
     return bad ? "zeroing the flags" : nullptr;
 }
 
-/* A barrier: a one-int all-reduce (min), waited for on the side stream.
- * *v becomes the minimum over the ranks. */
+/* A barrier: a one-int all-reduce (min) on the workspace's own
+ * communicator, waited for on the side stream at most timeout_ms (then the
+ * communicator is aborted). *v becomes the minimum over the ranks. */
 static ncclResult_t bm_tp_allmin(bm_tp_ws *w, int *v, int *dbuf)
 {
+    if (!bm_tp_own_enter(w))
+        return ncclInvalidUsage;
+    const unsigned long long deadline = bm_tp_now_ns() + (unsigned long long)w->timeout_ms * 1000000ull;
     cudaMemcpyAsync(dbuf, v, sizeof(int), cudaMemcpyHostToDevice, w->side);
-    ncclResult_t r = ncclAllReduce(dbuf, dbuf, 1, ncclInt, ncclMin, w->comm, w->side);
+    ncclResult_t r = bm_tp_own_settle(w, ncclAllReduce(dbuf, dbuf, 1, ncclInt, ncclMin, w->own, w->side), w->side,
+                                      deadline, 1);
+    bm_tp_own_leave(w);
     if (r != ncclSuccess)
         return r;
     cudaMemcpyAsync(v, dbuf, sizeof(int), cudaMemcpyDeviceToHost, w->side);
@@ -201,12 +211,14 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
     bm_tp_rec recs[BM_TP_MAX_RANKS];
     bm_tp_rec mine;
     bm_tp_rec *drec = nullptr;
+    bm_tp_ws probe; /* holds the own communicator of a rank that has no workspace */
     cudaStream_t side = nullptr;
     bm_tp_ws *w = nullptr;
     int ok = 1, why = BM_TP_WHY_NONE;
     const char *what = "";
     cudaError_t ce = cudaSuccess;
 
+    memset(&probe, 0, sizeof probe);
     if ((nr = ncclCommCount(comm, &R)) != ncclSuccess || (nr = ncclCommUserRank(comm, &r)) != ncclSuccess ||
         (nr = ncclCommCuDevice(comm, &cudev)) != ncclSuccess)
         return bm_fail(BEAM_ERR_COMM, "%s: nccl_comm is not a usable ncclComm_t: %s", fn,
@@ -283,21 +295,45 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
     else
         for (int i = 0; i < BM_TP_NCAPS; ++i)
             mine.gcap[i] = 1;
-    nr = ncclSuccess;
-    /* on the side stream: a pageable cudaMemcpy may return before its DMA
-     * lands, and the side stream does not wait for the legacy stream */
-    if (cudaMemcpyAsync(drec + r, &mine, sizeof mine, cudaMemcpyHostToDevice, side) != cudaSuccess)
-        nr = ncclUnhandledCudaError;
-    if (nr == ncclSuccess)
-        nr = ncclAllGather(drec + r, drec, sizeof(bm_tp_rec), ncclChar, comm, side);
-    if (nr == ncclSuccess && (cudaMemcpyAsync(recs, drec, (size_t)R * sizeof(bm_tp_rec), cudaMemcpyDeviceToHost,
-                                              side) != cudaSuccess ||
-                              cudaStreamSynchronize(side) != cudaSuccess))
-        nr = ncclUnhandledCudaError;
-    if (nr != ncclSuccess) {
-        st = bm_fail(BEAM_ERR_COMM, "%s: exchanging the workspace records failed: %s", fn,
-                     ncclGetErrorString(nr));
-        goto fail;
+    /* The workspace's own communicator (gather_watch.cu), split from the
+     * caller's by every rank, failed or not; the exchange and every later
+     * collective run on it, each wait bounded by the timeout (a rank whose
+     * own arguments failed has no valid timeout of its own: 30 s). */
+    {
+        const unsigned long long deadline =
+            bm_tp_now_ns() + (unsigned long long)(local_status == BEAM_OK ? ws->cfg.timeout_ms : 30000) * 1000000ull;
+        bm_tp_ws *x = w ? w : &probe;
+        nr = bm_tp_own_split(comm, r, &x->own, deadline);
+        if (nr != ncclSuccess) {
+            st = bm_fail(BEAM_ERR_COMM, "%s: splitting the communicator for the workspace failed, or a peer did not "
+                         "join within the timeout: %s (a communicator created non-blocking may still hold the "
+                         "split: abort it)", fn, ncclGetErrorString(nr));
+            goto fail;
+        }
+        if (ok && w && R > 1 && bm_tp_watch_start(w) != 0) {
+            ok = 0;
+            why = BM_TP_WHY_HOST;
+        }
+        /* on the side stream: a pageable cudaMemcpy may return before its DMA
+         * lands, and the side stream does not wait for the legacy stream */
+        if (cudaMemcpyAsync(drec + r, &mine, sizeof mine, cudaMemcpyHostToDevice, side) != cudaSuccess)
+            nr = ncclUnhandledCudaError;
+        if (nr == ncclSuccess && bm_tp_own_enter(x)) {
+            nr = bm_tp_own_settle(x, ncclAllGather(drec + r, drec, sizeof(bm_tp_rec), ncclChar, x->own, side), side,
+                                  deadline, 1);
+            bm_tp_own_leave(x);
+        } else if (nr == ncclSuccess) {
+            nr = ncclInvalidUsage;
+        }
+        if (nr == ncclSuccess && (cudaMemcpyAsync(recs, drec, (size_t)R * sizeof(bm_tp_rec), cudaMemcpyDeviceToHost,
+                                                  side) != cudaSuccess ||
+                                  cudaStreamSynchronize(side) != cudaSuccess))
+            nr = ncclUnhandledCudaError;
+        if (nr != ncclSuccess) {
+            st = bm_fail(BEAM_ERR_COMM, "%s: exchanging the workspace records failed, or a peer did not join within "
+                         "the timeout: %s", fn, ncclGetErrorString(nr));
+            goto fail;
+        }
     }
     if (!ok) {
         switch (why) {
@@ -375,8 +411,10 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
 
 fail:
     cudaFree(drec);
+    if (probe.own)
+        ncclCommAbort(probe.own);
     if (w)
-        bm_tp_release(w); /* destroys the side stream too */
+        bm_tp_release(w); /* destroys the side stream and the own communicator too */
     else if (side)
         cudaStreamDestroy(side);
     if (dev != cudev && dev >= 0)
@@ -407,6 +445,12 @@ beam_status bm_tp_check_failed(const char *fn, const bm_tp_ws *w)
                        "%d's (tokens, top_k, hidden, routed_scale, norms, scales, strategy and the quantized "
                        "output's form must be the same on every rank), so that call's outputs are undefined; the workspace is unusable, destroy it",
                        fn, (int)w->err_h->peer, w->rank);
+    if (code == BM_TP_NCCL_TIMEOUT)
+        return bm_fail(BEAM_ERR_COMM,
+                       "%s: an earlier UNFUSED call on this workspace (rank %d, all-gather %llu) waited more than %u "
+                       "ms inside NCCL for its peers, so the workspace's own communicator was aborted; that call's "
+                       "outputs are undefined; the workspace is unusable, destroy it",
+                       fn, w->rank, (unsigned long long)w->err_h->epoch, (unsigned)w->timeout_ms);
     if (code == BM_TP_TIMEOUT)
         return bm_fail(BEAM_ERR_COMM,
                        "%s: an earlier call on this workspace (rank %d, call %llu) timed out after %u ms "
@@ -441,10 +485,12 @@ extern "C" beam_status bm_cuda_ws_destroy(bm_ws *ws)
             cudaSetDevice(cur);
         return st;
     }
+    /* its watchdog has ended any all-gather that waited too long by now */
+    bm_tp_watch_stop(w);
     int *dint = nullptr;
     if (w->nranks > 1 && cudaMalloc(&dint, sizeof(int)) == cudaSuccess) {
         int one = 1;
-        bm_tp_allmin(w, &one, dint); /* errors ignored: a dead peer's comm may be aborted */
+        bm_tp_allmin(w, &one, dint); /* errors ignored: bounded, and a failed one aborts the own communicator */
         for (int s = 0; s < w->nranks; ++s)
             if (w->peer[s] && w->peer[s] != w->base) {
                 cudaIpcCloseMemHandle(w->peer[s]);
@@ -453,6 +499,7 @@ extern "C" beam_status bm_cuda_ws_destroy(bm_ws *ws)
         bm_tp_allmin(w, &one, dint);
         cudaFree(dint);
     }
+    bm_tp_own_close(w);
     const int dev = w->device;
     bm_tp_release(w);
     ws->impl = nullptr;

@@ -13,7 +13,8 @@
  * host barrier, a deadline, a failing rank makes the others be killed, so
  * nothing hangs); each rank takes device `rank` and its communicator.
  *
- * Environment: BEAM_TEST_RANKS (default 2, at most the GPUs), BEAM_TEST_SEED,
+ * Environment: BEAM_TEST_RANKS (default 2, at most the GPUs; 1 runs one
+ * rank, for the parts that need no peer), BEAM_TEST_SEED,
  * BEAM_TEST_STRESS (calls per stress part, default 10000), BEAM_TEST_ONLY
  * (one part: sweep|large|stress|bad|mismatch|concurrent|wrap|timeout|hosts),
  * BEAM_TEST_DEADLINE (seconds for the whole run, default 900).
@@ -102,6 +103,14 @@ int main(void)
     int R = getenv("BEAM_TEST_RANKS") ? atoi(getenv("BEAM_TEST_RANKS")) : 2;
     const int deadline_s = getenv("BEAM_TEST_DEADLINE") ? atoi(getenv("BEAM_TEST_DEADLINE")) : 900;
 
+    /* BEAM_TEST_RANKS=1: one rank on one GPU, the workspace's own
+     * communicator made and used alone (with BEAM_TEST_ONLY=sweep or large,
+     * the parts that need no peer) */
+    if (R == 1 && ndev >= 1) {
+        if (bm_ranks_run("test_gather_nccl", 1, deadline_s, rank_main, &ndev) != 0) return 1;
+        printf("test_gather_nccl: PASS (one rank)\n");
+        return 0;
+    }
     if (ndev < 2) {
         printf("test_gather_nccl: %s, 2 needed: skipped\n", why);
         return 77;
