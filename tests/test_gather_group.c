@@ -6,7 +6,8 @@
  * by default, each with its own stream and buffers. The same kernels and
  * flags run as on R GPUs over NCCL; UNFUSED's all-gather is a kernel over
  * the peers' buffers instead of NCCL. Runs the parts of
- * tests/gather_parts.c for R = 2, 3, 4, 5 and 8 in turn.
+ * tests/gather_parts.c for R = 2, 3, 4, 5 and 8 in turn, then the group's
+ * own part "repeat" (a rank that creates a second workspace).
  *
  * Environment: BEAM_TEST_RANKS (one world size instead of the list),
  * BEAM_TEST_DEVICES (spread the ranks over this many devices, rank r on
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime.h>
@@ -52,6 +54,36 @@ struct rank_arg {
     int rank, R;
 };
 
+/* A rank that already holds a workspace and creates another is refused at
+ * once with that reason, without meeting its peers; the group's meetings
+ * stay in step: the workspaces are destroyed together and made again. */
+static void part_repeat(void)
+{
+    beam_workspace_config cfg = beam_workspace_config_default();
+    beam_workspace *ws = NULL, *again = NULL;
+    struct timespec t0, t1;
+    cfg.timeout_ms = 400;
+    BK(make_group(8, 512, &cfg, &ws));
+    host_barrier();
+    if (g_rank == 0) {
+        double ms;
+        beam_status st;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        st = make_group(8, 512, NULL, &again); /* the default timeout: 10 s */
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (st != BEAM_ERR_INVALID_ARGUMENT || again || !strstr(beam_last_error(), "already holds a workspace") ||
+            ms > 200)
+            FAIL("a repeated creation: status %d after %.0f ms: %s", (int)st, ms, beam_last_error());
+    }
+    host_barrier();
+    BK(beam_workspace_destroy(ws));
+    BK(make_group(8, 512, &cfg, &ws));
+    BK(beam_workspace_destroy(ws));
+    host_barrier();
+    if (g_rank == 0) printf("repeat: a repeated creation refused at once, the group in step\n");
+}
+
 static void *rank_main(void *p)
 {
     const struct rank_arg *a = (const struct rank_arg *)p;
@@ -60,6 +92,7 @@ static void *rank_main(void *p)
     g_dev = a->rank % g_ndev_used;
     CK(cudaSetDevice(g_dev));
     gp_run_parts(g_seed, g_stress, g_only);
+    if (!g_only || !strcmp(g_only, "repeat")) part_repeat();
     return NULL;
 }
 
