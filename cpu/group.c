@@ -51,14 +51,13 @@
  * BEAM_OK with bits other than those of the calls that met.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "error.h"
 #include "group.h"
+#include "meet.h"
 #include "ops.h"
 
 /* What a rank posts at a rendezvous; compared field by field. */
@@ -84,30 +83,11 @@ typedef struct bm_shared {
     uint16_t **gathered; /* [nranks][max_tokens, hidden] UNFUSED receive     */
 } bm_shared;
 
-/* A rendezvous: a generation completes when nranks threads have arrived.
- * gen is 64-bit and only ever compared for equality: even at one
- * generation per nanosecond (a real one costs a mutex and a wake-up, well
- * over a microsecond) it would take 584 years to wrap, so it cannot wrap
- * within a deployment's life, and a waiter never mistakes a later
- * generation for its own. */
-typedef struct bm_rdv {
-    uint64_t gen;
-    int32_t arrived;
-} bm_rdv;
-
 struct beam_cpu_group {
     int32_t nranks;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bm_rdv call_rdv;  /* the gathers' barriers */
-    bm_rdv make_rdv;  /* workspace creation's barriers */
-    int broken;       /* a barrier timed out: the group can only be destroyed */
-    /* rank + 1 of a rank that refused to join the creation of generation
-     * refused_gen because it already holds a workspace (0: none): the
-     * peers waiting in that creation give up at once; cleared when the
-     * last of them has left */
-    int32_t refused;
-    uint64_t refused_gen;
+    bm_host host;     /* the lock of everything below; meetings (lib/meet.h) */
+    bm_meet call_rdv; /* the gathers' barriers (BM_MEET_BREAK) */
+    bm_meet make_rdv; /* workspace creation's barriers */
     int32_t live_ws;
     int32_t making_n; /* creations in progress (the group cannot go then) */
     char *joined;     /* [nranks]: the rank holds a workspace */
@@ -121,7 +101,7 @@ typedef struct bm_cpu_ws {
     beam_cpu_group *g;
     bm_shared *sh;
     /* Calls that joined, each on every rank alike: its parity picks the
-     * slot bank. 64-bit for the same reason as bm_rdv.gen (and 2^64 is even,
+     * slot bank. 64-bit for the same reason as bm_meet.gen (and 2^64 is even,
      * so even a wrap would keep the ranks' parities equal). Only the thread
      * holding busy touches it. */
     uint64_t calls;
@@ -131,82 +111,10 @@ typedef struct bm_cpu_ws {
     int busy;
 } bm_cpu_ws;
 
-/* ---- barrier with timeout ---------------------------------------------- */
-
-static void bm_deadline(struct timespec *ts, int32_t timeout_ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += timeout_ms / 1000;
-    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec += 1;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
-/* Wait at rendezvous v until all nranks arrive. A timeout breaks the whole
- * group, both rendezvous: the timed-out one's count no longer says who is
- * where, and one rule (destroy everything) is simpler than a half-broken
- * group. Except with `withdraw`, for a rendezvous that nothing has
- * happened before (a creation's first): a rank that gives up there takes
- * its arrival back, so the count stays right, the group and its existing
- * workspaces keep working, and a peer that comes later waits for a rank
- * that has left and gives up too. There a rank also gives up at once when
- * a peer refused this creation (g->refused). */
-static beam_status bm_barrier(beam_cpu_group *g, bm_rdv *v, int32_t rank, int32_t timeout_ms,
-                              const char *fn, int withdraw)
-{
-    struct timespec ts;
-    uint64_t gen;
-    beam_status st = BEAM_OK;
-    int left = 0; /* withdrew: 1 at the timeout, 2 + r when rank r refused */
-
-    bm_deadline(&ts, timeout_ms);
-    pthread_mutex_lock(&g->mu);
-    gen = v->gen;
-    if (g->broken) {
-        st = BEAM_ERR_COMM;
-    } else if (++v->arrived == g->nranks) {
-        v->arrived = 0;
-        v->gen++;
-        pthread_cond_broadcast(&g->cv);
-    } else {
-        while (gen == v->gen && !g->broken) {
-            if (withdraw && g->refused && g->refused_gen == gen) {
-                left = 1 + g->refused;
-                break;
-            }
-            if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && gen == v->gen) {
-                if (withdraw) {
-                    left = 1;
-                    break;
-                }
-                g->broken = 1;
-                pthread_cond_broadcast(&g->cv);
-            }
-        }
-        if (left && --v->arrived == 0) g->refused = 0;
-        if (gen == v->gen) st = BEAM_ERR_COMM;
-    }
-    pthread_mutex_unlock(&g->mu);
-    if (left > 1)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d already holds a workspace on this group and "
-                       "refused to join; nothing was created (the group and its workspaces are unchanged)", fn,
-                       left - 2);
-    if (left)
-        return bm_fail(st, "%s: rank %d: a peer did not arrive within timeout_ms=%d; nothing was created "
-                       "(the group and its workspaces are unchanged)", fn, (int)rank, (int)timeout_ms);
-    if (st != BEAM_OK)
-        return bm_fail(st, "%s: rank %d: a peer did not arrive within timeout_ms=%d, or an earlier "
-                       "timeout broke the group (destroy it)", fn, (int)rank, (int)timeout_ms);
-    return BEAM_OK;
-}
-
 /* ---- group ------------------------------------------------------------- */
 
 beam_status bm_cpu_group_create(int32_t nranks, beam_cpu_group **group)
 {
-    pthread_condattr_t attr;
     beam_cpu_group *g = (beam_cpu_group *)calloc(1, sizeof *g);
     if (g) {
         g->joined = (char *)calloc((size_t)nranks, 1);
@@ -223,11 +131,7 @@ beam_status bm_cpu_group_create(int32_t nranks, beam_cpu_group **group)
         return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "beam_cpu_group_create: out of host memory");
     }
     g->nranks = nranks;
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&g->cv, &attr);
-    pthread_condattr_destroy(&attr);
+    bm_host_init(&g->host, nranks);
     *group = g;
     return BEAM_OK;
 }
@@ -235,10 +139,10 @@ beam_status bm_cpu_group_create(int32_t nranks, beam_cpu_group **group)
 beam_status bm_cpu_group_destroy(beam_cpu_group *g)
 {
     int32_t live, making;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     live = g->live_ws;
     making = g->making_n;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     if (live)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_cpu_group_destroy: group still has %d live "
                        "workspaces: destroy them first", (int)live);
@@ -246,8 +150,7 @@ beam_status bm_cpu_group_destroy(beam_cpu_group *g)
     if (making)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_cpu_group_destroy: a beam_workspace_create_cpu call "
                        "on this group is in progress on another thread: destroy the group after it returns");
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
+    bm_host_fini(&g->host);
     free(g->joined);
     free(g->making);
     free(g->slots);
@@ -301,10 +204,10 @@ static bm_shared *bm_shared_alloc(int32_t nranks, int64_t max_tokens, int32_t hi
 /* This thread no longer stands for its rank in a creation. */
 static void bm_make_leave(beam_cpu_group *g, int32_t rank)
 {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     g->making[rank] = 0;
     g->making_n--;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
 }
 
 beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_status local)
@@ -323,9 +226,9 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
                        (int)rank, (int)g->nranks);
     all = g->slots + 2 * (size_t)g->nranks;
     mine = all + rank;
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     if (g->making[rank]) {
-        pthread_mutex_unlock(&g->mu);
+        pthread_mutex_unlock(&g->host.mu);
         /* The other thread already stands for this rank in the rendezvous:
          * joining as well would count the rank twice. Its peers still meet
          * that thread, so nobody waits for this one. */
@@ -336,12 +239,8 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
         /* Refused at once and without joining: joining would make peers
          * that are not creating wait for this rank. Peers waiting in a
          * creation now give up at once with the reason. */
-        if (g->make_rdv.arrived > 0) {
-            g->refused = rank + 1;
-            g->refused_gen = g->make_rdv.gen;
-            pthread_cond_broadcast(&g->cv);
-        }
-        pthread_mutex_unlock(&g->mu);
+        bm_meet_refuse_locked(&g->host, &g->make_rdv, rank);
+        pthread_mutex_unlock(&g->host.mu);
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d already holds a workspace on this group (one "
                        "per rank: destroy it first); nothing was created and that workspace is unchanged", fn,
                        (int)rank);
@@ -353,15 +252,14 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     mine->tokens = ws->max_tokens;
     mine->hidden = ws->hidden;
     mine->strategy = ws->cfg.timeout_ms;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     if (local == BEAM_OK) {
         impl = (bm_cpu_ws *)calloc(1, sizeof *impl);
         if (!impl) local = mine->status = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
     }
-    /* A rank whose own arguments failed has no valid timeout of its own. */
-    tmo = local == BEAM_OK ? ws->cfg.timeout_ms : 30000;
+    tmo = bm_meet_timeout(local, ws->cfg.timeout_ms);
 
-    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn, 1);
+    st = bm_meet_wait(&g->host, &g->make_rdv, rank, tmo, fn, BM_MEET_WITHDRAW);
     if (st != BEAM_OK) goto fail;
     for (r = 0; r < g->nranks && bad < 0; r++)
         if (all[r].status != BEAM_OK || all[r].tokens != all[0].tokens || all[r].hidden != all[0].hidden ||
@@ -382,14 +280,14 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     }
     /* Second barrier: nobody re-posts a creation slot before all have read,
      * and rank 0's allocation is visible to all. */
-    st = bm_barrier(g, &g->make_rdv, rank, tmo, fn, 0);
+    st = bm_meet_wait(&g->host, &g->make_rdv, rank, tmo, fn, BM_MEET_BREAK);
     if (st != BEAM_OK) {
         /* A generation completes for every rank or for none, and after a
          * failure it never completes: no rank took these buffers. */
         if (made) {
-            pthread_mutex_lock(&g->mu);
+            pthread_mutex_lock(&g->host.mu);
             if (g->shared == made) g->shared = NULL;
-            pthread_mutex_unlock(&g->mu);
+            pthread_mutex_unlock(&g->host.mu);
             bm_shared_free(made);
         }
         goto fail;
@@ -410,13 +308,13 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
                      "max_tokens=%lld x hidden=%d", fn, (long long)ws->max_tokens, (int)ws->hidden);
         goto fail;
     }
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     g->joined[rank] = 1;
     g->live_ws++;
     g->making[rank] = 0;
     g->making_n--;
     impl->sh = g->shared;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     impl->g = g;
     ws->rank = rank;
     ws->nranks = g->nranks;
@@ -441,14 +339,14 @@ beam_status bm_cpu_ws_destroy(bm_ws *ws)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_workspace_destroy: a call on this workspace is in "
                        "progress on another thread (calls on one workspace must not overlap): nothing was "
                        "destroyed; destroy it after that call returns");
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     g->joined[ws->rank] = 0;
     g->live_ws--;
     if (--impl->sh->refs == 0) {
         drop = impl->sh;
         if (g->shared == drop) g->shared = NULL;
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     bm_shared_free(drop);
     free(impl);
     return BEAM_OK;
@@ -520,7 +418,7 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
     case BEAM_STRATEGY_ONESHOT:
         b.output = sh->fin + (size_t)start * H;
         if (owned) bm_cpu_run(&b, BM_OP_FINALIZE, scr);
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0));
+        BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
         b = *a;
         b.x = sh->fin;
         b.pre.on = 0;
@@ -531,7 +429,7 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
         b.hidden_out = sh->hid + (size_t)start * H;
         b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
         if (owned) bm_cpu_run(&b, BM_OP_FUSED, scr);
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0));
+        BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
         memcpy(a->hidden_out, sh->hid, (size_t)T * row);
         if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
         break;
@@ -541,17 +439,17 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
             bm_cpu_run(&b, BM_OP_FINALIZE, scr);
             memcpy(sh->fin + (size_t)start * H, sh->local[r], (size_t)owned * row);
         }
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0));
+        BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
         memcpy(sh->gathered[r], sh->fin, (size_t)T * row);
         b = *a;
         b.x = sh->gathered[r];
         b.pre.on = 0;
-        BM_CHECK(bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0)); /* the stage is free again */
+        BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK)); /* the stage is free again */
         bm_cpu_run(&b, BM_OP_NRN, scr);
         return BEAM_OK;
     }
     /* Nobody may refill the stages for the next call before all have read. */
-    return bm_barrier(impl->g, &impl->g->call_rdv, r, tmo, fn, 0);
+    return bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK);
 }
 
 /* What a call allocates before the agreement, so that a rank without
@@ -584,7 +482,7 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
 
     if (local == BEAM_OK) local = bm_gather_alloc(a, &b, &scr, &tmp, fn);
     bm_post(&bank[ws->rank], a, strategy, local);
-    st = bm_barrier(g, &g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn, 0);
+    st = bm_meet_wait(&g->host, &g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn, BM_MEET_BREAK);
     for (r = 0; r < R && st == BEAM_OK; r++) {
         if (bank[r].status != BEAM_OK) {
             st = local != BEAM_OK ? local /* this rank's own message is set */

@@ -18,19 +18,19 @@
  * running. Every kernel is loaded at creation (bm_tp_preload): a lazily
  * loaded kernel can wait for the device to be idle.
  *
- * Creation and destruction meet the other ranks on the host (a barrier
- * with the workspace's timeout): a rank that fails still meets them, so
- * every rank fails together; a rank that never comes makes the others fail
- * at the timeout (BEAM_ERR_COMM).
+ * Creation and destruction meet the other ranks on the host (lib/meet.h,
+ * the CPU group's rendezvous, with its timeout rule): a rank that fails
+ * still meets them, so every rank fails together; a rank that never comes
+ * makes the others fail at the timeout (BEAM_ERR_COMM), and they withdraw,
+ * so the group stays usable.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "error.h"
 #include "gather_impl.h"
+#include "meet.h"
 
 /* What a rank tells the others at creation (values: nothing points into
  * another rank's host state). */
@@ -47,18 +47,9 @@ struct bm_tp_post {
 
 struct beam_cpu_group {
     int32_t nranks;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    unsigned long long gen; /* meetings completed */
-    int32_t count;          /* ranks waiting in the current meeting */
-    int32_t live;           /* workspaces alive on the group */
-    int32_t creating;       /* ranks waiting in a creation's first meeting */
-    /* rank + 1 of a rank that refused to join the creation meeting of
-     * generation refused_gen because it already holds a workspace (0:
-     * none): the ranks waiting there give up at once; cleared when the
-     * last of them has left */
-    int32_t refused;
-    unsigned long long refused_gen;
+    bm_host host;         /* the lock of everything below; meetings (lib/meet.h) */
+    bm_meet make, drop;   /* creation's meetings, destruction's */
+    int32_t live;         /* workspaces alive on the group */
     char joined[BM_TP_MAX_RANKS];
     bm_tp_post post[BM_TP_MAX_RANKS];
 };
@@ -72,70 +63,23 @@ extern "C" beam_status bm_cuda_group_create(int32_t nranks, beam_cpu_group **gro
     beam_cpu_group *g = (beam_cpu_group *)calloc(1, sizeof *g);
     if (!g)
         return bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
-    pthread_condattr_t attr;
     g->nranks = nranks;
-    pthread_mutex_init(&g->mu, NULL);
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&g->cv, &attr);
-    pthread_condattr_destroy(&attr);
+    bm_host_init(&g->host, nranks);
     *group = g;
     return BEAM_OK;
 }
 
 extern "C" beam_status bm_cuda_group_destroy(beam_cpu_group *g)
 {
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     const int32_t live = g->live;
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     if (live)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
                        "beam_cpu_group_destroy: group still has %d live workspaces: destroy them first", (int)live);
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
+    bm_host_fini(&g->host);
     free(g);
     return BEAM_OK;
-}
-
-/* Wait until every rank of the group has come (the group's mutex held by
- * the caller, released while waiting). A rank that gives up at the timeout
- * withdraws, so a later meeting still counts right. In a creation's first
- * meeting (`creating`) a rank also gives up at once when a peer refused
- * that creation (g->refused). */
-static beam_status bm_grp_meet(beam_cpu_group *g, int timeout_ms, const char *fn, int creating = 0)
-{
-    const unsigned long long gen = g->gen;
-    if (++g->count == g->nranks) {
-        g->count = 0;
-        ++g->gen;
-        pthread_cond_broadcast(&g->cv);
-        return BEAM_OK;
-    }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec += 1;
-        until.tv_nsec -= 1000000000L;
-    }
-    g->creating += creating;
-    int refused = 0;
-    bool timed_out = false;
-    while (g->gen == gen && !(refused = creating && g->refused && g->refused_gen == gen ? g->refused : 0) &&
-           !timed_out)
-        timed_out = pthread_cond_timedwait(&g->cv, &g->mu, &until) == ETIMEDOUT && g->gen == gen;
-    if ((g->creating -= creating) == 0)
-        g->refused = 0;
-    if (g->gen != gen)
-        return BEAM_OK;
-    --g->count;
-    if (refused)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d already holds a workspace on this group and "
-                       "refused to join; nothing was created (the group and its workspaces are unchanged)", fn,
-                       refused - 1);
-    return bm_fail(BEAM_ERR_COMM, "%s: waited %d ms for the other ranks of the group; not all came", fn,
-                   timeout_ms);
 }
 
 extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_status local)
@@ -144,7 +88,7 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     const int R = g->nranks;
     if (rank < 0 || rank >= R) /* no slot to tell the others in: they time out */
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d must be in [0, %d) of the group", fn, (int)rank, R);
-    const int timeout_ms = local == BEAM_OK ? ws->cfg.timeout_ms : 30000;
+    const int timeout_ms = bm_meet_timeout(local, ws->cfg.timeout_ms);
     bm_tp_ws *w = nullptr;
     const char *what = nullptr;
     bm_tp_post mine;
@@ -153,14 +97,11 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
 
     /* Refused at once and without meeting: peers that are not creating
      * would wait for this rank. */
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     const int holds = g->joined[rank];
-    if (holds && g->creating > 0) { /* the peers waiting in a creation give up at once */
-        g->refused = rank + 1;
-        g->refused_gen = g->gen;
-        pthread_cond_broadcast(&g->cv);
-    }
-    pthread_mutex_unlock(&g->mu);
+    if (holds) /* the peers waiting in a creation give up at once */
+        bm_meet_refuse_locked(&g->host, &g->make, rank);
+    pthread_mutex_unlock(&g->host.mu);
     if (holds)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
                        "%s: rank=%d already holds a workspace on this group (one per rank: destroy it first); "
@@ -194,11 +135,11 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     /* first meeting: every rank's record */
     beam_status st = BEAM_OK;
     bm_tp_post all[BM_TP_MAX_RANKS];
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     g->post[rank] = mine;
-    st = bm_grp_meet(g, timeout_ms, fn, 1);
+    st = bm_meet_wait_locked(&g->host, &g->make, rank, timeout_ms, fn, BM_MEET_WITHDRAW);
     memcpy(all, g->post, sizeof all);
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     if (local != BEAM_OK) {
         st = local; /* its message stands */
         goto fail;
@@ -243,10 +184,10 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
         w->peer_ag[s] = all[s].ag;
     }
     /* second meeting: every rank reaches every peer, or all fail */
-    pthread_mutex_lock(&g->mu);
+    pthread_mutex_lock(&g->host.mu);
     g->post[rank].mapped = mine.mapped;
     memcpy(g->post[rank].gcap, mine.gcap, sizeof mine.gcap);
-    st = bm_grp_meet(g, timeout_ms, fn);
+    st = bm_meet_wait_locked(&g->host, &g->make, rank, timeout_ms, fn, BM_MEET_WITHDRAW);
     memcpy(all, g->post, sizeof all);
     for (int i = 0; i < BM_TP_NCAPS; ++i) {
         w->gcap[i] = mine.gcap[i];
@@ -267,7 +208,7 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
         g->joined[rank] = 1;
         ++g->live;
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     if (st != BEAM_OK)
         goto fail;
     w->peers = 1;
@@ -291,13 +232,14 @@ beam_status bm_tp_group_destroy(bm_tp_ws *w, beam_status st)
     static const char fn[] = "beam_workspace_destroy";
     beam_cpu_group *g = w->group;
     cudaDeviceSynchronize();
-    pthread_mutex_lock(&g->mu);
-    const beam_status met = bm_grp_meet(g, (int)w->timeout_ms < 1000 ? 1000 : (int)w->timeout_ms, fn);
+    pthread_mutex_lock(&g->host.mu);
+    const beam_status met = bm_meet_wait_locked(&g->host, &g->drop, w->rank, (int)w->timeout_ms < 1000 ? 1000 : (int)w->timeout_ms,
+                                           fn, BM_MEET_WITHDRAW);
     if (met == BEAM_OK) {
         g->joined[w->rank] = 0;
         --g->live;
     }
-    pthread_mutex_unlock(&g->mu);
+    pthread_mutex_unlock(&g->host.mu);
     if (met != BEAM_OK)
         return met;
     bm_tp_release(w);

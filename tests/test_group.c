@@ -1868,7 +1868,7 @@ static void test_create_repeated(void)
     mk_main(&mk[1]);
     CU_ASSERT(secs_since(&t0) < 2.0);
     CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_COMM);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "timeout_ms=400; nothing was created"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "timeout_ms=400; nothing was done"));
 
     /* both anew: a working pair again */
     CU_ASSERT_EQUAL(beam_workspace_destroy(ws[0]), BEAM_OK);
