@@ -55,22 +55,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agree.h"
 #include "error.h"
 #include "group.h"
 #include "meet.h"
 #include "ops.h"
 
-/* What a rank posts at a rendezvous; compared field by field. */
+/* What a rank posts at a rendezvous; compared word by word. A gather's
+ * words are its agreement (lib/agree.h); a creation's max_tokens, hidden
+ * and timeout_ms. */
 typedef struct bm_slot {
     beam_status status;
-    int64_t tokens;    /* gather: T;  create: max_tokens */
-    int32_t top_k, hidden, strategy;
-    int32_t has_scales, post_on, post_w, next_on, next_w;
-    float routed_scale, scale_x, scale_r, post_eps, next_eps;
-    /* the quantized output's form (kind 0: none); its layout is the
-     * rank's own */
-    int32_t q_kind, q_group, q_ue8m0;
-    float q_scale;
+    uint64_t w[BM_AGREE_N];
 } bm_slot;
 
 /* Buffers of one set of workspaces (one per rank), allocated by rank 0. */
@@ -249,9 +245,9 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     g->making_n++;
     memset(mine, 0, sizeof *mine);
     mine->status = local;
-    mine->tokens = ws->max_tokens;
-    mine->hidden = ws->hidden;
-    mine->strategy = ws->cfg.timeout_ms;
+    mine->w[0] = (uint64_t)ws->max_tokens;
+    mine->w[1] = (uint64_t)(uint32_t)ws->hidden;
+    mine->w[2] = (uint64_t)(uint32_t)ws->cfg.timeout_ms;
     pthread_mutex_unlock(&g->host.mu);
     if (local == BEAM_OK) {
         impl = (bm_cpu_ws *)calloc(1, sizeof *impl);
@@ -262,8 +258,7 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     st = bm_meet_wait(&g->host, &g->make_rdv, rank, tmo, fn, BM_MEET_WITHDRAW);
     if (st != BEAM_OK) goto fail;
     for (r = 0; r < g->nranks && bad < 0; r++)
-        if (all[r].status != BEAM_OK || all[r].tokens != all[0].tokens || all[r].hidden != all[0].hidden ||
-            all[r].strategy != all[0].strategy)
+        if (all[r].status != BEAM_OK || memcmp(all[r].w, all[0].w, 3 * sizeof all[0].w[0]) != 0)
             bad = r;
     /* The slots are read only before the second barrier: after it, a fast
      * rank may already post its slot for the next creation. */
@@ -299,8 +294,8 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
                            fn, (int)bad)
                  : bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d passed max_tokens=%lld, hidden=%d, "
                            "timeout_ms=%d but rank 0 passed %lld, %d, %d: every rank must pass the same", fn,
-                           (int)bad, (long long)s_bad.tokens, (int)s_bad.hidden, (int)s_bad.strategy,
-                           (long long)s_0.tokens, (int)s_0.hidden, (int)s_0.strategy);
+                           (int)bad, (long long)s_bad.w[0], (int)s_bad.w[1], (int)s_bad.w[2],
+                           (long long)s_0.w[0], (int)s_0.w[1], (int)s_0.w[2]);
         goto fail;
     }
     if (g->create_status != BEAM_OK) {
@@ -356,48 +351,16 @@ beam_status bm_cpu_ws_destroy(bm_ws *ws)
 
 static void bm_post(bm_slot *s, const bm_args *a, beam_strategy strategy, beam_status local)
 {
-    memset(s, 0, sizeof *s);
     s->status = local;
-    s->tokens = a->tokens;
-    s->top_k = a->top_k;
-    s->hidden = a->hidden;
-    s->strategy = (int32_t)strategy;
-    s->has_scales = a->has_scales;
-    s->scale_x = a->scale_x;
-    s->scale_r = a->scale_r;
-    s->routed_scale = a->routed_scale;
-    s->post_on = a->post.on;
-    s->post_w = a->post.weight != NULL;
-    s->post_eps = a->post.eps;
-    s->next_on = a->next.on;
-    s->next_w = a->next.weight != NULL;
-    s->next_eps = a->next.eps;
-    s->q_kind = a->q.kind;
-    s->q_group = a->q.group;
-    s->q_ue8m0 = a->q.ue8m0;
-    s->q_scale = a->q.scale;
+    bm_agree_words(a, (int)strategy, s->w);
 }
 
 /* The first collective argument on which slot s differs from slot 0. */
 static const char *bm_disagree(const bm_slot *s, const bm_slot *s0)
 {
-    if (s->tokens != s0->tokens) return "tokens";
-    if (s->top_k != s0->top_k) return "top_k";
-    if (s->hidden != s0->hidden) return "hidden";
-    if (s->strategy != s0->strategy) return "strategy";
-    if (memcmp(&s->routed_scale, &s0->routed_scale, sizeof(float))) return "routed_scale";
-    if (s->has_scales != s0->has_scales || memcmp(&s->scale_x, &s0->scale_x, sizeof(float)) ||
-        memcmp(&s->scale_r, &s0->scale_r, sizeof(float)))
-        return "scales";
-    if (s->post_on != s0->post_on || s->post_w != s0->post_w ||
-        memcmp(&s->post_eps, &s0->post_eps, sizeof(float)))
-        return "post_norm";
-    if (s->next_on != s0->next_on || s->next_w != s0->next_w ||
-        memcmp(&s->next_eps, &s0->next_eps, sizeof(float)))
-        return "next_norm";
-    if (s->q_kind != s0->q_kind || s->q_group != s0->q_group || s->q_ue8m0 != s0->q_ue8m0 ||
-        memcmp(&s->q_scale, &s0->q_scale, sizeof(float)))
-        return "quant (kind, group_size, BEAM_QUANT_UE8M0, scale)";
+    int i;
+    for (i = 0; i < BM_AGREE_N; i++)
+        if (s->w[i] != s0->w[i]) return bm_agree_names[i];
     return NULL;
 }
 

@@ -50,6 +50,7 @@
 #include "launch.h"
 #include "row_kernel.cuh"
 #include "tp_shape.h"
+#include "agree.h"
 
 #define BM_TP_U 4 /* expert slots loaded ahead (two chunks per thread) */
 
@@ -736,26 +737,15 @@ cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, int count_only, 
     return cudaGetLastError();
 }
 
-/* FNV-1a over what every rank must pass alike; 0 is kept for "none". */
-static uint32_t bm_tp_fnv(uint32_t h, const void *v, size_t n)
-{
-    const unsigned char *c = (const unsigned char *)v;
-    for (size_t i = 0; i < n; ++i)
-        h = (h ^ c[i]) * 16777619u;
-    return h;
-}
-
+/* FNV-1a over what every rank must pass alike (lib/agree.h); 0 is kept
+ * for "none". */
 uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy)
 {
-    const int32_t ints[] = {(int32_t)strategy, a->top_k, a->hidden, a->post.on, a->post.weight != nullptr,
-                            a->has_scales, a->next.on, a->next.weight != nullptr,
-                            a->q.kind, a->q.kind ? a->q.group : 0, a->q.kind ? a->q.ue8m0 : 0};
-    const float floats[] = {a->routed_scale, a->post.on ? a->post.eps : 0.0f, a->has_scales ? a->scale_x : 0.0f,
-                            a->has_scales ? a->scale_r : 0.0f, a->next.on ? a->next.eps : 0.0f,
-                            a->q.kind == BM_QUANT_TENSOR || a->q.kind == BM_QUANT_NVFP4 ? a->q.scale : 0.0f};
+    uint64_t words[BM_AGREE_N];
+    bm_agree_words(a, (int)strategy, words);
     uint32_t h = 2166136261u;
-    h = bm_tp_fnv(h, &a->tokens, sizeof a->tokens);
-    h = bm_tp_fnv(h, ints, sizeof ints);
-    h = bm_tp_fnv(h, floats, sizeof floats);
+    const unsigned char *c = (const unsigned char *)words;
+    for (size_t i = 0; i < sizeof words; ++i)
+        h = (h ^ c[i]) * 16777619u;
     return h ? h : 1u;
 }

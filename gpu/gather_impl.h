@@ -199,9 +199,8 @@ struct bm_tp_params {
     uint16_t *peer_ag[BM_TP_MAX_RANKS];  /* all-gather kernel: every rank's ag */
 };
 
-/* The signature of a call's arguments: what every rank must pass alike
- * (tokens, top_k, hidden, routed_scale, norms, scales, strategy, the
- * quantized output's form). Never 0. */
+/* The signature of a call's arguments: a hash of what every rank must pass
+ * alike (lib/agree.h). Never 0. */
 uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy);
 
 /* gather_fused.cu */

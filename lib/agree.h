@@ -1,0 +1,36 @@
+/*
+ * agree.h - the arguments every rank of a gather must pass alike
+ * (docs/contract.md#collective), written once (internal): each one word of
+ * a call's agreement, with the name an error message gives it. The CPU
+ * group compares the words rank by rank (cpu/group.c); the CUDA backend
+ * hashes them into the signature its kernels compare (bm_tp_signature).
+ *
+ * A part that does not apply is one fixed word: a norm's eps without the
+ * norm, the scales without scales, the quantized form's scale where its
+ * kind has none.
+ */
+#ifndef BEAMMOE_LIB_AGREE_H
+#define BEAMMOE_LIB_AGREE_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { BM_AGREE_N = 9 };
+
+/* The names of the words, in order: tokens, top_k, hidden, strategy,
+ * routed_scale, scales, post_norm, next_norm, quant. */
+extern const char *const bm_agree_names[BM_AGREE_N];
+
+/* The agreement of a checked call with strategy (after AUTO's choice). */
+void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N]);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
