@@ -22,6 +22,7 @@
 
 #include "error.h"
 #include "gather_impl.h"
+#include "meet.h"
 
 /* AUTO's thresholds, from bench/gather_bench on two H200s over NVLink
  * (H = 7168, K = 8, graph replays; scripts/gather-run.sh, docs/PERF.md):
@@ -297,11 +298,11 @@ extern "C" beam_status bm_cuda_ws_create_nccl(void *comm_ptr, bm_ws *ws, beam_st
             mine.gcap[i] = 1;
     /* The workspace's own communicator (gather_watch.cu), split from the
      * caller's by every rank, failed or not; the exchange and every later
-     * collective run on it, each wait bounded by the timeout (a rank whose
-     * own arguments failed has no valid timeout of its own: 30 s). */
+     * collective run on it, each wait bounded by the timeout (lib/meet.h's
+     * rule). */
     {
         const unsigned long long deadline =
-            bm_tp_now_ns() + (unsigned long long)(local_status == BEAM_OK ? ws->cfg.timeout_ms : 30000) * 1000000ull;
+            bm_tp_now_ns() + (unsigned long long)bm_meet_timeout(local_status, ws->cfg.timeout_ms) * 1000000ull;
         bm_tp_ws *x = w ? w : &probe;
         nr = bm_tp_own_split(comm, r, &x->own, deadline);
         if (nr != ncclSuccess) {
