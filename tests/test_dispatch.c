@@ -18,25 +18,6 @@
 
 #include <CUnit/Basic.h>
 
-/* AddressSanitizer puts redzones around every stack variable and shares no
- * stack slots, so the CPU row kernel's frame of 512 bytes takes about 35 KB
- * under it (bm_simd_rows_16b, gcc 12, AVX-512): a 16 KiB stack then
- * overflows in the sanitized build only, and not always where a guard page
- * catches it. That build runs the small-stack test on 64 KiB; the other
- * builds check 16 KiB itself. */
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BEAM_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define BEAM_TEST_ASAN 1
-#endif
-#ifdef BEAM_TEST_ASAN
-#define SMALL_STACK_KIB 64
-#else
-#define SMALL_STACK_KIB 16
-#endif
 
 #include "suite.h"
 

@@ -21,14 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BEAM_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define BEAM_TEST_ASAN 1
-#endif
+#include "suite.h" /* BEAM_TEST_ASAN */
 
 #if defined(__GLIBC__) && !defined(BEAM_TEST_ASAN)
 #define BEAM_TEST_INJECT 1
@@ -48,8 +41,6 @@ int main(void)
 #include <pthread.h>
 
 #include <CUnit/Basic.h>
-
-#include "suite.h"
 
 #define BIG ((size_t)32 * 1024)
 

@@ -29,21 +29,6 @@
 #include "quant_model.h"
 #include "suite.h"
 
-/* AddressSanitizer's redzones make every frame several times larger (see
- * tests/test_dispatch.c): that build checks 64 KiB, the others 16 KiB. */
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BEAM_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) && !defined(BEAM_TEST_ASAN)
-#define BEAM_TEST_ASAN 1
-#endif
-#ifdef BEAM_TEST_ASAN
-#define SMALL_STACK_KIB 64
-#else
-#define SMALL_STACK_KIB 16
-#endif
 
 /* SMALL_STACK_KIB, or the smallest stack the platform allows where that is
  * more (128 KiB on aarch64 Linux, for pthreads and libgomp alike) */
