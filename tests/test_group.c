@@ -1789,6 +1789,30 @@ static int gather_both(beam_workspace *const *ws, gdata *d)
     return ok;
 }
 
+/* Both ranks of g make a workspace (8 x 512) into ws[], each on its
+ * thread: 1 when both succeed. */
+static int make_both(beam_cpu_group *g, const beam_workspace_config *cfg, beam_workspace **ws)
+{
+    mk_call mk[2];
+    pthread_t th[2];
+    int k, ok = 1;
+    memset(mk, 0, sizeof mk);
+    for (k = 0; k < 2; k++) {
+        mk[k].g = g;
+        mk[k].rank = k;
+        mk[k].max_tokens = 8;
+        mk[k].hidden = 512;
+        mk[k].cfg = cfg;
+        pthread_create(&th[k], NULL, mk_main, &mk[k]);
+    }
+    for (k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        ok = ok && mk[k].st == BEAM_OK;
+        ws[k] = mk[k].ws;
+    }
+    return ok;
+}
+
 /* A rank that already holds a workspace and creates another is refused at
  * once with that reason, whatever its timeout, without joining: its peers'
  * workspaces and the group keep working. A peer already waiting in a
@@ -1809,20 +1833,7 @@ static void test_create_repeated(void)
     gcase_small(&c, 5);
     gdata_make(&d, &c, 2, g_seed + 37);
     CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
-    memset(mk, 0, sizeof mk);
-    for (k = 0; k < 2; k++) {
-        mk[k].g = g;
-        mk[k].rank = k;
-        mk[k].max_tokens = 8;
-        mk[k].hidden = 512;
-        mk[k].cfg = &cfg;
-        pthread_create(&th[k], NULL, mk_main, &mk[k]);
-    }
-    for (k = 0; k < 2; k++) {
-        pthread_join(th[k], NULL);
-        CU_ASSERT_EQUAL_FATAL(mk[k].st, BEAM_OK);
-        ws[k] = mk[k].ws;
-    }
+    CU_ASSERT_FATAL(make_both(g, &cfg, ws));
 
     /* rank 0 again, alone, with the default 30 s timeout: at once */
     memset(&again, 0, sizeof again);
@@ -1872,20 +1883,7 @@ static void test_create_repeated(void)
 
     /* both anew: a working pair again */
     CU_ASSERT_EQUAL(beam_workspace_destroy(ws[0]), BEAM_OK);
-    for (k = 0; k < 2; k++) {
-        memset(&mk[k], 0, sizeof mk[k]);
-        mk[k].g = g;
-        mk[k].rank = k;
-        mk[k].max_tokens = 8;
-        mk[k].hidden = 512;
-        mk[k].cfg = &cfg;
-        pthread_create(&th[k], NULL, mk_main, &mk[k]);
-    }
-    for (k = 0; k < 2; k++) {
-        pthread_join(th[k], NULL);
-        CU_ASSERT_EQUAL_FATAL(mk[k].st, BEAM_OK);
-        ws[k] = mk[k].ws;
-    }
+    CU_ASSERT_FATAL(make_both(g, &cfg, ws));
     for (k = 0; k < 2; k++) {
         hu_poison(d.hid[k], 2 * ((size_t)c.T + GUARD) * (size_t)c.H);
         hu_poison(d.nrm[k], 2 * ((size_t)c.T + GUARD) * (size_t)c.H);
