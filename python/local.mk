@@ -23,5 +23,6 @@ EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/setup.py python/
 	python/tests/test_loading.py python/tests/test_gather_process_group.py python/tests/test_reference_cases.py \
 	python/tests/test_prepared.py python/tests/test_prototypes.py python/tests/test_fp8.py \
 	python/tests/test_gather_fp8.py python/tests/test_nvfp4.py python/tests/test_bench_fp8_compare.py \
+	python/tests/test_gather_faults.py python/tests/_pg_faults.py \
 	bench/python_overhead.py bench/torch_compare.py bench/fp8_compare.py bench/gemm_pair.py \
 	bench/fp8_vllm_diff.py

@@ -37,8 +37,24 @@ _fp8 operation on all the tokens, as the library's gather writes them.
 The signature travels over the process group (int64 words) for a CPU
 workspace over a process group, and through the hook as a [1, hidden] BF16
 row (its bytes) for a library workspace with a hook.
+
+Every exchange is in step or fails. A collective that a rank gave up (its
+wait timed out) stays posted in gloo and is completed later by a late
+peer's message of the same round, so each message names its round: its
+kind (a creation, the creation's confirmation, a call), the workspace (a
+number rank 0 draws at creation) and the call's number. A message of any
+other round is a mismatch, not data. Any failure of an exchange (a timeout,
+the group's error, a peer's death, a mismatch, the hook's exception, an
+interrupt) leaves the workspace unusable on that rank: it never exchanges
+again, so the rows of a call are sent only after every rank's signature of
+that round arrived (the signature is the fence), and a peer still in the
+round fails at its next exchange within timeout_ms. Creation takes two
+exchanges (the signatures, then a confirmation carrying the workspace's
+number), so a rank that arrives after its peers gave up, and that finds
+their abandoned signatures, fails at the confirmation.
 """
 import datetime
+import os
 import struct
 
 import torch
@@ -52,10 +68,12 @@ from . import _tensors as A
 from ._errors import BeamArgumentError, BeamCommError, BeamError, raise_for_status
 
 BF16 = torch.bfloat16
-WORDS = 64  # int64 words of a signature: 16 of header, then the message
-_HEAD = 16
+WORDS = 64  # int64 words of a signature: 19 of header, then the message
+_HEAD = 19
 _MSG_BYTES = (WORDS - _HEAD) * 8
-_MAGIC = 0x42454D31  # "BEM1"
+_MAGIC = 0x42454D32  # "BEM2"
+_FIELD0 = 5  # the header's words: magic, status, kind, workspace, call, the fields, ..., the message's length
+CREATE, CONFIRM, CALL = 1, 2, 3  # the kinds of exchange (a message's round: kind, workspace, call)
 _NONE = 1 << 40  # an absent float (no norm, no scales)
 _OTHER = 6  # status of a failure that is no library status (e.g. a hook's exception)
 
@@ -68,7 +86,7 @@ CREATE_FIELDS = (("max_tokens", "int"), ("hidden_size", "int"), ("moe_gather_one
                  ("twoshot_max_tokens", "int"), ("timeout_ms", "int"))
 _STRATEGY = {0: "auto", 1: "fused", 2: "unfused", 3: "oneshot", 4: "twoshot"}
 _NAMES = '"auto", "oneshot", "twoshot" or "unfused"'
-assert 2 + len(CALL_FIELDS) <= _HEAD - 1  # the header's words: magic, status, the fields, the message's length
+assert _FIELD0 + len(CALL_FIELDS) <= _HEAD - 1
 _FUSED = "beam_moe_finalize_norm_residual_norm"
 _QUANT_KINDS = {1: "FP8 group", 2: "FP8 token", 3: "FP8 tensor", _fp8_layout.NVFP4: "NVFP4"}
 
@@ -95,11 +113,13 @@ def _status(e):
     return _OTHER
 
 
-def pack(err, head):
-    """The signature (int64 [WORDS]) of this rank: its status and message
-    (from the exception `err`, or OK) and the header values."""
+def pack(err, head, rnd):
+    """The signature (int64 [WORDS]) of this rank: its round (kind,
+    workspace, call), its status and message (from the exception `err`, or
+    OK) and the header values."""
     words = [0] * WORDS
     words[0] = _MAGIC
+    words[2:_FIELD0] = rnd
     if err is not None:
         words[1] = _status(err)
         msg = ("%s: %s" % (type(err).__name__, err)).encode("utf-8", "replace")[:_MSG_BYTES]
@@ -107,7 +127,7 @@ def pack(err, head):
         raw = msg.ljust(_MSG_BYTES, b"\0")
         words[_HEAD:] = struct.unpack("<%dq" % (WORDS - _HEAD), raw)
     else:
-        words[2:2 + len(head)] = head
+        words[_FIELD0:_FIELD0 + len(head)] = head
     return torch.tensor(words, dtype=torch.int64)
 
 
@@ -132,25 +152,49 @@ def _shown(kind, v):
     return str(v)
 
 
-def settle(fn, rank, table, err, fields):
-    """Raise on every rank when any rank failed or the ranks disagree (the
-    exchanged signatures: int64 [R, WORDS]); this rank's own error first."""
-    if err is not None:
-        raise err
+def _round(row):
+    """What a message is: its kind, workspace and call (a header's words)."""
+    if row[0] != _MAGIC:
+        return "no beammoe message (another collective on the group, or another beammoe version)"
+    kind, ident, call = row[2:_FIELD0]
+    if kind == CREATE:
+        return "the signature of a workspace's creation"
+    if kind == CONFIRM:
+        return ("the confirmation of call %d of workspace %#x" % (call, ident) if call else
+                "the confirmation of workspace %#x's creation" % ident)
+    if kind == CALL:
+        return "call %d of workspace %#x" % (call, ident)
+    return "a message of unknown kind %d" % kind
+
+
+def in_step(fn, rank, table, rnd):
+    """Every rank's message (int64 [R, WORDS]) as lists, once each is of this
+    round (kind, workspace, call; a creation's signature carries each rank's
+    own draw for the workspace); a BeamCommError otherwise."""
     rows = table.tolist()
     for r, row in enumerate(rows):
-        if row[0] != _MAGIC:
-            raise BeamCommError("%s: rank %d sent no beammoe signature (another collective call, or another "
-                                "beammoe version, on that rank); every rank fails and nothing was written"
-                                % (fn, r), 4)
+        if row[0] != _MAGIC or row[2] != rnd[0] or (rnd[0] != CREATE and tuple(row[3:_FIELD0]) != rnd[1:]):
+            raise BeamCommError("%s: rank %d sent %s where rank %d is at %s: the ranks' exchanges are out of step "
+                                "(a rank gave up an earlier exchange, at a timeout, or the ranks issue collectives "
+                                "on the group in different orders); nothing was written"
+                                % (fn, r, _round(row), rank, _round([_MAGIC, 0] + list(rnd))), 4)
+    return rows
+
+
+def settle(fn, rank, rows, err, fields):
+    """Raise on every rank when any rank failed or the ranks disagree (the
+    exchanged signatures, in step); this rank's own error first."""
+    if err is not None:
+        raise err
+    for r, row in enumerate(rows):
         if row[1] != 0:
             raise_for_status(row[1] if 1 <= row[1] <= 5 else _OTHER,
                              "%s: rank %d failed (%s); every rank fails and nothing was written"
                              % (fn, r, _message(row)))
     for i, (name, kind) in enumerate(fields):
-        want = rows[0][2 + i]
+        want = rows[0][_FIELD0 + i]
         for r in range(1, len(rows)):
-            got = rows[r][2 + i]
+            got = rows[r][_FIELD0 + i]
             if got != want:
                 raise BeamArgumentError("%s: the ranks disagree on %s: rank 0 has %s, rank %d has %s (every rank "
                                         "must pass the same %s); nothing was written"
@@ -159,6 +203,9 @@ def settle(fn, rank, table, err, fields):
 
 
 def _wait(work, fn, rank, timeout_ms):
+    """Wait for a collective over the group, at most timeout_ms. A wait that
+    times out leaves the collective posted (gloo cannot take it back): the
+    caller never exchanges on that workspace again."""
     try:
         done = work.wait(timeout=datetime.timedelta(milliseconds=timeout_ms))
     except RuntimeError as e:
@@ -168,8 +215,15 @@ def _wait(work, fn, rank, timeout_ms):
         raise BeamCommError("%s: rank %d: a peer did not arrive within timeout_ms=%d" % (fn, rank, timeout_ms), 4)
 
 
-def exchange(ws, fn, sig, timeout_ms=None):
-    """Every rank's signature: int64 [R, WORDS]."""
+def draw():
+    """A rank's draw for a new workspace's number (rank 0's is taken)."""
+    return int.from_bytes(os.urandom(8), "little") >> 2
+
+
+def exchange(ws, fn, err, head, rnd, timeout_ms=None):
+    """Every rank's signature of this round (pack's arguments), checked to
+    be in step (in_step): rows of int64 words."""
+    sig = pack(err, head, rnd)
     R = ws.world_size
     if ws._pg:
         import torch.distributed as dist
@@ -177,14 +231,14 @@ def exchange(ws, fn, sig, timeout_ms=None):
         outs = [torch.empty_like(sig) for _ in range(R)]
         work = dist.all_gather(outs, sig, group=ws.device_group, async_op=True)
         _wait(work, fn, ws.rank, timeout_ms if timeout_ms is not None else ws.timeout_ms)
-        return torch.stack(outs)
+        return in_step(fn, ws.rank, torch.stack(outs), rnd)
     # A library workspace with the hook: its bytes as a BF16 row of hidden_size
     # columns (>= 256, so >= 512 bytes), gathered by the hook.
     row = torch.zeros(1, ws.hidden_size, dtype=torch.int16)
     row[0, :WORDS * 4] = sig.view(torch.int16)
     out = torch.empty(R, ws.hidden_size, dtype=BF16, device=ws.device)
     ws._all_gather(out, row.view(BF16).to(ws.device))
-    return out.cpu().view(torch.int16)[:, :WORDS * 4].contiguous().view(torch.int64)
+    return in_step(fn, ws.rank, out.cpu().view(torch.int16)[:, :WORDS * 4].contiguous().view(torch.int64), rnd)
 
 
 _into_tensor = [True]  # the group takes all_gather_into_tensor (gloo of torch < 2.1 does not)
@@ -255,8 +309,18 @@ def _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residu
         raise
 
 
-def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace, op=False, quant=None,
-           keep_normalized=False):
+def gather(ws, fn, *args, **kw):
+    """The gather in Python (_gather) on the workspace `ws`, held for the
+    call: a call that overlaps another on the same workspace (another
+    thread's, or one made from inside the hook), or on a workspace that an
+    earlier failure left unusable, is refused before anything is checked,
+    exchanged or written (Workspace._held)."""
+    with ws._held(fn):
+        return _gather(ws, fn, *args, **kw)
+
+
+def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace, op=False, quant=None,
+            keep_normalized=False):
     """The gather of ops.beam_moe_finalize_gather_norm_residual_norm in
     Python. Eager (op=False): the function's own arguments; returns
     (hidden, normalized | None), refusing a backward pass where autograd
@@ -317,14 +381,19 @@ def gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, 
                 _f32_bits(qf[3] if qf is not None else None))
     except Exception as e:  # carried to every rank below
         err = e
-    table = exchange(ws, fn, pack(err, head))
-    settle(fn, rank, table, err, CALL_FIELDS)
+    ws._call_no += 1
+    call = (CALL, ws._ident, ws._call_no)
+    settle(fn, rank, ws._collective(lambda: exchange(ws, fn, err, head, call)), err, CALL_FIELDS)
 
     def compute(h, n):
+        # The round's second exchange: the rows, or with no rows its
+        # confirmation, so that a rank that reaches a round its peers gave
+        # up fails in it.
         if tokens == 0:
+            ws._collective(lambda: exchange(ws, fn, None, (), (CONFIRM,) + call[1:]))
             return
         rows = torch.empty(R * per, hidden, dtype=BF16, device=dev)
-        _all_gather_rows(ws, fn, rows, fin)
+        ws._collective(lambda: _all_gather_rows(ws, fn, rows, fin))
         if qst is None:
             _run.norm_residual_norm(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n)
         else:  # the library quantizes the gathered rows' normalized

@@ -132,11 +132,15 @@ def _is_bool(v):
 
 
 def integer(fn, name, v, bounds):
-    """An int within `bounds` (lo, hi): a bool or a non-integer is a
-    TypeError, a value outside the C type's range a ValueError."""
+    """An int within `bounds` (lo, hi): a bool, a tensor (which
+    operator.index would take when it holds one integer) or a non-integer
+    is a TypeError, a value outside the C type's range a ValueError."""
     if type(v) is not int:
         if _is_bool(v):
             raise TypeError("%s: %s must be an int, got bool" % (fn, name))
+        if isinstance(v, Tensor):
+            raise TypeError("%s: %s must be an int, got a tensor (pass int(t.item()) for a one-element tensor)"
+                            % (fn, name))
         try:
             v = operator.index(v)
         except TypeError:

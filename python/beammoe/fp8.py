@@ -78,8 +78,9 @@ class FP8Quant:
             raise ValueError("FP8Quant: kind=%r must be \"group\", \"token\" or \"tensor\"" % (kind,))
         A.flag("FP8Quant", "ue8m0", ue8m0)
         A.flag("FP8Quant", "column_major", column_major)
+        group_size = A.integer("FP8Quant", "group_size", group_size, A.INT32)
         if kind == "group":
-            if group_size not in (128, 64) or isinstance(group_size, bool):
+            if group_size not in (128, 64):
                 raise ValueError("FP8Quant: group_size=%r must be 128 or 64" % (group_size,))
         elif column_major:
             raise ValueError("FP8Quant: column_major is for kind=\"group\"")

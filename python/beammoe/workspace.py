@@ -12,6 +12,7 @@ moe_gather_separate_norm_min_tokens, TWOSHOT otherwise. The library's own
 names stay as aliases: nranks, hidden, oneshot_max_tokens, twoshot_max_tokens
 (= moe_gather_separate_norm_min_tokens - 1, or 2**63 - 1 for None).
 """
+import contextlib
 import ctypes
 import os
 import threading
@@ -24,7 +25,7 @@ from . import _nccl
 from . import _pgather
 from . import _run
 from . import _tensors as A
-from ._errors import BeamUnsupportedError, raise_for_status
+from ._errors import BeamArgumentError, BeamCommError, BeamUnsupportedError, raise_for_status
 
 __all__ = ["CpuGroup", "Workspace"]
 
@@ -209,7 +210,12 @@ class Workspace:
     Between the two AUTO takes TWOSHOT. Both are plain attributes: assign
     an int >= 0 (the second also None) and the next AUTO call follows it
     (every rank must assign the same). timeout_ms: how long a rank waits for
-    its peers before a BeamCommError (None: the backend's default).
+    its peers before a BeamCommError (None: the backend's default). A
+    failed exchange of a gather run in Python (a timeout, a peer's death,
+    ranks out of step, the hook's exception) leaves the workspace unusable:
+    every later call and close() raise a BeamCommError naming it; a call
+    that overlaps another on the same workspace is refused
+    (docs/python.md#the-workspace).
     oneshot_max_tokens and twoshot_max_tokens are the library's names for
     the same thresholds (twoshot_max_tokens = separate_norm_min_tokens - 1).
 
@@ -289,8 +295,14 @@ class Workspace:
             err = e
         head = [max_tokens, hidden_size, cfg.oneshot_max_tokens, cfg.twoshot_max_tokens, cfg.timeout_ms]
         self._cfg = (cfg.oneshot_max_tokens, cfg.twoshot_max_tokens, cfg.timeout_ms)
-        table = _pgather.exchange(self, fn, _pgather.pack(err, head), cfg.timeout_ms if err is None else 30000)
-        _pgather.settle(fn, self.rank, table, err, _pgather.CREATE_FIELDS)
+        # Two exchanges: the signatures (rank 0's draw numbers the workspace),
+        # then the confirmation, which a rank that arrives after its peers gave
+        # up (and finds their abandoned signatures) never gets.
+        rows = _pgather.exchange(self, fn, err, head, (_pgather.CREATE, _pgather.draw(), 0),
+                                 cfg.timeout_ms if err is None else 30000)
+        _pgather.settle(fn, self.rank, rows, err, _pgather.CREATE_FIELDS)
+        _pgather.exchange(self, fn, None, (), (_pgather.CONFIRM, rows[0][3], 0))
+        self._ident = rows[0][3]
         self._handle = id(self)
         _open[self._handle] = self
 
@@ -347,6 +359,13 @@ class Workspace:
         self._c_auto = True  # the thresholds are those handed to the library: AUTO is its own
         self._peerless = False  # a CUDA workspace without peer memory: AUTO is UNFUSED always
         self._all_gather = None
+        # The gather in Python (_pgather): the workspace's number (0 for a
+        # library workspace), its calls so far, the thread holding it, and
+        # the failure that left it unusable.
+        self._ident = 0
+        self._call_no = 0
+        self._owner = None
+        self._dead = None
 
     def _opened(self, ops, handle, cfg):
         """A library workspace made through `ops`: every later call on it goes
@@ -375,10 +394,52 @@ class Workspace:
 
     def _handle_for(self, fn, dev):
         """The handle, for a call of fn on tensors on `dev` (ValueError when
-        the workspace is on another device or closed)."""
+        the workspace is on another device or closed, BeamCommError once
+        unusable)."""
+        if self._dead is not None:
+            raise self._unusable(fn)
         if dev.type != "meta" and dev != self.device:
             raise ValueError("%s: the tensors are on %s but the workspace is on %s" % (fn, dev, self.device))
         return self.handle  # raises once closed
+
+    # ---- the gather in Python: one call at a time, unusable after a failure --
+    def _overlap(self, what):
+        where = ("this thread (from inside its all_gather hook)" if self._owner == threading.get_ident()
+                 else "another thread")
+        return "%s on this workspace is in progress on %s (calls on one workspace must not overlap)" % (what, where)
+
+    def _unusable(self, fn, now=", close it"):
+        return BeamCommError("%s: an earlier call on this workspace failed (%s); the workspace is unusable%s"
+                             % (fn, self._dead, now), 4)
+
+    @contextlib.contextmanager
+    def _held(self, fn):
+        """The workspace for one call of the gather in Python. Refused, before
+        anything else, while another call holds it (the lock is tried, never
+        waited for) and once an earlier failure left it unusable."""
+        if not self._lock.acquire(blocking=False):
+            raise BeamArgumentError("%s: %s" % (fn, self._overlap("another call")))
+        try:
+            self._owner = threading.get_ident()
+            if self._dead is not None:
+                raise self._unusable(fn)
+            yield
+        finally:
+            self._owner = None
+            self._lock.release()
+
+    def _collective(self, exchange):
+        """exchange(): one exchange with the peers, in a held call. Any
+        failure, an interrupt included, leaves the workspace unusable: the
+        ranks may no longer be in the same round, and a collective that this
+        rank gave up stays posted in the group, so it never exchanges again."""
+        try:
+            return exchange()
+        except BaseException as e:
+            self._dead = "rank %s, call %d: %s: %s" % (self.rank, self._call_no, type(e).__name__, e)
+            if isinstance(e, BeamCommError):
+                raise BeamCommError("%s; the workspace is unusable, close it" % e, 4) from e
+            raise
 
     # ---- the thresholds: plain attributes (AUTO follows them) ----------------
     def _thresholds_changed(self):
@@ -455,7 +516,10 @@ class Workspace:
 
     def strategy_for(self, tokens):
         """The strategy AUTO takes for `tokens` tokens: "oneshot", "twoshot" or "unfused"."""
-        tokens = A.integer("beammoe.Workspace.strategy_for", "tokens", tokens, A.INT64)
+        fn = "beammoe.Workspace.strategy_for"
+        tokens = A.integer(fn, "tokens", tokens, A.INT64)
+        if tokens < 0:
+            raise ValueError("%s: tokens=%d must be >= 0" % (fn, tokens))
         return _NAMES[self._auto_enum(tokens)]
 
     def _auto_enum(self, tokens):
@@ -529,15 +593,24 @@ class Workspace:
 
     def close(self):
         """Collective: destroy the workspace, then its NCCL communicator (a
-        CPU workspace over a process group holds neither)."""
-        with self._lock:
-            h, self._handle = self._handle, None
-            comm, self._comm = self._comm, None
-        if h is None:
-            return
-        _open.pop(h, None)
-        if self._pg:
-            return
+        CPU workspace over a process group holds neither). Refused while a
+        call of the gather in Python holds it; once an earlier failure left
+        the workspace unusable, it closes and raises that failure
+        (BeamCommError)."""
+        if not self._lock.acquire(blocking=False):
+            raise BeamArgumentError("beammoe.Workspace.close: %s: nothing was closed; close it after that call "
+                                    "returns" % self._overlap("a call"))
+        h, self._handle = self._handle, None
+        comm, self._comm = self._comm, None
+        self._lock.release()
+        if h is not None:
+            _open.pop(h, None)
+            if not self._pg:
+                self._destroy(h, comm)
+        if self._dead is not None:
+            raise self._unusable("beammoe.Workspace.close", " (closed now)")
+
+    def _destroy(self, h, comm):
         ops = self._ops
         if self.device.type == "cuda":
             with torch.cuda.device(self.device):
@@ -554,8 +627,12 @@ class Workspace:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.close()
+        except BeamCommError:
+            if exc_type is None:  # else the exception that left the block goes on
+                raise
 
     def __repr__(self):
         if self._cfg is None:

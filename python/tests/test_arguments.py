@@ -30,6 +30,10 @@ def _untouched(t):
     (True, TypeError, r"nranks must be an int, got bool"),
     ("2", TypeError, r"nranks must be an int, got str"),
     (2.0, TypeError, r"nranks must be an int, got float"),
+    # a tensor is not an int, even one that operator.index takes
+    (torch.tensor([2]), TypeError, r"nranks must be an int, got a tensor"),
+    (torch.tensor(2), TypeError, r"nranks must be an int, got a tensor"),
+    (torch.tensor(True), TypeError, r"nranks must be an int, got bool"),
 ])
 def test_cpu_group_size(n, exc, msg):
     with pytest.raises(exc, match=r"^beammoe.CpuGroup: " + msg):
@@ -59,6 +63,27 @@ def test_workspace_cpu_integers(kw, exc, msg):
     with beammoe.CpuGroup(1) as grp:
         with pytest.raises(exc, match=r"^beammoe.Workspace.cpu: " + msg):
             beammoe.Workspace.cpu(grp, args.pop("rank"), args.pop("max_tokens"), args.pop("hidden_size"), **args)
+
+
+def test_workspace_tokens_and_tensors():
+    """strategy_for takes a token count (>= 0, as every token count); a
+    tensor is no int for the workspace's integers either."""
+    with beammoe.CpuGroup(1) as grp:
+        with pytest.raises(TypeError, match=r"^beammoe.Workspace.cpu: rank must be an int, got a tensor"):
+            beammoe.Workspace.cpu(grp, torch.tensor(0), 8, 256)
+        with pytest.raises(TypeError, match=r"^beammoe.Workspace.cpu: max_tokens must be an int, got a tensor"):
+            beammoe.Workspace.cpu(grp, 0, torch.tensor([8]), 256)
+        with beammoe.Workspace.cpu(grp, 0, 8, 256) as ws:
+            for t in (-1, -(2 ** 63)):
+                with pytest.raises(ValueError, match=r"^beammoe.Workspace.strategy_for: tokens=%d must be >= 0" % t):
+                    ws.strategy_for(t)
+            with pytest.raises(TypeError, match=r"^beammoe.Workspace.strategy_for: tokens must be an int, got a "
+                                                r"tensor"):
+                ws.strategy_for(torch.tensor(3))
+            with pytest.raises(TypeError, match=r"^beammoe.Workspace: moe_gather_oneshot_max_tokens must be an int, "
+                                                r"got a tensor"):
+                ws.moe_gather_oneshot_max_tokens = torch.tensor(4)
+            assert [ws.strategy_for(t) for t in (0, 64, 65)] == ["oneshot", "oneshot", "twoshot"]
 
 
 def test_workspace_library_rules():

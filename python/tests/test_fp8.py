@@ -143,10 +143,27 @@ def test_without_float8_dtype_or_with():
     (dict(kind="tensor", scale=1.0, ue8m0=True), ValueError, r"ue8m0 is for the dynamic kinds"),
     (dict(kind="token", scale=1.0), ValueError, r"scale is for kind=\"tensor\""),
     (dict(kind="group", ue8m0=1), TypeError, r"ue8m0"),
+    # group_size is an int: refused at construction, not inside torch later
+    (dict(kind="group", group_size=128.0), TypeError, r"^FP8Quant: group_size must be an int, got float"),
+    (dict(kind="group", group_size=True), TypeError, r"^FP8Quant: group_size must be an int, got bool"),
+    (dict(kind="group", group_size=torch.tensor(128)), TypeError, r"^FP8Quant: group_size must be an int, got a "
+                                                                  r"tensor"),
+    (dict(kind="group", group_size="64"), TypeError, r"^FP8Quant: group_size must be an int, got str"),
+    (dict(kind="token", group_size=64.0), TypeError, r"^FP8Quant: group_size must be an int, got float"),
+    (dict(kind="group", group_size=2 ** 40), ValueError, r"^FP8Quant: group_size=1099511627776 is out of range"),
 ])
 def test_bad_quant(kw, err, msg):
     with pytest.raises(err, match=msg):
         beammoe.FP8Quant(**kw)
+
+
+def test_group_size_kinds_of_int():
+    """An int of any integer kind (NumPy's too) is taken, and stays a Python
+    int: the form's fields, as the operators take them."""
+    np = pytest.importorskip("numpy")
+    q = beammoe.FP8Quant("group", np.int64(64))
+    assert type(q.group_size) is int and q.fields()[:2] == (1, 64)
+    assert beammoe.FP8Quant("token", group_size=np.int32(7)).fields()[1] == 0  # not a group form: unused
 
 
 def test_bad_calls():

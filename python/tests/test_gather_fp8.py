@@ -254,10 +254,10 @@ def test_hook_gathers_in_python(gen, poisoned, nranks, tokens):
             for quant in QUANTS:
                 before = len([c for c in ag.calls if c[0] == r])
                 out.append(gather_calls(ws, lg, lw, residual, pw, nw, quant, ("unfused", None)))
-                # each call: the signature through the hook, then the rows (none without tokens)
-                # (AUTO takes ONESHOT, the library's, for no tokens)
+                # each call: the signature through the hook, then the rows (without tokens, the
+                # call's confirmation; AUTO takes ONESHOT, the library's, for no tokens)
                 calls = len([c for c in ag.calls if c[0] == r]) - before
-                assert calls == (16 if tokens else 4), calls
+                assert calls == (16 if tokens else 8), calls
         return out
 
     with beammoe.CpuGroup(nranks) as grp:

@@ -10,6 +10,7 @@ three processes the quantized form (beammoe.fp8: every FP8 form and NVFP4)
 against the one-process local _fp8 operation. The hook and thresholds of
 library workspaces run over a CpuGroup (threads)."""
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -142,7 +143,7 @@ def test_cpu_workspace_arguments(gloo1):
 def test_two_processes(nranks):
     """One process per rank (gloo over a file store): see _pg_worker.py. A
     hard timeout: a hang fails the test instead of stalling the suite."""
-    _run_workers(nranks)
+    run_workers(nranks)
 
 
 @needs_gloo
@@ -151,35 +152,44 @@ def test_quantized_form_processes(nranks):
     """The quantized form (beammoe.fp8: every FP8 form and NVFP4) gathered in
     Python over the group and through the hook, one process per rank:
     _pg_worker.py's check_quant."""
-    _run_workers(nranks, "quant")
+    run_workers(nranks, ["quant"])
 
 
-def _run_workers(nranks, *mode):
+def run_workers(nranks, mode=(), script="_pg_worker.py", limit=240, dies=None):
+    """Run `python SCRIPT RANK NRANKS INIT_FILE *mode`, one process per rank
+    (gloo over a file store), under a hard timeout: a hang fails the test
+    instead of stalling the suite. Every rank must exit 0 having printed
+    "rank R: ok", but the last where `dies` is its expected exit status;
+    none may end by gloo's abort (SIGABRT). Returns every rank's output."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as d:
         store = os.path.join(d, "store")
-        procs = [subprocess.Popen([sys.executable, os.path.join(_here, "_pg_worker.py"), str(r), str(nranks), store]
+        procs = [subprocess.Popen([sys.executable, os.path.join(_here, script), str(r), str(nranks), store]
                                   + list(mode), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
                  for r in range(nranks)]
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + limit
         outs = []
         try:
             for p in procs:
                 out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
                 outs.append(out.decode("utf-8", "replace"))
         except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            pytest.fail("the %d-process gather did not finish within 240 s (a hang)" % nranks)
+            pytest.fail("%s %s with %d processes did not finish within %d s (a hang)" % (script, " ".join(mode),
+                                                                                      nranks, limit))
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
     for r, (p, out) in enumerate(zip(procs, outs)):
+        if r == nranks - 1 and dies is not None:
+            assert p.returncode == dies, "rank %d exited %s, not %s:\n%s" % (r, p.returncode, dies, out[-6000:])
+            continue
+        assert p.returncode != -signal.SIGABRT, "rank %d aborted (gloo):\n%s" % (r, out[-6000:])
         assert p.returncode == 0, "rank %d exited %s:\n%s" % (r, p.returncode, out[-6000:])
         assert "rank %d: ok" % r in out, out[-6000:]
+    return outs
 
 
 # ---- library workspaces (CpuGroup): the hook and the thresholds ----------------
