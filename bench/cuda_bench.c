@@ -29,12 +29,21 @@
  * (pointer attributes too) and launches nothing. bench/torch_compare.py
  * times torch.compile of the same pipeline beside beammoe.
  *
- * usage: cuda_bench [--quick]     (--quick: three shapes, fewer replays)
+ * usage: cuda_bench [--quick] [--json FILE]
+ *   --quick      three shapes, fewer replays
+ *   --json FILE  also write every measured row to FILE (written beside it,
+ *                renamed onto it once complete), for scripts/perf-report.py:
+ *                the run (date, BEAM_COMMIT from the environment, device,
+ *                copy bandwidth, host overhead) and one record per row and
+ *                mode: op, config, T, H, K, mode (cold, hot), us (median),
+ *                us_min, us_max, bytes, and for cold rows gbs and floor_pct.
+ *                The text on standard output is the same with or without.
  * Inputs are random BF16 values (never zeros), weights in (0, 1).
  * Exit 77 (skip) when no GPU here can run the cuda backend
  * (harness/gpu_probe.h).
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +58,7 @@
 #include "graph_calls.h"
 
 enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
+static const char *const op_names[] = {"finalize", "nrn", "fused", "unfused"};
 
 /* Every configuration a user can call, by operation: which norms (the
  * post-norm of finalize or the pre-norm of norm_residual_norm, with or
@@ -212,11 +222,123 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
     return times[reps / 2];
 }
 
+/* ---- --json FILE: the rows for scripts/perf-report.py ---- */
+static FILE *g_json;  /* NULL: no --json */
+static char *g_json_tmp;
+static int g_json_rows;
+
+static void json_printf(const char *fmt, ...)
+{
+    va_list ap;
+    if (!g_json) return;
+    va_start(ap, fmt);
+    vfprintf(g_json, fmt, ap);
+    va_end(ap);
+}
+
+/* a JSON string, or null for NULL */
+static void json_string(const char *s)
+{
+    if (!s) {
+        json_printf("null");
+        return;
+    }
+    json_printf("\"");
+    for (; *s; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            json_printf("\\%c", c);
+        else if (c < 0x20)
+            json_printf("\\u%04x", c);
+        else
+            json_printf("%c", c);
+    }
+    json_printf("\"");
+}
+
+/* Open FILE's temporary twin and write the run's fields up to its records. */
+static void json_open(const char *file, int argc, char **argv, const struct cudaDeviceProp *prop)
+{
+    char buf[512], date[32];
+    time_t now = time(NULL);
+    struct tm tmv;
+    int drv = 0, rt = 0, i;
+    size_t n = 0;
+    g_json_tmp = (char *)malloc(strlen(file) + 5);
+    if (!g_json_tmp) FAIL("out of memory");
+    sprintf(g_json_tmp, "%s.tmp", file);
+    g_json = fopen(g_json_tmp, "w");
+    if (!g_json) FAIL("--json: cannot write %s", g_json_tmp);
+    gmtime_r(&now, &tmv);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tmv);
+    CK(cudaDriverGetVersion(&drv));
+    CK(cudaRuntimeGetVersion(&rt));
+    json_printf("{\n \"format\": \"beammoe-perf/1\",\n \"tool\": \"cuda_bench\",\n \"date\": ");
+    json_string(date);
+    json_printf(",\n \"commit\": ");
+    json_string(getenv("BEAM_COMMIT") && *getenv("BEAM_COMMIT") ? getenv("BEAM_COMMIT") : NULL);
+    json_printf(",\n \"library\": ");
+    json_string(beam_version());
+    snprintf(buf, sizeof buf, "%s, %d SMs, L2 %d MiB", prop->name, prop->multiProcessorCount,
+             prop->l2CacheSize >> 20);
+    json_printf(",\n \"hardware\": ");
+    json_string(buf);
+    snprintf(buf, sizeof buf, "CUDA driver API %d.%d, runtime %d.%d", drv / 1000, drv % 1000 / 10, rt / 1000,
+             rt % 1000 / 10);
+    json_printf(",\n \"software\": ");
+    json_string(buf);
+    buf[0] = 0;
+    for (i = 0; i < argc; i++) {
+        const char *a = i ? argv[i] : "bench/cuda_bench";
+        if (n + strlen(a) + 2 >= sizeof buf) break;
+        n += (size_t)sprintf(buf + n, "%s%s", i ? " " : "", a);
+    }
+    json_printf(",\n \"command\": ");
+    json_string(buf);
+    json_printf(",\n \"records\": [");
+}
+
+/* One record: times[0..reps-1] sorted, their median us; floor_pct < 0: none. */
+static void json_row(const bench_cfg *cf, int64_t T, int32_t H, int32_t K, const char *mode, double us,
+                     const double *times, int reps, double bytes, double floor_pct)
+{
+    json_printf("%s\n  {\"op\": \"%s\", \"config\": ", g_json_rows++ ? "," : "", op_names[cf->op]);
+    json_string(cf->name);
+    json_printf(", \"T\": %lld, \"H\": %d, \"K\": %d, \"mode\": \"%s\", \"us\": %.3f, \"us_min\": %.3f, "
+                "\"us_max\": %.3f, \"bytes\": %.0f",
+                (long long)T, (int)H, (int)K, mode, us, times[0], times[reps - 1], bytes);
+    if (floor_pct >= 0)
+        json_printf(", \"gbs\": %.1f, \"floor_pct\": %.2f", bytes / us / 1e3, floor_pct);
+    json_printf("}");
+}
+
+/* The run's last fields; the file renamed onto its name. */
+static void json_close(const char *file, double copy_gbs, int reps, double host_check, double host_capture)
+{
+    if (!g_json) return;
+    json_printf("\n ],\n \"copy_gbs\": %.1f,\n \"reps\": %d,\n \"host_check_us\": %.2f,\n"
+                " \"host_capture_us\": %.2f\n}\n", copy_gbs, reps, host_check, host_capture);
+    if (ferror(g_json) | fclose(g_json)) FAIL("--json: cannot write %s", g_json_tmp);
+    if (rename(g_json_tmp, file) != 0) FAIL("--json: cannot rename %s onto %s", g_json_tmp, file);
+    free(g_json_tmp);
+    g_json = NULL;
+}
+
+static int usage(FILE *f, int status)
+{
+    fprintf(f, "usage: cuda_bench [--quick] [--json FILE]\n"
+               "  --quick      three shapes, fewer replays\n"
+               "  --json FILE  also write every measured row to FILE (scripts/perf-report.py reads it;\n"
+               "               BEAM_COMMIT in the environment names the library's commit)\n");
+    return status;
+}
+
 int main(int argc, char **argv)
 {
     const int32_t K = 8;
-    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    const int reps = quick ? 5 : 20;
+    int quick = 0, reps, ai;
+    const char *json_file = NULL;
+    double host_check = 0.0, host_capture = 0.0;
     struct cudaDeviceProp prop;
     cudaStream_t st;
     cudaEvent_t e0, e1;
@@ -226,6 +348,19 @@ int main(int argc, char **argv)
 
     char why[300];
 
+    for (ai = 1; ai < argc; ai++) {
+        if (strcmp(argv[ai], "--quick") == 0 && !quick)
+            quick = 1;
+        else if (strcmp(argv[ai], "--json") == 0 && ai + 1 < argc && !json_file && *argv[ai + 1])
+            json_file = argv[++ai];
+        else if (strcmp(argv[ai], "--help") == 0)
+            return usage(stdout, 0);
+        else {
+            fprintf(stderr, "cuda_bench: unexpected argument '%s'\n", argv[ai]);
+            return usage(stderr, 2);
+        }
+    }
+    reps = quick ? 5 : 20;
     if (bm_gpu_probe(why, sizeof why) < 1) {
         printf("cuda_bench: %s: skipped\n", why);
         return 77;
@@ -240,6 +375,7 @@ int main(int argc, char **argv)
     CK(cudaEventCreate(&e1));
     printf("device: %s, %d SMs, L2 %d MiB, beammoe %s backend %s\n", prop.name,
            prop.multiProcessorCount, prop.l2CacheSize >> 20, beam_version(), beam_backend_name());
+    if (json_file) json_open(json_file, argc, argv, &prop);
 
     /* ---- copy bandwidth ---- */
     {
@@ -330,11 +466,14 @@ int main(int argc, char **argv)
             if (quick && cf->normA != (op != OP_NRN)) continue;
             us = time_calls(st, e0, e1, pool, set_bytes, bm_graph_calls(nsets, bytes, copy_gbs), nsets, cf,
                             T, H, K, o_w, o_res, o_out, o_nrm, &post, &next, reps, times);
+            json_row(cf, T, H, K, "cold", us, times, reps, bytes, 100.0 * bytes / copy_gbs / 1e3 / us);
             /* decode sizes also hot: 50 calls on one buffer set, which then
              * stays in L2 (as when the previous kernel just wrote it) */
-            if (T <= 64)
+            if (T <= 64) {
                 hot = time_calls(st, e0, e1, pool, set_bytes, 50, 0, cf, T, H, K, o_w, o_res, o_out,
                                  o_nrm, &post, &next, reps, times);
+                json_row(cf, T, H, K, "hot", hot, times, reps, bytes, -1.0);
+            }
             printf("%-6lld %-5d %-22s %10.2f %9.0f %7.1f%%", (long long)T, (int)H, cf->name, us,
                    bytes / us / 1e3, 100.0 * bytes / copy_gbs / 1e3 / us);
             if (hot > 0)
@@ -370,8 +509,9 @@ int main(int argc, char **argv)
             OPS_OK(g_ops->moe_finalize_norm_residual_norm(x, w, 1, 0, K, H, 1.0f, &post, res, NULL, &next, out,
                                                           nrm, BEAM_STRATEGY_FUSED, st));
         t1 = now_s();
+        host_check = (t1 - t0) / n * 1e6;
         printf("\nhost overhead, fused op, every check incl. 7 pointer attribute queries, no launch: %.2f us/call\n",
-               (t1 - t0) / n * 1e6);
+               host_check);
         /* one launch per call, into a capture (nothing runs) */
         {
             cudaGraph_t g;
@@ -384,11 +524,13 @@ int main(int argc, char **argv)
             t1 = now_s();
             CK(cudaStreamEndCapture(st, &g));
             CK(cudaGraphDestroy(g));
+            host_capture = (t1 - t0) / m * 1e6;
             printf("host time of a call with its launch recorded into a graph capture: %.2f us/call\n",
-                   (t1 - t0) / m * 1e6);
+                   host_capture);
         }
         CK(cudaFree(x)); CK(cudaFree(w)); CK(cudaFree(res)); CK(cudaFree(out)); CK(cudaFree(nrm));
         CK(cudaFree(nw));
     }
+    json_close(json_file, copy_gbs, reps, host_check, host_capture);
     return 0;
 }

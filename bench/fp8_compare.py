@@ -60,7 +60,12 @@ weights.
     python3 bench/fp8_compare.py [--device auto|cuda|cpu] [--ops fused,nrn|all|fused:post+next+scales,...]
                                  [--forms group128,group128+ue8m0+cm,token,tensor]
                                  [--shapes 1:7168,64:7168,...] [--modes cold,hot]
-                                 [--iters N] [--threads N]
+                                 [--iters N] [--threads N] [--json FILE]
+
+--json FILE also writes every row to FILE for scripts/perf-report.py (as
+torch_compare.py does): op, config (the --ops name), form, T, H, K, mode,
+check, us (fp8's median), bf16_us, bf16_quant_us, fp8_bf16_us, the two
+ratios, bytes and floor_pct. The text output is the same with or without it.
 
 Needs PyTorch >= 2.1 (float8_e4m3fn, torch.compile) and the beammoe package
 (installed, or from the source tree: run from the top of a build tree after
@@ -447,6 +452,22 @@ def table(dev, rows, forms, bw):
                                 for i, (v, w) in enumerate(zip(row, widths))) + " |")
 
 
+def json_records(rows, forms, bw):
+    """The rows as records for scripts/perf-report.py (medians, us)."""
+    out = []
+    for op, name, mode, t, h, agree, r in rows:
+        nbytes = fp8_bytes(op, forms[name], t, h)
+        rec = {"op": OPS[op].op, "config": op, "form": name, "T": t, "H": h, "K": K, "mode": mode,
+               "check": agree, "us": round(r["fp8"], 3), "bf16_us": round(r["bf16"], 3),
+               "bf16_quant_us": round(r["bf16+quant"], 3), "ratio_quant": round(r["bf16+quant"] / r["fp8"], 4),
+               "ratio_bf16": round(r["bf16"] / r["fp8"], 4), "bytes": nbytes,
+               "floor_pct": round(100 * nbytes / bw * 1e6 / r["fp8"], 2)}
+        if "fp8+bf16" in r:
+            rec["fp8_bf16_us"] = round(r["fp8+bf16"], 3)
+        out.append(rec)
+    return out
+
+
 def default_shapes(dev):
     """CUDA: T = 1, 64, 4096, 16384 at H = 7168 and T = 4096 at H = 4096 and
     2048; CPU: two small shapes, so that it runs quickly."""
@@ -490,6 +511,7 @@ def main():
     ap.add_argument("--modes", default="cold", help="CUDA: cold, hot or both (default cold)")
     ap.add_argument("--iters", type=int, default=50, help="replays (CUDA) or calls (CPU) per timing")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: all)")
+    ap.add_argument("--json", metavar="FILE", help="also write every row to FILE (scripts/perf-report.py)")
     args = ap.parse_args()
     if FP8 is None or not hasattr(torch, "compile"):
         sys.exit("fp8_compare.py: torch %s has no float8_e4m3fn or torch.compile" % torch.__version__)
@@ -509,6 +531,8 @@ def main():
         else:
             rows, bw = run_cpu(ops, forms, shapes, args.iters, args.threads)
     table(dev, rows, forms, bw)
+    if args.json:
+        tc.write_json(args.json, tc.run_json("fp8_compare", dev, bw, json_records(rows, forms, bw)))
 
 
 if __name__ == "__main__":

@@ -48,13 +48,24 @@ adds the residual read and normalized written (2*T*H*2); norm_residual_norm
     python3 bench/torch_compare.py [--device auto|cuda|cpu] [--ops fused,finalize,nrn]
                                    [--configs NAME,...] [--shapes 1:7168,64:7168,...]
                                    [--modes cold,hot] [--iters N] [--threads N] [--no-unfused]
+                                   [--json FILE]
+
+--json FILE also writes every row to FILE, for scripts/perf-report.py: the
+run (date, the library's commit from BEAM_COMMIT in the environment, the
+device, the copy bandwidth) and one record per row: op, config, T, H, K,
+mode, beammoe's time (us: median, us_min, us_max), torch.compile's
+(compiled_us, compiled_min, compiled_max), the ratio compiled / beammoe,
+bytes and floor_pct. The text output is the same with or without it.
 
 Needs PyTorch >= 2.0 (torch.compile) and the beammoe package (installed, or
 from the source tree: run from the top of a build tree after `make`).
 """
 import argparse
+import datetime
+import json
 import math
 import os
+import platform
 import statistics
 import sys
 import time
@@ -253,12 +264,17 @@ def l2_bytes():
 
 
 def graph_time_us(fn, sets, calls, iters, hold=False):
-    """Median time per call of replays of one CUDA graph that makes `calls`
-    calls of fn, cycling through `sets`. hold: every call's results stay
-    alive until the capture ends, so each call writes its own buffers
-    (otherwise the graph's pool hands the next call the buffers the last
-    one freed, and at sizes that fit in L2 the writes land on lines still
-    there)."""
+    """Median time per call of replays of one CUDA graph (graph_stats_us)."""
+    return graph_stats_us(fn, sets, calls, iters, hold)[0]
+
+
+def graph_stats_us(fn, sets, calls, iters, hold=False):
+    """(median, min, max) time per call of replays of one CUDA graph that
+    makes `calls` calls of fn, cycling through `sets`. hold: every call's
+    results stay alive until the capture ends, so each call writes its own
+    buffers (otherwise the graph's pool hands the next call the buffers the
+    last one freed, and at sizes that fit in L2 the writes land on lines
+    still there)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -285,7 +301,7 @@ def graph_time_us(fn, sets, calls, iters, hold=False):
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     del graph
-    return statistics.median(times)
+    return statistics.median(times), min(times), max(times)
 
 
 def copy_bandwidth_cuda(iters):
@@ -328,10 +344,11 @@ def run_cuda(configs, shapes, modes, iters, unfused):
                 if mode == modes[0]:
                     print(check_line(cfg, t, h, sets[0], compiled))
                 methods = [("compiled", compiled)] + [(s, cfg.beam(s)) for s in cfg.strategies(unfused)]
-                results = {name: graph_time_us(fn, sets, calls, iters, hold=mode == "cold")
-                           for name, fn in methods}
+                stats = {name: graph_stats_us(fn, sets, calls, iters, hold=mode == "cold")
+                         for name, fn in methods}
+                results = {name: st[0] for name, st in stats.items()}
                 floor_us = cfg.nbytes(t, h) / bw * 1e6
-                rows.append((cfg, mode, t, h, results, floor_us))
+                rows.append((cfg, mode, t, h, results, floor_us, stats))
                 print("%s T=%d H=%d %s (%d buffer sets): %s; floor %.2f us" % (
                     cfg.label, t, h, mode, nsets, ", ".join("%s %.2f us" % kv for kv in results.items()), floor_us),
                     flush=True)
@@ -343,6 +360,12 @@ def run_cuda(configs, shapes, modes, iters, unfused):
 # ---- CPU ------------------------------------------------------------------------
 
 def wall_us(fn, args, iters):
+    """Median wall time of single calls (wall_stats_us)."""
+    return wall_stats_us(fn, args, iters)[0]
+
+
+def wall_stats_us(fn, args, iters):
+    """(median, min, max) wall time of single calls after three warm-up calls."""
     for _ in range(3):
         fn(*args)
     times = []
@@ -350,7 +373,7 @@ def wall_us(fn, args, iters):
         t0 = time.perf_counter()
         fn(*args)
         times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    return statistics.median(times), min(times), max(times)
 
 
 def copy_bandwidth_cpu(iters):
@@ -377,9 +400,10 @@ def run_cpu(configs, shapes, iters, unfused, threads):
             print(check_line(cfg, t, h, args, compiled))
             methods = [("compiled", compiled)] + [(s, cfg.beam(s)) for s in cfg.strategies(unfused)]
             n = iters if t < 512 else max(10, iters // 10)
-            results = {name: wall_us(fn, args, n) for name, fn in methods}
+            stats = {name: wall_stats_us(fn, args, n) for name, fn in methods}
+            results = {name: st[0] for name, st in stats.items()}
             floor_us = cfg.nbytes(t, h) / bw * 1e6
-            rows.append((cfg, "wall", t, h, results, floor_us))
+            rows.append((cfg, "wall", t, h, results, floor_us, stats))
             print("%s T=%d H=%d: %s; floor %.2f us" % (cfg.label, t, h, ", ".join(
                 "%s %.2f us" % kv for kv in results.items()), floor_us), flush=True)
     return rows, bw
@@ -389,7 +413,7 @@ def table(dev, rows, bw):
     cols = ["configuration", "mode", "T", "H", "compiled us", "beammoe us", "unfused us", "compiled / beammoe",
             "beammoe of floor"]
     out = [cols]
-    for cfg, mode, t, h, r, floor_us in rows:
+    for cfg, mode, t, h, r, floor_us, _ in rows:
         mine = r["fused"] if "fused" in r else r["plain"]
         out.append([cfg.label, mode, str(t), str(h), "%.2f" % r["compiled"], "%.2f" % mine,
                     "%.2f" % r["unfused"] if "unfused" in r else "-", "%.2fx" % (r["compiled"] / mine),
@@ -399,6 +423,62 @@ def table(dev, rows, bw):
     print("beammoe vs torch.compile of the reference (K=%d), %s, copy %.1f GB/s" % (K, dev, bw / 1e9))
     for row in out:
         print("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
+
+
+# ---- --json: the rows for scripts/perf-report.py ------------------------------------
+
+def machine(dev):
+    """(hardware, software) in words, for the JSON."""
+    soft = "PyTorch %s" % torch.__version__
+    if dev == "cuda":
+        p = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return ("%s, %d SMs, L2 %d MiB" % (p.name, p.multi_processor_count, l2_bytes() >> 20),
+                "CUDA %s, %s" % (torch.version.cuda, soft))
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
+    except OSError:
+        pass
+    n = torch.get_num_threads()
+    return "%s, %d thread%s" % (model, n, "" if n == 1 else "s"), soft
+
+
+def run_json(tool, dev, bw, records):
+    """One benchmark run as scripts/perf-report.py reads it."""
+    hardware, software = machine(dev)
+    return {"format": "beammoe-perf/1", "tool": tool,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": os.environ.get("BEAM_COMMIT") or None, "library": beammoe.version(), "hardware": hardware,
+            "software": software,
+            "command": " ".join(["python3", "bench/" + os.path.basename(sys.argv[0])] + sys.argv[1:]),
+            "copy_gbs": round(bw / 1e9, 1), "records": records}
+
+
+def write_json(path, run):
+    """The run into path (written beside it, then renamed onto it)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(run, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+
+
+def json_records(rows):
+    """torch_compare's rows as records: times in us, beammoe's from its
+    FUSED (or only) strategy."""
+    out = []
+    for cfg, mode, t, h, r, floor_us, stats in rows:
+        name = "fused" if "fused" in r else "plain"
+        mine = stats[name]
+        rec = {"op": cfg.op, "config": cfg.name, "T": t, "H": h, "K": K, "mode": mode, "strategy": name,
+               "us": round(mine[0], 3), "us_min": round(mine[1], 3), "us_max": round(mine[2], 3),
+               "compiled_us": round(stats["compiled"][0], 3), "compiled_min": round(stats["compiled"][1], 3),
+               "compiled_max": round(stats["compiled"][2], 3), "ratio": round(r["compiled"] / mine[0], 4),
+               "bytes": cfg.nbytes(t, h), "floor_pct": round(100 * floor_us / mine[0], 2)}
+        if "unfused" in stats:
+            rec["unfused_us"] = round(stats["unfused"][0], 3)
+        out.append(rec)
+    return out
 
 
 def default_shapes(dev):
@@ -424,6 +504,7 @@ def main():
     ap.add_argument("--iters", type=int, default=50, help="replays (CUDA) or calls (CPU) per timing")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: all)")
     ap.add_argument("--no-unfused", action="store_true", help="skip beammoe's UNFUSED strategy")
+    ap.add_argument("--json", metavar="FILE", help="also write every row to FILE (scripts/perf-report.py)")
     args = ap.parse_args()
     if not hasattr(torch, "compile"):
         sys.exit("torch_compare.py: torch %s has no torch.compile (needs torch >= 2.0)" % torch.__version__)
@@ -467,6 +548,8 @@ def main():
         else:
             rows, bw = run_cpu(configs, shapes, args.iters, unfused, args.threads)
     table(dev, rows, bw)
+    if args.json:
+        write_json(args.json, run_json("torch_compare", dev, bw, json_records(rows)))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@
 #   audit-quick.sh, safetensors-test.sh, exit-status.sh, output-safety.sh,
 #   input-special.sh, tool-stdout.sh, tool-signals.sh
 #                      the `beammoe` tool (tools/beammoe), at the end below
+#   perf-report.sh     docs/PERF.md's generated tables are current (python3)
 
 if HAVE_CUNIT
 
@@ -234,3 +235,9 @@ EXTRA_DIST += tests/tool-stdout.sh
 # it was; the exit status is the signal's. Exit 77 without json-c.
 TESTS += tests/tool-signals.sh
 EXTRA_DIST += tests/tool-signals.sh
+
+# docs/PERF.md's and README.md's generated tables and the plots in
+# docs/perf/ match the benchmark runs in docs/perf/*.json
+# (scripts/perf-report.py --check). Exit 77 (skip) without python3.
+TESTS += tests/perf-report.sh
+EXTRA_DIST += tests/perf-report.sh scripts/perf-report.py
