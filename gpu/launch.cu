@@ -73,202 +73,76 @@ static int bm_device_sms(void)
     return n;
 }
 
+/* The choice of shape: the rows of gpu/shapes.def and the names they use. */
+namespace bm_pick {
+enum { ANY = -1 };
+enum { FIN = 1, FUSED = 2, RES = 4, BARE = 8, SLOTS = FIN | FUSED, NOSLOTS = RES | BARE };
+enum { H1K = 1, H2K = 2, H4K = 4, H8K = 8 };
+enum { NOQ = 1, FP8 = 2, NVFP4 = 4, QUANT = FP8 | NVFP4 };
+constexpr int64_t MAXT = INT64_MAX;
+
+/* A row's conditions as one set of bits, one bit a value: kind 0-3,
+ * width 4-7, quant 8-10, nA 11-12, sc 13-14, sh 15-16. A call's values are
+ * one bit each; a row takes the call when it holds them all. */
+constexpr uint32_t tri(int want, int shift) { return (want == ANY ? 3u : 1u << want) << shift; }
+constexpr uint32_t conds(int kind, int width, int quant, int na, int sc, int sh)
+{
+    return (uint32_t)(kind & 15) | (uint32_t)(width & 15) << 4 | (uint32_t)(quant & 7) << 8 | tri(na, 11) |
+           tri(sc, 13) | tri(sh, 15);
+}
+
+struct row {
+    uint32_t conds;
+    int64_t from, to;
+    bm_shape s; /* nt 0: n2 / cs */
+    int w;      /* cs > 1: blocks per multiprocessor the cluster's grid may take */
+};
+
+#define ROW(NT, J, U) {NT, J, U, 1, 1, 0, 1, 0}, 1
+#define PIPE(NT, J, D, MB) {NT, J, 0, 1, 1, D, MB, 0}, 1
+#define NRN(NT, J, MB, HINT, PK, PF) {NT, J, 0, 1, 1, 0, MB, bm_nrn_st(HINT, PK, PF)}, 1
+#define CLUSTER(CS, W) {0, 1, 8, CS, 1, 0, 1, 0}, W
+#define BM_PICK(kind, width, from, to, quant, na, sc, sh, shape) {conds(kind, width, quant, na, sc, sh), from, to, shape},
+constexpr row rows[] = {
+#include "shapes.def"
+};
+#undef BM_PICK
+#undef CLUSTER
+#undef NRN
+#undef PIPE
+#undef ROW
+
+constexpr row last = rows[sizeof rows / sizeof rows[0] - 1];
+static_assert(last.conds == conds(ANY, ANY, ANY, ANY, ANY, ANY) && last.from == 0 && last.to == MAXT,
+              "the last row of gpu/shapes.def takes every call");
+} // namespace bm_pick
+
+/* Decode: the largest cluster up to cs whose rows x cs blocks fit w a multiprocessor, 64 threads a block. */
+static int bm_decode_cs(int cs, int64_t rows, int n2, int w)
+{
+    const int64_t room = (int64_t)w * bm_device_sms();
+    while (cs > 1 && (rows * cs > room || n2 / cs < 64))
+        cs /= 2;
+    return cs;
+}
+
 bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
 {
-    const int64_t rows = p.rows;
+    using namespace bm_pick;
     const int n2 = next_pow2(p.hidden / 8); /* 32 .. 1024 */
-    const bool fin = p.experts != NULL;
-    bm_shape s;
-    /* Every launch asks for programmatic dependent launch: each kernel waits
-     * (griddepcontrol.wait) for the preceding one before touching memory, so
-     * only its launch and scheduling overlap that kernel's tail. Measured
-     * beyond decode too (bench/shape_sweep perf, one H200, same shape
-     * without and with): T = 512, H = 7168, norm_residual_norm 8.90-9.00 ->
-     * 8.46-8.49 us, with a pre-norm 9.63-9.77 -> 9.54-9.56, finalize 18.32
-     * -> 17.61, fused 23.13 -> 22.34, FP8 group 128 nrn 12.19 -> 11.81;
-     * T = 4096: nrn with a pre-norm 58.89 -> 58.06 (H = 7168), 18.19 ->
-     * 17.88 (H = 2048); at T >= 4096 the fused op and finalize move by
-     * -1.2% to +0.7% (docs/PERF.md). */
-    s.pdl = 1;
-    s.cs = 1;
-    s.d = 0;
-    s.u = 0;
-    s.mb = 1;
-    s.st = 0;
-    /* norm_residual_norm (no expert slots, a residual): the nrn kernel
-     * (nrn_kernel.cuh), one row per block, an L2 policy on its row loads
-     * (below). Measured (bench/shape_sweep, cuda_bench): at decode for
-     * H > 4096 it beats the cluster row kernel without a pre-norm at
-     * T = 1, 8, 64 and with one from T = 64 (at T = 1 the cluster's eight
-     * multiprocessors do the two reductions' loads sooner: 2.91 against
-     * 3.04 us); in prefill it beats every other kernel (below: which of
-     * its shapes) */
-    const bool nrn_decode = n2 >= 1024 && (!p.normA || rows > 8);
-    /* With a quantized output (quant: its kind) norm_residual_norm's rows
-     * take other kernels (shape_sweep perf --quant 1 and 4, FP8 group 128
-     * and NVFP4, one H200; FP8's token and tensor scales take FP8 group
-     * 128's kernels), the cluster row kernel at decode (T = 1: 2.61
-     * against 3.37 us; T = 64: 3.93 against 4.24; below), and in prefill:
-     *  - H = 7168, FP8: the row kernel of 256 threads x 4 chunks (T = 512
-     *    next norm 12.03 us against 12.34 for the pipelined kernel of
-     *    512 x 2; T = 4096 58.21 / 70.50 with a pre-norm against 60.48 /
-     *    77.47 for the pipelined 256 x 4; T = 16384 211.07 / 257.78
-     *    against 223.37 / 290.57), but with a pre-norm up to T = 512 the
-     *    pipelined 256 x 4, depth 2 (T = 512: 13.75 against 14.02 us,
-     *    token 12.83 against 13.12, tensor 12.23 against 12.60; NVFP4
-     *    15.14 against 15.63 for depth 3);
-     *  - H = 7168, NVFP4: the pipelined kernel of 512 x 2, depth 3 for
-     *    T <= 512 without a pre-norm (T = 512: 14.42 against 16.53 for the
-     *    nrn kernel), of 256 x 4, depth 3 otherwise (T = 16384: 287.91
-     *    against 317.34 for the row kernel);
-     *  - H = 4096 and 2048, NVFP4: the pipelined kernel of 128 threads,
-     *    depth 4 (T = 4096, H = 2048: next norm 22.92 against 23.77 us for
-     *    the row kernel, pre-norm 27.07 against 27.90 for the nrn kernel;
-     *    H = 4096: 42.41 / 51.51 against 44.41 / 53.73 for the row kernel);
-     *  - H = 2048 with a pre-norm, FP8: the nrn kernel's float rows,
-     *    128 x 2, evict_first (T = 4096: 23.52 against 25.26 us);
-     *  - else at H = 4096 and 2048 the row kernel, 128 threads (T = 4096
-     *    next norm: 37.33 against 38.72 us for the pipelined; 21.49
-     *    against 25.68). */
-    if (quant && !fin && p.residual && rows > 64 && n2 >= 256) {
-        if (n2 >= 1024 && p.normA && rows <= 512) {
-            s.nt = 256; s.j = 4; s.d = 2;
-        } else if (n2 >= 1024 && quant != BM_QUANT_NVFP4) {
-            s.nt = 256; s.j = 4; s.u = 2;
-        } else if (n2 >= 1024 && rows <= 512 && !p.normA) {
-            s.nt = 512; s.j = 2; s.d = 3;
-        } else if (n2 >= 1024) {
-            s.nt = 256; s.j = 4; s.d = 3;
-        } else if (quant == BM_QUANT_NVFP4) {
-            s.nt = 128; s.j = n2 / 128; s.d = 4;
-        } else if (n2 == 256 && p.normA) {
-            s.nt = 128; s.j = 2; s.mb = 8;
-            s.st = bm_nrn_st(2, 0);
-        } else {
-            s.nt = 128; s.j = n2 / 128; s.u = n2 == 512 ? 2 : 4;
-        }
-        return s;
-    }
-    /* ... and the fused op's (one H200, since the pipelined kernel holds
-     * or early-loads its norm weights): at H = 7168 in prefill the
-     * pipelined kernel of 256 x 4, depth 4 (fused + post, FP8 group 128:
-     * T = 512 26.45 against 26.88 us for the plain rows' 512 x 2, depth 3;
-     * T = 4096 155.92 against 160.67; T = 16384 589.31 against 611.86,
-     * 588.58 at depth 3; NVFP4 27.05 / 162.27 / 603.19 against 27.51 /
-     * 174.16 / 659.50); at H = 2048 beyond T = 512 FP8's the row kernel
-     * of 256 x 1 (fused + post, group 128, T = 4096: 48.89 against 51.38
-     * for the pipelined 128 x 2; token 49.08 against 51.09), NVFP4's the
-     * pipelined 128 x 2, depth 4 (46.38 against 50.95 with 8 blocks a
-     * multiprocessor asked of the compiler) */
-    if (quant && fin && p.residual && ((rows > 64 && n2 >= 1024) || (rows > 512 && n2 == 256))) {
-        if (n2 >= 1024) {
-            s.nt = 256; s.j = 4; s.d = 4;
-        } else if (quant == BM_QUANT_NVFP4) {
-            s.nt = 128; s.j = 2; s.d = 4;
-        } else {
-            s.nt = 256; s.j = 1; s.u = 8;
-        }
-        return s;
-    }
-    /* In prefill at H > 4096 the nrn kernel holds its rows packed (PK),
-     * four per multiprocessor, with or without a pre-norm (bench/shape_sweep
-     * perf --op 1, one H200; the float rows of 512 x 2, two per
-     * multiprocessor, or the pipelined kernel before): T = 512 next norm
-     * 9.77 against 10.34 us, pre + next 10.98 against 13.18; T = 4096 pre +
-     * next 60.22 against 64.86 (91.5% of the floor); T = 16384 pre + next
-     * 222.78 against 241.86 (99.1%), next norm 222.18 against 226.16. At
-     * decode, and at H = 4096 and 2048, the float rows stay ahead or level,
-     * but for H = 4096 with scales: there 128 x 4 packed, eight rows a
-     * multiprocessor (T = 4096 pre + next + scales 35.54 against 36.58
-     * us; without scales the float rows are faster, 34.59 against 35.19).
-     * Its row loads evict_first up to T = 512 at H > 4096, evict_last
-     * beyond (the same tool: T = 512 pre + next 10.67 against 10.93 us,
-     * with scales 11.29 against 11.79, next norm 9.71 against 9.74;
-     * T = 4096 60.78 against 58.91, T = 16384 240.46 against 223.07).
-     * Beyond T = 512 at H > 4096 the PF twin of that shape, which measured
-     * faster (two runs of the same tool, T = 4096: pre + next 58.52-58.54
-     * against 59.31-59.39 us, with scales 58.93-58.99 against
-     * 59.72-59.87, next norm level; T = 16384 pre + next 222.17 against
-     * 223.05) though with a grid of one block per row it issues no
-     * prefetch (nrn_kernel.cuh): the difference is the compiled code's or
-     * the order of the runs, not the prefetch's. */
-    if (!fin && p.residual && rows > 64 && !quant && (n2 >= 1024 || (n2 == 512 && p.has_scales))) {
-        s.nt = 128;
-        s.j = n2 >= 1024 ? 8 : 4;
-        s.mb = n2 >= 1024 ? 4 : 8;
-        s.st = n2 >= 1024 && rows <= 512 ? bm_nrn_st(2, 1) : bm_nrn_st(1, 1, n2 >= 1024);
-        return s;
-    }
-    if (!fin && p.residual && n2 >= 256 && (rows > 64 || (nrn_decode && !quant))) {
-        s.nt = n2 >= 1024 ? 512 : n2 == 512 ? 256 : 128;
-        s.j = 2;
-        s.mb = n2 >= 1024 ? 2 : n2 == 512 ? 4 : 8;
-        /* the row loads evict_last in prefill (HINT 1), evict_first at
-         * decode (HINT 2): at T = 64, H = 7168 (shape_sweep perf, two runs)
-         * 2.94 against 3.10-3.12 us, with a pre-norm 3.72 against
-         * 3.90-3.93, with scales too 3.85-3.87 against 4.07-4.08 */
-        s.st = bm_nrn_st(rows <= 64 ? 2 : 1, 0);
-        return s;
-    }
-    if (rows <= 64 && !shared) {
-        /* decode: one chunk per thread, the whole row loaded at once, the
-         * row spread over a cluster of up to 8 multiprocessors as long as
-         * the grid stays within one wave */
-        const int sms = bm_device_sms();
-        /* Clusters of 8 blocks (bench/shape_sweep perf, cold and --hot, one
-         * H200; fused + post, H = 7168, against 4 blocks a row):
-         *  - finalize rows (the fused op, finalize) up to T = 8: T = 2
-         *    3.15 against 3.42 us (hot 2.92 / 3.26), T = 8 3.34 / 3.60 (hot
-         *    2.96 / 3.32); with a quantized output FP8 4.47 against 4.81,
-         *    NVFP4 4.09 against 5.03 (T = 8);
-         *  - without a quantized output also at T = 17..32 for H = 7168,
-         *    two blocks a multiprocessor (T = 32: 4.73 against 4.85, hot
-         *    3.98 / 4.19; finalize 2.79 / 2.84), though not at T = 16
-         *    (level cold, hot 3.42 against 3.36, finalize 1.83 / 1.71),
-         *    and at T <= 16 for H = 4096 (T = 16: 3.30 against 3.39);
-         *  - for rows without expert slots (norm_residual_norm at decode
-         *    where the nrn kernel does not take it) only at T = 1. */
-        const bool plain_fin = fin && !quant;
-        const bool two_per_sm = plain_fin && n2 >= 1024 && rows > 16 && rows <= 32;
-        const bool wide = fin ? rows <= 8 || two_per_sm || (plain_fin && n2 == 512 && rows <= 16) : rows <= 1;
-        int cs = wide ? 8 : 4;
-        while (cs > 1 && (rows * cs > (two_per_sm ? 2 * sms : sms) || n2 / cs < 64))
-            cs /= 2;
-        s.cs = cs;
-        s.nt = n2 / cs;
-        s.j = 1;
-        s.u = 8;
-        return s;
-    }
-    /* prefill: the fastest shape of bench/shape_sweep on an H200 for each
-     * kind of row (docs/PERF.md): the pipelined kernel where a row has many
-     * items (finalize: K slots and the residual); for rows of neither
-     * (norm_residual_norm's took the nrn kernel above) at H > 4096, the
-     * pipeline with 3 blocks per multiprocessor. Finalize and the fused op
-     * at H = 7168: 512 x 2, depth 3 up to T = 512 (fused + post, T = 512:
-     * 24.46 against 24.60 us for 256 x 4), 256 x 4, depth 3 beyond (T =
-     * 4096: 157.07 against 158.34; T = 16384: 611.23 against 619.00); at
-     * H = 2048 128 x 2, depth 4 (T = 4096: 45.58 against 47.05 for
-     * 256 x 1) */
-    if (n2 >= 1024) {
-        if (fin && rows > 512) {
-            s.nt = 256; s.j = 4; s.d = 3;
-        } else if (fin) {
-            s.nt = 512; s.j = 2; s.d = 3;
-        } else {
-            s.nt = 512; s.j = 2; s.d = 4; s.mb = 3;
-        }
-    } else if (n2 == 512) {
-        s.nt = 256; s.j = 2; s.d = 4; /* fin (nrn rows took the nrn kernel) */
-    } else if (n2 == 256) {
-        if (fin) {
-            s.nt = 128; s.j = 2; s.d = 4;
-        } else {
-            s.nt = 128; s.j = 2; s.d = 4; s.mb = 8;
-        }
-    } else {
-        s.nt = n2; s.j = 1; s.u = 8;
-    }
+    const int64_t t = p.rows > 0 ? p.rows : 0; /* rows <= 0 launch nothing */
+    const int kind = p.experts ? (p.residual ? FUSED : FIN) : (p.residual ? RES : BARE);
+    const int width = n2 >= 1024 ? H8K : n2 == 512 ? H4K : n2 == 256 ? H2K : H1K;
+    const int q = !quant ? NOQ : quant == BM_QUANT_NVFP4 ? NVFP4 : FP8;
+    const uint32_t c = conds(kind, width, q, p.normA != 0, p.has_scales != 0, shared != 0);
+    const row *r = rows;
+    while ((r->conds & c) != c || t < r->from || t > r->to)
+        ++r; /* the first row that takes the call; the last takes every call */
+    bm_shape s = r->s;
+    if (s.cs > 1)
+        s.cs = bm_decode_cs(s.cs, t, n2, r->w);
+    if (s.nt == 0)
+        s.nt = n2 / s.cs;
     return s;
 }
 

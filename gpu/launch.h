@@ -5,20 +5,22 @@
  * slots loaded ahead, CS blocks of a cluster per row, PDL or not, D stages
  * of the pipelined kernel or 0, MB blocks per multiprocessor for the
  * compiler's register budget). bm_pick_shape chooses one per call from the
- * row count, the hidden size and what a row holds (no device query per call
- * beyond the multiprocessor count, asked once per device):
+ * row count, the hidden size and what a row holds, by the table
+ * gpu/shapes.def (no device query per call beyond the multiprocessor
+ * count, asked once per device):
  *  - decode (rows <= 64): the row kernel, one chunk per thread, the row
  *    spread over a cluster of up to 8 blocks (latency: every load of the row
- *    in flight at once, on up to 8 multiprocessors); norm_residual_norm
- *    with H > 4096 takes the nrn kernel (one block per row) but for a
- *    pre-norm at T <= 8;
+ *    in flight at once, on up to 8 multiprocessors), or for most of
+ *    norm_residual_norm's calls at H > 4096 the nrn kernel (one block per
+ *    row);
  *  - prefill: the pipelined kernel (pipe_kernel.cuh) for finalize and the
  *    fused op, the nrn kernel (nrn_kernel.cuh) for norm_residual_norm,
- *    as measured per hidden size.
+ *    the row kernel where it measured faster.
  * Every shape is launched with programmatic dependent launch, so that a
  * kernel's launch overlaps the tail of the preceding kernel of the stream
  * (each kernel waits for that one before touching memory).
- * Launch shapes were chosen with bench/shape_sweep on an H200 (docs/PERF.md).
+ * The measurements behind each row of the table, from bench/shape_sweep:
+ * docs/log/2026-12-04-shapes.md.
  */
 #ifndef BEAMMOE_GPU_LAUNCH_H
 #define BEAMMOE_GPU_LAUNCH_H
@@ -61,9 +63,9 @@ constexpr int bm_nrn_st(int hint, int pk, int pf = 0)
  * group share the device, where the peers' gather blocks, waiting for this
  * rank, may hold multiprocessors in every GPC; then no clusters, the
  * prefill shapes at decode too. A cluster of CS blocks starts only when
- * one GPC has CS multiprocessors with room at once: with clusters of 8
- * for a rank's 8 rows (UNFUSED at T = 63, 8 ranks on one H200)
- * tests/test_gather_group timed out waiting for that rank. */
+ * one GPC has CS multiprocessors with room at once, so a rank's clusters
+ * could wait for its peers while they wait for it (tests/test_gather_group
+ * timed out so: docs/log/2026-12-04-shapes.md, shared). */
 bm_shape bm_pick_shape(const bm_row_params &p, int quant = 0, int shared = 0);
 
 /* The row-kernel shape that stands in for a pipelined or nrn one when a
