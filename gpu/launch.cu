@@ -135,15 +135,21 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
     const int width = n2 >= 1024 ? H8K : n2 == 512 ? H4K : n2 == 256 ? H2K : H1K;
     const int q = !quant ? NOQ : quant == BM_QUANT_NVFP4 ? NVFP4 : FP8;
     const uint32_t c = conds(kind, width, q, p.normA != 0, p.has_scales != 0, shared != 0);
-    const row *r = rows;
-    while ((r->conds & c) != c || t < r->from || t > r->to)
-        ++r; /* the first row that takes the call; the last takes every call */
-    bm_shape s = r->s;
-    if (s.cs > 1)
-        s.cs = bm_decode_cs(s.cs, t, n2, r->w);
-    if (s.nt == 0)
-        s.nt = n2 / s.cs;
-    return s;
+    /* the first row that takes the call; the last takes every call. A
+     * decode row whose cluster shrinks, on a device with few
+     * multiprocessors, to a shape that is not compiled gives way to the
+     * next row that takes the call. */
+    for (const row *r = rows;; ++r) {
+        if ((r->conds & c) != c || t < r->from || t > r->to)
+            continue;
+        bm_shape s = r->s;
+        if (s.cs > 1)
+            s.cs = bm_decode_cs(s.cs, t, n2, r->w);
+        if (s.nt == 0)
+            s.nt = n2 / s.cs;
+        if (r->s.cs <= 1 || bm_shape_ok(s, p.hidden))
+            return s;
+    }
 }
 
 bm_shape bm_row_twin(bm_shape s)
