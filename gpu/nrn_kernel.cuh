@@ -18,7 +18,7 @@
  *    at two blocks per multiprocessor that measured 1-10% slower, but it
  *    is what lets four rows of H = 7168 stay resident, which the library
  *    takes in prefill at H > 4096, and at H = 4096 with scales (eight rows
- *    of 128 x 4; gpu/launch.cu says by how much);
+ *    of 128 x 4; gpu/shapes.def names the measurement);
  *  - PF shapes have one thread request the block's next row of the
  *    grid-stride loop (x and the residual) into L2 as a row starts (two
  *    bulk prefetches, no registers). gpu/launch.cu launches one block per
@@ -35,7 +35,7 @@
  *    T = 512 (within 1% of the others at T = 4096 with the float rows, up
  *    to 8% ahead with the packed ones) and evict_first at decode and up to
  *    T = 512 (about 5% ahead at T = 64), and for the FP8 output at
- *    H = 2048: gpu/launch.cu says where.
+ *    H = 2048: gpu/shapes.def says where.
  * The arithmetic is the stages of row_ops.cuh in the same order, so the
  * bits are those of every other kernel. x may be the buffer of hidden or
  * normalized (UNFUSED's second launch) and the residual that of hidden (in
