@@ -2,7 +2,7 @@
  * devmem.c - device memory through a dlopen'ed CUDA runtime (see devmem.h).
  *
  * The CUDA backend wants device pointers; the tool is plain C and must build
- * without CUDA, so it looks up the five runtime calls it needs at run time.
+ * without CUDA, so it looks up the few runtime calls it needs at run time.
  * Which runtime is what the build knows: configure finds the soname of the
  * libcudart that the CUDA backend links, and the folder it was found in
  * (BEAM_CUDART_SONAME, BEAM_CUDART_DIR, m4/beam_cuda.m4). The runtime's
@@ -27,6 +27,8 @@ typedef int (*free_fn)(void *);
 typedef int (*memcpy_fn)(void *, const void *, size_t, int);
 typedef int (*sync_fn)(void);
 typedef const char *(*errstr_fn)(int);
+typedef int (*stream_create_fn)(void **, unsigned);
+typedef int (*stream_fn)(void *);
 
 enum { H2D = 1, D2H = 2 }; /* cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost */
 
@@ -37,6 +39,8 @@ static struct {
     memcpy_fn cmemcpy;
     sync_fn csync;
     errstr_fn cerr;
+    stream_create_fn cscreate;
+    stream_fn cssync, csdestroy;
     char last[256];
 } g;
 
@@ -75,7 +79,10 @@ int dev_open(char *msg, size_t n)
     *(void **)&g.cmemcpy = dlsym(g.lib, "cudaMemcpy");
     *(void **)&g.csync = dlsym(g.lib, "cudaDeviceSynchronize");
     *(void **)&g.cerr = dlsym(g.lib, "cudaGetErrorString");
-    if (!g.cmalloc || !g.cfree || !g.cmemcpy || !g.csync || !g.cerr) {
+    *(void **)&g.cscreate = dlsym(g.lib, "cudaStreamCreateWithFlags");
+    *(void **)&g.cssync = dlsym(g.lib, "cudaStreamSynchronize");
+    *(void **)&g.csdestroy = dlsym(g.lib, "cudaStreamDestroy");
+    if (!g.cmalloc || !g.cfree || !g.cmemcpy || !g.csync || !g.cerr || !g.cscreate || !g.cssync || !g.csdestroy) {
         snprintf(msg, n, "the CUDA runtime %s lacks cudaMalloc/cudaMemcpy/...", soname);
         dlclose(g.lib);
         memset(&g, 0, sizeof g);
@@ -125,3 +132,23 @@ int dev_sync(void)
 }
 
 const char *dev_last_error(void) { return g.last; }
+
+void *dev_stream_create(void)
+{
+    void *s = NULL;
+    int rc = g.cscreate(&s, 1u); /* cudaStreamNonBlocking */
+    if (rc) note("cudaStreamCreateWithFlags", rc);
+    return rc ? NULL : s;
+}
+
+int dev_stream_sync(void *stream)
+{
+    int rc = g.cssync(stream);
+    if (rc) note("cudaStreamSynchronize", rc);
+    return rc ? -1 : 0;
+}
+
+void dev_stream_destroy(void *stream)
+{
+    if (stream && g.csdestroy) g.csdestroy(stream);
+}

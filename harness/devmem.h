@@ -17,6 +17,11 @@ void dev_free(void *p);
 int dev_upload(void *dst, const void *src, size_t bytes); /* 0 on success */
 int dev_download(void *dst, const void *src, size_t bytes);
 int dev_sync(void);
+/* A stream that does not wait for the legacy default stream (each rank of
+ * an in-process group its own), its synchronization, its end. */
+void *dev_stream_create(void); /* NULL on failure */
+int dev_stream_sync(void *stream);
+void dev_stream_destroy(void *stream);
 const char *dev_last_error(void);
 
 #endif

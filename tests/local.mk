@@ -77,6 +77,8 @@ AM_TESTS_ENVIRONMENT = top_builddir='$(top_builddir)'; top_srcdir='$(top_srcdir)
 # build them first.
 tests_test_backends_SOURCES = tests/test_backends.c
 tests_test_backends_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_backends_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_backends_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_backends_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 EXTRA_tests_test_backends_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 

@@ -23,12 +23,21 @@
  *             tokens 0..5000 (log-uniform, a case's expert input capped at 8M
  *             values); 1500 shapes for a device backend, 60 for the CPU
  *             against the naive reference
+ *   gather    every backend's in-process group (its table's
+ *             cpu_group_create, ranks as threads, each on a stream of its
+ *             own where the backend takes device memory): R = 1, 2, 3, 5,
+ *             hidden 512 and 7168, tokens 0, 1, 4, 7 and 64 (fewer tokens
+ *             than ranks, not divisible by R), every strategy, against the
+ *             naive reference of the fused op on all the tokens, on every
+ *             rank
  * Every output must match, and rows past the live ones (guard rows) must
  * stay untouched. BEAM_TEST_QUICK=1 shrinks the sweeps (sanitizer runs);
  * BEAM_TEST_SEED reproduces a run (the seed is printed); BEAM_TEST_BACKEND
  * names the one backend to test.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +274,188 @@ static void test_random(void)
     }
 }
 
+/* ---- gather: every backend's in-process group ----------------------------- */
+
+#define G_MAXR 5
+#define G_MAXT 64
+
+/* One case of the gather, laid out on a backend's memory: the experts and
+ * weights of all R * L rows (the rows past T are the case's NaN padding),
+ * the residual and the norm weights, shared by the ranks (read only). */
+typedef struct gcase {
+    hc_case d;
+    uint16_t *ref_h, *ref_n; /* [T, H] the naive reference */
+    const uint16_t *ex, *res, *wpost, *wnext;
+    const float *wt;
+    void *blocks[5]; /* device copies (NULL on the host) */
+} gcase;
+
+typedef struct grank {
+    const beam_ops *ops;
+    beam_cpu_group *g;
+    int rank, R, ncases, bad;
+    int32_t H;
+    const gcase *cases;
+    void *stream;
+    char first[300];
+} grank;
+
+static void *g_to_dev(const beam_ops *ops, gcase *c, int i, const void *src, size_t bytes)
+{
+    void *p;
+    if (!ops->device_memory || !src) return (void *)src;
+    p = dev_alloc(bytes);
+    if (!p || dev_upload(p, src, bytes)) {
+        fprintf(stderr, "device memory: %s\n", dev_last_error());
+        exit(1);
+    }
+    c->blocks[i] = p;
+    return p;
+}
+
+static void gcase_make(const beam_ops *ops, gcase *c, int R, int64_t T, int32_t H, int i)
+{
+    hc_spec s;
+    const int64_t L = (T + R - 1) / R;
+    const size_t TH = (size_t)T * (size_t)H;
+    size_t cap;
+    memset(c, 0, sizeof *c);
+    memset(&s, 0, sizeof s);
+    s.K = i % 2 ? 8 : 4;
+    s.H = H;
+    s.T = T;
+    s.pad = R * L - T + 1;
+    s.post = i % 3 == 0 ? HC_NORM_OFF : HC_NORM_WEIGHT;
+    s.next = i % 4 == 3 ? HC_NORM_OFF : (i % 2 ? HC_NORM_PLAIN : HC_NORM_WEIGHT);
+    s.scales = i % 2;
+    s.rs_one = i % 5 == 0;
+    hc_make(&c->d, &s, g_seed ^ (0x6A7E0ULL + (uint64_t)i * 7919u + (uint64_t)R));
+    c->ref_h = (uint16_t *)hu_alloc(2 * TH + 2, 0);
+    c->ref_n = (uint16_t *)hu_alloc(2 * TH + 2, 0);
+    hc_ref(&c->d, HC_FUSED, c->ref_h, c->ref_n);
+    cap = (size_t)c->d.cap;
+    c->ex = (const uint16_t *)g_to_dev(ops, c, 0, c->d.experts, cap * (size_t)s.K * (size_t)H * 2);
+    c->wt = (const float *)g_to_dev(ops, c, 1, c->d.weights, cap * (size_t)s.K * 4);
+    c->res = (const uint16_t *)g_to_dev(ops, c, 2, c->d.residual, cap * (size_t)H * 2);
+    c->wpost = (const uint16_t *)g_to_dev(ops, c, 3, c->d.wpost, (size_t)H * 2);
+    c->wnext = (const uint16_t *)g_to_dev(ops, c, 4, c->d.wnext, (size_t)H * 2);
+}
+
+static void gcase_free(gcase *c)
+{
+    int i;
+    for (i = 0; i < 5; i++) dev_free(c->blocks[i]);
+    hu_free(c->ref_h);
+    hu_free(c->ref_n);
+    hc_free(&c->d);
+}
+
+/* Rank a->rank: its workspace, then every case under every strategy, each
+ * compared with the reference on this rank's outputs. */
+static void *grank_main(void *p)
+{
+    static const beam_strategy strats[4] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
+                                            BEAM_STRATEGY_UNFUSED};
+    grank *a = (grank *)p;
+    const beam_ops *ops = a->ops;
+    const size_t TH = (size_t)G_MAXT * (size_t)a->H;
+    uint16_t *h = (uint16_t *)hu_alloc(2 * TH, 0), *n = (uint16_t *)hu_alloc(2 * TH, 0);
+    uint16_t *dh = ops->device_memory ? (uint16_t *)dev_alloc(2 * TH) : h;
+    uint16_t *dn = ops->device_memory ? (uint16_t *)dev_alloc(2 * TH) : n;
+    beam_workspace *ws = NULL;
+    beam_status st = ops->workspace_create_cpu(a->g, a->rank, G_MAXT, a->H, NULL, &ws);
+    int i, k;
+    if (st != BEAM_OK || !dh || !dn) {
+        snprintf(a->first, sizeof a->first, "workspace: %d %s", (int)st, ops->last_error());
+        a->bad++;
+    }
+    for (i = 0; i < a->ncases && !a->bad; i++)
+        for (k = 0; k < 4 && !a->bad; k++) {
+            const gcase *c = &a->cases[i];
+            const hc_spec *s = &c->d.s;
+            const int64_t L = (s->T + a->R - 1) / a->R, r0 = (int64_t)a->rank * L;
+            const size_t th = (size_t)s->T * (size_t)a->H;
+            beam_norm post = {c->d.post.weight ? c->wpost : NULL, c->d.post.eps};
+            beam_norm next = {c->d.next.weight ? c->wnext : NULL, c->d.next.eps};
+            hu_poison(h, 2 * th); /* every element must be written */
+            hu_poison(n, 2 * th);
+            if (ops->device_memory && (dev_upload(dh, h, 2 * th) || dev_upload(dn, n, 2 * th))) a->bad++;
+            st = ops->moe_finalize_gather_norm_residual_norm(
+                ws, c->ex + (size_t)r0 * (size_t)s->K * (size_t)s->H, c->wt + (size_t)r0 * (size_t)s->K, L, s->T,
+                s->K, s->H, c->d.rs, s->post ? &post : NULL, c->res, s->scales ? c->d.scales : NULL,
+                s->next ? &next : NULL, dh, s->next ? dn : NULL, strats[k], a->stream);
+            if (st == BEAM_OK && ops->device_memory &&
+                (dev_stream_sync(a->stream) || dev_download(h, dh, 2 * th) || dev_download(n, dn, 2 * th)))
+                st = BEAM_ERR_DEVICE;
+            if (st != BEAM_OK || memcmp(h, c->ref_h, 2 * th) != 0 ||
+                (s->next && memcmp(n, c->ref_n, 2 * th) != 0)) {
+                char desc[200];
+                hc_describe(s, desc, sizeof desc);
+                snprintf(a->first, sizeof a->first, "%s R=%d rank %d strategy %d [%s]: status %d %s", ops->name,
+                         a->R, a->rank, (int)strats[k], desc, (int)st, st != BEAM_OK ? ops->last_error() : "");
+                a->bad++;
+            }
+        }
+    if (ws && ops->workspace_destroy(ws) != BEAM_OK && !a->bad) {
+        snprintf(a->first, sizeof a->first, "destroy: %s", ops->last_error());
+        a->bad++;
+    }
+    if (ops->device_memory) {
+        dev_free(dh);
+        dev_free(dn);
+    }
+    hu_free(h);
+    hu_free(n);
+    return NULL;
+}
+
+static void test_gather(void)
+{
+    static const int Rs[] = {1, 2, 3, 5};
+    static const int64_t Ts[] = {0, 1, 4, 7, 64};
+    static const int32_t Hs[] = {512, 7168};
+    FOR_EACH_BACKEND(ops)
+    {
+        int ri, hi, i, r, calls = 0;
+        for (ri = 0; ri < 4; ri++)
+            for (hi = 0; hi < 2; hi++) {
+                const int R = Rs[ri];
+                gcase cases[5];
+                grank ranks[G_MAXR];
+                pthread_t th[G_MAXR];
+                beam_cpu_group *g = NULL;
+                void *streams[G_MAXR] = {NULL};
+                CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
+                for (i = 0; i < 5; i++) gcase_make(ops, &cases[i], R, Ts[i], Hs[hi], i + 5 * hi);
+                for (r = 0; r < R; r++) {
+                    memset(&ranks[r], 0, sizeof ranks[r]);
+                    ranks[r].ops = ops;
+                    ranks[r].g = g;
+                    ranks[r].rank = r;
+                    ranks[r].R = R;
+                    ranks[r].H = Hs[hi];
+                    ranks[r].cases = cases;
+                    ranks[r].ncases = 5;
+                    if (ops->device_memory) CU_ASSERT_PTR_NOT_NULL_FATAL(streams[r] = dev_stream_create());
+                    ranks[r].stream = streams[r];
+                    CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, grank_main, &ranks[r]), 0);
+                }
+                for (r = 0; r < R; r++) {
+                    pthread_join(th[r], NULL);
+                    if (ranks[r].bad)
+                        fprintf(stderr, "  gather: %s (seed %llu)\n", ranks[r].first, (unsigned long long)g_seed);
+                    CU_ASSERT_EQUAL(ranks[r].bad, 0);
+                    dev_stream_destroy(streams[r]);
+                }
+                CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
+                for (i = 0; i < 5; i++) gcase_free(&cases[i]);
+                calls += 4 * 5 * R;
+            }
+        g_runs += calls;
+        printf("  gather: %s, %d calls\n", ops->name, calls);
+    }
+}
+
 /* Every registered backend that can run here (BEAM_TEST_BACKEND: that one
  * only); the CPU's table is the ground truth of the others. */
 static int pick_backends(void)
@@ -308,10 +499,16 @@ int main(void)
                                        {"special values", test_special},
                                        {"prefill shapes", test_prefill},
                                        {"randomized sweep", test_random},
+                                       {"the gather of every in-process group", test_gather},
                                        {NULL, NULL}};
     int rc, n;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* Before the first CUDA call (as tests/test_gather_group.c): a hardware
+     * queue per rank's stream, and every kernel loaded at once, so that a
+     * rank's gather kernel waiting for its peers never holds up theirs. */
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     g_seed = hu_seed("test_backends");
     n = pick_backends();
     if (n < 0) return 1;
