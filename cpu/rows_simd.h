@@ -193,8 +193,8 @@ BM_AI float FN(bm_inv_)(VF *partv, int32_t hs, float eps)
             const float wk_ = (w)[k_];                                                             \
             VU u0_, u1_, u2_, u3_;                                                                 \
             /* BM_PF elements ahead in every expert row, unless the previous                       \
-             * row requested this one: +15-25% measured over the hardware                          \
-             * prefetcher alone on 8 interleaved streams */                                        \
+             * row requested this one: the hardware prefetcher alone falls                         \
+             * behind on 8 interleaved streams (docs/log/2026-12-04-constants.md) */               \
             if (ahead)                                                                             \
                 for (i_ = 0; i_ < BM_BLK; i_ += 32) __builtin_prefetch(xk_ + BM_PF + i_, 0, 3);    \
             u0_ = LOAD(xk_), u1_ = LOAD(xk_ + BM_U);                                               \

@@ -21,18 +21,15 @@
 /* Rows are handed out dynamically, up to BM_CPU_CHUNK consecutive rows at
  * a time: a row is computed by one thread alone whichever thread takes it,
  * so the bits stay independent of the schedule, while a core slowed by other
- * work no longer holds the whole call back (static: 5-10% slower on a shared
- * host). Consecutive rows let a row prefetch the next one. Small calls take
+ * work no longer holds the whole call back (docs/log/2026-12-04-constants.md).
+ * Consecutive rows let a row prefetch the next one. Small calls take
  * smaller chunks, so that every thread of the team gets rows. */
 #define BM_CPU_CHUNK 16
 
 /* Bytes each thread of a team must have to move, else fewer threads (down
- * to the calling thread alone, no team): a fork and join costs 1-2 us with
- * the runtime's threads spinning and 5-10 us once they sleep, and the
- * threads share one memory. Measured on a 2-core VM, back to back calls on
- * cold rows: fused, K = 8, H = 7168, T = 2 (314 KB): 13.5 us on 2 threads,
- * 16.9 us alone; norm_residual_norm T = 2 (115 KB): 10.0 us on 2 threads,
- * 7.9 us alone. */
+ * to the calling thread alone, no team): starting a team costs more than a
+ * small call's rows, and the threads share one memory
+ * (docs/log/2026-12-04-constants.md). */
 #ifndef BM_CPU_BYTES_PER_THREAD
 #define BM_CPU_BYTES_PER_THREAD ((int64_t)128 * 1024)
 #endif

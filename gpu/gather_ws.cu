@@ -24,13 +24,9 @@
 #include "gather_impl.h"
 #include "meet.h"
 
-/* AUTO's thresholds, from bench/gather_bench on two H200s over NVLink
- * (H = 7168, K = 8, graph replays; scripts/gather-run.sh, docs/PERF.md):
- * with the hardware BF16 rounding ONESHOT is the fastest strategy at every
- * measured T (T = 1: 5.9 us against UNFUSED's 11.0; T = 4096: 182.7 us
- * against TWOSHOT's 207.4), so AUTO takes it for every T; UNFUSED was never
- * best on one host: AUTO takes it only without peer memory (thresholds set
- * to 0 at creation). */
+/* AUTO's thresholds: ONESHOT for every T, the fastest strategy at every T
+ * measured on one host (docs/log/2026-12-04-constants.md); UNFUSED only
+ * without peer memory (the thresholds are set to 0 at creation). */
 #define BM_TP_DEFAULT_ONESHOT INT64_MAX
 #define BM_TP_DEFAULT_TWOSHOT INT64_MAX
 #define BM_TP_DEFAULT_TIMEOUT_MS 10000
