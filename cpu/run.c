@@ -4,7 +4,8 @@
  * local operations (cpu/backend_cpu.c) and by the group gather's stages
  * (cpu/group.c).
  *
- * Tokens are spread over OpenMP threads (dynamic schedule); each token
+ * Tokens are spread over OpenMP threads (dynamic schedule, the team as
+ * cpu/team.c sizes it); each token
  * is computed by one thread alone (cpu/rows.c), so the bits are the same
  * for every thread count and schedule. Work too small to share runs on the
  * calling thread without starting a team.
@@ -18,14 +19,6 @@
 #include "error.h"
 #include "ops.h"
 
-/* Rows are handed out dynamically, up to BM_CPU_CHUNK consecutive rows at
- * a time: a row is computed by one thread alone whichever thread takes it,
- * so the bits stay independent of the schedule, while a core slowed by other
- * work no longer holds the whole call back (docs/log/2026-12-04-constants.md).
- * Consecutive rows let a row prefetch the next one. Small calls take
- * smaller chunks, so that every thread of the team gets rows. */
-#define BM_CPU_CHUNK 16
-
 /* Bytes each thread of a team must have to move, else fewer threads (down
  * to the calling thread alone, no team): starting a team costs more than a
  * small call's rows, and the threads share one memory
@@ -33,33 +26,6 @@
 #ifndef BM_CPU_BYTES_PER_THREAD
 #define BM_CPU_BYTES_PER_THREAD ((int64_t)128 * 1024)
 #endif
-
-int bm_cpu_max_team(void)
-{
-#ifdef _OPENMP
-    int n = omp_get_max_threads();
-    return n > 1 ? n : 1;
-#else
-    return 1;
-#endif
-}
-
-int bm_cpu_team_of(int64_t rows, int64_t row_bytes, int64_t per_thread)
-{
-    int64_t n = rows * row_bytes / per_thread;
-    const int max = bm_cpu_max_team();
-    if (n > rows) n = rows;
-    if (n > max) n = max;
-    return n > 1 ? (int)n : 1;
-}
-
-int64_t bm_cpu_chunk(int64_t rows, int team)
-{
-    int64_t chunk = rows / (4 * (int64_t)team);
-    if (chunk < 1) chunk = 1;
-    if (chunk > BM_CPU_CHUNK) chunk = BM_CPU_CHUNK;
-    return chunk;
-}
 
 int bm_cpu_team(const bm_args *a, int op)
 {
