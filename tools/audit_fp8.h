@@ -7,16 +7,9 @@
 
 #include <stdint.h>
 
+#include "audit_rows.h"
 #include "backends.h"
 #include "case.h"
-
-/* Running totals of the audit's table, and its two kinds of row (audit.c). */
-typedef struct tally {
-    int rows, bad_rows, errors;
-    int64_t compared, mismatched;
-} tally;
-void audit_print_row(tally *t, const char *label, const char *backend, const char *strategy, const hu_cmp *c);
-void audit_print_error(tally *t, const char *label, const char *backend, const char *strategy, const char *msg);
 
 /* Every form of the harness (quant_model.h) on norm_residual_norm and the
  * fused op with a next norm, special-value inputs included: the CPU

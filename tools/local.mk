@@ -6,8 +6,8 @@
 # reference, the runner, device memory, safetensors files).
 bin_PROGRAMS += tools/beammoe
 tools_beammoe_SOURCES = \
-	tools/beammoe.c tools/audit.c tools/audit_fp8.c tools/gather.c tools/run.c tools/bench.c tools/cli.c \
-	tools/streams.c tools/audit_fp8.h tools/common.h tools/gather.h tools/omp_shim.h
+	tools/beammoe.c tools/audit.c tools/audit_fp8.c tools/audit_rows.c tools/gather.c tools/run.c tools/bench.c tools/cli.c \
+	tools/streams.c tools/audit_fp8.h tools/audit_rows.h tools/common.h tools/gather.h tools/omp_shim.h
 tools_beammoe_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS)
 # OpenMP: `bench` times memcpy with the same threads as the library, and
 # `audit` sets the thread count of the library's (shared) OpenMP runtime.
