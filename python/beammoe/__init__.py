@@ -18,15 +18,16 @@ strategy and every world size give the same bits.
 
 x is an MoEOutput(gemm2_permuted, expert_weights, live_tokens=None). hidden
 is a new tensor and residual is left unchanged, as in the reference;
-inplace=True writes hidden into residual instead. The *_fp8 forms of the
-three operations with a next norm (beammoe.fp8) take quant=FP8Quant(...) or
-NVFP4Quant(global_scale) and also return the next norm's output quantized to
-FP8 or NVFP4. With torch >= 2.4 the
+inplace=True writes hidden into residual instead. The _q forms of the three
+operations with a next norm (beammoe.quant; the C calls' names, formerly
+*_fp8, names kept) take quant=FP8Quant(...) or NVFP4Quant(global_scale) and
+also return the next norm's output quantized to FP8 or NVFP4. With torch >= 2.4 the
 operations are also torch operators, torch.ops.beammoe.* (torch.compile,
 CUDA graphs). Errors: ValueError/TypeError for broken rules (the library's
 message where the library checks the rule), BeamError (a RuntimeError with
 .status) for the rest.
 """
+import importlib as _importlib
 import re as _re
 
 try:
@@ -52,14 +53,18 @@ if _torch_release(_torch.__version__) < MIN_TORCH:
 from ._errors import (BeamArgumentError, BeamCommError, BeamDeviceError, BeamError, BeamOutOfMemoryError,
                       BeamUnsupportedError)
 from ._lib import backend_name, library_path, version
-from .fp8 import (FP8Quant, NVFP4Quant, beam_moe_finalize_gather_norm_residual_norm_fp8,
-                  beam_moe_finalize_norm_residual_norm_fp8, beam_norm_residual_norm_fp8)
+from .quant import (FP8Quant, NVFP4Quant, beam_moe_finalize_gather_norm_residual_norm_q,
+                    beam_moe_finalize_norm_residual_norm_q, beam_norm_residual_norm_q)
+from .quant import (beam_moe_finalize_gather_norm_residual_norm_fp8, beam_moe_finalize_norm_residual_norm_fp8,
+                    beam_norm_residual_norm_fp8)  # the former names of the _q functions
 from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
 from ._prepared import PreparedCall, prepare_finalize_norm_residual_norm
-from .audit import AuditReport, AuditRow, audit_file
 
+# The safetensors audit (audit.py, _safetensors.py) is loaded on first use:
+# `import beammoe` does not read its file reader.
+_AUDIT = ("AuditReport", "AuditRow", "audit_file")
 
 
 def __getattr__(name):
@@ -67,6 +72,9 @@ def __getattr__(name):
     # in configure.ac (loading the library on first use, as every call does).
     if name == "__version__":
         return version()
+    if name == "audit" or name in _AUDIT:
+        audit = _importlib.import_module(__name__ + ".audit")
+        return audit if name == "audit" else getattr(audit, name)
     raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
@@ -74,6 +82,9 @@ __all__ = [
     "MoEOutput",
     "FP8Quant",
     "NVFP4Quant",
+    "beam_moe_finalize_norm_residual_norm_q",
+    "beam_moe_finalize_gather_norm_residual_norm_q",
+    "beam_norm_residual_norm_q",
     "beam_moe_finalize_norm_residual_norm_fp8",
     "beam_moe_finalize_gather_norm_residual_norm_fp8",
     "beam_norm_residual_norm_fp8",

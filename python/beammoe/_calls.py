@@ -4,14 +4,14 @@ Shared by the functions (ops.py), the gather run by Python (_pgather.py) and
 the prepared call (_prepared.py): where the tensors are, whether a call may
 go straight to the library (route, placement), and the autograd guards of
 the calls that do (no_autograd_write, NoDerivative, WriteNoDerivative,
-run_eager). It imports torch and _tensors.py only: every module that runs a
+run_eager). It imports torch and _checks.py only: every module that runs a
 call can import it, and the package's imports go one way (ops.py's
 docstring).
 """
 import torch
 
-from . import _tensors as A
-from ._tensors import Tensor
+from . import _checks as A
+from ._checks import Tensor
 
 # torch.library.custom_op and register_fake (torch >= 2.4): the operations
 # are torch operators then (_torch_ops.py registers them when ops.py imports
@@ -190,6 +190,11 @@ class WriteNoDerivative(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         _refuse(ctx.name)
+
+
+def scales_list(s):
+    """The checked scales (a pair or None) as the torch operators take them."""
+    return list(s) if s is not None else None
 
 
 def autograd_inputs(tensors, written=None):

@@ -60,11 +60,9 @@ import struct
 import torch
 
 from . import _calls
-from . import _checks
-from . import _fp8_layout
 from . import _lib
 from . import _run
-from . import _tensors as A
+from . import _checks as A
 from ._errors import BeamArgumentError, BeamCommError, BeamError, raise_for_status
 
 BF16 = torch.bfloat16
@@ -88,7 +86,7 @@ _STRATEGY = {0: "auto", 1: "fused", 2: "unfused", 3: "oneshot", 4: "twoshot"}
 _NAMES = '"auto", "oneshot", "twoshot" or "unfused"'
 assert _FIELD0 + len(CALL_FIELDS) <= _HEAD - 1
 _FUSED = "beam_moe_finalize_norm_residual_norm"
-_QUANT_KINDS = {1: "FP8 group", 2: "FP8 token", 3: "FP8 tensor", _fp8_layout.NVFP4: "NVFP4"}
+_QUANT_KINDS = {1: "FP8 group", 2: "FP8 token", 3: "FP8 tensor", _run.NVFP4: "NVFP4"}
 
 
 def _f32_bits(v):
@@ -102,7 +100,7 @@ def _quant_word(fields):
     if fields is None:
         return 0
     kind, group, flags, _ = fields
-    return (kind & 0xFF) | (group & 0xFFFF) << 8 | (flags & _fp8_layout.UE8M0) << 24
+    return (kind & 0xFF) | (group & 0xFFFF) << 8 | (flags & _run.UE8M0) << 24
 
 
 def _status(e):
@@ -295,12 +293,8 @@ def _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residu
     the message."""
     empty = torch.empty(0, dtype=BF16, device=dev)
     try:
-        if quant is None:
-            _run.fused(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
-                       empty if ne is not None else None, 0)
-        else:
-            _run.fused_q(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
-                         empty if keep else None, 0, quant)
+        _run.fused(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
+                   empty if (keep if quant is not None else ne is not None) else None, 0, quant)
     except BeamArgumentError as e:
         msg = str(e)
         for name in (_FUSED + "_q:", _FUSED + ":"):
@@ -332,7 +326,7 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
     quant: None, or the quantized form of beammoe.fp8 as a callable
     quant(next_eps) that checks the form's own arguments (keep_normalized
     among them) and returns its beam_quant fields (kind, group_size, flags,
-    scale); q and q_scales are made as _fp8_layout makes them, and the call
+    scale); q and q_scales are made as _run.empty_outputs makes them, and the call
     returns (hidden, normalized | None, q, q_scales), normalized only where
     keep_normalized. Its results carry no autograd record, as the local
     quantized calls' (an in-place write is refused while autograd records
@@ -347,12 +341,12 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
         else:
             g, w = A.moe_output(fn, x)
         st = strategy if type(strategy) is int else A.strategy(fn, strategy, _lib.STRATEGIES, _NAMES)
-        capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = _checks.check_fused(
+        capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = A.check_fused(
             fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, st, gather=True)
         qf = quant(ne) if quant is not None else None
         A.flag(fn, "inplace", inplace)
         tensors = (g, w, residual, pw, nw)
-        dev, _, recording = _calls.route(fn, _checks.FUSED_NAMES, tensors)
+        dev, _, recording = _calls.route(fn, A.FUSED_NAMES, tensors)
         ws._handle_for(fn, dev)
         recording = recording and not op
         if inplace:
@@ -365,8 +359,8 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
             with torch.no_grad():
                 out = residual if inplace else torch.empty_like(residual)
                 normalized = torch.empty_like(residual) if keep_normalized else None
-                q, qs = _fp8_layout.empty_outputs(qf[0], qf[1], qf[2], qf[3], tokens, hidden, dev)
-            qst = _fp8_layout.struct(qf[0], qf[1], qf[2], qf[3], q, qs)
+                q, qs = _run.empty_outputs(qf[0], qf[1], qf[2], qf[3], tokens, hidden, dev)
+            qst = _run.struct(qf[0], qf[1], qf[2], qf[3], q, qs)
         _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne, qst,
                        keep_normalized)
         per = -(-tokens // R)
@@ -394,10 +388,8 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
             return
         rows = torch.empty(R * per, hidden, dtype=BF16, device=dev)
         ws._collective(lambda: _all_gather_rows(ws, fn, rows, fin))
-        if qst is None:
-            _run.norm_residual_norm(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n)
-        else:  # the library quantizes the gathered rows' normalized
-            _run.norm_residual_norm_q(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n, qst)
+        # with qst, the library quantizes the gathered rows' normalized
+        _run.norm_residual_norm(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n, qst)
 
     if qst is not None:
         compute(out, normalized)

@@ -10,17 +10,13 @@ it only checks that no tensor was reallocated (its data pointer), makes the
 one ctypes call with the arguments it built, and bumps the version counter
 of the written tensors; it costs about as much as the library's call itself.
 """
-import ctypes
-
 import torch
 
 from . import _calls
-from . import _checks
 from . import _lib
 from . import _run
-from . import _tensors as A
-from ._lib import BeamNorm
-from ._tensors import BF16, Tensor
+from . import _checks as A
+from ._checks import BF16, Tensor
 
 __all__ = ["PreparedCall", "prepare_finalize_norm_residual_norm"]
 
@@ -59,7 +55,7 @@ class PreparedCall:
                 raise RuntimeError("%s: a tensor of the prepared call now has another data pointer (reallocated by "
                                    "resize_, set_ or .data =); prepare the call again" % self.name)
         if self._cuda:
-            st = self._call_cuda()
+            st = _run.cuda_call(self._f, self._index, self._args)
         else:
             st = self._f(*self._args)
         if st:
@@ -67,13 +63,6 @@ class PreparedCall:
         if self._written:
             _calls.increment_versions(self._written)
         return self._result
-
-    def _call_cuda(self):
-        index = self._index
-        if _run._current_device() != index:
-            with torch.cuda.device(index):
-                return self._f(*self._args, _run._raw_stream(index))
-        return self._f(*self._args, _run._raw_stream(index))
 
     def __repr__(self):
         return "PreparedCall(%s)" % self.name
@@ -102,12 +91,12 @@ def prepare_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next
     """
     fn = _FN
     g, w = A.moe_output(fn, x)
-    capacity, top_k, hidden_size, pw, pe, nw, ne, s, scale, st = _checks.check_fused(
+    capacity, top_k, hidden_size, pw, pe, nw, ne, s, scale, st = A.check_fused(
         fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
         A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES))
     A.flag(fn, "inplace", inplace)
     tensors = (g, w, residual, pw, nw)
-    dev, eager, _ = _calls.route(fn, _checks.FUSED_NAMES, tensors)
+    dev, eager, _ = _calls.route(fn, A.FUSED_NAMES, tensors)
     if not eager or dev.type == "meta":
         raise ValueError("%s: a prepared call takes plain CPU or CUDA tensors, outside torch.compile and "
                          "dispatch modes" % fn)
@@ -136,13 +125,11 @@ def prepare_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next
                normalized, st)
     tokens = residual.shape[0]
 
-    post = BeamNorm(_run.addr(pw) if pw is not None else None, pe) if pe is not None else None
-    nxt = BeamNorm(_run.addr(nw) if nw is not None else None, ne) if ne is not None else None
-    sc = (ctypes.c_float * 2)(*s) if s is not None else None
-    args = (_run.addr(g), _run.addr(w), capacity, tokens, top_k, hidden_size, scale,
-            ctypes.addressof(post) if post is not None else None, _run.addr(residual),
-            ctypes.addressof(sc) if sc is not None else None, ctypes.addressof(nxt) if nxt is not None else None,
-            _run.addr(hidden), _run.addr(normalized) if normalized is not None else None, st)
+    keep_post, post = _run._norm(pw, pe)  # the structs the function's calls take too
+    keep_next, nxt = _run._norm(nw, ne)
+    keep_s, sp = _run._scales_ref(s)
+    args = (_run.addr(g), _run.addr(w), capacity, tokens, top_k, hidden_size, scale, post, _run.addr(residual), sp,
+            nxt, _run.addr(hidden), _run.addr(normalized) if normalized is not None else None, st)
     cuda = None
     if dev.type == "cpu":
         args = args + (None,)
@@ -152,4 +139,4 @@ def prepare_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next
     written = tuple(t for t in ((hidden, normalized) if not inplace else (residual, normalized))
                     if t is not None and not t.is_inference())
     return PreparedCall(fn, _run._backend(dev), "moe_finalize_norm_residual_norm", args, check, written,
-                        (hidden, normalized), (post, nxt, sc, g, w, residual, pw, nw), cuda)
+                        (hidden, normalized), (keep_post, keep_next, keep_s, g, w, residual, pw, nw), cuda)

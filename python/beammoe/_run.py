@@ -12,13 +12,19 @@ address and eps; the two scales): a model passes the same few every call.
 A cached object is never changed and stays referenced for the duration of
 each call that uses it. Zeros and NaN are not cached: 0.0 == -0.0 as keys,
 but a scale of -0.0 gives other bits than +0.0, and NaN is no key at all.
+
+The quantized output's tensors and its beam_quant struct (empty_outputs,
+struct; the FP8 kinds of docs/numerics.md#fp8 and NVFP4 of #nvfp4) are made
+here for the functions (quant.py), the torch operators (_torch_ops.py) and
+the gather run by Python alike: the same shapes, strides and dtype in a
+call, its fake implementation and a CUDA graph.
 """
 import ctypes
 
 import torch
 
 from . import _lib
-from ._lib import BeamNorm, BeamQuant  # noqa: F401  (BeamQuant: for fp8.py)
+from ._lib import BeamNorm, BeamQuant
 
 # An empty tensor's data_ptr() is 0, but the library tells "absent" (NULL)
 # from "present, no rows" (e.g. normalized must be non-NULL exactly when
@@ -102,24 +108,39 @@ def _backend(dev):
     return _cuda_ops
 
 
+def cuda_call(f, index, args):
+    """f(*args, stream) with torch's current stream of CUDA device `index`,
+    which is made current for the call when it is not."""
+    if _current_device() != index:
+        with torch.cuda.device(index):
+            return f(*args, _raw_stream(index))
+    return f(*args, _raw_stream(index))
+
+
 def _invoke(ops, member, dev, args):
     """ops.member(*args, stream) on device `dev`; raise on a failed status
     with the message of that table's library. CPU calls pass no stream; CUDA
-    calls pass torch's current stream of the tensors' device, which is made
-    current for the call when it is not."""
+    calls torch's current stream of the tensors' device (cuda_call)."""
     f = getattr(ops, member)
     if dev == _CPU_DEVICE:
         st = f(*args, None)
     else:
-        current = _current_device()
-        index = dev.index if dev.index is not None else current
-        if current != index:
-            with torch.cuda.device(index):
-                st = f(*args, _raw_stream(index))
-        else:
-            st = f(*args, _raw_stream(index))
+        st = cuda_call(f, dev.index if dev.index is not None else _current_device(), args)
     if st:
         _lib.check(st, "beam_" + member, ops)
+
+
+def library_rules(top_k, hidden, fn=None):
+    """The library's own rules for top_k and hidden (lib/check.c), asked of
+    the CPU backend through a moe_finalize of no rows, which checks them and
+    writes nothing: None, or (status, the library's message; naming fn in
+    place of beam_moe_finalize when fn is given)."""
+    ops = _backend(_CPU_DEVICE)
+    st = ops.moe_finalize(_EMPTY_ADDR, _EMPTY_ADDR, 0, 0, top_k, hidden, 1.0, None, _EMPTY_ADDR, None)
+    if not st:
+        return None
+    msg = _lib.last_error(ops)
+    return st, fn + msg[len("beam_moe_finalize"):] if fn and msg.startswith("beam_moe_finalize:") else msg
 
 
 def finalize(dev, g, w, capacity, live, top_k, hidden, routed_scale, pw, pe, out):
@@ -130,49 +151,35 @@ def finalize(dev, g, w, capacity, live, top_k, hidden, routed_scale, pw, pe, out
 
 
 def fused(dev, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne, hidden_out,
-          normalized, strategy):
+          normalized, strategy, quant=None):
+    """The local fused operation; with quant (a BeamQuant, kept alive by the
+    caller), its _q form, quant before strategy as in the C call."""
     keep_post, post = _norm(pw, pe)
     keep_next, nxt = _norm(nw, ne)
     keep_s, sp = _scales_ref(s)
-    _invoke(_backend(dev), "moe_finalize_norm_residual_norm", dev,
-            (g.data_ptr() or _EMPTY_ADDR, w.data_ptr() or _EMPTY_ADDR, capacity, tokens, top_k, hidden,
-             routed_scale, post, residual.data_ptr() or _EMPTY_ADDR, sp, nxt, hidden_out.data_ptr() or _EMPTY_ADDR,
-             (normalized.data_ptr() or _EMPTY_ADDR) if normalized is not None else None, strategy))
+    args = (g.data_ptr() or _EMPTY_ADDR, w.data_ptr() or _EMPTY_ADDR, capacity, tokens, top_k, hidden, routed_scale,
+            post, residual.data_ptr() or _EMPTY_ADDR, sp, nxt, hidden_out.data_ptr() or _EMPTY_ADDR,
+            (normalized.data_ptr() or _EMPTY_ADDR) if normalized is not None else None)
+    if quant is None:
+        _invoke(_backend(dev), "moe_finalize_norm_residual_norm", dev, args + (strategy,))
+    else:
+        _invoke(_backend(dev), "moe_finalize_norm_residual_norm_q", dev, args + (ctypes.addressof(quant), strategy))
     del keep_post, keep_next, keep_s
 
 
-def norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, hidden_out, normalized):
+def norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, hidden_out, normalized, quant=None):
+    """norm_residual_norm; with quant (a BeamQuant, kept alive by the
+    caller), its _q form."""
     keep_pre, pre_p = _norm(prw, pre)
     keep_next, nxt = _norm(nw, ne)
     keep_s, sp = _scales_ref(s)
-    _invoke(_backend(dev), "norm_residual_norm", dev,
-            (addr(x), addr(residual), tokens, hidden, pre_p, sp, nxt, addr(hidden_out),
-             addr(normalized) if normalized is not None else None))
+    args = (addr(x), addr(residual), tokens, hidden, pre_p, sp, nxt, addr(hidden_out),
+            addr(normalized) if normalized is not None else None)
+    if quant is None:
+        _invoke(_backend(dev), "norm_residual_norm", dev, args)
+    else:
+        _invoke(_backend(dev), "norm_residual_norm_q", dev, args + (ctypes.addressof(quant),))
     del keep_pre, keep_next, keep_s
-
-
-def norm_residual_norm_q(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, hidden_out, normalized, quant):
-    """norm_residual_norm with the quantized output described by quant (a
-    BeamQuant, kept alive by the caller)."""
-    keep_pre, pre_p = _norm(prw, pre)
-    keep_next, nxt = _norm(nw, ne)
-    keep_s, sp = _scales_ref(s)
-    _invoke(_backend(dev), "norm_residual_norm_q", dev,
-            (addr(x), addr(residual), tokens, hidden, pre_p, sp, nxt, addr(hidden_out),
-             addr(normalized) if normalized is not None else None, ctypes.addressof(quant)))
-    del keep_pre, keep_next, keep_s
-
-
-def fused_q(dev, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne, hidden_out,
-            normalized, strategy, quant):
-    keep_post, post = _norm(pw, pe)
-    keep_next, nxt = _norm(nw, ne)
-    keep_s, sp = _scales_ref(s)
-    _invoke(_backend(dev), "moe_finalize_norm_residual_norm_q", dev,
-            (addr(g), addr(w), capacity, tokens, top_k, hidden, routed_scale, post, addr(residual), sp, nxt,
-             addr(hidden_out), addr(normalized) if normalized is not None else None, ctypes.addressof(quant),
-             strategy))
-    del keep_post, keep_next, keep_s
 
 
 def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale, pw, pe, residual, s, nw, ne,
@@ -190,3 +197,64 @@ def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale
     else:
         _invoke(ops, "moe_finalize_gather_norm_residual_norm_q", dev, args + (ctypes.addressof(quant), strategy))
     del keep_post, keep_next, keep_s
+
+
+# ---- the quantized output ----
+
+KINDS = {"group": 1, "token": 2, "tensor": 3}  # FP8Quant's kinds
+NVFP4 = 4  # BEAM_QUANT_NVFP4: NVFP4Quant's kind, not an FP8Quant kind
+NVFP4_BLOCK = 16  # values per E4M3 block scale (the library's group_size)
+UE8M0 = 1
+COL_MAJOR = 2
+# torch.float8_e4m3fn where torch has it (>= 2.1); uint8 bits otherwise
+FP8 = getattr(torch, "float8_e4m3fn", None)
+# torch.float4_e2m1fn_x2 (two E2M1 values a byte) where torch has it (newer
+# than float8); uint8 bits otherwise
+FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+
+
+def _bits(dtype):
+    return dtype if dtype is not None else torch.uint8
+
+
+def nvfp4_outputs(tokens, hidden, device):
+    """(q, q_scales) of NVFP4, as vLLM's scaled_fp4_quant returns them: q
+    [tokens, hidden / 2] packed E2M1; q_scales [tokens rounded up to 128,
+    hidden / 16] E4M3, whose bytes are the 128 x 4 tiled layout
+    (BEAM_NVFP4_SCALE_BYTES of them; the rows past the last token's tile
+    row are padding the library does not write)."""
+    q = torch.empty(tokens, hidden // 2, dtype=_bits(FP4X2), device=device)
+    rows = (tokens + 127) // 128 * 128
+    return q, torch.empty(rows, hidden // NVFP4_BLOCK, dtype=_bits(FP8), device=device)
+
+
+def empty_outputs(kind, group_size, flags, scale, tokens, hidden, device):
+    """(q, q_scales) for tokens x hidden: q [tokens, hidden] FP8; q_scales
+    [tokens, hidden / group] (column-major: strides (1, ld), ld = tokens
+    rounded up to 4, DeepGEMM's layout), [tokens, 1] per token, or [1]
+    holding the static scale; NVFP4: nvfp4_outputs."""
+    if kind == NVFP4:
+        return nvfp4_outputs(tokens, hidden, device)
+    q = torch.empty(tokens, hidden, dtype=_bits(FP8), device=device)
+    if kind == KINDS["group"]:
+        groups = hidden // group_size
+        if flags & COL_MAJOR:
+            ld = (tokens + 3) // 4 * 4
+            scales = torch.empty_strided((tokens, groups), (1, ld), dtype=torch.float32, device=device)
+        else:
+            scales = torch.empty(tokens, groups, dtype=torch.float32, device=device)
+    elif kind == KINDS["token"]:
+        scales = torch.empty(tokens, 1, dtype=torch.float32, device=device)
+    else:
+        scales = torch.full((1,), scale, dtype=torch.float32, device=device)
+    return q, scales
+
+
+def struct(kind, group_size, flags, scale, q, scales):
+    """The beam_quant of a call writing q and scales (keep it alive for the call)."""
+    if kind == NVFP4:  # the block scales in block_scales; the FP8 scales pointer stays NULL
+        return BeamQuant(kind, group_size, flags, scale, addr(q), None, 0, addr(scales))
+    tensor = kind == KINDS["tensor"]
+    ld = scales.stride(1) if kind == KINDS["group"] and flags & COL_MAJOR else 0
+    return BeamQuant(kind, group_size, flags, scale if tensor else 0.0, addr(q),
+                          None if tensor else addr(scales), ld)

@@ -25,7 +25,7 @@ on torch's current stream, with no host synchronization).
 
 The *_fp8 operators' kind, group_size, flags and scale are the library's
 beam_quant fields (FP8Quant.fields(), NVFP4Quant.fields(): kind 4 is NVFP4);
-q and q_scales are shaped as _fp8_layout.empty_outputs makes them.
+q and q_scales are shaped as _run.empty_outputs makes them.
 
 `!` marks the tensor written in place; every other tensor is read only and
 every result is a new tensor. Without a next norm (next_eps None) the
@@ -46,8 +46,8 @@ from torch import Tensor
 
 from . import _pgather
 from . import _run
-from ._fp8_layout import empty_outputs, struct as quant_struct
-from . import _tensors as A
+from ._run import empty_outputs, struct as quant_struct
+from . import _checks as A
 from ._calls import HAVE_TORCH_OPS
 from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
                       FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
@@ -55,7 +55,7 @@ from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, 
 from .workspace import Workspace, check_workspace
 
 
-_GATHER_FP8 = _GATHER + "_fp8"
+_GATHER_Q = _GATHER + "_q"
 
 
 def _no_normalized(residual):
@@ -218,7 +218,7 @@ def _register():
                            routed_scale, strategy)[1]
 
     # ---- the FP8 output of the next norm (beammoe.fp8): q and q_scales as
-    # _fp8_layout makes them; normalized empty unless kept
+    # _run.empty_outputs makes them; normalized empty unless kept
     def need_next(next_eps):
         if next_eps is None:
             raise ValueError("the FP8 output needs next_eps (it quantizes the next norm's output)")
@@ -239,9 +239,9 @@ def _register():
                                                         next_eps, scales)
         dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
         h, n, q, qs = fp8_out(residual, ne, kind, group_size, flags, scale, keep_normalized)
-        _run.norm_residual_norm_q(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h,
-                                  n if keep_normalized else None,
-                                  quant_struct(kind, group_size, flags, scale, q, qs))
+        _run.norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h,
+                                n if keep_normalized else None,
+                                quant_struct(kind, group_size, flags, scale, q, qs))
         return h, n, q, qs
 
     @nrn_fp8.register_fake
@@ -253,7 +253,7 @@ def _register():
     def fused_fp8_impl(fn, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
                        routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, gather, run):
         """The local and the gathered FP8 operator: the checks, the outputs,
-        then run(dev, ...) with _run.fused_q's arguments, which the gather's
+        then run(dev, ...) with _run.fused's arguments, which the gather's
         Workspace._run_gather takes too."""
         capacity, top_k, hidden, pw, pe, nw, ne, s, rs, st = check_fused(
             fn, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
@@ -271,7 +271,7 @@ def _register():
                   flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         return fused_fp8_impl(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
                               scales, routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, False,
-                              _run.fused_q)
+                              _run.fused)
 
     @fused_fp8.register_fake
     def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy,
@@ -285,24 +285,24 @@ def _register():
                    post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
                    scales: Optional[List[float]], routed_scale: float, strategy: int, kind: int, group_size: int,
                    flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        ws = _workspace(_GATHER_FP8, workspace, residual.device)
+        ws = _workspace(_GATHER_Q, workspace, residual.device)
         if ws._python_gather(residual, strategy):
             # the gather in Python (_pgather), the library quantizing the gathered rows
             def fields(ne):
                 need_next(ne)
                 return kind, group_size, flags, scale
-            h, n, q, qs = _pgather.gather(ws, _GATHER_FP8, (gemm2, weights), residual, post_weight, post_eps,
+            h, n, q, qs = _pgather.gather(ws, _GATHER_Q, (gemm2, weights), residual, post_weight, post_eps,
                                           next_weight, next_eps, scales, routed_scale, strategy, False, op=True,
                                           quant=fields, keep_normalized=keep_normalized)
             return h, (n if n is not None else _no_normalized(residual)), q, qs
-        return fused_fp8_impl(_GATHER_FP8, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
+        return fused_fp8_impl(_GATHER_Q, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
                               scales, routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, True,
                               ws._run_gather)
 
     @gather_fp8.register_fake
     def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
           strategy, kind, group_size, flags, scale, keep_normalized):
-        check_fused(_GATHER_FP8, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+        check_fused(_GATHER_Q, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
                     routed_scale, strategy, gather=True)
         return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
 

@@ -29,10 +29,10 @@ import torch
 from . import _lib
 from . import _pgather
 from . import _run
-from . import _tensors as A
+from . import _checks as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*, which the calls below may go through)
 from ._calls import (HAVE_TORCH_OPS, WriteNoDerivative, autograd_inputs, mark_written, no_autograd_write,
-                     operator_needed, route, run_eager)
+                     operator_needed, route, run_eager, scales_list)
 from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
                       FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
                       STRATEGY_NAMES as _STRATEGY_NAMES, check_finalize, check_fused, check_nrn)
@@ -72,6 +72,16 @@ class MoEOutput:
         return "MoEOutput(gemm2_permuted=%s%s, expert_weights=%s%s, live_tokens=%r)" % (
             tuple(self.gemm2_permuted.shape), self.gemm2_permuted.dtype,
             tuple(self.expert_weights.shape), self.expert_weights.dtype, self.live_tokens)
+
+
+def _operator(name, residual, inplace, ne, args):
+    """(hidden, normalized | None) through torch.ops.beammoe.<name>, or its
+    in-place form <name>_ (which writes hidden into residual)."""
+    if inplace:
+        n = getattr(torch.ops.beammoe, name + "_")(*args)
+        return residual, (n if ne is not None else None)
+    h, n = getattr(torch.ops.beammoe, name)(*args)
+    return h, (n if ne is not None else None)
 
 
 # ---- the operations ------------------------------------------------------------
@@ -138,19 +148,10 @@ def beam_moe_finalize_norm_residual_norm(x, residual, post_weight, post_eps, nex
     if inplace:
         no_autograd_write(fn, "residual", residual, recording, eager)
     if eager and not (recording and HAVE_TORCH_OPS and not inplace):
-        if not inplace and not recording:  # the common eager call, written out
-            h = torch.empty_like(residual)
-            n = torch.empty_like(residual) if ne is not None else None
-            _run.fused(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st)
-            return h, n
         return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.fused(
             dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st), recording)
-    sl = list(s) if s is not None else None
-    if inplace:
-        n = torch.ops.beammoe.moe_finalize_norm_residual_norm_(g, w, residual, pw, pe, nw, ne, sl, scale, st)
-        return residual, (n if ne is not None else None)
-    h, n = torch.ops.beammoe.moe_finalize_norm_residual_norm(g, w, residual, pw, pe, nw, ne, sl, scale, st)
-    return h, (n if ne is not None else None)
+    return _operator("moe_finalize_norm_residual_norm", residual, inplace, ne,
+                     (g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 
 def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_eps, next_weight, next_eps,
@@ -189,14 +190,8 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     if eager and not (recording and HAVE_TORCH_OPS and not inplace):
         return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: workspace._run_gather(
             dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st), recording)
-    sl = list(s) if s is not None else None
-    if inplace:
-        n = torch.ops.beammoe.moe_finalize_gather_norm_residual_norm_(handle, g, w, residual, pw, pe, nw, ne, sl,
-                                                                      scale, st)
-        return residual, (n if ne is not None else None)
-    h, n = torch.ops.beammoe.moe_finalize_gather_norm_residual_norm(handle, g, w, residual, pw, pe, nw, ne, sl,
-                                                                    scale, st)
-    return h, (n if ne is not None else None)
+    return _operator("moe_finalize_gather_norm_residual_norm", residual, inplace, ne,
+                     (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 
 def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
@@ -220,12 +215,7 @@ def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_wei
     if eager and not (recording and HAVE_TORCH_OPS and not inplace):
         return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.norm_residual_norm(
             dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n), recording)
-    sl = list(s) if s is not None else None
-    if inplace:
-        n = torch.ops.beammoe.norm_residual_norm_(x, residual, prw, pre, nw, ne, sl)
-        return residual, (n if ne is not None else None)
-    h, n = torch.ops.beammoe.norm_residual_norm(x, residual, prw, pre, nw, ne, sl)
-    return h, (n if ne is not None else None)
+    return _operator("norm_residual_norm", residual, inplace, ne, (x, residual, prw, pre, nw, ne, scales_list(s)))
 
 
 # The same function under the short name.

@@ -1,10 +1,13 @@
-"""The next layer's FP8 or NVFP4 input, in the same pass (docs/numerics.md#fp8, #nvfp4).
+"""The next layer's quantized input, FP8 or NVFP4, in the same pass (docs/numerics.md#fp8, #nvfp4).
+
+The functions are named as the C calls (beam_*_q); beammoe.fp8 and the
+*_fp8 names, which this module kept as aliases, are their former names.
 
     quant = beammoe.FP8Quant("group", group_size=128)        # DeepGEMM / vLLM per-token-group
-    hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_norm_residual_norm_fp8(
+    hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_norm_residual_norm_q(
         beammoe.MoEOutput(gemm2, weights), residual, post_w, 1e-6, next_w, 1e-6, None, 2.5, quant=quant)
     # tensor parallel: x holds this rank's tokens; q, q_scales cover all of them
-    hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+    hidden, normalized, q, q_scales = beammoe.beam_moe_finalize_gather_norm_residual_norm_q(
         beammoe.MoEOutput(gemm2, weights), residual, post_w, 1e-6, next_w, 1e-6, None, workspace, 2.5,
         quant=quant)
 
@@ -42,7 +45,7 @@ group_size, flags and scale are quant.fields(): torch.compile, CUDA graphs),
 but for inplace=True, which runs in eager calls only.
 
     quant = beammoe.NVFP4Quant(448 * 6 / amax)               # vLLM's scaled_fp4_quant
-    hidden, _, q, q_scales = beammoe.beam_norm_residual_norm_fp8(
+    hidden, _, q, q_scales = beammoe.beam_norm_residual_norm_q(
         x, residual, pre_w, 1e-6, next_w, 1e-6, None, quant=quant)
 
 The gather's quantized form writes q and q_scales of every rank's tokens
@@ -59,11 +62,11 @@ import torch
 
 from . import _pgather
 from . import _run
-from . import _tensors as A
+from . import _checks as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
-from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, operator_needed, route
+from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, operator_needed, route, scales_list
 from ._checks import FUSED, FUSED_NAMES, GATHER, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
-from ._fp8_layout import COL_MAJOR, KINDS, NVFP4, NVFP4_BLOCK, UE8M0, empty_outputs, struct
+from ._run import COL_MAJOR, KINDS, NVFP4, NVFP4_BLOCK, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
 from .workspace import Workspace, check_workspace
 
@@ -155,22 +158,24 @@ def _flags_and_next(fn, quant, inplace, keep_normalized, ne):
     A.flag(fn, "inplace", inplace)
     A.flag(fn, "keep_normalized", keep_normalized)
     if ne is None:
-        raise ValueError("%s: next_eps must be given (the FP8 output quantizes the next norm's output)" % fn)
+        raise ValueError("%s: next_eps must be given (the quantized output quantizes the next norm's output)" % fn)
     return quant
 
 
-def _run_fp8(fn, quant, names, tensors, residual, tokens, hidden, inplace, keep_normalized, call):
-    """(hidden, normalized | None, q, q_scales): the outputs made, then
-    call(dev, hidden, normalized, beam_quant struct) in an eager call; None
-    when the call is to go through the torch operator instead."""
+def _run_q(fn, quant, names, tensors, residual, tokens, hidden, inplace, keep_normalized, call, operator, args):
+    """(hidden, normalized | None, q, q_scales): in an eager call the outputs
+    made, then call(dev, hidden, normalized, beam_quant struct); otherwise
+    through torch.ops.beammoe.<operator>(*args, *quant.fields(),
+    keep_normalized)."""
     dev, eager, recording = route(fn, names, tensors)
     if not eager:
         if inplace or not HAVE_TORCH_OPS:
             raise NotImplementedError(
                 "%s: %s runs in eager calls on plain CPU or CUDA tensors only (not under torch.compile, a "
                 "dispatch mode or torch.jit.trace)" % (fn, "inplace=True" if HAVE_TORCH_OPS else
-                                                        "with torch %s, the FP8 output" % torch.__version__))
-        return None  # the caller goes through its torch operator
+                                                        "with torch %s, the quantized output" % torch.__version__))
+        h, n, q, qs = getattr(torch.ops.beammoe, operator)(*args, *quant.fields(), keep_normalized)
+        return h, (n if keep_normalized else None), q, qs  # the operator's normalized is empty unless kept
     if inplace:
         no_autograd_write(fn, "residual", residual, recording, eager)
     kind, group, flags, scale = quant.fields()
@@ -184,8 +189,8 @@ def _run_fp8(fn, quant, names, tensors, residual, tokens, hidden, inplace, keep_
     return h, n, q, qs
 
 
-def _check_fused_fp8(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy,
-                     quant, inplace, keep_normalized, gather):
+def _check_fused_q(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy,
+                   quant, inplace, keep_normalized, gather):
     """The checks of the fused op's and the gather's FP8 forms: (g, w, what
     check_fused returns, quant)."""
     g, w = A.moe_output(fn, x)
@@ -194,56 +199,41 @@ def _check_fused_fp8(fn, x, residual, post_weight, post_eps, next_weight, next_e
     return g, w, checked, _flags_and_next(fn, quant, inplace, keep_normalized, checked[6])
 
 
-def _from_operator(out, keep_normalized):
-    """The functions' result from an operator's (normalized: empty unless kept)."""
-    h, n, q, qs = out
-    return h, (n if keep_normalized else None), q, qs
-
-
-def beam_norm_residual_norm_fp8(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
-                                scales=None, *, quant, inplace=False, keep_normalized=False):
+def beam_norm_residual_norm_q(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
+                              scales=None, *, quant, inplace=False, keep_normalized=False):
     """beam_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4 (quant).
 
     Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
-    fn = NRN + "_fp8"
+    fn = NRN + "_q"
     tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
                                                     scales)
     quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
-    out = _run_fp8(fn, quant, NRN_NAMES, (x, residual, prw, nw), residual, tokens, hidden, inplace,
-                   keep_normalized, lambda dev, h, n, st: _run.norm_residual_norm_q(
-                       dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, st))
-    if out is not None:
-        return out
-    return _from_operator(torch.ops.beammoe.norm_residual_norm_fp8(
-        x, residual, prw, pre, nw, ne, list(s) if s is not None else None, *quant.fields(), keep_normalized),
-        keep_normalized)
+    return _run_q(fn, quant, NRN_NAMES, (x, residual, prw, nw), residual, tokens, hidden, inplace, keep_normalized,
+                  lambda dev, h, n, qst: _run.norm_residual_norm(
+                      dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, qst),
+                  "norm_residual_norm_fp8", (x, residual, prw, pre, nw, ne, scales_list(s)))
 
 
-def beam_moe_finalize_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                                             routed_scale=1.0, *, quant, strategy=None, inplace=False,
-                                             keep_normalized=False):
+def beam_moe_finalize_norm_residual_norm_q(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                                           routed_scale=1.0, *, quant, strategy=None, inplace=False,
+                                           keep_normalized=False):
     """beam_moe_finalize_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4 (quant).
 
     Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
-    fn = FUSED + "_fp8"
-    g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_fp8(
+    fn = FUSED + "_q"
+    g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_q(
         fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
         keep_normalized, False)
     tokens = residual.shape[0]
-    out = _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
-                   keep_normalized, lambda dev, h, n, qst: _run.fused_q(
-                       dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
-                       qst))
-    if out is not None:
-        return out
-    return _from_operator(torch.ops.beammoe.moe_finalize_norm_residual_norm_fp8(
-        g, w, residual, pw, pe, nw, ne, list(s) if s is not None else None, scale, st, *quant.fields(),
-        keep_normalized), keep_normalized)
+    return _run_q(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
+                  keep_normalized, lambda dev, h, n, qst: _run.fused(
+                      dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st, qst),
+                  "moe_finalize_norm_residual_norm_fp8", (g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 
-def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, post_eps, next_weight, next_eps,
-                                                    scales, workspace, routed_scale=1.0, *, quant, strategy=None,
-                                                    inplace=False, keep_normalized=False):
+def beam_moe_finalize_gather_norm_residual_norm_q(x, residual, post_weight, post_eps, next_weight, next_eps,
+                                                  scales, workspace, routed_scale=1.0, *, quant, strategy=None,
+                                                  inplace=False, keep_normalized=False):
     """beam_moe_finalize_gather_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4.
 
     Collective, with the gather's rules: x holds this rank's tokens, residual
@@ -252,7 +242,7 @@ def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, po
     q_scales as quant lays them out for T rows) and the same bits on every
     rank; next_eps is required. A workspace that gathers in Python gives
     the same bits (the module's text)."""
-    fn = GATHER + "_fp8"
+    fn = GATHER + "_q"
     if isinstance(workspace, Workspace) and workspace._python_gather(residual, strategy) and not operator_needed():
         # Over a torch.distributed group on the CPU, or through the workspace's
         # all_gather hook: every rank's checks, this form's among them, travel
@@ -260,17 +250,19 @@ def beam_moe_finalize_gather_norm_residual_norm_fp8(x, residual, post_weight, po
         return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
                                routed_scale, strategy, inplace, keep_normalized=keep_normalized,
                                quant=lambda ne: _flags_and_next(fn, quant, inplace, keep_normalized, ne).fields())
-    g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_fp8(
+    g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_q(
         fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
         keep_normalized, True)
-    handle = check_workspace(fn, workspace, residual.device)  # _run_fp8 checks that every tensor is there
+    handle = check_workspace(fn, workspace, residual.device)  # _run_q checks that every tensor is there
     tokens = residual.shape[0]
-    out = _run_fp8(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
-                   keep_normalized, lambda dev, h, n, qst: workspace._run_gather(
-                       dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st,
-                       qst))
-    if out is not None:
-        return out
-    return _from_operator(torch.ops.beammoe.moe_finalize_gather_norm_residual_norm_fp8(
-        handle, g, w, residual, pw, pe, nw, ne, list(s) if s is not None else None, scale, st, *quant.fields(),
-        keep_normalized), keep_normalized)
+    return _run_q(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
+                  keep_normalized, lambda dev, h, n, qst: workspace._run_gather(
+                      dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st, qst),
+                  "moe_finalize_gather_norm_residual_norm_fp8",
+                  (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
+
+
+# The former names, kept.
+beam_norm_residual_norm_fp8 = beam_norm_residual_norm_q
+beam_moe_finalize_norm_residual_norm_fp8 = beam_moe_finalize_norm_residual_norm_q
+beam_moe_finalize_gather_norm_residual_norm_fp8 = beam_moe_finalize_gather_norm_residual_norm_q

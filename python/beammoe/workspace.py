@@ -24,7 +24,7 @@ from . import _lib
 from . import _nccl
 from . import _pgather
 from . import _run
-from . import _tensors as A
+from . import _checks as A
 from ._errors import BeamArgumentError, BeamCommError, BeamUnsupportedError, raise_for_status
 
 __all__ = ["CpuGroup", "Workspace"]
@@ -163,8 +163,9 @@ def _device(fn, device):
 def _check_shape_and_config(fn, max_tokens, hidden, one, two, tmo):
     """The library's rules for a workspace (lib/api.c), for the workspaces
     that Python runs itself (CPU over a process group)."""
-    if hidden < 256 or hidden > 8192 or hidden % 256:
-        raise ValueError("%s: hidden=%d must be a multiple of 256 in [256, 8192]" % (fn, hidden))
+    bad = _run.library_rules(1, hidden, fn)  # the hidden sizes the library takes, in its words
+    if bad is not None:
+        raise ValueError(bad[1])
     if max_tokens < 0:
         raise ValueError("%s: max_tokens=%d must be >= 0" % (fn, max_tokens))
     if max_tokens > (2 ** 63 - 1) // (hidden * 2):

@@ -100,7 +100,7 @@ def all_unusable(ws, rank, nranks, failure):
         bounded("an FP8 call on an unusable workspace", 0.5,
                 lambda: beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
                     beammoe.MoEOutput(lg, lw), res, pw, 1e-6, nw, 1e-5, None, ws, quant=beammoe.FP8Quant("token")),
-                pattern=r"^beam_moe_finalize_gather_norm_residual_norm_fp8: " + named)
+                pattern=r"^beam_moe_finalize_gather_norm_residual_norm_q: " + named)
     for _ in range(2):
         bounded("close()", 0.5, ws.close, pattern=r"^beammoe.Workspace.close: " + named + r" \(closed now\)")
         assert ws.closed

@@ -235,21 +235,21 @@ def poison_outputs():
     static scale is the caller's): the local call's and the gather's alike,
     so that a byte not written shows, and NVFP4's padding rows (never
     written) compare equal."""
-    from beammoe import _fp8_layout
-    from beammoe import fp8 as fp8_module
+    from beammoe import _run
+    from beammoe import quant as quant_module
 
-    empty = _fp8_layout.empty_outputs
+    empty = _run.empty_outputs
 
     def empty_outputs(*args):
         q, qs = empty(*args)
         q.view(torch.uint8).fill_(0xFF)
         if qs.element_size() == 1:
             qs.view(torch.uint8).fill_(0xFF)
-        elif args[0] != _fp8_layout.KINDS["tensor"]:
+        elif args[0] != _run.KINDS["tensor"]:
             qs.fill_(float("nan"))
         return q, qs
 
-    fp8_module.empty_outputs = _fp8_layout.empty_outputs = empty_outputs
+    quant_module.empty_outputs = _run.empty_outputs = empty_outputs
 
 
 def _bits(t):
@@ -327,7 +327,7 @@ def check_quant(ws, rank, nranks):
         beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, ARGS["scales"], ARGS["routed"], quant=mine,
         keep_normalized=True)
     same_q(gather_q(ws, lg, lw, residual, pw, nw, mine, keep_normalized=rank == 1), want, rank == 1, "own layout")
-    fn = "beam_moe_finalize_gather_norm_residual_norm_fp8"
+    fn = "beam_moe_finalize_gather_norm_residual_norm_q"
     for quant in (beammoe.FP8Quant("token", ue8m0=rank == 1), beammoe.NVFP4Quant(1.0 + rank),
                   beammoe.NVFP4Quant(1.0) if rank == 0 else beammoe.FP8Quant("tensor", scale=1.0)):
         res = residual.clone()

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import beammoe
-from beammoe import _fp8_layout
-from beammoe import fp8 as fp8_module
-from beammoe._fp8_layout import KINDS
+from beammoe import _run
+from beammoe import quant as quant_module
+from beammoe._run import KINDS
 from reference import assert_bits_equal, random_bf16, random_case
 from test_fp8 import FORMS, FP8, needs_fp8  # the forms test_fp8.py checks against torch's quantization
 from test_gather_cpu import local_rows, run_ranks  # ranks as threads, a rank's expert rows
@@ -56,12 +56,12 @@ def poisoned(monkeypatch):
     in the local call and the gather (NVFP4's padding rows of q_scales, not
     written, compare equal then). Column-major padding is never written and
     never compared (the tensor's view leaves it out). Both the functions'
-    maker and the one the gather in Python takes from _fp8_layout."""
-    empty = _fp8_layout.empty_outputs
+    maker and the one the gather in Python takes from _run."""
+    empty = _run.empty_outputs
 
     def empty_outputs(*args):
         q, qs = empty(*args)
-        if args[0] == _fp8_layout.NVFP4:
+        if args[0] == _run.NVFP4:
             q.view(torch.uint8).fill_(0xFF)
             qs.view(torch.uint8).fill_(0xFF)
             return q, qs
@@ -70,8 +70,8 @@ def poisoned(monkeypatch):
             qs.fill_(float("nan"))
         return q, qs
 
-    monkeypatch.setattr(fp8_module, "empty_outputs", empty_outputs)
-    monkeypatch.setattr(_fp8_layout, "empty_outputs", empty_outputs)
+    monkeypatch.setattr(quant_module, "empty_outputs", empty_outputs)
+    monkeypatch.setattr(_run, "empty_outputs", empty_outputs)
 
 
 def bits(t):
@@ -133,7 +133,7 @@ def refused(ws, err, match, g, w, residual, pw, nw, quant=beammoe.FP8Quant("toke
     assert_bits_equal(res, residual, "residual after a refused call")
 
 
-FN = r"^beam_moe_finalize_gather_norm_residual_norm_fp8: "
+FN = r"^beam_moe_finalize_gather_norm_residual_norm_q: "
 
 
 def rank_calls(grp, r, nranks, tokens, g, w, residual, pw, nw, quant):
@@ -344,7 +344,7 @@ needs_ops = pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS,
 @pytest.mark.parametrize("form", [0, 3, 5, 6])
 def test_compiled(gen, form):
     """torch.compile(fullgraph=True) through
-    torch.ops.beammoe.moe_finalize_gather_norm_residual_norm_fp8: the eager
+    torch.ops.beammoe.moe_finalize_gather_norm_residual_norm_q: the eager
     call's bits, shapes and strides."""
     quant = FORMS[form]
     g, w, residual, pw, nw = data(gen, 6)

@@ -26,8 +26,8 @@ import pytest
 import torch
 
 import beammoe
-from beammoe import _fp8_layout
-from beammoe import fp8 as fp8_module
+from beammoe import _run
+from beammoe import quant as quant_module
 from conftest import cuda_backend_skip_reason
 
 BF16 = torch.bfloat16
@@ -137,9 +137,9 @@ def check(q, qs, normalized, g, poisoned=True):
 @pytest.fixture
 def poisoned(monkeypatch):
     """q and q_scales filled with 0xFF before the call: a byte that the call
-    does not write shows (the functions' maker, and _fp8_layout's, which
+    does not write shows (the functions' maker, and _run's, which
     the gather in Python takes)."""
-    empty = _fp8_layout.empty_outputs
+    empty = _run.empty_outputs
 
     def empty_outputs(*args):
         q, qs = empty(*args)
@@ -147,8 +147,8 @@ def poisoned(monkeypatch):
         qs.view(torch.uint8).fill_(POISON)
         return q, qs
 
-    monkeypatch.setattr(fp8_module, "empty_outputs", empty_outputs)
-    monkeypatch.setattr(_fp8_layout, "empty_outputs", empty_outputs)
+    monkeypatch.setattr(quant_module, "empty_outputs", empty_outputs)
+    monkeypatch.setattr(_run, "empty_outputs", empty_outputs)
 
 
 def inputs(t, h, dev, seed):
@@ -330,8 +330,8 @@ def test_dtypes_without_float4_or_float8(poisoned, monkeypatch, have):
     """Without torch.float4_e2m1fn_x2 and torch.float8_e4m3fn (an older
     torch), q and q_scales are uint8 tensors of the same shapes and bits."""
     if not have:
-        monkeypatch.setattr(_fp8_layout, "FP4X2", None)
-        monkeypatch.setattr(_fp8_layout, "FP8", None)
+        monkeypatch.setattr(_run, "FP4X2", None)
+        monkeypatch.setattr(_run, "FP8", None)
     x, r, _, _, nw = inputs(3, 512, "cpu", 4)
     _, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
                                                       quant=beammoe.NVFP4Quant(1.0), keep_normalized=True)
@@ -376,7 +376,7 @@ def test_bad_global_scale(g, err, msg):
 
 def test_bad_calls():
     x, r, _, _, nw = inputs(2, 256, "cpu", 5)
-    with pytest.raises(ValueError, match=r"^beam_norm_residual_norm_fp8: next_eps must be given"):
+    with pytest.raises(ValueError, match=r"^beam_norm_residual_norm_q: next_eps must be given"):
         beammoe.beam_norm_residual_norm_fp8(x, r, None, None, None, None, None, quant=beammoe.NVFP4Quant(1.0))
     with pytest.raises(TypeError, match=r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got float"):
         beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None, quant=1.0)
