@@ -29,6 +29,7 @@ typedef int (*sync_fn)(void);
 typedef const char *(*errstr_fn)(int);
 typedef int (*stream_create_fn)(void **, unsigned);
 typedef int (*stream_fn)(void *);
+typedef int (*memcpy_async_fn)(void *, const void *, size_t, int, void *);
 
 enum { H2D = 1, D2H = 2 }; /* cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost */
 
@@ -41,6 +42,7 @@ static struct {
     errstr_fn cerr;
     stream_create_fn cscreate;
     stream_fn cssync, csdestroy;
+    memcpy_async_fn cmemcpy_async;
     char last[256];
 } g;
 
@@ -82,7 +84,9 @@ int dev_open(char *msg, size_t n)
     *(void **)&g.cscreate = dlsym(g.lib, "cudaStreamCreateWithFlags");
     *(void **)&g.cssync = dlsym(g.lib, "cudaStreamSynchronize");
     *(void **)&g.csdestroy = dlsym(g.lib, "cudaStreamDestroy");
-    if (!g.cmalloc || !g.cfree || !g.cmemcpy || !g.csync || !g.cerr || !g.cscreate || !g.cssync || !g.csdestroy) {
+    *(void **)&g.cmemcpy_async = dlsym(g.lib, "cudaMemcpyAsync");
+    if (!g.cmalloc || !g.cfree || !g.cmemcpy || !g.csync || !g.cerr || !g.cscreate || !g.cssync || !g.csdestroy ||
+        !g.cmemcpy_async) {
         snprintf(msg, n, "the CUDA runtime %s lacks cudaMalloc/cudaMemcpy/...", soname);
         dlclose(g.lib);
         memset(&g, 0, sizeof g);
@@ -151,4 +155,11 @@ int dev_stream_sync(void *stream)
 void dev_stream_destroy(void *stream)
 {
     if (stream && g.csdestroy) g.csdestroy(stream);
+}
+
+int dev_upload_on(void *dst, const void *src, size_t bytes, void *stream)
+{
+    int rc = bytes ? g.cmemcpy_async(dst, src, bytes, H2D, stream) : 0;
+    if (rc) note("cudaMemcpyAsync to device", rc);
+    return rc ? -1 : 0;
 }

@@ -20,6 +20,9 @@ int dev_sync(void);
 /* A stream that does not wait for the legacy default stream (each rank of
  * an in-process group its own), its synchronization, its end. */
 void *dev_stream_create(void); /* NULL on failure */
+/* dev_upload ordered on stream (a pageable cudaMemcpy may return before its
+ * copy lands, and a non-blocking stream does not wait for it) */
+int dev_upload_on(void *dst, const void *src, size_t bytes, void *stream);
 int dev_stream_sync(void *stream);
 void dev_stream_destroy(void *stream);
 const char *dev_last_error(void);

@@ -379,7 +379,9 @@ static void *grank_main(void *p)
             beam_norm next = {c->d.next.weight ? c->wnext : NULL, c->d.next.eps};
             hu_poison(h, 2 * th); /* every element must be written */
             hu_poison(n, 2 * th);
-            if (ops->device_memory && (dev_upload(dh, h, 2 * th) || dev_upload(dn, n, 2 * th))) a->bad++;
+            if (ops->device_memory &&
+                (dev_upload_on(dh, h, 2 * th, a->stream) || dev_upload_on(dn, n, 2 * th, a->stream)))
+                a->bad++;
             st = ops->moe_finalize_gather_norm_residual_norm(
                 ws, c->ex + (size_t)r0 * (size_t)s->K * (size_t)s->H, c->wt + (size_t)r0 * (size_t)s->K, L, s->T,
                 s->K, s->H, c->d.rs, s->post ? &post : NULL, c->res, s->scales ? c->d.scales : NULL,
@@ -427,6 +429,8 @@ static void test_gather(void)
                 void *streams[G_MAXR] = {NULL};
                 CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
                 for (i = 0; i < 5; i++) gcase_make(ops, &cases[i], R, Ts[i], Hs[hi], i + 5 * hi);
+                /* the uploads land before any rank's stream runs */
+                if (ops->device_memory) CU_ASSERT_EQUAL_FATAL(dev_sync(), 0);
                 for (r = 0; r < R; r++) {
                     memset(&ranks[r], 0, sizeof ranks[r]);
                     ranks[r].ops = ops;
