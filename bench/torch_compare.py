@@ -456,10 +456,12 @@ def run_json(tool, dev, bw, records):
 
 
 def write_json(path, run):
-    """The run into path (written beside it, then renamed onto it)."""
+    """The run into path (written beside it, then renamed onto it), one line
+    a record, as scripts/perf-report.py writes its runs."""
+    head = "".join(" %s: %s,\n" % (json.dumps(k), json.dumps(run[k], sort_keys=True)) for k in sorted(run) if k != "records")
+    rows = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in run["records"])
     with open(path + ".tmp", "w") as f:
-        json.dump(run, f, indent=1, sort_keys=True)
-        f.write("\n")
+        f.write("{\n%s \"records\": [\n%s\n ]\n}\n" % (head, rows))
     os.replace(path + ".tmp", path)
 
 

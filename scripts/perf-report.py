@@ -53,6 +53,12 @@ class Fail(Exception):
 
 # ---- reading ----------------------------------------------------------------------
 
+def json_text(run):
+    """run as JSON text, one line a record (sorted keys: the same run, the same bytes)."""
+    head = "".join(" %s: %s,\n" % (json.dumps(k), json.dumps(run[k], sort_keys=True)) for k in sorted(run) if k != "records")
+    rows = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in run["records"])
+    return "{\n%s \"records\": [\n%s\n ]\n}\n" % (head, rows)
+
 def load_runs(perf_dir):
     """tool -> list of runs (file order), each run's records tagged with its file."""
     runs = {t: [] for t in TOOLS}
@@ -644,8 +650,7 @@ def main():
             commit = args.commit or os.environ.get("BEAM_COMMIT") or git_commit(args.root)
             run = import_cpu_bench(text, commit, date, args.command)
             with open(args.json, "w") as f:
-                json.dump(run, f, indent=1, sort_keys=True)
-                f.write("\n")
+                f.write(json_text(run))
             return 0
         want = generate(args.root)
     except (Fail, OSError) as e:
