@@ -97,7 +97,7 @@ static beam_status bm_cuda_check_pointers(const char *fn, const bm_ptr *p, int n
 /* ---- operations ----------------------------------------------------------- */
 
 static beam_status bm_cuda_run(const char *fn, const bm_row_params &p, void *stream,
-                               const bm_quant_params *q = nullptr)
+                               const bm_quant *q = nullptr)
 {
     const bm_shape s = bm_pick_shape(p, q ? q->kind : 0);
     cudaError_t e = bm_launch_rows(p, s, bm_params_vec_ok(p, q), (cudaStream_t)stream, q);
@@ -140,22 +140,6 @@ void bm_set_residual(bm_row_params &p, const bm_args *a)
     p.normalized = a->next.on ? a->normalized : NULL;
 }
 
-/* the quantized output of normalized (lib/ checked it needs next.on) */
-bm_quant_params bm_quant_of(const bm_args *a)
-{
-    bm_quant_params q;
-    q.kind = a->q.kind;
-    q.group = a->q.group;
-    q.ue8m0 = a->q.ue8m0;
-    q.scale = a->q.scale;
-    q.values = a->q.values;
-    q.scales = a->q.scales;
-    q.ld_t = a->q.ld_t;
-    q.ld_g = a->q.ld_g;
-    q.block_scales = a->q.block_scales;
-    return q;
-}
-
 static beam_status bm_cuda_finalize(const bm_args *a)
 {
     bm_row_params p = bm_params_base(a);
@@ -172,8 +156,7 @@ static beam_status bm_cuda_norm_residual_norm(const bm_args *a)
     p.wA = a->pre.weight;
     p.epsA = a->pre.eps;
     bm_set_residual(p, a);
-    const bm_quant_params q = bm_quant_of(a);
-    return bm_cuda_run(a->fn, p, a->stream, &q);
+    return bm_cuda_run(a->fn, p, a->stream, &a->q);
 }
 
 /* One kernel: each input byte read once, each output byte written once; the
@@ -183,8 +166,7 @@ static beam_status bm_cuda_fused(const bm_args *a)
     bm_row_params p = bm_params_base(a);
     bm_set_finalize(p, a);
     bm_set_residual(p, a);
-    const bm_quant_params q = bm_quant_of(a);
-    return bm_cuda_run(a->fn, p, a->stream, &q);
+    return bm_cuda_run(a->fn, p, a->stream, &a->q);
 }
 
 /* The composition: the finalize kernel writes the finalized rows into a
@@ -214,8 +196,7 @@ static beam_status bm_cuda_unfused(const bm_args *a)
     bm_row_params r = bm_params_base(a);
     r.x = scratch;
     bm_set_residual(r, a);
-    const bm_quant_params q = bm_quant_of(a);
-    return bm_cuda_run(fn, r, a->stream, &q);
+    return bm_cuda_run(fn, r, a->stream, &a->q);
 }
 
 /* The gather (gpu/gather*.cu) brings its own defaults, measured on two

@@ -58,7 +58,7 @@
  * normalized (Q), as the row kernel's (row_kernel.cuh): the plain kernels
  * keep the smaller block. */
 struct bm_tp_params_q : bm_tp_params {
-    bm_quant_params q;
+    bm_quant q;
 };
 template <int Q>
 struct bm_tp_kparams : bm_params_for<bm_tp_params, bm_tp_params_q, Q> {
@@ -461,7 +461,7 @@ int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms)
     const int n2 = bm_tp_next_pow2(hidden / 8); /* 32 .. 1024 */
     if (L > 128 && n2 >= 256)
         return n2 == 1024 ? 17 : (n2 == 512 ? 16 : 15);
-    const int cs = bm_tp_cluster_size(L, n2, qkind == BM_QUANT_TOKEN, sms);
+    const int cs = bm_tp_cluster_size(L, n2, qkind == BEAM_QUANT_FP8_TOKEN, sms);
     const int nt = n2 / cs;
 #define BM_PICK(I, NT, J, CS) \
     if (J == 1 && NT == nt && CS == cs) return I;
@@ -666,7 +666,7 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     p.ll = !twoshot && p.L <= BM_TP_LL_MAX_L && p.T <= w->ll_rows;
     bm_tp_params_q pq;
     static_cast<bm_tp_params &>(pq) = p;
-    pq.q = bm_quant_of(a);
+    pq.q = a->q;
     const bool quant = pq.q.kind != 0;
     const int shape = bm_tp_shape_index(p.L, w->hidden, pq.q.kind, w->sms);
     const int cap = w->gcap[quant ? BM_TP_QCAP(shape) : shape];
@@ -677,7 +677,7 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     for (const void *q : ptrs)
         if (q && !bm_tp_aligned16(q))
             vec = 0;
-    if (quant && ((uintptr_t)pq.q.values & (pq.q.kind == BM_QUANT_NVFP4 ? 3u : 7u)) != 0)
+    if (quant && !bm_quant_vec_ok(pq.q))
         vec = 0; /* the quantized values: 8 bytes per chunk (NVFP4: 4) */
 #define BM_GO_Q(NT, J, CS, Q, P)                                                             \
     if (twoshot)                                                                             \
@@ -687,7 +687,7 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
                : bm_tp_go<NT, J, CS, false, false, Q>(P, grid, stream);
 #define BM_GO(I, NT, J, CS)                                                                  \
     if (shape == I) {                                                                        \
-        if (quant && pq.q.kind == BM_QUANT_NVFP4) {                                          \
+        if (bm_qf_of(pq.q.kind) == BM_QF_NVFP4) {                                            \
             BM_GO_Q(NT, J, CS, BM_QF_NVFP4, pq)                                              \
         }                                                                                    \
         if (quant) {                                                                         \

@@ -95,7 +95,7 @@ beam_status bm_tp_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_
     n.x = w->ag;
     n.rows = T;
     n.hidden = H;
-    const bm_quant_params q = bm_quant_of(a);
+    const bm_quant &q = a->q;
     return bm_tp_launched(fn, "the norm_residual_norm kernel",
                           bm_launch_rows(n, bm_pick_shape(n, q.kind, w->shared), bm_params_vec_ok(n, &q), stream, &q));
 }

@@ -78,7 +78,7 @@ namespace bm_pick {
 enum { ANY = -1 };
 enum { FIN = 1, FUSED = 2, RES = 4, BARE = 8, SLOTS = FIN | FUSED, NOSLOTS = RES | BARE };
 enum { H1K = 1, H2K = 2, H4K = 4, H8K = 8 };
-enum { NOQ = 1, FP8 = 2, NVFP4 = 4, QUANT = FP8 | NVFP4 };
+enum { NOQ = 1, FP8 = 2, NVFP4 = 4, QUANT = FP8 | NVFP4 }; /* 1 << bm_qf_of(kind) */
 constexpr int64_t MAXT = INT64_MAX;
 
 /* A row's conditions as one set of bits, one bit a value: kind 0-3,
@@ -133,7 +133,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
     const int64_t t = p.rows > 0 ? p.rows : 0; /* rows <= 0 launch nothing */
     const int kind = p.experts ? (p.residual ? FUSED : FIN) : (p.residual ? RES : BARE);
     const int width = n2 >= 1024 ? H8K : n2 == 512 ? H4K : n2 == 256 ? H2K : H1K;
-    const int q = !quant ? NOQ : quant == BM_QUANT_NVFP4 ? NVFP4 : FP8;
+    const int q = 1 << bm_qf_of(quant); /* NOQ, FP8, NVFP4 */
     const uint32_t c = conds(kind, width, q, p.normA != 0, p.has_scales != 0, shared != 0);
     /* the first row that takes the call; the last takes every call. A
      * decode row whose cluster shrinks, on a device with few
@@ -219,14 +219,13 @@ static int aligned16(const void *p)
     return ((uintptr_t)p & 15u) == 0;
 }
 
-int bm_params_vec_ok(const bm_row_params &p, const bm_quant_params *q)
+int bm_params_vec_ok(const bm_row_params &p, const bm_quant *q)
 {
     const void *ptrs[] = {p.experts, p.x, p.wA, p.residual, p.wB, p.out, p.normalized};
     for (const void *q : ptrs)
         if (q && !aligned16(q))
             return 0;
-    /* the quantized values: 8 bytes per chunk (NVFP4: 4) */
-    if (q && q->kind && ((uintptr_t)q->values & (q->kind == BM_QUANT_NVFP4 ? 3u : 7u)) != 0)
+    if (q && q->kind && !bm_quant_vec_ok(*q))
         return 0;
     return 1;
 }
@@ -303,7 +302,7 @@ static cudaError_t bm_go_pipe_fin(const bm_row_params &p, const bm_row_params_q 
     if (!pq)
         return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_NONE>(p, pdl, stream)
                          : bm_go_pipe<NT, J, D, MB, false, BM_QF_NONE>(p, pdl, stream);
-    if (pq->q.kind == BM_QUANT_NVFP4)
+    if (bm_qf_of(pq->q.kind) == BM_QF_NVFP4)
         return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_NVFP4>(*pq, pdl, stream)
                          : bm_go_pipe<NT, J, D, MB, false, BM_QF_NVFP4>(*pq, pdl, stream);
     return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_FP8>(*pq, pdl, stream)
@@ -328,13 +327,14 @@ static cudaError_t bm_go_row(const bm_row_params &p, const bm_row_params_q *pq, 
                              int vec, cudaStream_t stream)
 {
     if (pq)
-        return pq->q.kind == BM_QUANT_NVFP4 ? bm_go_row_q<NT, J, U, CS, BM_QF_NVFP4>(*pq, blocks, pdl, vec, stream)
-                                            : bm_go_row_q<NT, J, U, CS, BM_QF_FP8>(*pq, blocks, pdl, vec, stream);
+        return bm_qf_of(pq->q.kind) == BM_QF_NVFP4
+                   ? bm_go_row_q<NT, J, U, CS, BM_QF_NVFP4>(*pq, blocks, pdl, vec, stream)
+                   : bm_go_row_q<NT, J, U, CS, BM_QF_FP8>(*pq, blocks, pdl, vec, stream);
     return bm_go_row_q<NT, J, U, CS, BM_QF_NONE>(p, blocks, pdl, vec, stream);
 }
 
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
-                           cudaStream_t stream, const bm_quant_params *q)
+                           cudaStream_t stream, const bm_quant *q)
 {
     /* with a quantized output: the kernels compiled with it, their larger
      * parameter block */
@@ -354,7 +354,7 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
 #define BM_SGO(NT, J, MB, HINT, PK, PF)                                           \
         if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK, PF)) \
             return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK, PF>, p, blocks, NT, 1, 0, s.pdl, stream) \
-                   : pq->q.kind == BM_QUANT_NVFP4                                                                    \
+                   : bm_qf_of(pq->q.kind) == BM_QF_NVFP4                                                             \
                        ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK, PF>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
                        : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK, PF>, *pq, blocks, NT, 1, 0, s.pdl, stream);
         BM_NRNS(BM_SGO)

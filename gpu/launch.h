@@ -83,7 +83,7 @@ int bm_shape_list(bm_shape *out, int max);
 
 /* 1 when every BF16 base of p is 16-byte aligned and the quantized values
  * (q, when not NULL) 8-byte aligned (the vector path). */
-int bm_params_vec_ok(const bm_row_params &p, const bm_quant_params *q = nullptr);
+int bm_params_vec_ok(const bm_row_params &p, const bm_quant *q = nullptr);
 
 /* The row kernel's parameters from a checked call (gpu/backend_cuda.cu):
  * stage A as finalize (experts, weights, routed scale, post-norm), stage B
@@ -92,8 +92,6 @@ int bm_params_vec_ok(const bm_row_params &p, const bm_quant_params *q = nullptr)
 struct bm_args;
 void bm_set_finalize(bm_row_params &p, const struct bm_args *a);
 void bm_set_residual(bm_row_params &p, const struct bm_args *a);
-/* The quantized output of a checked call (kind 0: none). */
-bm_quant_params bm_quant_of(const struct bm_args *a);
 
 /* Load every row kernel (lazy module loading would otherwise load one at
  * its first launch, which can wait for the device to be idle). */
@@ -103,6 +101,6 @@ cudaError_t bm_preload_rows(void);
  * launches nothing. q: the quantized output of normalized (NULL or kind 0:
  * none), which launches the kernels compiled with it. */
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
-                           cudaStream_t stream, const bm_quant_params *q = nullptr);
+                           cudaStream_t stream, const bm_quant *q = nullptr);
 
 #endif

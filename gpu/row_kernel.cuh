@@ -40,7 +40,7 @@
 
 #include <cooperative_groups.h>
 
-#include "beammoe.h" /* BEAM_NVFP4_SCALE_OFFSET */
+#include "backend.h" /* bm_quant; beammoe.h: BEAM_NVFP4_SCALE_OFFSET */
 #include "quant.cuh"
 #include "row_ops.cuh"
 
@@ -73,30 +73,33 @@ struct bm_row_params {
     int32_t hidden;
 };
 
-/* The quantized output of normalized (norm B): kind 0 none, else
- * BEAM_QUANT_FP8_*; the scale of group g of row t at
- * scales[t * ld_t + g * ld_g] (lib/backend.h bm_quant). Only the kernels
- * compiled with it (Q) take it, in bm_row_params_q: a larger parameter
- * block changed how the compiler laid out the plain kernels (the nrn
- * kernel at T = 4096, H = 7168: 59 -> 68 us on an H200). */
-struct bm_quant_params {
-    int kind, group, ue8m0;
-    float scale; /* TENSOR: the scale; NVFP4: the global scale */
-    uint8_t *values;
-    float *scales;
-    int64_t ld_t, ld_g;
-    uint8_t *block_scales; /* NVFP4 */
-};
+/* The quantized output of normalized (norm B) is lib/backend.h's bm_quant
+ * (bm_args.q as checked). Only the kernels compiled with it (Q) take it, in
+ * bm_row_params_q: a larger parameter block changed how the compiler laid
+ * out the plain kernels (the nrn kernel at T = 4096, H = 7168: 59 -> 68 us
+ * on an H200). */
+typedef bm_quant bm_quant_params; /* its name in bench/shape_sweep.cu */
 struct bm_row_params_q : bm_row_params {
-    bm_quant_params q;
+    bm_quant q;
 };
 /* Which quantized output a kernel is compiled with (its template argument
  * Q): none, the FP8 kinds, or NVFP4. Each its own kernels: a kernel holds
  * registers only for the code it can run (NVFP4's code in the FP8 kernels
- * cost norm_residual_norm's FP8 form 6-8% at T >= 4096, H = 7168: spills). */
+ * cost norm_residual_norm's FP8 form 6-8% at T >= 4096, H = 7168: spills).
+ * bm_qf_of: the form of a kind (0 or BEAM_QUANT_*), the one place that
+ * maps them. */
 enum { BM_QF_NONE = 0, BM_QF_FP8 = 1, BM_QF_NVFP4 = 2 };
+constexpr int bm_qf_of(int kind)
+{
+    return !kind ? BM_QF_NONE : kind == BEAM_QUANT_NVFP4 ? BM_QF_NVFP4 : BM_QF_FP8;
+}
+/* whether q's values take the vector stores: 8 bytes a chunk (NVFP4: 4) */
+inline bool bm_quant_vec_ok(const bm_quant &q)
+{
+    return ((uintptr_t)q.values & (bm_qf_of(q.kind) == BM_QF_NVFP4 ? 3u : 7u)) == 0;
+}
 /* The parameter block of a kernel compiled with (Q) or without the
- * quantized output: Plain, or WithQ (Plain and a bm_quant_params q). The
+ * quantized output: Plain, or WithQ (Plain and a bm_quant q). The
  * row kernels' here, the gather kernels' in gather_fused.cu. */
 template <class Plain, class WithQ, int Q>
 struct bm_params_for {
@@ -117,7 +120,7 @@ struct bm_kparams : bm_params_for<bm_row_params, bm_row_params_q, Q> {
  * multiply per chunk, not per value: the definition's own two operations,
  * with no division and no slow-path call. */
 template <int J, bool VEC, int STRIDE>
-__device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, int64_t row,
+__device__ __forceinline__ void bm_nvfp4_row(const bm_quant &q, int H, int64_t row,
                                              const float (&v)[J][8], int C, int g0, bool st)
 {
 #pragma unroll
@@ -126,8 +129,8 @@ __device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, in
         const uint32_t sf = bm_nvfp4_scale_code_dev(bm_lanes_max(bm_absmax8(v[j]), 2), q.scale);
         if (!st || c >= C)
             continue;
-        /* bm_rcp_rn is RN(1 / v) on [2^-126, 2^126): every nonzero E4M3 value */
-        const float os = sf ? __fmul_rn(q.scale, bm_rcp_rn(bm_e4m3_value_dev(sf))) : 0.0f;
+        /* its bm_rcp_rn is RN(1 / v) on [2^-126, 2^126): every nonzero E4M3 value */
+        const float os = bm_nvfp4_factor(sf, q.scale);
         const uint32_t codes = bm_nvfp4_pack8(v[j], os);
         if ((c & 1) == 0)
             q.block_scales[BEAM_NVFP4_SCALE_OFFSET(row, c >> 1, H)] = (uint8_t)sf;
@@ -152,7 +155,7 @@ __device__ __forceinline__ void bm_nvfp4_row(const bm_quant_params &q, int H, in
  * kernel). Every thread of the block (of every block of the cluster) must
  * call it; st false: compute, store nothing (a gather block that failed). */
 template <int NT, int J, int CS, bool VEC, int STRIDE, int QF>
-__device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, int64_t row,
+__device__ __forceinline__ void bm_quant_row(const bm_quant &q, int H, int64_t row,
                                              const float (&v)[J][8], int C, int g0,
                                              bm_tree_ctx<NT, CS> &tc, bool last, bool st = true)
 {
@@ -161,7 +164,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
         return;
     }
     float s = q.scale;
-    if (q.kind == BM_QUANT_TOKEN) {
+    if (q.kind == BEAM_QUANT_FP8_TOKEN) {
         float m = 0.0f;
 #pragma unroll
         for (int j = 0; j < J; ++j)
@@ -172,7 +175,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
             q.scales[row * q.ld_t] = s;
     }
     /* (a group's scale and reciprocal come per chunk, below) */
-    float r = q.kind == BM_QUANT_GROUP ? 0.0f : bm_rcp_rn(s);
+    float r = q.kind == BEAM_QUANT_FP8_GROUP ? 0.0f : bm_rcp_rn(s);
     /* the dynamic kinds' UE8M0 scales are powers of two: x * (1 / s) exact */
     const bool pow2 = q.ue8m0 != 0;
     /* a group is 16 or 8 chunks: shifts, not a division by a variable */
@@ -180,7 +183,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant_params &q, int H, in
 #pragma unroll
     for (int j = 0; j < J; ++j) {
         const int c = g0 + j * STRIDE;
-        if (q.kind == BM_QUANT_GROUP) {
+        if (q.kind == BEAM_QUANT_FP8_GROUP) {
             const float m = bm_absmax8(v[j]);
             s = bm_fp8_group_scale_dev(lg == 4 ? bm_groups_max<16>(m) : bm_groups_max<8>(m), q.ue8m0);
             r = bm_rcp_rn(s);
@@ -209,7 +212,7 @@ template <int Q, class P>
 __device__ __forceinline__ bool bm_quant_exchanges(const P &p)
 {
     if constexpr (Q)
-        return p.q.kind == BM_QUANT_TOKEN;
+        return p.q.kind == BEAM_QUANT_FP8_TOKEN;
     return false;
 }
 
@@ -227,7 +230,7 @@ __device__ __forceinline__ void bm_quant_touch(const P &p)
 {
     if constexpr (Q) {
         __shared__ volatile int sink;
-        const bm_quant_params &q = p.q;
+        const bm_quant &q = p.q;
         const int t = q.kind ^ q.group ^ q.ue8m0 ^ __float_as_int(q.scale) ^ (int)(uintptr_t)q.values ^
                       (int)(uintptr_t)q.scales ^ (int)q.ld_t ^ (int)q.ld_g ^ (int)(uintptr_t)q.block_scales;
         if (threadIdx.x == 0)

@@ -29,14 +29,15 @@ typedef struct bm_norm {
 } bm_norm;
 
 /* The quantized output of normalized after checking (beam_quant):
- * kind 0 means none. Scales of group g of token t: scales[t * ld_t + g * ld_g]
+ * kind 0 means none; the CUDA kernels take it as their parameter as is
+ * (gpu/row_kernel.cuh). Scales of group g of token t: scales[t * ld_t + g * ld_g]
  * (GROUP row-major: ld_t = hidden / group, ld_g = 1; column-major: ld_t = 1,
  * ld_g = scale_ld; TOKEN: ld_t = 1, group = hidden). */
 typedef struct bm_quant {
     int kind;      /* 0 or BEAM_QUANT_FP8_*, BEAM_QUANT_NVFP4 */
     int group;     /* values per scale: group_size, or hidden for TOKEN */
     int ue8m0;
-    float scale;   /* TENSOR */
+    float scale;   /* TENSOR: the scale; NVFP4: the global scale */
     uint8_t *values;
     float *scales;
     int64_t ld_t, ld_g;
