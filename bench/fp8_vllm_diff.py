@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fp8_vllm_diff.py - how often vLLM's FP8 E4M3 formulas give other bits than beammoe's.
 
-beammoe's quantization (docs/numerics.md, "The FP8 output"; cpu/fp8.h,
+beammoe's quantization (docs/numerics.md, "The FP8 output"; lib/quant_bits.h,
 cpu/quant.c, gpu/quant.cuh) follows vLLM's kernels but for three operations.
 This counts, exhaustively where it can, where vLLM's formula gives other bits:
 
@@ -96,7 +96,7 @@ def e4m3(v):
 
 
 def e4m3_ref(v):
-    """cpu/fp8.h's bm_e4m3 in numpy integers, independent of torch: NaN -> 0x7F,
+    """lib/quant_bits.h's bm_e4m3 in numpy integers, independent of torch: NaN -> 0x7F,
     >= 448 -> 0x7E, below 2^-6 round(|v| * 2^9) to even, else 3 mantissa bits
     rounded to nearest even (a carry moves into the exponent)."""
     u = np.asarray(v, np.float32).view(np.uint32).astype(np.int64)
