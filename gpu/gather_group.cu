@@ -50,7 +50,9 @@ struct beam_cpu_group {
     bm_host host;         /* the lock of everything below; meetings (lib/meet.h) */
     bm_meet make, drop;   /* creation's meetings, destruction's */
     int32_t live;         /* workspaces alive on the group */
+    int32_t making_n;     /* creations in progress (the group cannot go then) */
     char joined[BM_TP_MAX_RANKS];
+    char making[BM_TP_MAX_RANKS]; /* a thread of the rank is creating one */
     bm_tp_post post[BM_TP_MAX_RANKS];
 };
 
@@ -72,11 +74,15 @@ extern "C" beam_status bm_cuda_group_create(int32_t nranks, beam_cpu_group **gro
 extern "C" beam_status bm_cuda_group_destroy(beam_cpu_group *g)
 {
     pthread_mutex_lock(&g->host.mu);
-    const int32_t live = g->live;
+    const int32_t live = g->live, making = g->making_n;
     pthread_mutex_unlock(&g->host.mu);
     if (live)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
                        "beam_cpu_group_destroy: group still has %d live workspaces: destroy them first", (int)live);
+    /* a creation waiting at the meeting would wake on freed memory */
+    if (making)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_cpu_group_destroy: a beam_workspace_create_cpu call on this "
+                       "group is in progress on another thread: destroy the group after it returns");
     bm_host_fini(&g->host);
     free(g);
     return BEAM_OK;
@@ -95,13 +101,24 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     memset(&mine, 0, sizeof mine);
     mine.device = -1;
 
-    /* Refused at once and without meeting: peers that are not creating
-     * would wait for this rank. */
+    /* Refused at once and without meeting: a rank that already holds a
+     * workspace (peers that are not creating would wait for it), or whose
+     * creation is in progress on another thread (a meeting counts
+     * arrivals, not ranks: two threads of one rank would complete it
+     * without a peer). */
     pthread_mutex_lock(&g->host.mu);
-    const int holds = g->joined[rank];
+    const int holds = g->joined[rank], busy = g->making[rank];
     if (holds) /* the peers waiting in a creation give up at once */
         bm_meet_refuse_locked(&g->host, &g->make, rank);
+    if (!holds && !busy) {
+        g->making[rank] = 1;
+        g->making_n++;
+    }
     pthread_mutex_unlock(&g->host.mu);
+    bool making = !holds && !busy; /* this call stands for its rank: cleared when it ends */
+    if (busy)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d: another %s call for this rank is in progress on "
+                       "another thread (one at a time per rank)", fn, (int)rank, fn);
     if (holds)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
                        "%s: rank=%d already holds a workspace on this group (one per rank: destroy it first); "
@@ -208,6 +225,9 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
         g->joined[rank] = 1;
         ++g->live;
     }
+    g->making[rank] = 0;
+    g->making_n--;
+    making = false;
     pthread_mutex_unlock(&g->host.mu);
     if (st != BEAM_OK)
         goto fail;
@@ -218,6 +238,12 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     return BEAM_OK;
 
 fail:
+    if (making) {
+        pthread_mutex_lock(&g->host.mu);
+        g->making[rank] = 0;
+        g->making_n--;
+        pthread_mutex_unlock(&g->host.mu);
+    }
     if (w)
         bm_tp_release(w);
     return st;

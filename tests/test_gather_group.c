@@ -54,9 +54,29 @@ struct rank_arg {
     int rank, R;
 };
 
+struct second_make {
+    const beam_workspace_config *cfg;
+    beam_workspace *ws;
+    beam_status st;
+    char msg[300];
+};
+
+/* Rank 0's second thread: the same rank's creation, at once. */
+static void *second_make_main(void *p)
+{
+    struct second_make *m = (struct second_make *)p;
+    g_rank = 0;
+    CK(cudaSetDevice(0));
+    m->st = make_group(8, 512, m->cfg, &m->ws);
+    snprintf(m->msg, sizeof m->msg, "%s", m->st == BEAM_OK ? "" : beam_last_error());
+    return NULL;
+}
+
 /* A rank that already holds a workspace and creates another is refused at
- * once with that reason, without meeting its peers; the group's meetings
- * stay in step: the workspaces are destroyed together and made again. */
+ * once with that reason, without meeting its peers; so is a second thread
+ * creating for a rank whose creation is in progress (its peers still meet
+ * the first). The group's meetings stay in step: the workspaces are
+ * destroyed together and made again. */
 static void part_repeat(void)
 {
     beam_workspace_config cfg = beam_workspace_config_default();
@@ -78,10 +98,37 @@ static void part_repeat(void)
     }
     host_barrier();
     BK(beam_workspace_destroy(ws));
+    ws = NULL;
+    /* rank 0 on two threads while its peers come 200 ms later: one thread
+     * is refused at once, the other meets the peers */
+    if (g_rank == 0) {
+        struct second_make m;
+        pthread_t th;
+        memset(&m, 0, sizeof m);
+        m.cfg = &cfg;
+        if (pthread_create(&th, NULL, second_make_main, &m) != 0) FAIL("pthread_create");
+        const beam_status st = make_group(8, 512, &cfg, &ws);
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s", st == BEAM_OK ? "" : beam_last_error());
+        pthread_join(th, NULL);
+        if ((st == BEAM_OK) == (m.st == BEAM_OK))
+            FAIL("two creations of rank 0: statuses %d and %d (%s / %s)", (int)st, (int)m.st, msg, m.msg);
+        if (st != BEAM_OK && !strstr(msg, "in progress on another thread"))
+            FAIL("the refused creation said: %s", msg);
+        if (m.st != BEAM_OK && !strstr(m.msg, "in progress on another thread"))
+            FAIL("the refused creation said: %s", m.msg);
+        if (st != BEAM_OK) ws = m.ws;
+    } else {
+        struct timespec nap = {0, 200000000L};
+        nanosleep(&nap, NULL);
+        BK(make_group(8, 512, &cfg, &ws));
+    }
+    host_barrier();
+    BK(beam_workspace_destroy(ws));
     BK(make_group(8, 512, &cfg, &ws));
     BK(beam_workspace_destroy(ws));
     host_barrier();
-    if (g_rank == 0) printf("repeat: a repeated creation refused at once, the group in step\n");
+    if (g_rank == 0) printf("repeat: a repeated or concurrent creation refused at once, the group in step\n");
 }
 
 static void *rank_main(void *p)
