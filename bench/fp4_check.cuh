@@ -3,13 +3,13 @@
  * output's arithmetic (gpu/quant.cuh, docs/numerics.md#nvfp4) against
  * definitions written here from the text:
  *
- *   the E2M1 conversion  bm_e2m1_dev (the count of rounding boundaries)
+ *   the E2M1 conversion  bm_e2m1 (the count of rounding boundaries)
  *                        against the nearest of the eight magnitudes by
  *                        distance, ties to the even code, on every FP32
  *                        value;
  *   the block scale      bm_nvfp4_scale_code_dev (the saturating cvt)
- *                        against bm_e4m3_dev(min(sv, 448)), and
- *                        bm_e4m3_value_dev of its code against the code's
+ *                        against bm_e4m3(min(sv, 448)), and
+ *                        bm_nvfp4_scale_value of its code against the code's
  *                        value, on every BF16 maximum for global scales
  *                        from 2^-149 to just under 2^118.
  * The factor's reciprocal is bm_rcp_rn, which fp8_check.cuh compares with
@@ -51,7 +51,7 @@ __global__ void fp4c_e2m1_kernel(unsigned long long *bad, unsigned long long *fi
     for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
          i += (uint64_t)gridDim.x * blockDim.x) {
         const float p = __uint_as_float((uint32_t)i);
-        if (bm_e2m1_dev(p) != fp4c_e2m1_def(p))
+        if (bm_e2m1(p) != fp4c_e2m1_def(p))
             exh_bad(bad, first, i);
     }
 }
@@ -75,8 +75,8 @@ __global__ void fp4c_scale_kernel(unsigned long long *bad, unsigned long long *f
         const float m = __uint_as_float((i % FP4C_MAXIMA) << 16), g = gs[i / FP4C_MAXIMA];
         const float sv = __fmul_rn(g, __fmul_rn(m, 0x1.555556p-3f));
         const uint32_t c = bm_nvfp4_scale_code_dev(m, g);
-        if (c != bm_e4m3_dev(fminf(sv, 448.0f)) ||
-            __float_as_uint(bm_e4m3_value_dev(c)) != __float_as_uint(fp4c_e4m3_value(c)))
+        if (c != bm_e4m3(fminf(sv, 448.0f)) ||
+            __float_as_uint(bm_nvfp4_scale_value(c)) != __float_as_uint(fp4c_e4m3_value(c)))
             exh_bad(bad, first, i);
     }
 }

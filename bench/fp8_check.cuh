@@ -5,16 +5,16 @@
  * (docs/numerics.md#fp8).
  *
  *   the E4M3 conversion  bm_e4m3x2 (the hardware's saturating cvt on sm_89
- *                        and later) against bm_e4m3_dev after the clamp, on
+ *                        and later) against bm_e4m3 after the clamp, on
  *                        every FP32 value, a NaN giving a NaN code (which
  *                        sends the kernels' chunk to the division);
  *   the reciprocal       bm_rcp_rn against __frcp_rn on every FP32 value of
  *                        2^-126 .. 2^126 (its range);
- *   the scales           bm_fp8_group_scale_dev and bm_fp8_token_scale_dev
+ *   the scales           bm_fp8_group_scale and bm_fp8_token_scale_dev
  *                        (bm_div448) against the division, on every BF16
  *                        maximum (normalized is BF16), UE8M0 or not;
  *   the quotient         bm_fp8_quant8 (and its UE8M0 form where the scale
- *                        is a power of two) against bm_fp8_quant_dev on every
+ *                        is a power of two) against bm_fp8_quant on every
  *                        BF16 value x, for every scale the dynamic kinds
  *                        can produce (the group scale of every finite or
  *                        infinite BF16 maximum, every power of two (UE8M0),
@@ -34,14 +34,14 @@
 __device__ float fp8c_group_scale_def(float absmax, int ue8m0)
 {
     float s = __fdiv_rn(fmaxf(absmax, BM_FP8_GROUP_EPS), BM_FP8_MAX);
-    if (ue8m0) s = bm_pow2_ceil_dev(fmaxf(fabsf(s), 1e-10f));
+    if (ue8m0) s = bm_pow2_ceil(fmaxf(fabsf(s), 1e-10f));
     return s;
 }
 
 __device__ float fp8c_token_scale_def(float absmax, int ue8m0)
 {
     const float s = fmaxf(__fdiv_rn(absmax, BM_FP8_MAX), 1.0f / (BM_FP8_MAX * 512.0f));
-    return ue8m0 ? bm_pow2_ceil_dev(s) : s;
+    return ue8m0 ? bm_pow2_ceil(s) : s;
 }
 
 #define FP8C_MAXIMA 0x7F81u /* BF16 bits 0 .. 0x7F80: +0 .. +inf */
@@ -67,7 +67,7 @@ __constant__ uint32_t fp8c_edges[FP8C_EDGES] = {
 __device__ float fp8c_scale(uint32_t k)
 {
     if (k < FP8C_MAXIMA)
-        return bm_fp8_group_scale_dev(__uint_as_float(k << 16), 0);
+        return bm_fp8_group_scale(__uint_as_float(k << 16), BM_FP8_GROUP_EPS, 0);
     k -= FP8C_MAXIMA;
     if (k < FP8C_POW2)
         return __uint_as_float((k + 1u) << 23);
@@ -105,7 +105,7 @@ __global__ void fp8c_quot_kernel(unsigned long long *bad, unsigned long long *fi
         for (int f = 0; f < forms; ++f) {
             const uint2 got = bm_fp8_quant8(x, s, bm_rcp_rn(s), f == 1);
             for (int e = 0; e < 8; ++e) {
-                const uint32_t want = bm_fp8_quant_dev(x[e], s);
+                const uint32_t want = bm_fp8_quant(x[e], s);
                 const uint32_t g = ((e < 4 ? got.x : got.y) >> (8 * (e & 3))) & 0xFFu;
                 if (g != want)
                     exh_bad(bad, first, ((unsigned long long)k << 16) | (c * 8u + (uint32_t)e));
@@ -121,7 +121,7 @@ __device__ bool fp8c_cvt_ok(float v, uint32_t code)
 {
     if (v != v)
         return (code & 0x7Fu) == 0x7Fu;
-    return code == bm_e4m3_dev(bm_fp8_clamp(v));
+    return code == bm_e4m3(bm_fp8_clamp(v));
 }
 
 /* every FP32 value u, and its complement (the pair's other half) */
@@ -155,7 +155,7 @@ __global__ void fp8c_scale_kernel(unsigned long long *bad, unsigned long long *f
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < FP8C_MAXIMA; i += gridDim.x * blockDim.x) {
         const float m = __uint_as_float(i << 16);
         for (int u = 0; u < 2; ++u)
-            if (__float_as_uint(bm_fp8_group_scale_dev(m, u)) != __float_as_uint(fp8c_group_scale_def(m, u)) ||
+            if (__float_as_uint(bm_fp8_group_scale(m, BM_FP8_GROUP_EPS, u)) != __float_as_uint(fp8c_group_scale_def(m, u)) ||
                 __float_as_uint(bm_fp8_token_scale_dev(m, u)) != __float_as_uint(fp8c_token_scale_def(m, u)))
                 exh_bad(bad, first, i);
     }

@@ -185,7 +185,7 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
     const int quant = c.quant && c.op != OP_FIN && c.normB;
     const size_t nsc = quant ? qm_scale_floats(&qf, T, H) : 0;
     dev_buf bqv, bqs;
-    bm_quant_params qp;
+    bm_quant qp;
     memset(&qp, 0, sizeof qp);
     if (quant) {
         qp.kind = qf.kind;
@@ -202,7 +202,7 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
             qp.scales = NULL;
         }
     }
-    const bm_quant_params *qpp = quant ? &qp : nullptr;
+    const bm_quant *qpp = quant ? &qp : nullptr;
     /* with the quantized output, normalized is optional: half the cases
      * write only the quantized form */
     const int keep_norm = !quant || rnd() % 2;
@@ -590,7 +590,7 @@ int perf(int argc, char **argv)
                  * then the row-major scales; NVFP4's block scales 256
                  * bytes aligned) */
                 auto mkq = [&](int s) {
-                    bm_quant_params q;
+                    bm_quant q;
                     memset(&q, 0, sizeof q);
                     q.kind = quant;
                     q.group = quant == 1 ? 128 : quant == 4 ? 16 : H;
@@ -605,7 +605,7 @@ int perf(int argc, char **argv)
                 auto go = [&](int s) {
                     bm_row_params p = mk(s);
                     if (!quant) return bm_launch_rows(p, sh, 1, st);
-                    const bm_quant_params q = mkq(s);
+                    const bm_quant q = mkq(s);
                     p.normalized = NULL;
                     return bm_launch_rows(p, sh, 1, st, &q);
                 };

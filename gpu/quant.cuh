@@ -34,13 +34,6 @@
 #include "numerics.cuh"
 #include "quant_bits.h"
 
-/* the definitions' names in bench/fp8_check.cuh and bench/fp4_check.cuh */
-#define bm_e4m3_dev bm_e4m3
-#define bm_fp8_quant_dev bm_fp8_quant
-#define bm_pow2_ceil_dev bm_pow2_ceil
-#define bm_e2m1_dev bm_e2m1
-#define bm_e4m3_value_dev bm_nvfp4_scale_value
-
 /* x / s correctly rounded, from r = RN(1 / s) (BM_FP8_FAST_MIN_S <= s <
  * BM_FP8_FAST_MAX_S): the quotient q = RN(x * r) is within one ulp of
  * x / s; its residual e = x - q * s is then exact in one FMA, and
@@ -124,7 +117,6 @@ __device__ __forceinline__ uint2 bm_fp8_quant8(const float (&x)[8], float s, flo
 /* the scales (lib/quant_bits.h: the division is bm_div448 on the device;
  * shape_sweep check compares them with __fdiv_rn's forms on every BF16
  * maximum) */
-#define bm_fp8_group_scale_dev(m, ue8m0) bm_fp8_group_scale(m, BM_FP8_GROUP_EPS, ue8m0)
 __device__ __forceinline__ float bm_fp8_token_scale_dev(float absmax, int ue8m0)
 {
     const float s = bm_fp8_token_scale(absmax);

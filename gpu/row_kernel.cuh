@@ -78,7 +78,6 @@ struct bm_row_params {
  * bm_row_params_q: a larger parameter block changed how the compiler laid
  * out the plain kernels (the nrn kernel at T = 4096, H = 7168: 59 -> 68 us
  * on an H200). */
-typedef bm_quant bm_quant_params; /* its name in bench/shape_sweep.cu */
 struct bm_row_params_q : bm_row_params {
     bm_quant q;
 };
@@ -185,7 +184,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant &q, int H, int64_t r
         const int c = g0 + j * STRIDE;
         if (q.kind == BEAM_QUANT_FP8_GROUP) {
             const float m = bm_absmax8(v[j]);
-            s = bm_fp8_group_scale_dev(lg == 4 ? bm_groups_max<16>(m) : bm_groups_max<8>(m), q.ue8m0);
+            s = bm_fp8_group_scale(lg == 4 ? bm_groups_max<16>(m) : bm_groups_max<8>(m), BM_FP8_GROUP_EPS, q.ue8m0);
             r = bm_rcp_rn(s);
             if (st && c < C && (c & ((1 << lg) - 1)) == 0)
                 q.scales[row * q.ld_t + (int64_t)(c >> lg) * q.ld_g] = s;
