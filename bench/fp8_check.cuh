@@ -10,7 +10,7 @@
  *                        sends the kernels' chunk to the division);
  *   the reciprocal       bm_rcp_rn against __frcp_rn on every FP32 value of
  *                        2^-126 .. 2^126 (its range);
- *   the scales           bm_fp8_group_scale and bm_fp8_token_scale_dev
+ *   the scales           bm_fp8_group_scale and bm_fp8_token_scale
  *                        (bm_div448) against the division, on every BF16
  *                        maximum (normalized is BF16), UE8M0 or not;
  *   the quotient         bm_fp8_quant8 (and its UE8M0 form where the scale
@@ -73,7 +73,7 @@ __device__ float fp8c_scale(uint32_t k)
         return __uint_as_float((k + 1u) << 23);
     k -= FP8C_POW2;
     if (k == 0)
-        return bm_fp8_token_scale_dev(0.0f, 0);
+        return bm_fp8_token_scale(0.0f, 0);
     k -= 1u;
     if (k < FP8C_EDGES)
         return __uint_as_float(fp8c_edges[k]);
@@ -156,7 +156,7 @@ __global__ void fp8c_scale_kernel(unsigned long long *bad, unsigned long long *f
         const float m = __uint_as_float(i << 16);
         for (int u = 0; u < 2; ++u)
             if (__float_as_uint(bm_fp8_group_scale(m, BM_FP8_GROUP_EPS, u)) != __float_as_uint(fp8c_group_scale_def(m, u)) ||
-                __float_as_uint(bm_fp8_token_scale_dev(m, u)) != __float_as_uint(fp8c_token_scale_def(m, u)))
+                __float_as_uint(bm_fp8_token_scale(m, u)) != __float_as_uint(fp8c_token_scale_def(m, u)))
                 exh_bad(bad, first, i);
     }
 }

@@ -69,10 +69,8 @@
 BM_QUANT_INLINE float bm_quant_scale(const bm_quant *q, const uint16_t *y, int n)
 {
     const float absmax = bm_fp8_absmax_bf16(y, n);
-    float s;
     if (q->kind == BEAM_QUANT_FP8_GROUP) return bm_fp8_group_scale(absmax, BM_FP8_GROUP_EPS, q->ue8m0);
-    s = bm_fp8_token_scale(absmax);
-    return q->ue8m0 ? bm_pow2_ceil(s) : s;
+    return bm_fp8_token_scale(absmax, q->ue8m0);
 }
 
 /* out[i] = e4m3(clamp(y[i] / s)) for i in [0, n). */

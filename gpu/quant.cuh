@@ -114,15 +114,6 @@ __device__ __forceinline__ uint2 bm_fp8_quant8(const float (&x)[8], float s, flo
     return c;
 }
 
-/* the scales (lib/quant_bits.h: the division is bm_div448 on the device;
- * shape_sweep check compares them with __fdiv_rn's forms on every BF16
- * maximum) */
-__device__ __forceinline__ float bm_fp8_token_scale_dev(float absmax, int ue8m0)
-{
-    const float s = bm_fp8_token_scale(absmax);
-    return ue8m0 ? bm_pow2_ceil(s) : s;
-}
-
 /* the largest |v| of a chunk (fmaxf skips a NaN) */
 __device__ __forceinline__ float bm_absmax8(const float (&v)[8])
 {

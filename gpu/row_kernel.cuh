@@ -169,7 +169,7 @@ __device__ __forceinline__ void bm_quant_row(const bm_quant &q, int H, int64_t r
         for (int j = 0; j < J; ++j)
             if (g0 + j * STRIDE < C)
                 m = fmaxf(m, bm_absmax8(v[j]));
-        s = bm_fp8_token_scale_dev(tc.max(m, last), q.ue8m0);
+        s = bm_fp8_token_scale(tc.max(m, last), q.ue8m0);
         if (st && g0 == 0)
             q.scales[row * q.ld_t] = s;
     }

@@ -171,9 +171,10 @@ BM_HD float bm_fp8_group_scale(float absmax, float eps, int ue8m0)
     return s;
 }
 
-BM_HD float bm_fp8_token_scale(float absmax)
+BM_HD float bm_fp8_token_scale(float absmax, int ue8m0)
 {
-    return fmaxf(bm_div448(absmax), 1.0f / (BM_FP8_MAX * 512.0f));
+    const float s = fmaxf(bm_div448(absmax), 1.0f / (BM_FP8_MAX * 512.0f));
+    return ue8m0 ? bm_pow2_ceil(s) : s;
 }
 
 /* e2m1(p): the magnitude code is how many of the seven rounding boundaries
