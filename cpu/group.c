@@ -223,26 +223,11 @@ beam_status bm_cpu_ws_create(beam_cpu_group *g, int32_t rank, bm_ws *ws, beam_st
     all = g->slots + 2 * (size_t)g->nranks;
     mine = all + rank;
     pthread_mutex_lock(&g->host.mu);
-    if (g->making[rank]) {
+    st = bm_meet_claim_locked(&g->host, &g->make_rdv, g->joined, g->making, &g->making_n, rank, fn);
+    if (st != BEAM_OK) {
         pthread_mutex_unlock(&g->host.mu);
-        /* The other thread already stands for this rank in the rendezvous:
-         * joining as well would count the rank twice. Its peers still meet
-         * that thread, so nobody waits for this one. */
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d: another %s call for this rank is in "
-                       "progress on another thread (one at a time per rank)", fn, (int)rank, fn);
+        return st;
     }
-    if (g->joined[rank]) {
-        /* Refused at once and without joining: joining would make peers
-         * that are not creating wait for this rank. Peers waiting in a
-         * creation now give up at once with the reason. */
-        bm_meet_refuse_locked(&g->host, &g->make_rdv, rank);
-        pthread_mutex_unlock(&g->host.mu);
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d already holds a workspace on this group (one "
-                       "per rank: destroy it first); nothing was created and that workspace is unchanged", fn,
-                       (int)rank);
-    }
-    g->making[rank] = 1;
-    g->making_n++;
     memset(mine, 0, sizeof *mine);
     mine->status = local;
     mine->w[0] = (uint64_t)ws->max_tokens;

@@ -101,28 +101,13 @@ extern "C" beam_status bm_cuda_ws_create_group(beam_cpu_group *g, int32_t rank, 
     memset(&mine, 0, sizeof mine);
     mine.device = -1;
 
-    /* Refused at once and without meeting: a rank that already holds a
-     * workspace (peers that are not creating would wait for it), or whose
-     * creation is in progress on another thread (a meeting counts
-     * arrivals, not ranks: two threads of one rank would complete it
-     * without a peer). */
     pthread_mutex_lock(&g->host.mu);
-    const int holds = g->joined[rank], busy = g->making[rank];
-    if (holds) /* the peers waiting in a creation give up at once */
-        bm_meet_refuse_locked(&g->host, &g->make, rank);
-    if (!holds && !busy) {
-        g->making[rank] = 1;
-        g->making_n++;
-    }
+    const beam_status claimed =
+        bm_meet_claim_locked(&g->host, &g->make, g->joined, g->making, &g->making_n, rank, fn);
     pthread_mutex_unlock(&g->host.mu);
-    bool making = !holds && !busy; /* this call stands for its rank: cleared when it ends */
-    if (busy)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d: another %s call for this rank is in progress on "
-                       "another thread (one at a time per rank)", fn, (int)rank, fn);
-    if (holds)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
-                       "%s: rank=%d already holds a workspace on this group (one per rank: destroy it first); "
-                       "nothing was created and that workspace is unchanged", fn, (int)rank);
+    if (claimed != BEAM_OK)
+        return claimed;
+    bool making = true; /* this call stands for its rank: cleared when it ends */
     if (local == BEAM_OK && cudaGetDevice(&mine.device) != cudaSuccess) {
         cudaGetLastError();
         local = bm_fail(BEAM_ERR_DEVICE, "%s: no current CUDA device", fn);

@@ -32,18 +32,18 @@
 #include <time.h>
 
 #include "gather_impl.h"
+#include "meet.h"
 
 struct bm_tp_watch {
     pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    bm_host h; /* the lock and the condition the thread sleeps on (lib/meet.h) */
     int stop;
 };
 
 int bm_tp_own_enter(bm_tp_ws *w)
 {
     if (w->watch)
-        pthread_mutex_lock(&w->watch->mu);
+        pthread_mutex_lock(&w->watch->h.mu);
     if (w->own)
         return 1;
     bm_tp_own_leave(w);
@@ -53,7 +53,7 @@ int bm_tp_own_enter(bm_tp_ws *w)
 void bm_tp_own_leave(bm_tp_ws *w)
 {
     if (w->watch)
-        pthread_mutex_unlock(&w->watch->mu);
+        pthread_mutex_unlock(&w->watch->h.mu);
 }
 
 unsigned long long bm_tp_now_ns(void)
@@ -150,14 +150,11 @@ static void *bm_tp_watch_main(void *p)
     const unsigned step_ms = w->timeout_ms / 10 < 1 ? 1 : (w->timeout_ms / 10 > 100 ? 100 : w->timeout_ms / 10);
     unsigned long long ended = 0, since = 0;
     int waiting = 0;
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_lock(&d->h.mu);
     while (!d->stop && w->own) {
         struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_nsec += (long)step_ms * 1000000L;
-        until.tv_sec += until.tv_nsec / 1000000000L;
-        until.tv_nsec %= 1000000000L;
-        if (pthread_cond_timedwait(&d->cv, &d->mu, &until) != ETIMEDOUT)
+        bm_deadline(&until, (int32_t)step_ms);
+        if (pthread_cond_timedwait(&d->h.cv, &d->h.mu, &until) != ETIMEDOUT)
             continue;
         const unsigned long long b = w->err_h->ag_begun, e = w->err_h->ag_ended, now = bm_tp_now_ns();
         if (b == e) {
@@ -170,26 +167,20 @@ static void *bm_tp_watch_main(void *p)
             bm_tp_own_abort(w, BM_TP_NCCL_TIMEOUT);
         }
     }
-    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_unlock(&d->h.mu);
     return nullptr;
 }
 
 int bm_tp_watch_start(bm_tp_ws *w)
 {
     bm_tp_watch *d = (bm_tp_watch *)calloc(1, sizeof *d);
-    pthread_condattr_t attr;
     if (!d)
         return -1;
-    pthread_mutex_init(&d->mu, nullptr);
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&d->cv, &attr);
-    pthread_condattr_destroy(&attr);
+    bm_host_init(&d->h, 1);
     w->watch = d;
     if (pthread_create(&d->thread, nullptr, bm_tp_watch_main, w) != 0) {
         w->watch = nullptr;
-        pthread_cond_destroy(&d->cv);
-        pthread_mutex_destroy(&d->mu);
+        bm_host_fini(&d->h);
         free(d);
         return -1;
     }
@@ -201,14 +192,13 @@ void bm_tp_watch_stop(bm_tp_ws *w)
     bm_tp_watch *d = w->watch;
     if (!d)
         return;
-    pthread_mutex_lock(&d->mu);
+    pthread_mutex_lock(&d->h.mu);
     d->stop = 1;
-    pthread_cond_signal(&d->cv);
-    pthread_mutex_unlock(&d->mu);
+    pthread_cond_signal(&d->h.cv);
+    pthread_mutex_unlock(&d->h.mu);
     pthread_join(d->thread, nullptr);
     w->watch = nullptr;
-    pthread_cond_destroy(&d->cv);
-    pthread_mutex_destroy(&d->mu);
+    bm_host_fini(&d->h);
     free(d);
 }
 

@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "launch.h"
+#include "tp_shape.h"
 
 /* Every row-kernel shape (NT, J, U, CS) instantiated, each in a vector and a
  * scalar version: the shapes bm_pick_shape returns (decode: one chunk per
@@ -120,10 +121,7 @@ static_assert(last.conds == conds(ANY, ANY, ANY, ANY, ANY, ANY) && last.from == 
 /* Decode: the largest cluster up to cs whose rows x cs blocks fit w a multiprocessor, 64 threads a block. */
 static int bm_decode_cs(int cs, int64_t rows, int n2, int w)
 {
-    const int64_t room = (int64_t)w * bm_device_sms();
-    while (cs > 1 && (rows * cs > room || n2 / cs < 64))
-        cs /= 2;
-    return cs;
+    return bm_cluster_size(cs, rows, n2, (int64_t)w * bm_device_sms());
 }
 
 bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)

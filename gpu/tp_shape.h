@@ -1,7 +1,7 @@
 /*
- * tp_shape.h - the cluster size of the gather's decode launches (internal):
- * plain C, so that gpu/gather_fused.cu picks by it and tests/test_tp_shape.c
- * checks it on any host.
+ * tp_shape.h - the cluster size of decode launches (internal): plain C, so
+ * that gpu/gather_fused.cu (the gather) and gpu/launch.cu (the single-device
+ * rows) pick by it and tests/test_tp_shape.c checks it on any host.
  *
  * At decode sizes (few rows per rank) a row is spread over a cluster of up
  * to 8 blocks, so that its loads come from several multiprocessors, while
@@ -19,15 +19,24 @@
 
 #include <stdint.h>
 
-/* Blocks per row (1, 2, 4 or 8) for rows of a rank, n2 threads' worth of
- * chunks per row (a power of two, hidden / 8 rounded up), token_scale 1
- * when the quantized output has a scale per token. */
-static inline int bm_tp_cluster_size(int64_t rows, int n2, int token_scale, int sms)
+/* Blocks per row: the largest power of two up to `most` whose grid (rows
+ * times it) fits `room` blocks and leaves each block at least 64 threads,
+ * for n2 threads' worth of chunks per row (a power of two, hidden / 8
+ * rounded up); 1 at the least. */
+static inline int bm_cluster_size(int most, int64_t rows, int n2, int64_t room)
 {
-    int cs = 8;
-    while (cs > 1 && (rows * cs > sms || n2 / cs < 64 || token_scale))
+    int cs = most;
+    while (cs > 1 && (rows * cs > room || n2 / cs < 64))
         cs /= 2;
     return cs;
+}
+
+/* The gather's: up to 8 blocks per row of a rank within one wave of sms
+ * multiprocessors; one when token_scale (the quantized output has a scale
+ * per token). */
+static inline int bm_tp_cluster_size(int64_t rows, int n2, int token_scale, int sms)
+{
+    return token_scale ? 1 : bm_cluster_size(8, rows, n2, sms);
 }
 
 #endif

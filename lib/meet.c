@@ -3,7 +3,6 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
-#include <time.h>
 
 #include "error.h"
 #include "meet.h"
@@ -24,6 +23,17 @@ void bm_host_fini(bm_host *h)
 {
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
+}
+
+void bm_deadline(struct timespec *ts, int32_t ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec += 1;
+        ts->tv_nsec -= 1000000000L;
+    }
 }
 
 int32_t bm_meet_timeout(beam_status local, int32_t timeout_ms)
@@ -48,13 +58,7 @@ beam_status bm_meet_wait_locked(bm_host *h, bm_meet *m, int32_t rank, int32_t ti
         pthread_cond_broadcast(&h->cv);
         return BEAM_OK;
     }
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec += 1;
-        ts.tv_nsec -= 1000000000L;
-    }
+    bm_deadline(&ts, timeout_ms);
     while (m->gen == gen && !h->broken && !(refused = how == BM_MEET_WITHDRAW ? m->refused : 0) && !timed_out)
         timed_out = pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT && m->gen == gen;
     if (m->gen != gen)
@@ -92,4 +96,21 @@ void bm_meet_refuse_locked(bm_host *h, bm_meet *m, int32_t rank)
         m->refused = rank + 1;
         pthread_cond_broadcast(&h->cv);
     }
+}
+
+beam_status bm_meet_claim_locked(bm_host *h, bm_meet *make, const char *joined, char *making, int32_t *making_n,
+                                 int32_t rank, const char *fn)
+{
+    if (making[rank])
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d: another %s call for this rank is in progress on "
+                       "another thread (one at a time per rank)", fn, (int)rank, fn);
+    if (joined[rank]) {
+        bm_meet_refuse_locked(h, make, rank);
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank=%d already holds a workspace on this group (one per "
+                       "rank: destroy it first); nothing was created and that workspace is unchanged", fn,
+                       (int)rank);
+    }
+    making[rank] = 1;
+    ++*making_n;
+    return BEAM_OK;
 }

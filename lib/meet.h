@@ -20,6 +20,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "beammoe.h"
 
@@ -47,8 +48,13 @@ typedef struct bm_meet {
 
 enum { BM_MEET_BREAK = 0, BM_MEET_WITHDRAW = 1 };
 
+/* h's lock, and its condition on the monotonic clock (bm_deadline's) */
 void bm_host_init(bm_host *h, int32_t nranks);
 void bm_host_fini(bm_host *h);
+
+/* *ts := now + ms on the monotonic clock, for pthread_cond_timedwait on a
+ * bm_host's condition */
+void bm_deadline(struct timespec *ts, int32_t ms);
 
 /* The one timeout rule: the workspace's timeout_ms, or 30 s for a rank
  * whose own arguments failed (its timeout_ms is not to be trusted). */
@@ -65,6 +71,16 @@ beam_status bm_meet_wait_locked(bm_host *h, bm_meet *m, int32_t rank, int32_t ti
 /* h->mu held: rank refuses the meeting under way at m, if any: its waiters
  * give up at once. */
 void bm_meet_refuse_locked(bm_host *h, bm_meet *m, int32_t rank);
+
+/* h->mu held: rank's workspace creation (fn) starts, meeting at make.
+ * Refused at once, without meeting, when a thread of the rank is already
+ * creating one (a meeting counts arrivals, not ranks: two threads of one
+ * rank would complete it without a peer), or when the rank already holds
+ * one (joined[rank]: peers that are not creating would wait for it; those
+ * waiting in a creation give up at once). Else making[rank] is set and
+ * *making_n counted; the caller clears them when the creation ends. */
+beam_status bm_meet_claim_locked(bm_host *h, bm_meet *make, const char *joined, char *making, int32_t *making_n,
+                                 int32_t rank, const char *fn);
 
 #ifdef __cplusplus
 }
