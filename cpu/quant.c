@@ -11,9 +11,9 @@
  * them (plain C, every architecture): the group's largest magnitude as an
  * integer maximum of BF16 bits, then e4m3(clamp(x / s)) per value with
  * cpu/fp8.h's select forms, which equal the definitions bit for bit (a true
- * FP32 division per value, never a reciprocal): about 0.5 ns a value with
- * AVX-512, where the scalar conversion took 4.5-11 (its branches mispredict
- * on real data). On x86-64 GCC the row loop is compiled for AVX-512, AVX2
+ * FP32 division per value, never a reciprocal), several times faster than
+ * the scalar conversion, whose branches mispredict on real data
+ * [2026-12-04-constants: cpu-quant]. On x86-64 GCC the row loop is compiled for AVX-512, AVX2
  * and the baseline as in cpu/rows.c; each performs the same operations per
  * value, so the bits do not depend on the machine.
  */
@@ -34,8 +34,8 @@
 
 /* The row loop's clones, x86-64 GCC (as cpu/rows.c): AVX-512 as x86-64-v4,
  * whose byte and word operations give the loops 512-bit vectors over their
- * 16-bit inputs and 8-bit codes (with avx512f alone GCC picks 256-bit ones:
- * 0.42 against 0.31 ns a value); GCC before 11 has no x86-64-v4. */
+ * 16-bit inputs and 8-bit codes (with avx512f alone GCC picks 256-bit
+ * ones); GCC before 11 has no x86-64-v4. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && \
     !defined(BEAM_NO_CLONES)
 #if __GNUC__ >= 11
@@ -53,14 +53,10 @@
  * bm_cpu_chunk): each thread of a team must have BM_QUANT_BYTES_PER_THREAD
  * bytes to read and write, else fewer threads, down to the calling thread
  * alone (no team); rows handed out dynamically. Half run.c's bytes:
- * quantizing moves a byte about half as fast as norm_residual_norm does
- * (a 7168-wide row, 21.7 KB: 3.4 us; there 57 KB take some 4 us), so a
- * thread gets about the same time of work, some 10 us, well past what a
- * fork and join costs even when the team sleeps (5-10 us, run.c). Measured
- * on a 2-core VM, quantization alone, GROUP 128, H = 7168, back to back
- * (the team awake): T = 2 6.7 us alone, 4.1 us on 2 threads; T = 8 26.9
- * and 14.4 us. So H = 7168 shares from T = 7, H = 2048 from T = 22, and
- * T = 1 never. */
+ * quantizing moves a byte about half as fast as norm_residual_norm does,
+ * so a thread gets about the same time of work
+ * [2026-12-04-constants: cpu-quant].
+ */
 #ifndef BM_QUANT_BYTES_PER_THREAD
 #define BM_QUANT_BYTES_PER_THREAD ((int64_t)64 * 1024)
 #endif
@@ -114,18 +110,13 @@ BM_QUANT_INLINE void bm_nvfp4_rows(const bm_quant *q, const uint16_t *y0, int64_
         }
 }
 
-/* Rows t0..t1 into values and scales; row t's normalized values are at
- * y0 + (t - t0) * hidden. */
-static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1,
-                                          int32_t hidden)
+/* The FP8 kinds' rows t0..t1: FP32 scales (none for TENSOR) and E4M3 codes. */
+static BM_QUANT_CLONES void bm_rows_FP8(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1,
+                                        int32_t hidden)
 {
     const int n = q->group;
     int64_t t;
     int g;
-    if (q->kind == BEAM_QUANT_NVFP4) {
-        bm_nvfp4_rows(q, y0, t0, t1, hidden);
-        return;
-    }
     for (t = t0; t < t1; t++) {
         const uint16_t *y = y0 + (size_t)(t - t0) * (size_t)hidden;
         uint8_t *out = q->values + (size_t)t * (size_t)hidden;
@@ -141,9 +132,28 @@ static BM_QUANT_CLONES void bm_quant_rows(const bm_quant *q, const uint16_t *y0,
     }
 }
 
+static BM_QUANT_CLONES void bm_rows_NVFP4(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1,
+                                          int32_t hidden)
+{
+    bm_nvfp4_rows(q, y0, t0, t1, hidden);
+}
+
+/* Rows t0..t1 into values and scales, by the kind's line of
+ * lib/quant_forms.def; row t's normalized values are at y0 + (t - t0) *
+ * hidden. */
+static void bm_quant_rows(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1, int32_t hidden)
+{
+    switch (q->kind) {
+#define BM_FORM(kind, qf, bits, group, scale, blocks) \
+    case kind: bm_rows_##qf(q, y0, t0, t1, hidden); return;
+#include "quant_forms.def"
+#undef BM_FORM
+    }
+}
+
 /* Threads for T rows of H values: bytes read (2 H) and written (H values,
- * 4 per scale; NVFP4 writes less, H / 2 and one per 16, and counts as
- * FP8 group 16). */
+ * 4 per scale; the block forms write less, and count as FP8 of their
+ * group). */
 static int bm_quant_team(int64_t T, int32_t H, int group)
 {
     return bm_cpu_team_of(T, 3 * (int64_t)H + 4 * (int64_t)(H / group), BM_QUANT_BYTES_PER_THREAD);

@@ -106,67 +106,58 @@ static beam_status bm_cuda_run(const char *fn, const bm_row_params &p, void *str
     return BEAM_OK;
 }
 
-static bm_row_params bm_params_base(const bm_args *a)
+/* a norm as the kernels take it: on, its weight (NULL when off), eps */
+static void bm_norm_of(const bm_norm &n, int &on, const uint16_t *&w, float &eps)
+{
+    on = n.on;
+    w = n.on ? n.weight : NULL;
+    eps = n.eps;
+}
+
+bm_row_params bm_params_of(const bm_args *a, unsigned parts)
 {
     bm_row_params p = {};
     p.rows = a->tokens;
     p.hidden = a->hidden;
+    if (parts & BM_PART_FIN) {
+        p.experts = a->experts;
+        p.weights = a->weights;
+        p.top_k = a->top_k;
+        p.routed_scale = a->routed_scale;
+        bm_norm_of(a->post, p.normA, p.wA, p.epsA);
+        p.out = a->output;
+    }
+    if (parts & BM_PART_X) {
+        p.x = a->x;
+        bm_norm_of(a->pre, p.normA, p.wA, p.epsA);
+    }
+    if (parts & BM_PART_RES) {
+        p.residual = a->residual;
+        p.has_scales = a->has_scales;
+        p.scale_x = a->scale_x;
+        p.scale_r = a->scale_r;
+        bm_norm_of(a->next, p.normB, p.wB, p.epsB);
+        p.out = a->hidden_out;
+        p.normalized = a->next.on ? a->normalized : NULL;
+    }
     return p;
-}
-
-/* stage A = finalize (experts, weights, routed scale, post-norm) */
-void bm_set_finalize(bm_row_params &p, const bm_args *a)
-{
-    p.experts = a->experts;
-    p.weights = a->weights;
-    p.top_k = a->top_k;
-    p.routed_scale = a->routed_scale;
-    p.normA = a->post.on;
-    p.wA = a->post.weight;
-    p.epsA = a->post.eps;
-}
-
-/* stage B = scales, residual add, next norm */
-void bm_set_residual(bm_row_params &p, const bm_args *a)
-{
-    p.residual = a->residual;
-    p.has_scales = a->has_scales;
-    p.scale_x = a->scale_x;
-    p.scale_r = a->scale_r;
-    p.normB = a->next.on;
-    p.wB = a->next.weight;
-    p.epsB = a->next.eps;
-    p.out = a->hidden_out;
-    p.normalized = a->next.on ? a->normalized : NULL;
 }
 
 static beam_status bm_cuda_finalize(const bm_args *a)
 {
-    bm_row_params p = bm_params_base(a);
-    bm_set_finalize(p, a);
-    p.out = a->output;
-    return bm_cuda_run(a->fn, p, a->stream);
+    return bm_cuda_run(a->fn, bm_params_of(a, BM_PART_FIN), a->stream);
 }
 
 static beam_status bm_cuda_norm_residual_norm(const bm_args *a)
 {
-    bm_row_params p = bm_params_base(a);
-    p.x = a->x;
-    p.normA = a->pre.on;
-    p.wA = a->pre.weight;
-    p.epsA = a->pre.eps;
-    bm_set_residual(p, a);
-    return bm_cuda_run(a->fn, p, a->stream, &a->q);
+    return bm_cuda_run(a->fn, bm_params_of(a, BM_PART_X | BM_PART_RES), a->stream, &a->q);
 }
 
 /* One kernel: each input byte read once, each output byte written once; the
  * finalized row stays in registers. */
 static beam_status bm_cuda_fused(const bm_args *a)
 {
-    bm_row_params p = bm_params_base(a);
-    bm_set_finalize(p, a);
-    bm_set_residual(p, a);
-    return bm_cuda_run(a->fn, p, a->stream, &a->q);
+    return bm_cuda_run(a->fn, bm_params_of(a, BM_PART_FIN | BM_PART_RES), a->stream, &a->q);
 }
 
 /* The composition: the finalize kernel writes the finalized rows into a
@@ -189,13 +180,11 @@ static beam_status bm_cuda_unfused(const bm_args *a)
                                                       : NULL;
     if (!scratch)
         return bm_cuda_fused(a);
-    bm_row_params f = bm_params_base(a);
-    bm_set_finalize(f, a);
+    bm_row_params f = bm_params_of(a, BM_PART_FIN);
     f.out = scratch;
     BM_CHECK(bm_cuda_run(fn, f, a->stream));
-    bm_row_params r = bm_params_base(a);
+    bm_row_params r = bm_params_of(a, BM_PART_RES);
     r.x = scratch;
-    bm_set_residual(r, a);
     return bm_cuda_run(fn, r, a->stream, &a->q);
 }
 

@@ -46,11 +46,13 @@
  */
 #include <stdint.h>
 
+#include "agree.h"
 #include "gather_proto.cuh"
 #include "launch.h"
-#include "row_kernel.cuh"
+#include "params.cuh"
+#include "quant_row.cuh"
+#include "row_ops.cuh"
 #include "tp_shape.h"
-#include "agree.h"
 
 #define BM_TP_U 4 /* expert slots loaded ahead (two chunks per thread) */
 
@@ -95,7 +97,7 @@ __device__ __forceinline__ void bm_tp_stage_b(const typename bm_tp_kparams<Q>::t
         if (g0 + j * STRIDE < C)
             pk[j] = bm_residual8(v[j], res[j], p.has_scales, p.scale_x, p.scale_r);
     if (st)
-        bm_store_row<J, VEC, STRIDE>(p.hidden_out + (size_t)g * H, pk, C, g0);
+        bm_store_row<J, VEC, STRIDE>(p.out + (size_t)g * H, pk, C, g0);
     if (PUSH && push)
         bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
     if (p.normB) {
@@ -166,7 +168,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
 
     /* ---- phase 1: own rows ---- */
     const int64_t own_lo = (int64_t)p.rank * p.L;
-    int64_t owned = p.T - own_lo;
+    int64_t owned = p.rows - own_lo;
     owned = owned < 0 ? 0 : (owned > p.L ? p.L : owned);
     for (int64_t i = b; i < owned; i += G) {
         const int64_t g = own_lo + i;
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
         if (s == p.rank)
             continue;
         const int64_t lo = (int64_t)s * p.L;
-        int64_t n = p.T - lo;
+        int64_t n = p.rows - lo;
         n = n < 0 ? 0 : (n > p.L ? p.L : n);
         for (int64_t i = b; i < n; i += G) {
             const int64_t g = lo + i;
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
                     }
                 }
                 if (!bad)
-                    bm_store_row<J, VEC, STRIDE>(p.hidden_out + (size_t)g * H, hv, C, g0);
+                    bm_store_row<J, VEC, STRIDE>(p.out + (size_t)g * H, hv, C, g0);
                 if (p.normB) {
                     /* the quantized form from the pushed BF16 row: the
                      * same bits as the owner's (a function of that row) */
@@ -387,7 +389,7 @@ __global__ void __launch_bounds__(256) bm_tp_allgather_kernel(const bm_tp_params
     }
     bad = bm_tp_wait_arrivals(p, E, E, bad);
     const int64_t lo = (int64_t)p.rank * p.L;
-    int64_t owned = p.T - lo;
+    int64_t owned = p.rows - lo;
     owned = owned < 0 ? 0 : (owned > p.L ? p.L : owned);
     if (!bad)
         for (int64_t i = fb; i < owned; i += G) {
@@ -584,30 +586,11 @@ cudaError_t bm_tp_preload(void)
     return e;
 }
 
+/* every fused launch with programmatic dependent launch */
 template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
 static cudaError_t bm_tp_go(const typename bm_tp_kparams<Q>::type &p, unsigned groups, cudaStream_t stream)
 {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    unsigned n = 0;
-    cfg.gridDim = dim3(groups * CS, 1, 1);
-    cfg.blockDim = dim3(NT, 1, 1);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cfg.attrs = at;
-    if (CS > 1) {
-        at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n].val.clusterDim.x = CS;
-        at[n].val.clusterDim.y = 1;
-        at[n].val.clusterDim.z = 1;
-        ++n;
-    }
-    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-    cfg.numAttrs = n;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, bm_tp_kernel<NT, J, CS, VEC, TWO, Q>, p);
-    return e != cudaSuccess ? e : cudaGetLastError();
+    return bm_launch(bm_tp_kernel<NT, J, CS, VEC, TWO, Q>, p, groups * CS, NT, CS, 0, 1, stream);
 }
 
 static int bm_tp_aligned16(const void *q)
@@ -641,29 +624,14 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
                                cudaStream_t stream)
 {
     bm_tp_params p = {};
+    static_cast<bm_row_params &>(p) = bm_params_of(a, BM_PART_FIN | BM_PART_RES);
     bm_tp_fill(w, &p);
     p.sig = sig;
-    p.experts = a->experts;
-    p.weights = a->weights;
-    p.top_k = a->top_k;
-    p.routed_scale = a->routed_scale;
-    p.normA = a->post.on;
-    p.wA = a->post.on ? a->post.weight : nullptr;
-    p.epsA = a->post.eps;
-    p.residual = a->residual;
-    p.has_scales = a->has_scales;
-    p.scale_x = a->scale_x;
-    p.scale_r = a->scale_r;
-    p.normB = a->next.on;
-    p.wB = a->next.on ? a->next.weight : nullptr;
-    p.epsB = a->next.eps;
-    p.hidden_out = a->hidden_out;
     p.normalized = a->normalized;
-    p.T = a->tokens;
     p.L = (a->tokens + w->nranks - 1) / w->nranks;
 
     /* LL for decode sizes of ONESHOT (rows fit the LL buffers) */
-    p.ll = !twoshot && p.L <= BM_TP_LL_MAX_L && p.T <= w->ll_rows;
+    p.ll = !twoshot && p.L <= BM_TP_LL_MAX_L && p.rows <= w->ll_rows;
     bm_tp_params_q pq;
     static_cast<bm_tp_params &>(pq) = p;
     pq.q = a->q;
@@ -672,7 +640,7 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     const int cap = w->gcap[quant ? BM_TP_QCAP(shape) : shape];
     const int64_t want = p.L < 1 ? 1 : p.L;
     const unsigned grid = (unsigned)(want < cap ? want : cap);
-    const void *ptrs[] = {p.experts, p.wA, p.residual, p.wB, p.hidden_out, p.normalized};
+    const void *ptrs[] = {p.experts, p.wA, p.residual, p.wB, p.out, p.normalized};
     int vec = 1;
     for (const void *q : ptrs)
         if (q && !bm_tp_aligned16(q))
@@ -714,7 +682,7 @@ cudaError_t bm_tp_launch_allgather(const bm_tp_ws *w, int64_t T, uint32_t sig, c
     bm_tp_params p = {};
     bm_tp_fill(w, &p);
     p.sig = sig;
-    p.T = T;
+    p.rows = T;
     p.L = (T + w->nranks - 1) / w->nranks;
     p.ag = w->ag;
     for (int s = 0; s < BM_TP_MAX_RANKS; ++s)

@@ -67,6 +67,7 @@
 #include <nccl.h>
 
 #include "gather.h"
+#include "params.cuh"
 
 #define BM_TP_MAX_RANKS 8
 #define BM_TP_MAX_BLOCKS 1024
@@ -165,25 +166,12 @@ struct bm_tp_ws {
     uint32_t timeout_ms;
 };
 
-/* Arguments of one fused launch (by value). */
-struct bm_tp_params {
-    const uint16_t *experts; /* this rank's owned rows [L, K, H] */
-    const float *weights;
-    int32_t top_k;
-    float routed_scale;
-    int normA;
-    const uint16_t *wA;
-    float epsA;
-    const uint16_t *residual; /* [T, H], may equal hidden_out */
-    int has_scales;
-    float scale_x, scale_r;
-    int normB;
-    const uint16_t *wB;
-    float epsB;
-    uint16_t *hidden_out, *normalized;
-
-    int64_t T, L;
-    int32_t hidden;
+/* Arguments of one fused launch (by value): the row stages' block
+ * (params.cuh; rows: the call's tokens T, out: hidden_out, residual [T, H]
+ * may equal out, experts: this rank's owned rows [L, K, H]) and the
+ * gather's own. */
+struct bm_tp_params : bm_row_params {
+    int64_t L;
     int rank, nranks;
     char *peer[BM_TP_MAX_RANKS];
     size_t flags_off, errf_off, arr_off, ll_off, data_off, slot_bytes;

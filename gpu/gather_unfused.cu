@@ -45,8 +45,7 @@ beam_status bm_tp_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_
 
     /* finalize (+ post-norm) of the owned rows */
     if (local_status == BEAM_OK) {
-        bm_row_params f = {};
-        bm_set_finalize(f, a);
+        bm_row_params f = bm_params_of(a, BM_PART_FIN);
         f.out = mine;
         f.rows = owned;
         f.hidden = H;
@@ -90,8 +89,7 @@ beam_status bm_tp_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_
 
     /* norm_residual_norm over every row, with the quantized output of
      * normalized when the call asks for it */
-    bm_row_params n = {};
-    bm_set_residual(n, a);
+    bm_row_params n = bm_params_of(a, BM_PART_RES);
     n.x = w->ag;
     n.rows = T;
     n.hidden = H;

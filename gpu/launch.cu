@@ -7,29 +7,36 @@
 #include <atomic>
 
 #include "launch.h"
+#include "nrn_kernel.cuh"
+#include "pipe_kernel.cuh"
+#include "row_kernel.cuh"
 #include "tp_shape.h"
 
 /* Every row-kernel shape (NT, J, U, CS) instantiated, each in a vector and a
  * scalar version: the shapes bm_pick_shape returns (decode: one chunk per
- * thread, clusters of 1 to 8; prefill with hidden <= 4096), the row-kernel
- * twins of the pipelined shapes (bases not 16-byte aligned) and the
- * candidates bench/shape_sweep times against them. */
+ * thread, clusters of 1 to 8; prefill with hidden <= 4096) and the
+ * row-kernel twins of the pipelined and nrn shapes (bases not 16-byte
+ * aligned). Compiled into bench/shape_sweep, beside these: the candidates
+ * it times against them (bench/sweep_launch.cu, BM_SWEEP_*). */
+#ifndef BM_SWEEP_SHAPES
+#define BM_SWEEP_SHAPES(X)
+#define BM_SWEEP_PIPES(X)
+#define BM_SWEEP_NRNS(X)
+#endif
 #define BM_SHAPES(X)                                                          \
     X(32, 1, 8, 1) X(64, 1, 8, 1) X(128, 1, 8, 1) X(256, 1, 8, 1)              \
     X(64, 1, 8, 2) X(64, 1, 8, 4) X(64, 1, 8, 8) X(128, 1, 8, 2)               \
     X(128, 1, 8, 4) X(128, 1, 8, 8) X(256, 1, 8, 2) X(256, 1, 8, 4)            \
     X(512, 1, 8, 2)                                                            \
     X(128, 2, 4, 1) X(256, 2, 4, 1) X(256, 4, 2, 1) X(512, 2, 2, 1)            \
-    X(512, 1, 4, 1) X(1024, 1, 2, 1) X(128, 4, 2, 1)
+    X(128, 4, 2, 1) BM_SWEEP_SHAPES(X)
 
 /* Pipelined shapes (NT, J, D, MB): prefill, vector path; MB resident blocks
  * per multiprocessor asked of the compiler (__launch_bounds__), 1: none. */
 #define BM_PIPES(X)                                                           \
     X(256, 4, 2, 1) X(256, 4, 3, 1) X(256, 4, 4, 1) X(512, 2, 3, 1)            \
-    X(512, 2, 4, 1) X(512, 2, 3, 3) X(512, 2, 4, 3) X(1024, 1, 4, 1)           \
-    X(1024, 1, 3, 2) X(128, 4, 4, 1) X(256, 2, 4, 1) X(256, 2, 4, 6)           \
-    X(512, 1, 4, 1) X(128, 2, 4, 1) X(128, 2, 4, 8) X(256, 1, 4, 1)            \
-    X(256, 1, 4, 8)
+    X(512, 2, 4, 3) X(128, 4, 4, 1) X(256, 2, 4, 1) X(128, 2, 4, 1)            \
+    X(128, 2, 4, 8) BM_SWEEP_PIPES(X)
 
 /* norm_residual_norm's prefill shapes (NT, J, MB, HINT, PK, PF): MB
  * resident blocks per multiprocessor asked of the compiler; HINT the L2
@@ -37,14 +44,9 @@
  * the block's next row of the grid-stride loop requested into L2 at the
  * row's start (none with a grid of one block per row: nrn_kernel.cuh). */
 #define BM_NRNS(X)                                                            \
-    X(512, 2, 2, 0, 0, 0) X(512, 2, 2, 1, 0, 0) X(512, 2, 2, 2, 0, 0)          \
-    X(1024, 1, 2, 1, 0, 0) X(256, 2, 4, 0, 0, 0) X(256, 2, 4, 1, 0, 0)         \
-    X(256, 2, 4, 2, 0, 0) X(128, 2, 8, 0, 0, 0) X(128, 2, 8, 1, 0, 0)          \
-    X(128, 2, 8, 2, 0, 0) X(256, 1, 8, 1, 0, 0)                                \
-    X(128, 8, 4, 1, 1, 0) X(128, 8, 4, 2, 1, 0) X(256, 4, 4, 1, 1, 0)          \
-    X(512, 2, 3, 1, 1, 0) X(128, 4, 8, 1, 1, 0)                                \
-    X(128, 8, 4, 1, 1, 1) X(128, 2, 8, 1, 0, 1) X(256, 2, 4, 1, 0, 1)          \
-    X(512, 2, 2, 1, 0, 1) X(128, 4, 8, 1, 1, 1)
+    X(512, 2, 2, 2, 0, 0) X(256, 2, 4, 1, 0, 0) X(128, 2, 8, 1, 0, 0)          \
+    X(128, 2, 8, 2, 0, 0) X(128, 8, 4, 2, 1, 0) X(128, 4, 8, 1, 1, 0)          \
+    X(128, 8, 4, 1, 1, 1) BM_SWEEP_NRNS(X)
 
 static int next_pow2(int c)
 {
@@ -226,38 +228,6 @@ int bm_params_vec_ok(const bm_row_params &p, const bm_quant *q)
     if (q && q->kind && !bm_quant_vec_ok(*q))
         return 0;
     return 1;
-}
-
-/* The one launch helper: grid of `blocks` blocks of nt threads, clusters
- * of cs blocks, smem bytes of dynamic shared memory, programmatic
- * dependent launch when pdl. */
-template <typename K, typename P>
-static cudaError_t bm_launch(K kernel, const P &p, unsigned blocks, int nt, int cs,
-                             size_t smem, int pdl, cudaStream_t stream)
-{
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    int n = 0;
-    cfg.gridDim = dim3(blocks, 1, 1);
-    cfg.blockDim = dim3((unsigned)nt, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    if (cs > 1) {
-        at[n].id = cudaLaunchAttributeClusterDimension;
-        at[n].val.clusterDim.x = (unsigned)cs;
-        at[n].val.clusterDim.y = 1;
-        at[n].val.clusterDim.z = 1;
-        ++n;
-    }
-    if (pdl) {
-        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[n].val.programmaticStreamSerializationAllowed = 1;
-        ++n;
-    }
-    cfg.attrs = at;
-    cfg.numAttrs = n;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
-    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 /* The pipelined kernel: its dynamic shared memory limit raised once per

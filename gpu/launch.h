@@ -27,9 +27,7 @@
 
 #include <cuda_runtime.h>
 
-#include "pipe_kernel.cuh"
-#include "row_kernel.cuh"
-#include "nrn_kernel.cuh"
+#include "params.cuh"
 
 struct bm_shape {
     int nt;  /* threads per block: 32 .. 1024, a power of two */
@@ -85,14 +83,6 @@ int bm_shape_list(bm_shape *out, int max);
  * (q, when not NULL) 8-byte aligned (the vector path). */
 int bm_params_vec_ok(const bm_row_params &p, const bm_quant *q = nullptr);
 
-/* The row kernel's parameters from a checked call (gpu/backend_cuda.cu):
- * stage A as finalize (experts, weights, routed scale, post-norm), stage B
- * (scales, residual, next norm, hidden_out, normalized). Also used by the
- * UNFUSED gather's two launches. */
-struct bm_args;
-void bm_set_finalize(bm_row_params &p, const struct bm_args *a);
-void bm_set_residual(bm_row_params &p, const struct bm_args *a);
-
 /* Load every row kernel (lazy module loading would otherwise load one at
  * its first launch, which can wait for the device to be idle). */
 cudaError_t bm_preload_rows(void);
@@ -102,5 +92,37 @@ cudaError_t bm_preload_rows(void);
  * none), which launches the kernels compiled with it. */
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
                            cudaStream_t stream, const bm_quant *q = nullptr);
+
+/* The one launch helper: grid of `blocks` blocks of nt threads, clusters
+ * of cs blocks, smem bytes of dynamic shared memory, programmatic
+ * dependent launch when pdl (the row kernels' and the gather's). */
+template <typename K, typename P>
+inline cudaError_t bm_launch(K kernel, const P &p, unsigned blocks, int nt, int cs,
+                             size_t smem, int pdl, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    int n = 0;
+    cfg.gridDim = dim3(blocks, 1, 1);
+    cfg.blockDim = dim3((unsigned)nt, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    if (cs > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = (unsigned)cs;
+        at[n].val.clusterDim.y = 1;
+        at[n].val.clusterDim.z = 1;
+        ++n;
+    }
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n].val.programmaticStreamSerializationAllowed = 1;
+        ++n;
+    }
+    cfg.attrs = at;
+    cfg.numAttrs = n;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p);
+    return e != cudaSuccess ? e : cudaGetLastError();
+}
 
 #endif

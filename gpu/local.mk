@@ -40,25 +40,27 @@ EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
 
 # ---- bench/shape_sweep: every compiled launch shape checked and timed (a
 # contributor's tool, docs/PERF.md): drives gpu/launch.cu without lib/, so
-# it links gpu/launch.lo and the harness (its naive reference, its check
-# macros, its model of the quantized output) itself.
+# it links its own compile of it, bench/sweep_launch.cu (the library's
+# shapes and the candidates only the sweep times), and the harness (its
+# naive reference, its check macros, its model of the quantized output).
 # Built on request (`make bench/shape_sweep`) and by scripts/gpu-check.sh.
 EXTRA_PROGRAMS += bench/shape_sweep
 bench_shape_sweep_SOURCES =
 bench_shape_sweep_LDFLAGS = $(CUDA_LDFLAGS)
-bench_shape_sweep_LDADD = bench/shape_sweep.lo gpu/launch.lo harness/libharness.la \
+bench_shape_sweep_LDADD = bench/shape_sweep.lo bench/sweep_launch.lo harness/libharness.la \
 	$(CUDA_LIBS) -lstdc++
-BEAM_CU_DEPFILES += bench/$(DEPDIR)/shape_sweep.Plo
+BEAM_CU_DEPFILES += bench/$(DEPDIR)/shape_sweep.Plo bench/$(DEPDIR)/sweep_launch.Plo
 CLEANFILES += bench/shape_sweep$(EXEEXT) bench/shape_sweep.lo bench/shape_sweep.o \
-	bench/.libs/shape_sweep.o
-DISTCLEANFILES += bench/$(DEPDIR)/shape_sweep.Plo
+	bench/.libs/shape_sweep.o bench/sweep_launch.lo bench/sweep_launch.o bench/.libs/sweep_launch.o
+DISTCLEANFILES += bench/$(DEPDIR)/shape_sweep.Plo bench/$(DEPDIR)/sweep_launch.Plo
 
-# ---- ptxas's allocation of each kernel of launch.cu against the recorded
+# ---- ptxas's allocation of each row kernel (bench/sweep_launch.cu: the
+# library's and the sweep's) against the recorded
 # gpu/ptxas-regs.txt (scripts/ptxas-regs.sh says why): `make ptxas-regs`
 # compares, `make ptxas-regs PTXAS_UPDATE=update` records. Run by
 # scripts/gpu-check.sh.
 ptxas-regs:
-	$(AM_V_NVCC)$(BEAM_NVCC) -Xptxas -v -c $(srcdir)/gpu/launch.cu -o gpu/ptxas-regs.o 2> gpu/ptxas-regs.log
+	$(AM_V_NVCC)$(BEAM_NVCC) -Xptxas -v -c $(srcdir)/bench/sweep_launch.cu -o gpu/ptxas-regs.o 2> gpu/ptxas-regs.log
 	$(SHELL) $(srcdir)/scripts/ptxas-regs.sh gpu/ptxas-regs.log $(srcdir)/gpu/ptxas-regs.txt \
 	  "`$(NVCC) --version | tail -1` $(NVCC_FLAGS)" $(PTXAS_UPDATE)
 .PHONY: ptxas-regs

@@ -6,17 +6,17 @@
  * (hidden, normalized) around one or two block reductions: what bounds it
  * is how soon each row's loads are issued and how little waits between
  * them. Differences from the general row kernel (row_kernel.cuh), each
- * measured on an H200 with bench/shape_sweep (docs/PERF.md):
+ * measured with bench/shape_sweep [2026-12-04-constants: nrn]:
  *  - x and the residual are loaded into registers together, at the row's
  *    start (both loads in flight at once);
  *  - the norm weights' chunks are loaded into registers beside the row, at
  *    its start, instead of being prefetched into L1 at kernel start and
  *    read after the reduction: a prefetch per block of a grid of one block
- *    per row cost about 5% at H = 7168, and a load after the reduction
- *    puts an L2 round trip on the row's critical path;
+ *    per row cost time, and a load after the reduction puts an L2 round
+ *    trip on the row's critical path;
  *  - PK shapes hold the row as packed BF16 bits instead (bm_nrn_row_packed):
- *    at two blocks per multiprocessor that measured 1-10% slower, but it
- *    is what lets four rows of H = 7168 stay resident, which the library
+ *    at two blocks per multiprocessor slower, but it is what lets four
+ *    rows of H = 7168 stay resident, which the library
  *    takes in prefill at H > 4096, and at H = 4096 with scales (eight rows
  *    of 128 x 4; gpu/shapes.def names the measurement);
  *  - PF shapes have one thread request the block's next row of the
@@ -25,17 +25,13 @@
  *    row, so no block has a next row and no prefetch is issued: the PF
  *    kernels run the same loads and arithmetic as their twins (without a
  *    quantized output the same registers and no spills either,
- *    gpu/ptxas-regs.txt). The 1.3-1.5% that shape_sweep
- *    measured for them at T = 4096, H = 7168 with a pre-norm is not the
+ *    gpu/ptxas-regs.txt): what shape_sweep measured for them is not the
  *    prefetch's. A persistent grid, which gives the prefetch a row to
- *    fetch, measured 28-32% slower at T = 4096, H = 7168 and 10-14% at
- *    H = 2048 (docs/PERF.md);
+ *    fetch, measured slower;
  *  - HINT picks an L2 policy for the row loads (0 none, 1 evict_last,
  *    2 evict_first); the library takes evict_last in prefill beyond
- *    T = 512 (within 1% of the others at T = 4096 with the float rows, up
- *    to 8% ahead with the packed ones) and evict_first at decode and up to
- *    T = 512 (about 5% ahead at T = 64), and for the FP8 output at
- *    H = 2048: gpu/shapes.def says where.
+ *    T = 512 and evict_first at decode and up to T = 512, and for the FP8
+ *    output at H = 2048: gpu/shapes.def says where.
  * The arithmetic is the stages of row_ops.cuh in the same order, so the
  * bits are those of every other kernel. x may be the buffer of hidden or
  * normalized (UNFUSED's second launch) and the residual that of hidden (in
@@ -47,7 +43,9 @@
 #ifndef BEAMMOE_GPU_NRN_KERNEL_CUH
 #define BEAMMOE_GPU_NRN_KERNEL_CUH
 
-#include "row_kernel.cuh"
+#include "params.cuh"
+#include "quant_row.cuh"
+#include "row_ops.cuh"
 
 /* 16-byte load with an L2 eviction policy (HINT 1 evict_last, 2
  * evict_first; 0 a plain load). */
@@ -75,32 +73,6 @@ __device__ __forceinline__ uint64_t bm_l2_policy()
     else if (HINT == 2)
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
     return pol;
-}
-
-/* The squares' sum of the thread's chunks held packed: the same chunk sums
- * and halving tree as bm_sumsq_local on the widened values. */
-template <int J>
-__device__ __forceinline__ float bm_sumsq_packed(const bm_pack8 (&h)[J])
-{
-    float P[J];
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        float f[8];
-        bm_unpack8(h[j], f);
-        P[j] = bm_chunk_sumsq(f);
-    }
-    bm_halving<J / 2>(P);
-    return P[0];
-}
-
-/* The norm of one chunk held packed: its BF16 bits widened, then
- * bm_norm_apply8. */
-__device__ __forceinline__ bm_pack8 bm_norm_packed8(const bm_pack8 &h, float inv, bool has_w,
-                                                    const bm_pack8 &w)
-{
-    float f[8];
-    bm_unpack8(h, f);
-    return bm_norm_apply8(f, inv, has_w, w);
 }
 
 /* One row held as BF16 bits (PK shapes): every value a stage leaves is
@@ -132,11 +104,8 @@ __device__ __forceinline__ void bm_nrn_row_packed(const typename bm_kparams<Q>::
     /* ---- norm A (pre-norm) of x ---- */
     if (p.normA) {
         bm_weight_chunks<J, true, NT>(w, p.wA, C, t);
-        const float inv = bm_inv_rms(tc.sum(bm_sumsq_packed<J>(h), false), H, p.epsA);
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-            if (t + j * NT < C)
-                h[j] = bm_norm_packed8(h[j], inv, p.wA != NULL, w[j]);
+        bm_norm_stage_packed<NT, J, 1, NT>(h, w, p.wA != NULL, p.epsA, H, C, t, tc, false,
+                                           [&](int j, const bm_pack8 &y) { h[j] = y; });
     }
 
     /* ---- scales, residual add -> hidden ---- */
@@ -155,25 +124,21 @@ __device__ __forceinline__ void bm_nrn_row_packed(const typename bm_kparams<Q>::
     if (!p.normB)
         return;
     bm_weight_chunks<J, true, NT>(w, p.wB, C, t);
-    const float inv = bm_inv_rms(tc.sum(bm_sumsq_packed<J>(h), false), H, p.epsB);
     if constexpr (Q) {
-        float v[J][8];
+        float v[J][8] = {};
         bm_pack8 pk[J];
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            bm_unpack8(h[j], v[j]);
-            if (t + j * NT < C)
-                pk[j] = bm_norm_apply8(v[j], inv, p.wB != NULL, w[j]);
-        }
+        bm_norm_stage_packed<NT, J, 1, NT>(h, w, p.wB != NULL, p.epsB, H, C, t, tc, false,
+                                           [&](int j, const bm_pack8 &y) {
+                                               pk[j] = y;
+                                               bm_unpack8(y, v[j]);
+                                           });
         bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
     } else {
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            const int c = t + j * NT;
-            if (c < C)
-                bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8,
-                                bm_norm_packed8(h[j], inv, p.wB != NULL, w[j]));
-        }
+        bm_norm_stage_packed<NT, J, 1, NT>(h, w, p.wB != NULL, p.epsB, H, C, t, tc, false,
+                                           [&](int j, const bm_pack8 &y) {
+                                               bm_store8<true>(p.normalized + (size_t)row * H +
+                                                               (size_t)(t + j * NT) * 8, y);
+                                           });
     }
 }
 
@@ -232,13 +197,9 @@ __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparam
             }
 
             /* ---- norm A (pre-norm) of x ---- */
-            if (p.normA) {
-                const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsA);
-#pragma unroll
-                for (int j = 0; j < J; ++j)
-                    if (t + j * NT < C)
-                        bm_norm_apply8(v[j], inv, wA != NULL, wa[j]);
-            }
+            if (p.normA)
+                bm_norm_stage_emit<NT, J, 1, NT>(v, wa, wA != NULL, p.epsA, H, C, t, tc, false,
+                                                 [](int, const bm_pack8 &) {});
 
             /* ---- scales, residual add -> hidden ---- */
 #pragma unroll
@@ -252,26 +213,18 @@ __global__ void __launch_bounds__(NT, MB) bm_nrn_kernel(const typename bm_kparam
 
             /* ---- norm B of hidden -> normalized ---- */
             if (p.normB) {
-                const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), false), H, p.epsB);
                 if constexpr (Q) {
                     bm_pack8 pk[J];
-#pragma unroll
-                    for (int j = 0; j < J; ++j)
-                        if (t + j * NT < C)
-                            pk[j] = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
+                    bm_norm_stage_held<NT, J, 1, NT>(v, pk, wb, wB != NULL, p.epsB, H, C, t, tc, false);
                     bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
                 } else {
                     /* each chunk stored as soon as it is normalized:
-                     * fewer live registers than collecting the row (no
-                     * spill at 64) */
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        const int c = t + j * NT;
-                        if (c >= C)
-                            continue;
-                        const bm_pack8 pk = bm_norm_apply8(v[j], inv, wB != NULL, wb[j]);
-                        bm_store8<true>(p.normalized + (size_t)row * H + (size_t)c * 8, pk);
-                    }
+                     * fewer live registers than collecting the row */
+                    bm_norm_stage_emit<NT, J, 1, NT>(v, wb, wB != NULL, p.epsB, H, C, t, tc, false,
+                                                     [&](int j, const bm_pack8 &y) {
+                                                         bm_store8<true>(p.normalized + (size_t)row * H +
+                                                                         (size_t)(t + j * NT) * 8, y);
+                                                     });
                 }
             }
         }

@@ -27,7 +27,9 @@
 #ifndef BEAMMOE_GPU_PIPE_KERNEL_CUH
 #define BEAMMOE_GPU_PIPE_KERNEL_CUH
 
-#include "row_kernel.cuh"
+#include "params.cuh"
+#include "quant_row.cuh"
+#include "row_ops.cuh"
 
 __device__ __forceinline__ void bm_cp_async_commit()
 {
@@ -70,12 +72,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const type
      * reduction (from L1, prefetched here), so that their latency hides
      * behind it. Either way not after the reduction, on the row's chain
      * of dependent steps, where they cost the post-norm configurations 3-6
-     * points of the floor. Measured (bench/shape_sweep perf, T = 4096, one
-     * H200; fused + post: after -> before -> held, in every kernel): H =
-     * 2048 89.7 -> 90.0 -> 92.6%, H = 4096 92.2 -> 95.2 -> 97.9%, H = 7168
-     * (512 x 2) 96.8 -> 97.3 -> 90.2%; FP8 group 128 at H = 7168 (256 x 4)
-     * 90.4 -> 94.6 -> 74.8%. Held under a bound of 6-8 resident blocks,
-     * the weights spilled. */
+     * points of the floor [2026-12-04-constants: hold]. */
     constexpr bool HOLD = NT * J <= 512 && MB <= 1;
     bm_pack8 wAr[HOLD ? J : 1], wBr[HOLD ? J : 1];
     if constexpr (HOLD) {

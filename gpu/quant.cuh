@@ -14,8 +14,8 @@
  *                      the hardware's cvt.rn.satfinite.e4m3x2 (two values
  *                      per instruction).
  * The definition costs some 60 instructions a value, which made the
- * quantized kernels compute-bound (an H200 at T = 4096, H = 7168:
- * norm_residual_norm 59 -> 120 us); the fast form about 6. The scales and
+ * quantized kernels compute-bound [2026-12-04-constants: fast]; the fast
+ * form about 6. The scales and
  * their reciprocals are computed without a division or a library call
  * either (bm_div448, bm_rcp_rn): the library's division and reciprocal
  * carry a slow path called as a subroutine, whose calling convention cost

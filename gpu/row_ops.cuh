@@ -215,8 +215,8 @@ __device__ __forceinline__ void bm_cluster_arrive()
  * and each thread then takes slots t, NT + t, ... (-1 rather than that
  * index itself: passed as a number, it changed the instructions of every
  * kernel that keeps b * NT + t, the row kernels of 64 and 128 threads and
- * the tensor-parallel ones, by cuobjdump; a build that changed those row
- * kernels ran 2-4% slower at T = 1 and 8) */
+ * the tensor-parallel ones, by cuobjdump, and such a build ran slower
+ * [2026-12-04-constants: even]) */
 template <int NT, int CS, bool MAX = false>
 __device__ __forceinline__ float bm_xchg_sum(bm_xchg<NT, CS> &x, int i, uint32_t phase, float q, int g)
 {
@@ -298,9 +298,8 @@ __device__ __forceinline__ float bm_lanes_max(float m, int lanes)
  * of a non-negative m that is not a NaN (bm_absmax8's). Such floats order
  * as their bits, so the maximum is the integer one, which redux.sync takes
  * over the warp in one instruction: one per group, each lane keeping its
- * own group's, where bm_lanes_max takes log2(G) dependent shuffles (the
- * fused op at T = 1, H = 7168, FP8 group 128, on an H200: 3.72 -> 3.69
- * us). Every lane of the warp must call it. */
+ * own group's, where bm_lanes_max takes log2(G) dependent shuffles
+ * [2026-12-04-constants: redux]. Every lane of the warp must call it. */
 template <int G>
 __device__ __forceinline__ float bm_groups_max(float m)
 {
@@ -364,8 +363,8 @@ struct bm_tree_ctx {
     {
         /* the exchange written out, not cluster<false>: the same
          * operations, but LLVM then orders two predicates differently and
-         * ptxas allocates the plain row kernels differently (the decode
-         * finalize on an H200: 1.82 -> 2.04 us at T = 1) */
+         * ptxas allocates the plain row kernels differently, slower
+         * [2026-12-04-constants: exchange] */
         if constexpr (CS > 1) {
             if (!ready) {
                 bm_cluster_wait();
@@ -458,19 +457,69 @@ __device__ __forceinline__ void bm_weight_chunks(bm_pack8 (&wp)[J], const uint16
     }
 }
 
+/* The squares' sum of the thread's chunks held packed: the same chunk sums
+ * and halving tree as bm_sumsq_local on the widened values. */
+template <int J>
+__device__ __forceinline__ float bm_sumsq_packed(const bm_pack8 (&h)[J])
+{
+    float P[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        float f[8];
+        bm_unpack8(h[j], f);
+        P[j] = bm_chunk_sumsq(f);
+    }
+    bm_halving<J / 2>(P);
+    return P[0];
+}
+
 /* The whole norm of a row (bm_norm_stage, below) with the thread's weight
- * chunks already in registers: wp, zero where has_w is false. */
+ * chunks already in registers: wp, zero where has_w is false. Each
+ * normalized chunk j (c < C) goes to emit(j, bits) as soon as it is
+ * computed, v[j] then holding its values widened: the caller stores it,
+ * keeps it, or both (a kernel that stores each chunk at once holds fewer
+ * registers than one that collects the row). */
+template <int NT, int J, int CS, int STRIDE, class Emit>
+__device__ __forceinline__ void bm_norm_stage_emit(float (&v)[J][8], const bm_pack8 (&wp)[J], bool has_w,
+                                                   float eps, int hidden, int C, int g0,
+                                                   bm_tree_ctx<NT, CS> &tc, bool last, Emit emit)
+{
+    const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), last), hidden, eps);
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+        if (g0 + j * STRIDE < C)
+            emit(j, bm_norm_apply8(v[j], inv, has_w, wp[j]));
+}
+
+/* ... the BF16 bits of the normalized chunks into out */
 template <int NT, int J, int CS, int STRIDE>
 __device__ __forceinline__ void bm_norm_stage_held(float (&v)[J][8], bm_pack8 (&out)[J],
                                                    const bm_pack8 (&wp)[J], bool has_w, float eps,
                                                    int hidden, int C, int g0,
                                                    bm_tree_ctx<NT, CS> &tc, bool last)
 {
-    const float inv = bm_inv_rms(tc.sum(bm_sumsq_local<J>(v), last), hidden, eps);
+    bm_norm_stage_emit<NT, J, CS, STRIDE>(v, wp, has_w, eps, hidden, C, g0, tc, last,
+                                          [&](int j, const bm_pack8 &y) { out[j] = y; });
+}
+
+/* The packed form: the row held as BF16 bits h (every value a stage leaves
+ * is rounded to BF16, so the bits are all a row needs between stages);
+ * each chunk widened where it is used. The same sums, tree and rounding as
+ * the float form; emit(j, bits) as there, with no widened values kept. */
+template <int NT, int J, int CS, int STRIDE, class Emit>
+__device__ __forceinline__ void bm_norm_stage_packed(const bm_pack8 (&h)[J], const bm_pack8 (&wp)[J],
+                                                     bool has_w, float eps, int hidden, int C, int g0,
+                                                     bm_tree_ctx<NT, CS> &tc, bool last, Emit emit)
+{
+    const float inv = bm_inv_rms(tc.sum(bm_sumsq_packed<J>(h), last), hidden, eps);
 #pragma unroll
-    for (int j = 0; j < J; ++j)
-        if (g0 + j * STRIDE < C)
-            out[j] = bm_norm_apply8(v[j], inv, has_w, wp[j]);
+    for (int j = 0; j < J; ++j) {
+        if (g0 + j * STRIDE >= C)
+            continue;
+        float f[8];
+        bm_unpack8(h[j], f);
+        emit(j, bm_norm_apply8(f, inv, has_w, wp[j]));
+    }
 }
 
 /* The whole norm of a row held by a block (or a cluster of CS blocks):
@@ -478,12 +527,10 @@ __device__ __forceinline__ void bm_norm_stage_held(float (&v)[J][8], bm_pack8 (&
  * Chunk j of the thread is c = g0 + j * STRIDE; chunks c >= C are padding
  * (+0 in v, never loaded or stored). w: the norm weight row, or NULL.
  * WFIRST: the weights are loaded before the reduction (their latency
- * behind it, their registers held across it) instead of after it. Measured
- * on an H200, the fused op's decode kernels at T = 1, H = 7168: the FP8
- * ones gain (group 128 3.38 -> 3.23 us, tensor 3.27 -> 3.10), the BF16 and
- * NVFP4 ones lose (3.10 -> 3.23, 3.44 -> 3.48), so of the decode kernels
- * only the FP8 ones ask for it; the pipelined kernel does where it cannot
- * hold the weights (pipe_kernel.cuh). */
+ * behind it, their registers held across it) instead of after it: of the
+ * decode kernels only the FP8 ones gain from it and ask for it
+ * [2026-12-04-constants: wfirst]; the pipelined kernel does where it
+ * cannot hold the weights (pipe_kernel.cuh). */
 template <int NT, int J, int CS, bool VEC, int STRIDE, bool WFIRST = false>
 __device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[J],
                                               const uint16_t *w, float eps, int hidden,
@@ -541,6 +588,46 @@ __device__ __forceinline__ void bm_store_row(uint16_t *row, const bm_pack8 (&pk)
         if (c < C)
             bm_store8<VEC>(row + (size_t)c * 8, pk[j]);
     }
+}
+
+/* ---- finalize's expert slots ------------------------------------------------ */
+
+/* a = +0; a = a + w[k] * f(x[k]) for k in order, for U slots at a time
+ * (all U*J loads are issued before the first use). The __syncwarp between
+ * the loads and the sums is what keeps them so: ptxas moves a load down to
+ * its first use when it judges registers short, and may not move one past
+ * a warp barrier (which orders the lanes' memory accesses)
+ * [2026-12-04-constants: slots]. The weights are plain loads: as __ldg
+ * (ld.global.nc) ptxas issued them one slot at a time even so. */
+template <int NT, int J, int U, int CS, bool VEC>
+__device__ __forceinline__ void bm_finalize_slots(float (&acc)[J][8],
+                                                  const uint16_t *xr,
+                                                  const float *wr, int k,
+                                                  int hidden, int C, int g0)
+{
+    bm_pack8 ld[U][J];
+    float wk[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        wk[u] = wr[k + u];
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c < C)
+                ld[u][j] = bm_load8_stream<VEC>(xr + (size_t)(k + u) * hidden +
+                                                (size_t)c * 8);
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * CS * NT;
+            if (c >= C)
+                continue;
+            bm_slot8(acc[j], ld[u][j], wk[u]);
+        }
 }
 
 /* ---- launch order ------------------------------------------------------------- */

@@ -181,15 +181,18 @@ typedef struct beam_quant {
                             * otherwise NULL */
 } beam_quant;
 
-/* NVFP4's block scale layout: 128-row by 4-scale tiles of 512 bytes, tile
- * (t / 128, b / 4) at 512 * ((t / 128) * (hidden / 64) + b / 4), and in a
- * tile row t % 32 at 16 * (t % 32), then 4 * ((t % 128) / 32) + b % 4; the
- * array holds whole tiles. Integer arguments (int64_t t, b; hidden). */
-#define BEAM_NVFP4_SCALE_OFFSET(t, b, hidden)                                                    \
-    (512 * (((int64_t)(t) / 128) * ((int64_t)(hidden) / 64) + (int64_t)(b) / 4) +                \
+/* The block scales' layout (NVFP4): one byte per group of 16 values, n =
+ * hidden / 16 of them a row, in 128-row by
+ * 4-scale tiles of 512 bytes: tile (t / 128, b / 4) at 512 * ((t / 128) *
+ * (n / 4) + b / 4), and in a tile row t % 32 at 16 * (t % 32), then 4 *
+ * ((t % 128) / 32) + b % 4; the array holds whole tiles. Integer arguments
+ * (int64_t t, b; n). */
+#define BEAM_BLOCK_SCALE_OFFSET(t, b, n)                                                         \
+    (512 * (((int64_t)(t) / 128) * ((int64_t)(n) / 4) + (int64_t)(b) / 4) +                     \
      16 * ((int64_t)(t) % 32) + 4 * (((int64_t)(t) % 128) / 32) + (int64_t)(b) % 4)
-#define BEAM_NVFP4_SCALE_BYTES(tokens, hidden) \
-    (((int64_t)(tokens) + 127) / 128 * 128 * ((int64_t)(hidden) / 16))
+#define BEAM_BLOCK_SCALE_BYTES(tokens, n) (((int64_t)(tokens) + 127) / 128 * 128 * (int64_t)(n))
+#define BEAM_NVFP4_SCALE_OFFSET(t, b, hidden) BEAM_BLOCK_SCALE_OFFSET(t, b, (int64_t)(hidden) / 16)
+#define BEAM_NVFP4_SCALE_BYTES(tokens, hidden) BEAM_BLOCK_SCALE_BYTES(tokens, (int64_t)(hidden) / 16)
 
 /* norm_residual_norm with a quantized output of normalized: quant NULL is
  * the plain operation. With quant, next_norm is required and normalized may

@@ -27,7 +27,7 @@ static uint64_t bm_norm_word(const bm_norm *n)
 
 void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N])
 {
-    const int scaled = a->q.kind == BEAM_QUANT_FP8_TENSOR || a->q.kind == BEAM_QUANT_NVFP4;
+    const int scaled = a->q.scale != 0.0f; /* the kinds that take quant->scale (lib/quant_forms.def) */
     words[0] = (uint64_t)a->tokens;
     words[1] = (uint64_t)(uint32_t)a->top_k;
     words[2] = (uint64_t)(uint32_t)a->hidden;

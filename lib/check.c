@@ -4,6 +4,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "check.h"
 #include "error.h"
@@ -161,10 +162,50 @@ beam_status bm_check_strategy(const char *fn, beam_strategy s, int gather)
     return BEAM_OK;
 }
 
+/* One line of lib/quant_forms.def. */
+typedef struct bm_form_row {
+    int kind;
+    const char *name;
+    int bits, group, scale, blocks;
+} bm_form_row;
+
+static const bm_form_row bm_forms[] = {
+#define BM_FORM(kind, qf, bits, group, scale, blocks) {kind, #kind, bits, group, scale, blocks},
+#include "quant_forms.def"
+#undef BM_FORM
+};
+enum { BM_NFORMS = sizeof bm_forms / sizeof bm_forms[0] };
+
+static const bm_form_row *bm_form_of(int kind)
+{
+    int i;
+    for (i = 0; i < BM_NFORMS; i++)
+        if (bm_forms[i].kind == kind) return &bm_forms[i];
+    return NULL;
+}
+
+/* The kinds as a message lists them: "A (1), B (2) or C (3)" */
+static const char *bm_form_list(char *buf, size_t n, int blocks_only)
+{
+    size_t at = 0;
+    int i, k = 0, count = 0;
+    for (i = 0; i < BM_NFORMS; i++) count += !blocks_only || bm_forms[i].blocks;
+    buf[0] = '\0';
+    for (i = 0; i < BM_NFORMS && at < n; i++) {
+        if (blocks_only && !bm_forms[i].blocks) continue;
+        k++;
+        at += (size_t)snprintf(buf + at, n - at, blocks_only ? "%s%s" : "%s%s (%d)",
+                               k == 1 ? "" : k == count ? " or " : ", ", bm_forms[i].name, bm_forms[i].kind);
+    }
+    return buf;
+}
+
 beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on, int64_t tokens,
                            int32_t hidden, bm_quant *out, bm_ptr p[2])
 {
     const uint32_t known = BEAM_QUANT_UE8M0 | BEAM_QUANT_COL_MAJOR;
+    const bm_form_row *f;
+    char list[256];
     size_t scale_count = 0;
     out->kind = 0;
     out->group = 0;
@@ -189,11 +230,29 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     if (quant->flags & ~known)
         return bm_fail(BAD, "%s: quant->flags=0x%x has unknown bits (known: BEAM_QUANT_UE8M0, "
                        "BEAM_QUANT_COL_MAJOR)", fn, (unsigned)quant->flags);
-    if (quant->kind != BEAM_QUANT_NVFP4 && quant->block_scales)
-        return bm_fail(BAD, "%s: quant->block_scales must be NULL but for BEAM_QUANT_NVFP4", fn);
-    if ((quant->kind == BEAM_QUANT_FP8_GROUP || quant->kind == BEAM_QUANT_FP8_TOKEN) && quant->scale != 0.0f)
+    f = bm_form_of(quant->kind);
+    if (!f)
+        return bm_fail(BAD, "%s: quant->kind=%d must be %s", fn, (int)quant->kind,
+                       bm_form_list(list, sizeof list, 0));
+    if (!f->blocks && quant->block_scales)
+        return bm_fail(BAD, "%s: quant->block_scales must be NULL but for %s", fn,
+                       bm_form_list(list, sizeof list, 1));
+    if (f->scale == 0 && quant->scale != 0.0f)
         return bm_fail(BAD, "%s: quant->scale=%g must be 0 for the dynamic kinds (their scales are computed)",
                        fn, (double)quant->scale);
+    if (f->blocks) {
+        /* one byte a group at its tiled place; no FP32 scales */
+        if (quant->group_size != f->group || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
+            return bm_fail(BAD, "%s: %s takes quant->group_size %d,%s quant->values and quant->block_scales "
+                           "(quant->flags, quant->scale_ld must be 0, quant->scales NULL)", fn, f->name, f->group,
+                           f->scale ? " quant->scale," : "");
+        out->group = f->group;
+        out->block_scales = quant->block_scales;
+        p[1].name = "quant->block_scales";
+        p[1].ptr = quant->block_scales;
+        p[1].bytes = (size_t)BEAM_BLOCK_SCALE_BYTES(tokens, hidden / f->group);
+        p[1].align = 1;
+    }
     switch (quant->kind) {
     case BEAM_QUANT_FP8_GROUP:
         if (quant->group_size != 128 && quant->group_size != 64)
@@ -237,43 +296,32 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         if (quant->group_size != 0 || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
             return bm_fail(BAD, "%s: BEAM_QUANT_FP8_TENSOR takes only quant->scale and quant->values "
                            "(group_size, flags, scale_ld must be 0, scales NULL)", fn);
-        if (!(quant->scale > 0.0f) || !(quant->scale <= FLT_MAX))
-            return bm_fail(BAD, "%s: quant->scale=%g must be > 0 and finite", fn,
-                           (double)quant->scale);
         out->group = hidden;
+        break;
+    }
+    switch (f->scale) {
+    case 1:
+        if (!(quant->scale > 0.0f) || !(quant->scale <= FLT_MAX))
+            return bm_fail(BAD, "%s: quant->scale=%g must be > 0 and finite", fn, (double)quant->scale);
         out->scale = quant->scale;
         break;
-    case BEAM_QUANT_NVFP4:
-        if (quant->group_size != 16 || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
-            return bm_fail(BAD, "%s: BEAM_QUANT_NVFP4 takes quant->group_size 16, quant->scale, quant->values "
-                           "and quant->block_scales (quant->flags, quant->scale_ld must be 0, quant->scales "
-                           "NULL)", fn);
+    case 2:
         /* os = g * (1 / sf) must stay finite for the smallest scale, 2^-9 */
         if (!(quant->scale > 0.0f) || !(quant->scale < 0x1p118f))
             return bm_fail(BAD, "%s: quant->scale=%g (the global scale) must be > 0 and < 2^118", fn,
                            (double)quant->scale);
-        out->group = 16;
         out->scale = quant->scale;
-        out->block_scales = quant->block_scales;
         break;
-    default:
-        return bm_fail(BAD, "%s: quant->kind=%d must be BEAM_QUANT_FP8_GROUP (1), BEAM_QUANT_FP8_TOKEN (2), "
-                       "BEAM_QUANT_FP8_TENSOR (3) or BEAM_QUANT_NVFP4 (4)", fn, (int)quant->kind);
     }
     out->kind = quant->kind;
     out->ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0;
     out->values = quant->values;
     out->scales = quant->scales;
     p[0].ptr = quant->values;
-    p[0].bytes = (size_t)tokens * (size_t)hidden;
-    p[1].ptr = quant->scales;
-    p[1].bytes = scale_count * sizeof(float);
-    if (quant->kind == BEAM_QUANT_NVFP4) {
-        p[0].bytes /= 2;
-        p[1].name = "quant->block_scales";
-        p[1].ptr = quant->block_scales;
-        p[1].bytes = (size_t)BEAM_NVFP4_SCALE_BYTES(tokens, hidden);
-        p[1].align = 1;
+    p[0].bytes = (size_t)tokens * (size_t)hidden * (size_t)f->bits / 8;
+    if (!f->blocks) {
+        p[1].ptr = quant->scales;
+        p[1].bytes = scale_count * sizeof(float);
     }
     return BEAM_OK;
 }

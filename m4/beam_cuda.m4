@@ -67,8 +67,11 @@ AC_DEFUN([BEAM_CUDA], [
     AS_IF([test $beam_cuda = no && test "x$with_cuda" != "xcheck"],
       [AC_MSG_ERROR([--with-cuda: no usable CUDA toolkit with NCCL under $beam_cuda_dir (nvcc, cuda_runtime.h, libcudart, nccl.h, libnccl)])])
   ])
+  # -Xfatbin -compress-all: every object's device code compressed, not
+  # by fatbinary's own rule, which left some uncompressed (the library's
+  # size: docs/log/2026-12-04-shapes.md, library)
   AS_IF([test -z "$NVCC_FLAGS"],
-    [NVCC_FLAGS="-O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 --fmad=false --prec-div=true --prec-sqrt=true --ftz=false -Xcompiler -fvisibility=hidden"])
+    [NVCC_FLAGS="-O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 --fmad=false --prec-div=true --prec-sqrt=true --ftz=false -Xfatbin -compress-all -Xcompiler -fvisibility=hidden"])
   # The exact numerics (docs/numerics.md) hold only without fast math: a
   # user's NVCC_FLAGS may tune code generation, never the arithmetic.
   AS_CASE([" $NVCC_FLAGS "],
