@@ -11,7 +11,7 @@
 TESTS += python/run-pytest.sh
 EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/setup.py python/README.md \
 	python/beammoe/__init__.py python/beammoe/__main__.py python/beammoe/_errors.py \
-	python/beammoe/_lib.py python/beammoe/_nccl.py python/beammoe/_run.py python/beammoe/_safetensors.py \
+	python/beammoe/_lib.py python/beammoe/_nccl.py python/beammoe/_run.py \
 	python/beammoe/_torch_ops.py python/beammoe/ops.py python/beammoe/workspace.py python/beammoe/audit.py \
 	python/beammoe/_pgather.py python/beammoe/_prepared.py python/beammoe/_calls.py python/beammoe/_checks.py \
 	python/beammoe/quant.py python/beammoe/fp8.py \

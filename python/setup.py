@@ -6,11 +6,12 @@ under their sonames: libbeammoe.so.0 (the dispatcher), libbeammoe_cpu.so.0
 and every other backend library the build made, libbeammoe_cuda.so.0 when
 the CUDA backend was built (".so.0": the
 ABI of configure.ac, whose copy in beammoe/_lib.py configure checks, and
-which this file reads from there). The dispatcher finds its backends
-beside itself, so the installed package works from any directory with no
-environment variable. The wheel is tagged py3-none-PLATFORM: it carries
-native libraries for this platform but holds no Python extension module,
-so any Python 3 takes it.
+which this file reads from there), and the `beammoe` tool as
+beammoe/_libs/beammoe-tool, which beammoe.audit_file runs. The dispatcher
+finds its backends beside itself, so the installed package works from any
+directory with no environment variable. The wheel is tagged
+py3-none-PLATFORM: it carries native libraries for this platform but holds
+no Python extension module, so any Python 3 takes it.
 
 Environment, at install time:
   BEAMMOE_BUILD_DIR=DIR  the build tree (default: the directory above this
@@ -47,6 +48,17 @@ SO_SUFFIX = _so_suffix()
 REQUIRED = ("libbeammoe" + SO_SUFFIX, "libbeammoe_cpu" + SO_SUFFIX)
 
 
+def _tool(build):
+    """[the build tree's `beammoe` binary]: tools/.libs/beammoe behind libtool's
+    wrapper script tools/beammoe, or tools/beammoe itself; [] when not built."""
+    for p in (os.path.join(build, "tools", ".libs", "beammoe"), os.path.join(build, "tools", "beammoe")):
+        if os.path.isfile(p):
+            with open(p, "rb") as f:
+                if f.read(4) == b"\x7fELF":
+                    return [p]
+    return []
+
+
 def _libraries():
     """[(path in the build tree, name in the package)]; [] with BEAMMOE_BUNDLE=0."""
     if os.environ.get("BEAMMOE_BUNDLE", "1") == "0":
@@ -56,6 +68,7 @@ def _libraries():
     names = set(REQUIRED) | {os.path.basename(p) for p in glob.glob(os.path.join(libs, "libbeammoe_*" + SO_SUFFIX))}
     found = [(os.path.realpath(os.path.join(libs, n)), n) for n in sorted(names)
              if os.path.exists(os.path.join(libs, n))]
+    found += [(tool, "beammoe-tool") for tool in _tool(build)]
     missing = [n for n in REQUIRED if n not in [name for _, name in found]]
     if missing:
         raise SystemExit(

@@ -214,8 +214,8 @@ raw_header('bad-nul-name.safetensors',
            obj(parts).replace('"expert_weights"', '"expert_weights\\u0000.x"'), blob)
 raw_header('bad-surrogate.safetensors', obj(parts).replace('expert_w', 'expert\\ud800w'), blob)
 
-# strict JSON, as the format's reference reader (serde_json) and the Python
-# reader read it: RFC 8259 numbers, no raw control character in a string.
+# strict JSON, as the format's reference reader (serde_json) reads it:
+# RFC 8259 numbers, no raw control character in a string.
 # json-c took each of these (in a field the reader did not look at, or in a
 # name or a metadata value) and the tool audited the file.
 def with_field(value):

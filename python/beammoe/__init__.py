@@ -62,9 +62,8 @@ from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finaliz
 from .workspace import CpuGroup, Workspace
 from ._prepared import PreparedCall, prepare_finalize_norm_residual_norm
 
-# The safetensors audit (audit.py, _safetensors.py) is loaded on first use:
-# `import beammoe` does not read its file reader.
-_AUDIT = ("AuditReport", "AuditRow", "audit_file")
+# The safetensors audit (audit.py: it runs the C tool) is loaded on first use.
+_AUDIT = ("AuditReport", "audit_file")
 
 
 def __getattr__(name):
@@ -110,5 +109,4 @@ __all__ = [
     "MIN_TORCH",
     "audit_file",
     "AuditReport",
-    "AuditRow",
 ]

@@ -1,8 +1,9 @@
 """python3 -m beammoe audit FILE.safetensors [--backend cpu|cuda|all]
 
-The Python equivalent of `beammoe audit --input FILE`: prints the table
-and exits 0 when every row matches, 1 on a mismatch or a library error in
-the table (or in the ground truth's call), 2 for a file that cannot be used (the message names the fault).
+Runs the C tool's `beammoe audit --input FILE` (beammoe.audit_file) and
+passes its output and exit status through: 0 when every row matches, 1 on a
+mismatch or an error row (or a backend asked for that cannot run here), 2 for
+a file that cannot be used (the message names the fault).
 """
 import argparse
 import sys
@@ -18,21 +19,15 @@ def main(argv=None):
                    help="backends to run (all: cpu, and cuda when it runs here)")
     args = ap.parse_args(argv)
 
-    from .audit import _escape, audit_file
+    from .audit import audit_file
     try:
-        report = audit_file(args.file, None if args.backend == "all" else args.backend)
-    except ValueError as e:
+        report = audit_file(args.file, args.backend)
+    except (ValueError, RuntimeError) as e:
         print("beammoe audit: %s" % e, file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # BeamError: the ground truth's call failed (not the file's fault)
-        # the path is the caller's text: escaped like every text from the file
-        print("beammoe audit: %s: %s" % (_escape(args.file), e), file=sys.stderr)
-        return 1
-    for n in report.notes:
-        print("beammoe audit: note: %s" % n, file=sys.stderr)
-    # a write error on the standard output fails the run, as the C tool's does
-    try:
-        print(report)
+        return 2 if isinstance(e, ValueError) else 1
+    sys.stderr.write(report.stderr)  # the tool's notes and messages
+    try:  # a write error on the standard output fails the run, as the C tool's does
+        sys.stdout.write(report.text)
         sys.stdout.flush()
     except OSError as e:
         print("beammoe audit: write error on the standard output: %s" % e.strerror, file=sys.stderr)

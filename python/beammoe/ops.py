@@ -74,9 +74,14 @@ class MoEOutput:
             tuple(self.expert_weights.shape), self.expert_weights.dtype, self.live_tokens)
 
 
-def _operator(name, residual, inplace, ne, args):
-    """(hidden, normalized | None) through torch.ops.beammoe.<name>, or its
-    in-place form <name>_ (which writes hidden into residual)."""
+def _finish(fn, name, residual, inplace, ne, tensors, eager, recording, run, args):
+    """(hidden, normalized | None) of an operation with a residual: the short
+    path run(hidden, normalized) (_run.py), or torch.ops.beammoe.<name>(*args),
+    or its in-place form <name>_ (which writes hidden into residual)."""
+    if inplace:
+        no_autograd_write(fn, "residual", residual, recording, eager)
+    if eager and not (recording and HAVE_TORCH_OPS and not inplace):
+        return run_eager(fn, residual, inplace, ne, tensors, run, recording)
     if inplace:
         n = getattr(torch.ops.beammoe, name + "_")(*args)
         return residual, (n if ne is not None else None)
@@ -145,13 +150,10 @@ def beam_moe_finalize_norm_residual_norm(x, residual, post_weight, post_eps, nex
     tokens = residual.shape[0]
     tensors = (g, w, residual, pw, nw)
     dev, eager, recording = route(fn, _FUSED_NAMES, tensors)
-    if inplace:
-        no_autograd_write(fn, "residual", residual, recording, eager)
-    if eager and not (recording and HAVE_TORCH_OPS and not inplace):
-        return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.fused(
-            dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st), recording)
-    return _operator("moe_finalize_norm_residual_norm", residual, inplace, ne,
-                     (g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
+    return _finish(fn, "moe_finalize_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
+                   lambda h, n: _run.fused(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s,
+                                           nw, ne, h, n, st),
+                   (g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 
 def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_eps, next_weight, next_eps,
@@ -185,13 +187,10 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     dev, eager, recording = route(fn, _FUSED_NAMES, tensors)
     handle = check_workspace(fn, workspace, dev)
     tokens = residual.shape[0]
-    if inplace:
-        no_autograd_write(fn, "residual", residual, recording, eager)
-    if eager and not (recording and HAVE_TORCH_OPS and not inplace):
-        return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: workspace._run_gather(
-            dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st), recording)
-    return _operator("moe_finalize_gather_norm_residual_norm", residual, inplace, ne,
-                     (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
+    return _finish(fn, "moe_finalize_gather_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
+                   lambda h, n: workspace._run_gather(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe,
+                                                      residual, s, nw, ne, h, n, st),
+                   (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 
 def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
@@ -210,12 +209,9 @@ def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_wei
     A.flag(fn, "inplace", inplace)
     tensors = (x, residual, prw, nw)
     dev, eager, recording = route(fn, _NRN_NAMES, tensors)
-    if inplace:
-        no_autograd_write(fn, "residual", residual, recording, eager)
-    if eager and not (recording and HAVE_TORCH_OPS and not inplace):
-        return run_eager(fn, residual, inplace, ne, tensors, lambda h, n: _run.norm_residual_norm(
-            dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n), recording)
-    return _operator("norm_residual_norm", residual, inplace, ne, (x, residual, prw, pre, nw, ne, scales_list(s)))
+    return _finish(fn, "norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
+                   lambda h, n: _run.norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n),
+                   (x, residual, prw, pre, nw, ne, scales_list(s)))
 
 
 # The same function under the short name.

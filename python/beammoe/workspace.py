@@ -177,6 +177,21 @@ def _check_shape_and_config(fn, max_tokens, hidden, one, two, tmo):
         raise ValueError("%s: timeout_ms=%d must be >= 1" % (fn, tmo))
 
 
+def _threshold(name, get, put, none_ok=False):
+    """A threshold of the Workspace as a plain attribute: get(ws) reads it; a
+    value set is checked (an int >= 0, or None where none_ok), stored by
+    put(ws, v), and AUTO follows it."""
+    def set_(ws, v):
+        if v is not None or not none_ok:
+            v = A.integer("beammoe.Workspace", name, v, A.INT64)
+            if v < 0:
+                raise ValueError("beammoe.Workspace: %s=%d must be >= 0" % (name, v))
+        put(ws, v)
+        two = _NEVER if ws._sep is None else max(ws._sep - 1, 0)
+        ws._c_auto = (ws._one, two) == ws._cfg[:2] and not ws._pg
+    return property(get, set_)
+
+
 class Workspace:
     """The gather's workspace for `max_tokens` tokens of `hidden_size` columns.
 
@@ -442,54 +457,15 @@ class Workspace:
                 raise BeamCommError("%s; the workspace is unusable, close it" % e, 4) from e
             raise
 
-    # ---- the thresholds: plain attributes (AUTO follows them) ----------------
-    def _thresholds_changed(self):
-        two = _NEVER if self._sep is None else max(self._sep - 1, 0)
-        self._c_auto = (self._one, two) == self._cfg[:2] and not self._pg
-
-    @property
-    def moe_gather_oneshot_max_tokens(self):
-        return self._one
-
-    @moe_gather_oneshot_max_tokens.setter
-    def moe_gather_oneshot_max_tokens(self, v):
-        self._one = self._threshold("moe_gather_oneshot_max_tokens", v)
-        self._thresholds_changed()
-
-    @property
-    def moe_gather_separate_norm_min_tokens(self):
-        return self._sep
-
-    @moe_gather_separate_norm_min_tokens.setter
-    def moe_gather_separate_norm_min_tokens(self, v):
-        self._sep = None if v is None else self._threshold("moe_gather_separate_norm_min_tokens", v)
-        self._thresholds_changed()
-
-    @property
-    def oneshot_max_tokens(self):
-        return self._one
-
-    @oneshot_max_tokens.setter
-    def oneshot_max_tokens(self, v):
-        self._one = self._threshold("oneshot_max_tokens", v)
-        self._thresholds_changed()
-
-    @property
-    def twoshot_max_tokens(self):
-        return _NEVER if self._sep is None else max(self._sep - 1, 0)
-
-    @twoshot_max_tokens.setter
-    def twoshot_max_tokens(self, v):
-        v = self._threshold("twoshot_max_tokens", v)
-        self._sep = None if v >= _NEVER else v + 1
-        self._thresholds_changed()
-
-    @staticmethod
-    def _threshold(name, v):
-        v = A.integer("beammoe.Workspace", name, v, A.INT64)
-        if v < 0:
-            raise ValueError("beammoe.Workspace: %s=%d must be >= 0" % (name, v))
-        return v
+    # ---- the thresholds: plain attributes (AUTO follows them); oneshot_max_tokens
+    # and twoshot_max_tokens are the library's names for the same two -------
+    moe_gather_oneshot_max_tokens = _threshold("moe_gather_oneshot_max_tokens", lambda ws: ws._one,
+                                               lambda ws, v: setattr(ws, "_one", v))
+    moe_gather_separate_norm_min_tokens = _threshold("moe_gather_separate_norm_min_tokens", lambda ws: ws._sep,
+                                                     lambda ws, v: setattr(ws, "_sep", v), none_ok=True)
+    oneshot_max_tokens = _threshold("oneshot_max_tokens", lambda ws: ws._one, lambda ws, v: setattr(ws, "_one", v))
+    twoshot_max_tokens = _threshold("twoshot_max_tokens", lambda ws: _NEVER if ws._sep is None else max(ws._sep - 1, 0),
+                                    lambda ws, v: setattr(ws, "_sep", None if v >= _NEVER else v + 1))
 
     @property
     def timeout_ms(self):

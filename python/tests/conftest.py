@@ -40,3 +40,21 @@ def cuda_backend_skip_reason():
     except beammoe.BeamError as e:
         return "libbeammoe's CUDA backend does not run here: %s" % e
     return None
+
+
+def compiled_and_eager(x, r, g, w, nw, quant, keep_nrn):
+    """[(compiled, eager)] results of norm_residual_norm_fp8 (keep_normalized=
+    keep_nrn) and moe_finalize_norm_residual_norm_fp8 with a next norm, under
+    torch.compile(fullgraph=True) (through torch.ops.beammoe.*_fp8) and eager."""
+    import beammoe
+
+    def both(x, r, g, w):
+        a = beammoe.beam_norm_residual_norm_fp8(x, r, nw, 1e-6, nw, 1e-6, None, quant=quant,
+                                                keep_normalized=keep_nrn)
+        b = beammoe.beam_moe_finalize_norm_residual_norm_fp8(beammoe.MoEOutput(g, w), r, nw, 1e-6, nw, 1e-6,
+                                                             (0.5, 2.0), 2.5, quant=quant, keep_normalized=True)
+        return a, b
+
+    torch._dynamo.reset()
+    got = torch.compile(both, fullgraph=True)(x, r, g, w)
+    return list(zip(got, both(x, r, g, w)))

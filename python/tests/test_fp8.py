@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import beammoe
+from conftest import compiled_and_eager
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
 needs_fp8 = pytest.mark.skipif(FP8 is None, reason="torch %s has no float8_e4m3fn" % torch.__version__)
@@ -201,19 +202,8 @@ needs_ops = pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS or FP8 is None,
 def test_compiled(dev, form):
     """torch.compile(fullgraph=True) through torch.ops.beammoe.*_fp8: the
     eager call's bits, shapes and strides."""
-    quant = FORMS[form]
     x, r, g, w, nw = inputs(6, 512, dev, 40 + form)
-
-    def both(x, r, g, w):
-        a = beammoe.beam_norm_residual_norm_fp8(x, r, nw, 1e-6, nw, 1e-6, None, quant=quant)
-        b = beammoe.beam_moe_finalize_norm_residual_norm_fp8(beammoe.MoEOutput(g, w), r, nw, 1e-6, nw, 1e-6,
-                                                             (0.5, 2.0), 2.5, quant=quant, keep_normalized=True)
-        return a, b
-
-    torch._dynamo.reset()
-    got = torch.compile(both, fullgraph=True)(x, r, g, w)
-    want = both(x, r, g, w)
-    for ga, wa in zip(got, want):
+    for ga, wa in compiled_and_eager(x, r, g, w, nw, FORMS[form], keep_nrn=False):
         assert ga[1] is None or torch.equal(ga[1], wa[1])
         assert torch.equal(ga[0], wa[0])
         assert torch.equal(ga[2].view(torch.uint8), wa[2].view(torch.uint8))

@@ -110,25 +110,22 @@ def test_gather_errors(gen):
     nranks, hidden = 2, 256
     with beammoe.CpuGroup(nranks) as grp:
         def body(r):
+            g, w = random_case(gen, 3, 2, hidden)
+
+            def call(tokens, ws, **kw):
+                return beammoe.beam_moe_finalize_gather_norm_residual_norm(
+                    beammoe.MoEOutput(g, w), torch.zeros(tokens, hidden, dtype=BF16), None, None, None, None,
+                    None, ws, **kw)
             with beammoe.Workspace.cpu(grp, r, 4, hidden, timeout_ms=5000) as ws:
-                g, w = random_case(gen, 3, 2, hidden)
                 # Every rank breaks the same rule: tokens above max_tokens.
                 with pytest.raises(ValueError, match=r"tokens=5 must be <= max_tokens=4 of the workspace"):
-                    beammoe.beam_moe_finalize_gather_norm_residual_norm(
-                        beammoe.MoEOutput(g, w), torch.zeros(5, hidden, dtype=BF16), None, None, None, None,
-                        None, ws)
+                    call(5, ws)
                 with pytest.raises(ValueError, match=r"strategy=FUSED: unknown strategy for this operation"):
-                    beammoe.beam_moe_finalize_gather_norm_residual_norm(
-                        beammoe.MoEOutput(g, w), torch.zeros(4, hidden, dtype=BF16), None, None, None, None,
-                        None, ws, strategy="fused")
+                    call(4, ws, strategy="fused")
                 with pytest.raises(TypeError, match=r"workspace must be a beammoe.Workspace"):
-                    beammoe.beam_moe_finalize_gather_norm_residual_norm(
-                        beammoe.MoEOutput(g, w), torch.zeros(4, hidden, dtype=BF16), None, None, None, None,
-                        None, None)
+                    call(4, None)
             with pytest.raises(ValueError, match=r"the workspace is closed"):
-                beammoe.beam_moe_finalize_gather_norm_residual_norm(
-                    beammoe.MoEOutput(g, w), torch.zeros(4, hidden, dtype=BF16), None, None, None, None,
-                    None, ws)
+                call(4, ws)
 
         run_ranks(nranks, body)
 

@@ -28,7 +28,7 @@ import torch
 import beammoe
 from beammoe import _run
 from beammoe import quant as quant_module
-from conftest import cuda_backend_skip_reason
+from conftest import compiled_and_eager, cuda_backend_skip_reason
 
 BF16 = torch.bfloat16
 K = 4
@@ -408,19 +408,8 @@ def test_operator_refuses_bad_encoding(fields, msg):
 def test_compiled(dev, t):
     """torch.compile(fullgraph=True) through torch.ops.beammoe.*_fp8: the
     model's bits, the eager call's shapes, strides and dtypes."""
-    quant = beammoe.NVFP4Quant(672.0)
     x, r, g, w, nw = inputs(t, 512, dev, 40 + t)
-
-    def both(x, r, g, w):
-        a = beammoe.beam_norm_residual_norm_fp8(x, r, nw, 1e-6, nw, 1e-6, None, quant=quant, keep_normalized=True)
-        b = beammoe.beam_moe_finalize_norm_residual_norm_fp8(beammoe.MoEOutput(g, w), r, nw, 1e-6, nw, 1e-6,
-                                                             (0.5, 2.0), 2.5, quant=quant, keep_normalized=True)
-        return a, b
-
-    torch._dynamo.reset()
-    got = torch.compile(both, fullgraph=True)(x, r, g, w)
-    want = both(x, r, g, w)
-    for ga, wa in zip(got, want):
+    for ga, wa in compiled_and_eager(x, r, g, w, nw, beammoe.NVFP4Quant(672.0), keep_nrn=True):
         assert same(ga[0], wa[0]) and same(ga[1], wa[1])
         for a, b in zip(ga[2:], wa[2:]):
             assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
