@@ -127,6 +127,29 @@ void hc_make(hc_case *c, const hc_spec *s, uint64_t seed)
     c->rs = s->rs_one ? 1.0f : hu_rand_scale(&r);
 }
 
+void hc_make_gather(hc_case *c, const hc_spec *s, int R, uint64_t seed)
+{
+    hc_spec g = *s;
+    g.pad = R * ((s->T + R - 1) / R) - s->T + s->pad;
+    hc_make(c, &g, seed);
+}
+
+void hc_gather_ref(const hc_case *c, int R, int64_t T, uint16_t *hidden, uint16_t *normalized)
+{
+    const int64_t L = (T + R - 1) / R;
+    const uint16_t **x = (const uint16_t **)hu_alloc(sizeof *x * (size_t)R, 0);
+    const float **w = (const float **)hu_alloc(sizeof *w * (size_t)R, 0);
+    int r;
+    for (r = 0; r < R; r++) {
+        x[r] = c->experts + (size_t)(r * L) * (size_t)c->s.K * (size_t)c->s.H;
+        w[r] = c->weights + (size_t)(r * L) * (size_t)c->s.K;
+    }
+    nr_gather(x, w, R, T, c->s.K, c->s.H, c->rs, &c->post, c->residual, c->s.scales ? c->scales : NULL,
+              &c->next, hidden, normalized);
+    hu_free((void *)x);
+    hu_free((void *)w);
+}
+
 /* ---- the tool's generator ---- */
 
 /* Two draws in one expression (a[draw()] = draw(), draw() * draw()) run in
@@ -672,19 +695,26 @@ const beam_ops *hc_ops(void)
     return ops;
 }
 
-beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t *hidden,
-                   uint16_t *normalized, int *untouched)
+/* The live rows of op on c: the library's through hc_ops() on host memory
+ * laid out as the spec asks (*untouched as hc_out_untouched), or (ref) the
+ * reference's. */
+static beam_status live_rows(const hc_case *c, hc_op op, beam_strategy strategy, int ref, uint16_t *hidden,
+                             uint16_t *normalized, int *untouched)
 {
     size_t TH = (size_t)c->s.T * (size_t)c->s.H;
     char err[300];
     hc_out o;
-    beam_status st;
-    if (hc_out_make(&o, c, 2)) {
-        fprintf(stderr, "hc_lib: out of memory\n");
+    beam_status st = BEAM_OK;
+    if (hc_out_make(&o, c, ref ? 0 : 2)) {
+        fprintf(stderr, "%s: out of memory\n", ref ? "hc_ref" : "hc_lib");
         exit(1);
     }
-    st = hc_run(hc_ops(), c, op, strategy, hc_how(&c->s), &o, err, sizeof err);
-    *untouched = hc_out_untouched(&o, c, op);
+    if (ref) {
+        hc_reference(c, op, &o);
+    } else {
+        st = hc_run(hc_ops(), c, op, strategy, hc_how(&c->s), &o, err, sizeof err);
+        *untouched = hc_out_untouched(&o, c, op);
+    }
     /* hand the live rows back (the guard rows were checked above) */
     memcpy(hidden, o.hidden, sizeof(uint16_t) * TH);
     if (hc_has_normalized(c, op))
@@ -693,16 +723,13 @@ beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t 
     return st;
 }
 
+beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t *hidden,
+                   uint16_t *normalized, int *untouched)
+{
+    return live_rows(c, op, strategy, 0, hidden, normalized, untouched);
+}
+
 void hc_ref(const hc_case *c, hc_op op, uint16_t *hidden, uint16_t *normalized)
 {
-    hc_out o;
-    if (hc_out_make(&o, c, 0)) {
-        fprintf(stderr, "hc_ref: out of memory\n");
-        exit(1);
-    }
-    hc_reference(c, op, &o);
-    memcpy(hidden, o.hidden, sizeof(uint16_t) * (size_t)c->s.T * (size_t)c->s.H);
-    if (hc_has_normalized(c, op))
-        memcpy(normalized, o.normalized, sizeof(uint16_t) * (size_t)c->s.T * (size_t)c->s.H);
-    hc_out_free(&o);
+    live_rows(c, op, BEAM_STRATEGY_AUTO, 1, hidden, normalized, NULL);
 }

@@ -85,6 +85,19 @@ void hc_describe(const hc_spec *s, char *buf, size_t n);
 /* 1 when op writes normalized */
 int hc_has_normalized(const hc_case *c, hc_op op);
 
+/* ---- the gather over R ranks (docs/numerics.md#gather) ----
+ * Rank r of R owns L = ceil(T / R) tokens from global row r * L, and passes
+ * the case's expert rows from there with capacity cap - (R - 1) * L (the
+ * same on every rank: what the last one has room for). hc_make_gather's
+ * case (the suite's generator) holds T live rows and NaN rows up to
+ * R * L + s->pad, so that every rank has L + s->pad rows, NaN past the
+ * live ones. A call with fewer tokens T' takes the same arrays: the result
+ * is the first T' rows of the one for T. */
+void hc_make_gather(hc_case *c, const hc_spec *s, int R, uint64_t seed);
+/* nr_gather over the rank slices of a call with T tokens (at most the
+ * case's): hidden and (with a next norm) normalized, [T, H]. */
+void hc_gather_ref(const hc_case *c, int R, int64_t T, uint16_t *hidden, uint16_t *normalized);
+
 /* ---- outputs ---- */
 typedef struct hc_out {
     int64_t rows; /* live rows + guard rows */

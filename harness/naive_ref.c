@@ -107,13 +107,29 @@ void nr_rmsnorm_row(const float *v, int32_t H, const uint16_t *w, float eps,
     }
 }
 
+/* out = n on ? N(f(in), n's weight, n's eps) : in, for a BF16 row of H. */
+static void norm_row(const uint16_t *in, int32_t H, const nr_norm *n, uint16_t *out)
+{
+    float *fv;
+    int32_t h;
+    if (!n || !n->on) {
+        for (h = 0; h < H; h++)
+            out[h] = in[h];
+        return;
+    }
+    fv = (float *)xmalloc(sizeof(float) * (size_t)H);
+    for (h = 0; h < H; h++)
+        fv[h] = nr_f(in[h]);
+    nr_rmsnorm_row(fv, H, n->weight, n->eps, out);
+    free(fv);
+}
+
 /* One row of finalize: xr is [K, H], wr is [K]; out is [H]. */
 static void finalize_row(const uint16_t *xr, const float *wr, int32_t K,
                          int32_t H, float routed_scale, const nr_norm *post,
                          uint16_t *out)
 {
     uint16_t *s = (uint16_t *)xmalloc(sizeof(uint16_t) * (size_t)H);
-    float *fs = (float *)xmalloc(sizeof(float) * (size_t)H);
     int32_t h, k;
 
     for (h = 0; h < H; h++) {
@@ -129,15 +145,7 @@ static void finalize_row(const uint16_t *xr, const float *wr, int32_t K,
         s[h] = nr_bf16(nr_f(r) * routed_scale);
     }
     /* out = post_norm ? N(f(s), post_weight, post_eps) : s */
-    if (post && post->on) {
-        for (h = 0; h < H; h++)
-            fs[h] = nr_f(s[h]);
-        nr_rmsnorm_row(fs, H, post->weight, post->eps, out);
-    } else {
-        for (h = 0; h < H; h++)
-            out[h] = s[h];
-    }
-    free(fs);
+    norm_row(s, H, post, out);
     free(s);
 }
 
@@ -161,18 +169,10 @@ static void nrn_row(const uint16_t *xr, const uint16_t *res, int32_t H,
     uint16_t *xp = (uint16_t *)xmalloc(sizeof(uint16_t) * (size_t)H);
     uint16_t *br = (uint16_t *)xmalloc(sizeof(uint16_t) * (size_t)H);
     uint16_t *out = (uint16_t *)xmalloc(sizeof(uint16_t) * (size_t)H);
-    float *fv = (float *)xmalloc(sizeof(float) * (size_t)H);
     int32_t h;
 
     /* x' = pre_norm ? N(f(x), pre_weight, pre_eps) : x */
-    if (pre && pre->on) {
-        for (h = 0; h < H; h++)
-            fv[h] = nr_f(xr[h]);
-        nr_rmsnorm_row(fv, H, pre->weight, pre->eps, xp);
-    } else {
-        for (h = 0; h < H; h++)
-            xp[h] = xr[h];
-    }
+    norm_row(xr, H, pre, xp);
     for (h = 0; h < H; h++) {
         /* bx = scales ? bf16(f(x') * scales[0]) : x'
          * br = scales ? bf16(f(residual) * scales[1]) : residual */
@@ -184,12 +184,8 @@ static void nrn_row(const uint16_t *xr, const uint16_t *res, int32_t H,
     for (h = 0; h < H; h++)
         hid[h] = out[h];
     /* normalized = next_norm ? N(f(hidden), next_weight, next_eps) */
-    if (next && next->on) {
-        for (h = 0; h < H; h++)
-            fv[h] = nr_f(out[h]);
-        nr_rmsnorm_row(fv, H, next->weight, next->eps, nrm);
-    }
-    free(fv);
+    if (next && next->on)
+        norm_row(out, H, next, nrm);
     free(out);
     free(br);
     free(xp);

@@ -4,7 +4,8 @@
  * over NCCL) and tests/test_gather_group.c (ranks as threads of one
  * process, any number of them on one GPU). Every part runs on every rank,
  * against harness/naive_ref.c (the model of docs/numerics.md that the CPU
- * backend's tests also check against, bit for bit).
+ * backend's tests also check against, bit for bit), on inputs of the
+ * harness's generator (hc_make: the same on every rank, seeded alike).
  *
  * The reference does not depend on T: rank r's owned rows are the
  * contiguous slice [r*L, r*L + L) of one global expert array, so the result
@@ -12,24 +13,27 @@
  * One reference per problem and weight set therefore checks every T,
  * strategy and replay.
  *
- * Parts: unfused (UNFUSED alone from a workspace's first call), sweep
- * (every strategy x T x problem, outputs past T untouched,
- * NaN rows past T), large (T up to 16384), stress (calls with random T and
- * strategy, eager and as CUDA graph replays, cycling 3 weight sets so that
- * consecutive calls differ, outputs reset to a NaN sentinel the library
- * never writes before every checked call), bad input (mismatched hidden,
- * T > max_tokens, wrong device, one rank rejecting a call with T = 0 then a
- * normal call, one rank rejecting its arguments under every strategy),
- * mismatch (one rank passing other arguments, every strategy: every rank
- * fails, without waiting for the timeout), concurrent (two calls of one
- * rank on two unordered streams: refused on the device), wrap (epochs
- * across the LL tag's 32-bit wrap and the clearing epochs), timeout (a peer
- * that never comes, under ONESHOT and under UNFUSED), hosts (ranks acting as on different hosts, where the
- * transport has g_make_hosts), quant (the _q gather: every form of
- * beam_quant x strategy x normalized kept, NULL or kept on some ranks only,
- * against the plain gather's reference and harness/quant_model.c's
- * quantization of it, padding untouched; one rank's bad quant rejected
- * in-band).
+ * What the CUDA gather does over every transport: stress (calls with
+ * random T and strategy, eager and as CUDA graph replays, cycling 3 weight
+ * sets so that consecutive calls differ, outputs reset to a NaN sentinel
+ * the library never writes before every checked call), bad input
+ * (mismatched hidden, T > max_tokens, wrong device, one rank rejecting a
+ * call with T = 0 then a normal call, one rank rejecting its arguments
+ * under every strategy), mismatch (one rank passing other arguments,
+ * rejecting its own or its quant, every strategy: every rank fails,
+ * without waiting for the timeout), concurrent (two calls of one rank on
+ * two unordered streams: refused on the device), wrap (epochs across the
+ * LL tag's 32-bit wrap and the clearing epochs), timeout (a peer that
+ * never comes, under ONESHOT and under UNFUSED).
+ *
+ * Over NCCL only (the in-process group's are test_backends' gather part,
+ * every backend's group through the backend tables): sweep (every strategy,
+ * UNFUSED first, x T x problem, outputs past T untouched, NaN rows past T),
+ * large (T up to 16384), quant (the _q gather: every form of beam_quant x
+ * strategy x normalized kept, NULL or kept on some ranks only, against the
+ * plain gather's reference and harness/quant_model.c's quantization of
+ * it, padding untouched), hosts (ranks acting as on different hosts,
+ * where the transport has g_make_hosts).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -40,8 +44,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "case.h"
 #include "gather_parts.h"
-#include "naive_ref.h"
 #include "quant_model.h"
 
 __thread int g_rank, g_R, g_dev;
@@ -49,43 +53,12 @@ __thread cudaStream_t g_stream;
 int g_ndev, g_threads;
 gp_make_fn g_make, g_make_hosts;
 
-/* ---- deterministic data (same on every rank) ----------------------------- */
-
-static __thread uint64_t rng_s;
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-static uint16_t rbf16(int special)
-{
-    static const uint16_t sp[] = {0x7F80, 0xFF80, 0x7FC0, 0xFFC1, 0x7F81, 0x0000, 0x8000,
-                                  0x0001, 0x8001, 0x007F, 0x7F7F, 0xFF7F, 0x0080};
-    if (special && rnd() % 64 == 0) return sp[rnd() % (sizeof sp / sizeof sp[0])];
-    {
-        uint32_t sign = (uint32_t)(rnd() & 1), ex = 121 + (uint32_t)(rnd() % 10), man = (uint32_t)(rnd() & 0x7F);
-        return (uint16_t)((sign << 15) | (ex << 7) | man);
-    }
-}
-
-static float rweight(int special)
-{
-    if (special && rnd() % 128 == 0) {
-        static const float sp[] = {0.0f, -0.0f, 1e-40f, 3.0e38f};
-        return sp[rnd() % 4];
-    }
-    return (float)((double)(rnd() % 2000001) / 1000000.0 - 1.0);
-}
-
 /* ---- one problem ---------------------------------------------------------- */
 
 typedef struct problem {
     const char *name;
     int H, K;
-    int post, next;   /* 0 none, 1 norm without weight, 2 with weight */
+    int post, next; /* HC_NORM_*: none, without weight, with weight */
     int scales, special, inplace, unaligned;
     float rs;
 } problem;
@@ -96,17 +69,15 @@ enum { NV = 3 };
 
 typedef struct data {
     problem pb;
-    int64_t maxt, rows; /* rows = maxt + R (NaN padding rows past maxt) */
-    int nv;             /* weight sets made (1 or NV) */
-    uint16_t *x, *res, *pw, *nw, *ref_h, *ref_n; /* ref_*: of the set in use */
-    float *w;
-    float *wv[NV], *dwv[NV];
+    int64_t maxt;
+    int nv;               /* weight sets made (1 or NV) */
+    hc_case c[NV];        /* set v: the weights of c[v], the rest c[0]'s */
+    uint16_t *ref_h, *ref_n; /* of the set in use */
     uint16_t *rh[NV], *rn[NV];
-    float sc[2];
     beam_norm post, next;
     /* device */
     uint16_t *dx0, *dres0, *dpw, *dnw, *dh0, *dn0, *dx, *dres, *dh, *dn;
-    float *dw;
+    float *dw, *dwv[NV];
 } data;
 
 /* Output sentinel: a NaN pattern the library never writes (its NaN is
@@ -116,63 +87,25 @@ static const uint16_t SENT = 0xFFFF;
 /* Use weight set v (< d->nv) in the next calls and checks. */
 static void use_set(data *d, int v)
 {
-    d->w = d->wv[v];
     d->dw = d->dwv[v];
     d->ref_h = d->rh[v];
     d->ref_n = d->rn[v];
 }
 
-/* The host side of a problem: inputs and references (the same on every
- * rank: the generator is seeded alike). */
+/* The host side of a problem: maxt rows and R NaN rows past them, and the
+ * references (the same on every rank: the generator is seeded alike). */
 static void make_host(data *d, const problem *pb, int64_t maxt, uint64_t seed, int nv)
 {
-    int64_t i;
+    const hc_case *c = &d->c[0];
+    const hc_spec s = {.K = pb->K, .H = pb->H, .T = maxt, .pad = g_R, .post = pb->post, .next = pb->next,
+                       .scales = pb->scales, .exotic = pb->special};
     int v;
-    const int H = pb->H, K = pb->K;
-    nr_norm npost, nnext;
-    rng_s = seed;
-    d->x = malloc((size_t)d->rows * K * H * 2);
-    d->res = malloc((size_t)maxt * H * 2);
-    d->pw = malloc((size_t)H * 2);
-    d->nw = malloc((size_t)H * 2);
-    if (!d->x || !d->res || !d->pw || !d->nw) FAIL("out of host memory");
     for (v = 0; v < nv; ++v) {
-        d->wv[v] = malloc((size_t)d->rows * K * 4);
-        d->rh[v] = malloc((size_t)maxt * H * 2);
-        d->rn[v] = malloc((size_t)maxt * H * 2);
-        if (!d->wv[v] || !d->rh[v] || !d->rn[v]) FAIL("out of host memory");
-    }
-    d->w = d->wv[0];
-    for (i = 0; i < maxt * K * H; ++i) d->x[i] = rbf16(pb->special);
-    for (i = 0; i < maxt * K; ++i) d->w[i] = rweight(pb->special);
-    for (i = maxt * K * H; i < d->rows * K * H; ++i) d->x[i] = 0xFFFF; /* NaN padding rows */
-    for (i = maxt * K; i < d->rows * K; ++i) d->w[i] = __builtin_nanf("");
-    for (i = 0; i < maxt * H; ++i) d->res[i] = rbf16(pb->special);
-    for (i = 0; i < H; ++i) {
-        d->pw[i] = rbf16(0);
-        d->nw[i] = rbf16(0);
-    }
-    d->sc[0] = 0.75f;
-    d->sc[1] = 1.5f;
-    d->post.weight = pb->post == 2 ? d->pw : NULL;
-    d->post.eps = 1e-6f;
-    d->next.weight = pb->next == 2 ? d->nw : NULL;
-    d->next.eps = 1e-5f;
-    npost.on = pb->post != 0;
-    npost.weight = d->post.weight;
-    npost.eps = d->post.eps;
-    nnext.on = pb->next != 0;
-    nnext.weight = d->next.weight;
-    nnext.eps = d->next.eps;
-    /* sets 1.. drawn after everything else: set 0 is what it always was */
-    for (v = 1; v < nv; ++v) {
-        for (i = 0; i < maxt * K; ++i) d->wv[v][i] = rweight(pb->special);
-        for (i = maxt * K; i < d->rows * K; ++i) d->wv[v][i] = __builtin_nanf("");
-    }
-    for (v = 0; v < nv; ++v) {
-        memset(d->rn[v], 0, (size_t)maxt * H * 2);
-        nr_finalize_norm_residual_norm(d->x, d->wv[v], maxt, K, H, pb->rs, &npost, d->res,
-                                       pb->scales ? d->sc : NULL, &nnext, d->rh[v], d->rn[v]);
+        hc_make(&d->c[v], &s, seed + (uint64_t)v);
+        d->rh[v] = hu_alloc((size_t)maxt * pb->H * 2, 0);
+        d->rn[v] = hu_alloc((size_t)maxt * pb->H * 2, 0);
+        nr_finalize_norm_residual_norm(c->experts, d->c[v].weights, maxt, pb->K, pb->H, pb->rs, &c->post,
+                                       c->residual, pb->scales ? c->scales : NULL, &c->next, d->rh[v], d->rn[v]);
     }
 }
 
@@ -192,10 +125,11 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
 {
     int v;
     const int H = pb->H, K = pb->K, off = pb->unaligned ? 1 : 0;
+    const size_t rows = (size_t)(maxt + g_R);
+    const hc_case *c;
     memset(d, 0, sizeof *d);
     d->pb = *pb;
     d->maxt = maxt;
-    d->rows = maxt + g_R;
     d->nv = nv;
     if (!g_threads) {
         make_host(d, pb, maxt, seed, nv);
@@ -221,8 +155,9 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
 
     /* device copies; the unaligned problem offsets every row base by one
      * element (2-byte aligned only) */
-    CK(cudaMalloc((void **)&d->dx0, ((size_t)d->rows * K * H + 8) * 2));
-    for (v = 0; v < nv; ++v) CK(cudaMalloc((void **)&d->dwv[v], (size_t)d->rows * K * 4));
+    c = &d->c[0];
+    CK(cudaMalloc((void **)&d->dx0, (rows * K * H + 8) * 2));
+    for (v = 0; v < nv; ++v) CK(cudaMalloc((void **)&d->dwv[v], rows * K * 4));
     CK(cudaMalloc((void **)&d->dres0, ((size_t)maxt * H + 8) * 2));
     CK(cudaMalloc((void **)&d->dh0, ((size_t)maxt * H + 8) * 2));
     CK(cudaMalloc((void **)&d->dn0, ((size_t)maxt * H + 8) * 2));
@@ -232,15 +167,16 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
     d->dres = d->dres0 + off;
     d->dh = d->dh0 + off;
     d->dn = d->dn0 + off;
-    CK(cudaMemcpy(d->dx, d->x, (size_t)d->rows * K * H * 2, cudaMemcpyHostToDevice));
-    for (v = 0; v < nv; ++v)
-        CK(cudaMemcpy(d->dwv[v], d->wv[v], (size_t)d->rows * K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->dx, c->experts, rows * K * H * 2, cudaMemcpyHostToDevice));
+    for (v = 0; v < nv; ++v) CK(cudaMemcpy(d->dwv[v], d->c[v].weights, rows * K * 4, cudaMemcpyHostToDevice));
     use_set(d, 0);
-    CK(cudaMemcpy(d->dres, d->res, (size_t)maxt * H * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d->dpw, d->pw, (size_t)H * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d->dnw, d->nw, (size_t)H * 2, cudaMemcpyHostToDevice));
-    d->post.weight = pb->post == 2 ? d->dpw : NULL;
-    d->next.weight = pb->next == 2 ? d->dnw : NULL;
+    CK(cudaMemcpy(d->dres, c->residual, (size_t)maxt * H * 2, cudaMemcpyHostToDevice));
+    if (c->wpost) CK(cudaMemcpy(d->dpw, c->wpost, (size_t)H * 2, cudaMemcpyHostToDevice));
+    if (c->wnext) CK(cudaMemcpy(d->dnw, c->wnext, (size_t)H * 2, cudaMemcpyHostToDevice));
+    d->post.weight = c->wpost ? d->dpw : NULL;
+    d->post.eps = c->post.eps;
+    d->next.weight = c->wnext ? d->dnw : NULL;
+    d->next.eps = c->next.eps;
     /* the copies ran on the legacy stream, which the ranks' own
      * (non-blocking) streams do not wait for */
     CK(cudaStreamSynchronize(0));
@@ -263,21 +199,21 @@ static void free_data(data *d)
         pthread_mutex_unlock(&g_cache_mu);
         if (!last) return;
     }
-    free(d->x);
-    free(d->res);
-    free(d->pw);
-    free(d->nw);
     for (v = 0; v < d->nv; ++v) {
-        free(d->wv[v]);
-        free(d->rh[v]);
-        free(d->rn[v]);
+        hc_free(&d->c[v]);
+        hu_free(d->rh[v]);
+        hu_free(d->rn[v]);
     }
 }
 
 /* One call of this rank with T tokens (hidden_arg: the hidden passed). */
 static __thread double g_call_ms; /* when the last call was made (for messages) */
 static __thread beam_workspace *g_call_ws; /* and on which workspace */
-static double now_ms(void);
+
+static double now_ms(void)
+{
+    return hu_now() * 1e3;
+}
 
 static beam_status call(beam_workspace *ws, data *d, int64_t T, int32_t hidden_arg, beam_strategy st,
                         cudaStream_t stream)
@@ -290,7 +226,7 @@ static beam_status call(beam_workspace *ws, data *d, int64_t T, int32_t hidden_a
     uint16_t *hid = d->pb.inplace ? d->dres : d->dh;
     return beam_moe_finalize_gather_norm_residual_norm(
         ws, d->dx + (size_t)lo * K * H, d->dw + (size_t)lo * K, L, T, K, hidden_arg, d->pb.rs,
-        d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->sc : NULL, d->pb.next ? &d->next : NULL, hid,
+        d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->c[0].scales : NULL, d->pb.next ? &d->next : NULL, hid,
         d->pb.next ? d->dn : NULL, st, stream);
 }
 
@@ -310,7 +246,7 @@ static void reset_outputs(data *d, cudaStream_t s)
     const size_t n = (size_t)d->maxt * d->pb.H * 2;
     CK(cudaMemsetAsync(d->dh, 0xFF, n, s));
     CK(cudaMemsetAsync(d->dn, 0xFF, n, s));
-    if (d->pb.inplace) CK(cudaMemcpyAsync(d->dres, d->res, n, cudaMemcpyHostToDevice, s));
+    if (d->pb.inplace) CK(cudaMemcpyAsync(d->dres, d->c[0].residual, n, cudaMemcpyHostToDevice, s));
 }
 
 __thread uint16_t *g_hbuf, *g_nbuf;
@@ -337,7 +273,7 @@ static void verify(data *d, int64_t T, int64_t untouched_from, const char *what)
     }
     if (untouched_from < 0) return;
     for (i = untouched_from * H; i < (int64_t)n; ++i) {
-        const uint16_t want_h = d->pb.inplace ? d->res[i] : SENT;
+        const uint16_t want_h = d->pb.inplace ? d->c[0].residual[i] : SENT;
         if (g_hbuf[i] != want_h)
             FAIL("%s [%s] T=%lld: hidden[%lld] past T was written (0x%04x)", what, d->pb.name, (long long)T,
                  (long long)(i / H), g_hbuf[i]);
@@ -361,11 +297,201 @@ static beam_workspace *make_ws(data *d, int64_t one, int64_t two, int32_t timeou
     return ws;
 }
 
-static const beam_strategy STRATS[4] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
-                                        BEAM_STRATEGY_UNFUSED};
-static const char *const SNAMES[4] = {"AUTO", "ONESHOT", "TWOSHOT", "UNFUSED"};
+/* UNFUSED first: a workspace's first call (the all-gather on its own) */
+static const beam_strategy STRATS[4] = {BEAM_STRATEGY_UNFUSED, BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT,
+                                        BEAM_STRATEGY_TWOSHOT};
+static const char *const SNAMES[4] = {"UNFUSED", "AUTO", "ONESHOT", "TWOSHOT"};
 
-/* ---- parts ----------------------------------------------------------------- */
+static void expect(beam_status got, beam_status want, const char *needle, const char *what)
+{
+    if (got != want)
+        FAIL("%s: status %s, expected %s (%s)", what, beam_status_string(got), beam_status_string(want),
+             beam_last_error());
+    if (needle && !strstr(beam_last_error(), needle))
+        FAIL("%s: message \"%s\" lacks \"%s\"", what, beam_last_error(), needle);
+    if (g_rank == 0 && want != BEAM_OK) printf("  %s -> %s: %s\n", what, beam_status_string(got), beam_last_error());
+}
+
+/* ---- the quantized output ------------------------------------------------- */
+
+enum { NQFORMS = QM_NFORMS, QGUARD = 64 };
+#define QPOISON8 0x5A /* values; scales get 0xFF bytes, a NaN no scale is */
+
+static const char *const QNAMES[NQFORMS] = {"group128", "group64 ue8m0 col-major", "token", "token ue8m0",
+                                            "tensor", "nvfp4 g 672", "nvfp4 g 1"};
+
+/* This rank's quantized output on the device (the largest extent of any
+ * form, guards included), its host copy, and the model's. */
+typedef struct qdata {
+    size_t nv, ns; /* bytes of values, floats of scales */
+    uint8_t *dv, *hv, *want_v;
+    float *ds, *hs, *want_s;
+} qdata;
+
+static void qdata_make(qdata *q, int64_t maxt, int H)
+{
+    /* the scales of group 64 column-major, or NVFP4's block scales (whole
+     * tiles of 128 rows, a byte per 16 values), whichever is larger */
+    const size_t col = (size_t)(H / 64) * (size_t)((maxt + 3) / 4 * 4);
+    const size_t fp4 = (size_t)BEAM_NVFP4_SCALE_BYTES(maxt, H) / 4;
+    q->nv = (size_t)maxt * H + QGUARD;
+    q->ns = (col > fp4 ? col : fp4) + QGUARD;
+    CK(cudaMalloc((void **)&q->dv, q->nv));
+    CK(cudaMalloc((void **)&q->ds, q->ns * 4));
+    /* host: the copy of the device's, then the model's */
+    q->hv = hu_alloc(2 * q->nv, 0);
+    q->hs = hu_alloc(2 * q->ns * 4, 0);
+    q->want_v = q->hv + q->nv;
+    q->want_s = q->hs + q->ns;
+}
+
+static void qdata_free(qdata *q)
+{
+    cudaFree(q->dv);
+    cudaFree(q->ds);
+    hu_free(q->hv);
+    hu_free(q->hs);
+}
+
+/* The model's quantization of the reference's first T normalized rows, in
+ * arrays poisoned as the device's are before a call. */
+static void qdata_model(qdata *q, const data *d, const beam_quant *form, int64_t T)
+{
+    memset(q->want_v, QPOISON8, q->nv);
+    memset(q->want_s, 0xFF, q->ns * 4);
+    qm_quant(form, d->ref_n, T, d->pb.H, q->want_v, q->want_s);
+}
+
+static void qdata_poison(qdata *q, cudaStream_t s)
+{
+    CK(cudaMemsetAsync(q->dv, QPOISON8, q->nv, s));
+    CK(cudaMemsetAsync(q->ds, 0xFF, q->ns * 4, s));
+}
+
+/* One _q call of this rank: quant form with this rank's arrays, normalized
+ * kept or NULL. */
+static beam_status call_q(beam_workspace *ws, data *d, int64_t T, beam_strategy st, const beam_quant *form,
+                          qdata *qd, int keep)
+{
+    const int H = d->pb.H, K = d->pb.K;
+    const int64_t L = (T + g_R - 1) / g_R;
+    const int64_t lo = (int64_t)g_rank * L;
+    beam_quant q = *form;
+    /* NVFP4: the scales array's bytes are the block scales, each at its
+     * token's row of the gathered output */
+    qm_bind(&q, qd->dv, qd->ds);
+    g_call_ms = now_ms();
+    g_call_ws = ws;
+    return beam_moe_finalize_gather_norm_residual_norm_q(
+        ws, d->dx + (size_t)lo * K * H, d->dw + (size_t)lo * K, L, T, K, H, d->pb.rs,
+        d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->c[0].scales : NULL, &d->next, d->dh,
+        keep ? d->dn : NULL, &q, st, g_stream);
+}
+
+/* hidden_out as the plain gather's (and normalized too when kept; else
+ * untouched), values and scales as the model's, every byte past them
+ * (column-major padding included) untouched. */
+static void verify_q(data *d, qdata *qd, int64_t T, int keep, const char *what)
+{
+    const size_t n = (size_t)d->maxt * d->pb.H;
+    size_t i;
+    if (keep) {
+        verify(d, T, T, what);
+    } else {
+        const int next = d->pb.next;
+        d->pb.next = 0; /* hidden only */
+        verify(d, T, T, what);
+        d->pb.next = next;
+        CK(cudaMemcpy(g_nbuf, d->dn, n * 2, cudaMemcpyDeviceToHost));
+        for (i = 0; i < n; ++i)
+            if (g_nbuf[i] != SENT)
+                FAIL("%s [%s] T=%lld: normalized was NULL, yet normalized[%zu][%zu] was written", what, d->pb.name,
+                     (long long)T, i / (size_t)d->pb.H, i % (size_t)d->pb.H);
+    }
+    CK(cudaMemcpy(qd->hv, qd->dv, qd->nv, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(qd->hs, qd->ds, qd->ns * 4, cudaMemcpyDeviceToHost));
+    for (i = 0; i < qd->nv; ++i)
+        if (qd->hv[i] != qd->want_v[i])
+            FAIL("%s [%s] T=%lld: values[%zu] (row %zu) = 0x%02x, model 0x%02x (0x%02x: untouched)", what, d->pb.name,
+                 (long long)T, i, i / (size_t)d->pb.H, qd->hv[i], qd->want_v[i], QPOISON8);
+    for (i = 0; i < qd->ns; ++i)
+        if (memcmp(&qd->hs[i], &qd->want_s[i], 4))
+            FAIL("%s [%s] T=%lld: scales[%zu] = %g, model %g (NaN: untouched)", what, d->pb.name, (long long)T, i,
+                 (double)qd->hs[i], (double)qd->want_s[i]);
+}
+
+/* Every rank checks nothing of its own was written (a call it rejected). */
+static void verify_q_untouched(data *d, qdata *qd, const char *what)
+{
+    size_t i;
+    CK(cudaStreamSynchronize(g_stream));
+    CK(cudaMemcpy(g_hbuf, d->dh, (size_t)d->maxt * d->pb.H * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(qd->hv, qd->dv, qd->nv, cudaMemcpyDeviceToHost));
+    for (i = 0; i < (size_t)d->maxt * d->pb.H; ++i)
+        if (g_hbuf[i] != SENT) FAIL("%s: the rejecting rank wrote hidden[%zu]", what, i / (size_t)d->pb.H);
+    for (i = 0; i < qd->nv; ++i)
+        if (qd->hv[i] != QPOISON8) FAIL("%s: the rejecting rank wrote values[%zu]", what, i);
+}
+
+/* One rank (the last) passes a bad quant (group_size 96) under each
+ * strategy: it returns BEAM_ERR_INVALID_ARGUMENT having written nothing,
+ * and its peers learn it as for any other rejection (part "mismatch"):
+ * their next call and destroy fail with BEAM_ERR_COMM, in-band. */
+/* ---- over NCCL: what test_backends runs over the in-process groups ----------- */
+
+/* Problem pb at every T of Ts under every strategy: the plain gather (AUTO:
+ * ONESHOT up to 64, TWOSHOT up to 200, then UNFUSED), with nan_rows then
+ * also the rows past T = 2R + 1 made NaN (expert rows and weights: no
+ * effect); or (quant) the _q gather (AUTO: ONESHOT up to 2, TWOSHOT up to
+ * 8) with every form x normalized NULL, kept, or kept on the even ranks
+ * only (each rank's own choice), against the plain gather's reference and
+ * the model of its normalized. The calls made. */
+static int sweep_problem(const problem *pb, int64_t maxt, const int64_t *Ts, int nT, uint64_t seed, int nan_rows,
+                         int quant)
+{
+    static const char *const kept[3] = {"NULL", "kept", "kept on even ranks"};
+    const int64_t Tn = 2 * g_R + 1;
+    const size_t kh = (size_t)pb->K * pb->H;
+    data d;
+    qdata qd;
+    beam_workspace *ws;
+    int t, s, f, keep, calls = 0;
+    make_data(&d, pb, maxt, seed, 1);
+    if (quant) qdata_make(&qd, maxt, pb->H);
+    ws = make_ws(&d, quant ? 2 : 64, quant ? 8 : 200, 0);
+    for (t = 0; t < nT + nan_rows; ++t) {
+        const int64_t T = t < nT ? Ts[t] : Tn;
+        beam_quant forms[NQFORMS];
+        qm_forms(forms, T);
+        if (t == nT) {
+            CK(cudaMemsetAsync(d.dx + (size_t)Tn * kh, 0xFF, (size_t)(maxt + g_R - Tn) * kh * 2, g_stream));
+            CK(cudaMemsetAsync(d.dw + (size_t)Tn * pb->K, 0xFF, (size_t)(maxt + g_R - Tn) * pb->K * 4, g_stream));
+        }
+        for (f = 0; f < (quant ? NQFORMS : 1); ++f) {
+            if (quant) qdata_model(&qd, &d, &forms[f], T);
+            for (s = 0; s < 4; ++s)
+                for (keep = quant ? 0 : 1; keep < (quant ? 3 : 2); ++keep, ++calls) {
+                    const int mine = keep == 2 ? g_rank % 2 == 0 : keep;
+                    char what[128];
+                    reset_outputs(&d, g_stream);
+                    if (!quant) {
+                        BK(call(ws, &d, T, d.pb.H, STRATS[s], g_stream));
+                        verify(&d, T, T, t < nT ? SNAMES[s] : "NaN rows past T");
+                        continue;
+                    }
+                    snprintf(what, sizeof what, "_q %s %s normalized %s", SNAMES[s], QNAMES[f], kept[keep]);
+                    qdata_poison(&qd, g_stream);
+                    BK(call_q(ws, &d, T, STRATS[s], &forms[f], &qd, mine));
+                    verify_q(&d, &qd, T, mine, what);
+                }
+        }
+    }
+    BK(beam_workspace_destroy(ws));
+    if (quant) qdata_free(&qd);
+    free_data(&d);
+    host_barrier();
+    return calls;
+}
 
 static void part_sweep(uint64_t seed)
 {
@@ -378,51 +504,46 @@ static void part_sweep(uint64_t seed)
         {"H512 K8 unaligned all special", 512, 8, 2, 2, 1, 1, 0, 1, 1.0f},
         {"H4096 K2 next only", 4096, 2, 0, 2, 0, 0, 0, 0, 1.0f},
     };
-    const int64_t maxt = 333;
-    int64_t Ts[16];
-    int nT = 0, p, t, s, calls = 0;
-    Ts[nT++] = 0; Ts[nT++] = 1; Ts[nT++] = g_R - 1; Ts[nT++] = g_R; Ts[nT++] = g_R + 1;
-    Ts[nT++] = 2 * g_R + 1; Ts[nT++] = 63; Ts[nT++] = 64; Ts[nT++] = 65; Ts[nT++] = 129;
-    Ts[nT++] = 200; Ts[nT++] = maxt - 1; Ts[nT++] = maxt;
-    for (p = 0; p < (int)(sizeof pbs / sizeof pbs[0]); ++p) {
-        data d;
-        beam_workspace *ws;
-        make_data(&d, &pbs[p], maxt, seed + (uint64_t)p, 1);
-        /* AUTO: ONESHOT up to 64, TWOSHOT up to 200, then UNFUSED */
-        ws = make_ws(&d, 64, 200, 0);
-        for (t = 0; t < nT; ++t)
-            for (s = 0; s < 4; ++s) {
-                reset_outputs(&d, g_stream);
-                BK(call(ws, &d, Ts[t], d.pb.H, STRATS[s], g_stream));
-                verify(&d, Ts[t], Ts[t], SNAMES[s]);
-                ++calls;
-            }
-        /* rows past T hold NaN (expert rows and weights): no effect */
-        {
-            const int64_t T = 2 * g_R + 1;
-            const size_t kh = (size_t)d.pb.K * d.pb.H;
-            CK(cudaMemsetAsync(d.dx + (size_t)T * kh, 0xFF, (size_t)(d.rows - T) * kh * 2, g_stream));
-            CK(cudaMemsetAsync(d.dw + (size_t)T * d.pb.K, 0xFF, (size_t)(d.rows - T) * d.pb.K * 4, g_stream));
-            for (s = 0; s < 4; ++s) {
-                reset_outputs(&d, g_stream);
-                BK(call(ws, &d, T, d.pb.H, STRATS[s], g_stream));
-                verify(&d, T, T, "NaN rows past T");
-                ++calls;
-            }
-        }
-        BK(beam_workspace_destroy(ws));
-        free_data(&d);
-        host_barrier();
-    }
+    const int64_t Ts[] = {1, 0, g_R - 1, g_R, g_R + 1, 2 * g_R + 1, 63, 64, 65, 129, 200, 332, 333};
+    int p, calls = 0;
+    for (p = 0; p < (int)(sizeof pbs / sizeof pbs[0]); ++p)
+        calls += sweep_problem(&pbs[p], 333, Ts, (int)(sizeof Ts / sizeof Ts[0]), seed + (uint64_t)p, 1, 0);
     if (g_rank == 0) printf("sweep: %d calls per rank, every output bit-identical to the reference\n", calls);
 }
 
-static int64_t pick_T(int64_t maxt)
+/* T up to 16384, T not divisible by R among them. */
+static void part_large(uint64_t seed)
 {
-    uint64_t u = rnd() % 8;
+    static const problem pb = {"H4096 K8 post+w next+w scales, T to 16384", 4096, 8, 2, 2, 1, 0, 0, 0, 1.5f};
+    static const int64_t Ts[] = {1, 4095, 4096, 8191, 16383, 16384};
+    const int calls = sweep_problem(&pb, 16384, Ts, 6, seed + 101, 0, 0);
+    if (g_rank == 0) printf("large: %d calls per rank up to T = 16384, bit-identical\n", calls);
+}
+
+/* The _q gather at T = 1, T < R, T not divisible by R and T near
+ * max_tokens. */
+static void part_quant(uint64_t seed)
+{
+    static const problem pb = {"quant H1024 K4 post+w next+w scales special", 1024, 4, 2, 2, 1, 1, 0, 0, 1.0f};
+    const int64_t Ts[4] = {1, g_R + 1, 159, g_R - 1};
+    const int calls = sweep_problem(&pb, 160, Ts, g_R > 2 ? 4 : 3, seed + 23, 0, 1);
+    if (g_rank == 0)
+        printf("quant: %d _q calls per rank, hidden and normalized bit-identical to the plain gather, values and "
+               "scales to the model\n", calls);
+}
+
+/* The first kernel launched into a stream may wait for the device's other
+ * work (the runtime sets the stream up). With ranks sharing a device, that
+ * work can be a peer's gather kernel waiting for this rank: the rank's
+ * first launch would wait for the peer's timeout. So every rank launches a
+ * small kernel (a local operation) into its stream before any rank makes a
+ * gather call. */
+static int64_t pick_T(hu_rng *r, int64_t maxt)
+{
+    uint32_t u = hu_below(r, 8);
     if (u == 0) return 0;
-    if (u < 4) return 1 + (int64_t)(rnd() % 16);
-    return (int64_t)(rnd() % (uint64_t)(maxt + 1));
+    if (u < 4) return 1 + (int64_t)hu_below(r, 16);
+    return (int64_t)hu_below(r, (uint32_t)maxt + 1);
 }
 
 /* Rows written by a sequence of calls (call c: tokens Tc[c], weight set
@@ -491,6 +612,7 @@ static void part_stress(uint64_t seed, int n)
     /* the rank's own stream: with ranks as threads, every extra stream is
      * another hardware queue to share (test_gather_group.c) */
     cudaStream_t st = g_stream;
+    hu_rng r;
     int i, g, last[2] = {0, 1};
     make_data(&d, &pb, 333, seed, NV);
     ws = make_ws(&d, 48, 160, 0);
@@ -498,10 +620,10 @@ static void part_stress(uint64_t seed, int n)
     /* eager: the same random sequence on every rank; the weight set changes
      * from call to call, and a checked call starts from the sentinel, so
      * that a stale row or a skipped store fails */
-    rng_s = seed * 31 + 7;
+    hu_rng_init(&r, seed * 31 + 7);
     for (i = 1; i <= n; ++i) {
-        const int64_t T = pick_T(d.maxt);
-        const int s = (int)(rnd() % 4);
+        const int64_t T = pick_T(&r, d.maxt);
+        const int s = (int)hu_below(&r, 4);
         const int v = next_set(last, s, T);
         use_set(&d, v);
         if (i % check_every == 0) reset_outputs(&d, st);
@@ -527,8 +649,8 @@ static void part_stress(uint64_t seed, int n)
             int c;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
             for (c = 0; c < 3; ++c) {
-                int64_t T = pick_T(d.maxt);
-                const int s = (int)(rnd() % 4);
+                int64_t T = pick_T(&r, d.maxt);
+                const int s = (int)hu_below(&r, 4);
                 if (c == 2 && T == 0) T = 1;
                 gT[g][c] = T;
                 gv[g][c] = next_set(last, s, T);
@@ -547,7 +669,7 @@ static void part_stress(uint64_t seed, int n)
         CK(cudaStreamSynchronize(st));
         host_barrier();
         for (i = 1; i <= n; ++i) {
-            g = (int)(rnd() % NG);
+            g = (int)hu_below(&r, NG);
             if (i % check_every == 0) reset_outputs(&d, st);
             CK(cudaGraphLaunch(ex[g], st));
             if (i % check_every == 0) {
@@ -572,16 +694,6 @@ static void part_stress(uint64_t seed, int n)
     BK(beam_workspace_destroy(ws));
     free_data(&d);
     host_barrier();
-}
-
-static void expect(beam_status got, beam_status want, const char *needle, const char *what)
-{
-    if (got != want)
-        FAIL("%s: status %s, expected %s (%s)", what, beam_status_string(got), beam_status_string(want),
-             beam_last_error());
-    if (needle && !strstr(beam_last_error(), needle))
-        FAIL("%s: message \"%s\" lacks \"%s\"", what, beam_last_error(), needle);
-    if (g_rank == 0 && want != BEAM_OK) printf("  %s -> %s: %s\n", what, beam_status_string(got), beam_last_error());
 }
 
 static void part_bad(uint64_t seed)
@@ -653,15 +765,13 @@ static void part_bad(uint64_t seed)
 static void timeout_case(data *d, beam_strategy s, beam_strategy next, const char *why, const char *what)
 {
     beam_workspace *ws = make_ws(d, -1, -1, 300);
-    struct timespec t0, t1;
     host_barrier();
     if (g_rank == 0) {
+        const double t0 = now_ms();
         double ms;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
         BK(call(ws, d, 5, 512, s, g_stream)); /* the peers never come */
         CK(cudaStreamSynchronize(g_stream));
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        ms = now_ms() - t0;
         if (ms < 250 || ms > 5000) FAIL("%s timeout: the stream moved on after %.0f ms, expected about 300", what, ms);
         printf("  %s: the waiting call ended after %.0f ms (timeout 300 ms)\n", what, ms);
         expect(call(ws, d, 5, 512, s, g_stream), BEAM_ERR_COMM, why, "next call after a timeout");
@@ -687,60 +797,39 @@ static void part_timeout(uint64_t seed)
     if (g_rank == 0) printf("timeout: reported as BEAM_ERR_COMM, no hang (ONESHOT, UNFUSED)\n");
 }
 
-/* T up to 16384 (one problem, every strategy; AUTO: ONESHOT to 64, TWOSHOT
- * to 200, then UNFUSED), T not divisible by R among them. */
-static void part_large(uint64_t seed)
-{
-    static const problem pb = {"H4096 K8 post+w next+w scales, T to 16384", 4096, 8, 2, 2, 1, 0, 0, 0, 1.5f};
-    const int64_t Ts[] = {1, 4095, 4096, 8191, 16383, 16384};
-    data d;
-    beam_workspace *ws;
-    int t, s, calls = 0;
-    make_data(&d, &pb, 16384, seed + 101, 1);
-    ws = make_ws(&d, 64, 200, 0);
-    for (t = 0; t < (int)(sizeof Ts / sizeof Ts[0]); ++t)
-        for (s = 0; s < 4; ++s) {
-            reset_outputs(&d, g_stream);
-            BK(call(ws, &d, Ts[t], d.pb.H, STRATS[s], g_stream));
-            verify(&d, Ts[t], Ts[t], SNAMES[s]);
-            ++calls;
-        }
-    BK(beam_workspace_destroy(ws));
-    free_data(&d);
-    host_barrier();
-    if (g_rank == 0) printf("large: %d calls per rank up to T = 16384, bit-identical\n", calls);
-}
-
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-/* One rank (the last) passes another routed_scale, or rejects its
- * arguments (bad hidden), under each strategy and both ONESHOT paths (LL
- * rows at T = 5, flags when ceil(T/R) > 64): every other rank's next call
- * and destroy fail with BEAM_ERR_COMM naming it, well before the timeout
- * (5 s) where the failure is seen on the device. */
+/* One rank (the last) passes another routed_scale, rejects its arguments
+ * (bad hidden), or rejects its quant (group_size 96, having written
+ * nothing), under each strategy and both ONESHOT paths (LL rows at T = 5,
+ * flags when ceil(T/R) > 64): every other rank's next call and destroy
+ * fail with BEAM_ERR_COMM naming it, well before the timeout (5 s) where
+ * the failure is seen on the device. */
 static void part_mismatch(uint64_t seed)
 {
     static const problem pb = {"mismatch H512 K4", 512, 4, 2, 2, 1, 0, 0, 0, 1.0f};
     const beam_strategy st[4] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
                                  BEAM_STRATEGY_UNFUSED};
     const char *const names[4] = {"ONESHOT (LL)", "ONESHOT (flags)", "TWOSHOT", "UNFUSED"};
+    const char *const kinds[3] = {"one rank differs", "one rank rejects", "one rank's bad quant"};
     data d;
+    qdata qd;
     int kind, s;
     make_data(&d, &pb, 65 * 8 + 8, seed + 7, 1);
-    for (kind = 0; kind < 2; ++kind)
+    qdata_make(&qd, d.maxt, pb.H);
+    for (kind = 0; kind < 3; ++kind)
         for (s = 0; s < 4; ++s) {
             const int64_t T = s == 1 ? 65 * g_R : (s == 0 ? 5 : 40);
             const int odd = g_rank == g_R - 1;
             char what[96];
             beam_workspace *ws = make_ws(&d, -1, -1, 5000);
+            beam_quant forms[NQFORMS], bad;
             double t0;
-            beam_status got;
-            snprintf(what, sizeof what, "%s: %s", kind ? "one rank rejects" : "one rank differs", names[s]);
+            qm_forms(forms, T);
+            bad = forms[0]; /* group 128, with group_size 96 */
+            bad.group_size = 96;
+            snprintf(what, sizeof what, "%s: %s", kinds[kind], names[s]);
+            reset_outputs(&d, g_stream);
+            qdata_poison(&qd, g_stream);
+            CK(cudaStreamSynchronize(g_stream));
             host_barrier();
             t0 = now_ms();
             if (kind == 0) {
@@ -748,22 +837,24 @@ static void part_mismatch(uint64_t seed)
                 if (odd) d.pb.rs = 2.0f * rs;
                 BK(call(ws, &d, T, d.pb.H, st[s], g_stream));
                 d.pb.rs = rs;
-            } else if (odd) {
+            } else if (!odd) {
+                BK(kind == 1 ? call(ws, &d, T, d.pb.H, st[s], g_stream) : call_q(ws, &d, T, st[s], &forms[0], &qd, 0));
+            } else if (kind == 1) {
                 expect(call(ws, &d, T, 768, st[s], g_stream), BEAM_ERR_INVALID_ARGUMENT, "hidden", what);
             } else {
-                BK(call(ws, &d, T, d.pb.H, st[s], g_stream));
+                expect(call_q(ws, &d, T, st[s], &bad, &qd, 0), BEAM_ERR_INVALID_ARGUMENT, "quant->group_size", what);
+                verify_q_untouched(&d, &qd, what);
             }
             CK(cudaStreamSynchronize(g_stream));
             if (now_ms() - t0 > 2500) FAIL("%s: the call took %.0f ms (timeout 5000): not seen in-band", what, now_ms() - t0);
             host_barrier();
-            if (kind == 1 && odd) {
+            if (kind > 0 && odd) {
                 /* the rejecting rank reported its own error; nothing recorded */
                 BK(beam_workspace_destroy(ws));
             } else {
                 /* the rank's own finding, or a peer's that gave the call up
                  * (with three ranks or more) */
-                got = call(ws, &d, T, d.pb.H, st[s], g_stream);
-                expect(got, BEAM_ERR_COMM, NULL, what);
+                expect(call(ws, &d, T, d.pb.H, st[s], g_stream), BEAM_ERR_COMM, NULL, what);
                 if (!strstr(beam_last_error(), kind ? "rejected" : "differ") && !strstr(beam_last_error(), "gave"))
                     FAIL("%s: message \"%s\" names neither the cause nor a peer that gave up", what,
                          beam_last_error());
@@ -771,9 +862,12 @@ static void part_mismatch(uint64_t seed)
             }
             host_barrier();
         }
+    qdata_free(&qd);
     free_data(&d);
     host_barrier();
-    if (g_rank == 0) printf("mismatch: a rank that differs or rejects fails every rank, in-band, every strategy\n");
+    if (g_rank == 0)
+        printf("mismatch: a rank that differs or rejects (its arguments, its quant) fails every rank, in-band, "
+               "every strategy\n");
 }
 
 /* Rank 0 makes two calls on two streams with nothing ordering them while
@@ -852,37 +946,6 @@ static void part_wrap(uint64_t seed)
     if (g_rank == 0) printf("wrap: calls across the LL tag wrap and the clearing epochs, bit-identical\n");
 }
 
-/* UNFUSED alone, from the workspace's first call (a quick look at the
- * all-gather on its own; the sweep mixes every strategy). */
-static void part_unfused(uint64_t seed)
-{
-    static const problem pb = {"unfused H1024 K4", 1024, 4, 2, 2, 1, 0, 0, 0, 1.0f};
-    const int64_t Ts[] = {1, 5, 64, 333};
-    data d;
-    beam_workspace *ws;
-    int t;
-    make_data(&d, &pb, 333, seed + 17, 1);
-    ws = make_ws(&d, -1, -1, 2000);
-    for (t = 0; t < 4; ++t) {
-        reset_outputs(&d, g_stream);
-        BK(call(ws, &d, Ts[t], d.pb.H, BEAM_STRATEGY_UNFUSED, g_stream));
-        CK(cudaStreamSynchronize(g_stream));
-        /* a call with no rows reports what the device recorded, if anything
-         * (every rank says what it saw before any fails) */
-        {
-            const beam_status got = call(ws, &d, 0, d.pb.H, BEAM_STRATEGY_UNFUSED, g_stream);
-            if (got != BEAM_OK) fprintf(stderr, "rank %d: UNFUSED alone, T=%lld: %s\n", g_rank, (long long)Ts[t], beam_last_error());
-            host_barrier();
-            if (got != BEAM_OK) FAIL("UNFUSED alone failed");
-        }
-        verify(&d, Ts[t], Ts[t], "UNFUSED alone");
-    }
-    BK(beam_workspace_destroy(ws));
-    free_data(&d);
-    host_barrier();
-    if (g_rank == 0) printf("unfused: UNFUSED alone, bit-identical\n");
-}
-
 /* Ranks that act as if on different hosts (g_make_hosts): no peer memory,
  * so AUTO (the default thresholds) must take UNFUSED and give the
  * reference's bits, UNFUSED too, and ONESHOT is refused as unsupported. */
@@ -914,239 +977,6 @@ static void part_hosts(uint64_t seed)
     if (g_rank == 0) printf("hosts: ranks on different hosts take UNFUSED over NCCL's network transport, bit-identical\n");
 }
 
-/* ---- the quantized output (part "quant") ----------------------------------- */
-
-enum { NQFORMS = QM_NFORMS, QGUARD = 64 };
-#define QPOISON8 0x5A /* values; scales get 0xFF bytes, a NaN no scale is */
-
-static const char *const QNAMES[NQFORMS] = {"group128", "group64 ue8m0 col-major", "token", "token ue8m0",
-                                            "tensor", "nvfp4 g 672", "nvfp4 g 1"};
-
-/* This rank's quantized output on the device (the largest extent of any
- * form, guards included), its host copy, and the model's. */
-typedef struct qdata {
-    size_t nv, ns; /* bytes of values, floats of scales */
-    uint8_t *dv, *hv, *want_v;
-    float *ds, *hs, *want_s;
-} qdata;
-
-static void qdata_make(qdata *q, int64_t maxt, int H)
-{
-    /* the scales of group 64 column-major, or NVFP4's block scales (whole
-     * tiles of 128 rows, a byte per 16 values), whichever is larger */
-    const size_t col = (size_t)(H / 64) * (size_t)((maxt + 3) / 4 * 4);
-    const size_t fp4 = (size_t)BEAM_NVFP4_SCALE_BYTES(maxt, H) / 4;
-    q->nv = (size_t)maxt * H + QGUARD;
-    q->ns = (col > fp4 ? col : fp4) + QGUARD;
-    CK(cudaMalloc((void **)&q->dv, q->nv));
-    CK(cudaMalloc((void **)&q->ds, q->ns * 4));
-    q->hv = malloc(q->nv);
-    q->want_v = malloc(q->nv);
-    q->hs = malloc(q->ns * 4);
-    q->want_s = malloc(q->ns * 4);
-    if (!q->hv || !q->want_v || !q->hs || !q->want_s) FAIL("out of host memory");
-}
-
-static void qdata_free(qdata *q)
-{
-    cudaFree(q->dv);
-    cudaFree(q->ds);
-    free(q->hv);
-    free(q->want_v);
-    free(q->hs);
-    free(q->want_s);
-}
-
-/* The model's quantization of the reference's first T normalized rows, in
- * arrays poisoned as the device's are before a call. */
-static void qdata_model(qdata *q, const data *d, const beam_quant *form, int64_t T)
-{
-    memset(q->want_v, QPOISON8, q->nv);
-    memset(q->want_s, 0xFF, q->ns * 4);
-    qm_quant(form, d->ref_n, T, d->pb.H, q->want_v, q->want_s);
-}
-
-static void qdata_poison(qdata *q, cudaStream_t s)
-{
-    CK(cudaMemsetAsync(q->dv, QPOISON8, q->nv, s));
-    CK(cudaMemsetAsync(q->ds, 0xFF, q->ns * 4, s));
-}
-
-/* One _q call of this rank: quant form with this rank's arrays, normalized
- * kept or NULL. */
-static beam_status call_q(beam_workspace *ws, data *d, int64_t T, beam_strategy st, const beam_quant *form,
-                          qdata *qd, int keep)
-{
-    const int H = d->pb.H, K = d->pb.K;
-    const int64_t L = (T + g_R - 1) / g_R;
-    const int64_t lo = (int64_t)g_rank * L;
-    beam_quant q = *form;
-    /* NVFP4: the scales array's bytes are the block scales, each at its
-     * token's row of the gathered output */
-    qm_bind(&q, qd->dv, qd->ds);
-    g_call_ms = now_ms();
-    g_call_ws = ws;
-    return beam_moe_finalize_gather_norm_residual_norm_q(
-        ws, d->dx + (size_t)lo * K * H, d->dw + (size_t)lo * K, L, T, K, H, d->pb.rs,
-        d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->sc : NULL, &d->next, d->dh,
-        keep ? d->dn : NULL, &q, st, g_stream);
-}
-
-/* hidden_out as the plain gather's (and normalized too when kept; else
- * untouched), values and scales as the model's, every byte past them
- * (column-major padding included) untouched. */
-static void verify_q(data *d, qdata *qd, int64_t T, int keep, const char *what)
-{
-    const size_t n = (size_t)d->maxt * d->pb.H;
-    size_t i;
-    if (keep) {
-        verify(d, T, T, what);
-    } else {
-        const int next = d->pb.next;
-        d->pb.next = 0; /* hidden only */
-        verify(d, T, T, what);
-        d->pb.next = next;
-        CK(cudaMemcpy(g_nbuf, d->dn, n * 2, cudaMemcpyDeviceToHost));
-        for (i = 0; i < n; ++i)
-            if (g_nbuf[i] != SENT)
-                FAIL("%s [%s] T=%lld: normalized was NULL, yet normalized[%zu][%zu] was written", what, d->pb.name,
-                     (long long)T, i / (size_t)d->pb.H, i % (size_t)d->pb.H);
-    }
-    CK(cudaMemcpy(qd->hv, qd->dv, qd->nv, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(qd->hs, qd->ds, qd->ns * 4, cudaMemcpyDeviceToHost));
-    for (i = 0; i < qd->nv; ++i)
-        if (qd->hv[i] != qd->want_v[i])
-            FAIL("%s [%s] T=%lld: values[%zu] (row %zu) = 0x%02x, model 0x%02x (0x%02x: untouched)", what, d->pb.name,
-                 (long long)T, i, i / (size_t)d->pb.H, qd->hv[i], qd->want_v[i], QPOISON8);
-    for (i = 0; i < qd->ns; ++i)
-        if (memcmp(&qd->hs[i], &qd->want_s[i], 4))
-            FAIL("%s [%s] T=%lld: scales[%zu] = %g, model %g (NaN: untouched)", what, d->pb.name, (long long)T, i,
-                 (double)qd->hs[i], (double)qd->want_s[i]);
-}
-
-/* Every rank checks nothing of its own was written (a call it rejected). */
-static void verify_q_untouched(data *d, qdata *qd, const char *what)
-{
-    size_t i;
-    CK(cudaStreamSynchronize(g_stream));
-    CK(cudaMemcpy(g_hbuf, d->dh, (size_t)d->maxt * d->pb.H * 2, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(qd->hv, qd->dv, qd->nv, cudaMemcpyDeviceToHost));
-    for (i = 0; i < (size_t)d->maxt * d->pb.H; ++i)
-        if (g_hbuf[i] != SENT) FAIL("%s: the rejecting rank wrote hidden[%zu]", what, i / (size_t)d->pb.H);
-    for (i = 0; i < qd->nv; ++i)
-        if (qd->hv[i] != QPOISON8) FAIL("%s: the rejecting rank wrote values[%zu]", what, i);
-}
-
-/* One rank (the last) passes a bad quant (group_size 96) under each
- * strategy: it returns BEAM_ERR_INVALID_ARGUMENT having written nothing,
- * and its peers learn it as for any other rejection (part "mismatch"):
- * their next call and destroy fail with BEAM_ERR_COMM, in-band. */
-static void quant_bad(uint64_t seed)
-{
-    static const problem pb = {"quant bad H512 K4", 512, 4, 2, 2, 1, 0, 0, 0, 1.0f};
-    const beam_strategy st[4] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
-                                 BEAM_STRATEGY_UNFUSED};
-    const char *const names[4] = {"ONESHOT (LL)", "ONESHOT (flags)", "TWOSHOT", "UNFUSED"};
-    data dd;
-    qdata qq;
-    data *d = &dd;
-    qdata *qd = &qq;
-    int s;
-    make_data(d, &pb, 65 * 8 + 8, seed + 29, 1);
-    qdata_make(qd, d->maxt, pb.H);
-    for (s = 0; s < 4; ++s) {
-        const int64_t T = s == 1 ? 65 * g_R : (s == 0 ? 5 : 40);
-        const int odd = g_rank == g_R - 1;
-        char what[96];
-        beam_workspace *ws = make_ws(d, -1, -1, 5000);
-        beam_quant forms[NQFORMS], bad;
-        double t0;
-        qm_forms(forms, T);
-        bad = forms[0]; /* group 128, with group_size 96 */
-        bad.group_size = 96;
-        snprintf(what, sizeof what, "one rank's bad quant: %s", names[s]);
-        reset_outputs(d, g_stream);
-        qdata_poison(qd, g_stream);
-        CK(cudaStreamSynchronize(g_stream));
-        host_barrier();
-        t0 = now_ms();
-        if (odd) {
-            expect(call_q(ws, d, T, st[s], &bad, qd, 0), BEAM_ERR_INVALID_ARGUMENT, "quant->group_size", what);
-            verify_q_untouched(d, qd, what);
-        } else {
-            BK(call_q(ws, d, T, st[s], &forms[0], qd, 0));
-        }
-        CK(cudaStreamSynchronize(g_stream));
-        if (now_ms() - t0 > 2500) FAIL("%s: the call took %.0f ms (timeout 5000): not seen in-band", what, now_ms() - t0);
-        host_barrier();
-        if (odd) {
-            BK(beam_workspace_destroy(ws));
-        } else {
-            expect(call(ws, d, T, d->pb.H, st[s], g_stream), BEAM_ERR_COMM, NULL, what);
-            if (!strstr(beam_last_error(), "rejected") && !strstr(beam_last_error(), "gave"))
-                FAIL("%s: message \"%s\" names neither the rejection nor a peer that gave up", what,
-                     beam_last_error());
-            expect(beam_workspace_destroy(ws), BEAM_ERR_COMM, NULL, what);
-        }
-        host_barrier();
-    }
-    qdata_free(qd);
-    free_data(d);
-    host_barrier();
-}
-
-/* The _q gather: every form x strategy x normalized kept, NULL or kept on
- * the even ranks only, at T = 1, T < R, T not divisible by R and T near
- * max_tokens, on every rank against the plain gather's reference and the
- * model of its normalized; then one rank's bad quant. */
-static void part_quant(uint64_t seed)
-{
-    static const problem pb = {"quant H1024 K4 post+w next+w scales special", 1024, 4, 2, 2, 1, 1, 0, 0, 1.0f};
-    const int64_t maxt = 160;
-    int64_t Ts[4];
-    int nT = 0, t, f, s, keep, calls = 0;
-    data d;
-    qdata qd;
-    beam_workspace *ws;
-    Ts[nT++] = 1;
-    if (g_R > 2) Ts[nT++] = g_R - 1;
-    Ts[nT++] = g_R + 1;
-    Ts[nT++] = maxt - 1;
-    make_data(&d, &pb, maxt, seed + 23, 1);
-    qdata_make(&qd, maxt, pb.H);
-    /* AUTO: ONESHOT up to 2, TWOSHOT up to 8, then UNFUSED */
-    ws = make_ws(&d, 2, 8, 0);
-    for (t = 0; t < nT; ++t) {
-        beam_quant forms[NQFORMS];
-        qm_forms(forms, Ts[t]);
-        for (f = 0; f < NQFORMS; ++f) {
-            qdata_model(&qd, &d, &forms[f], Ts[t]);
-            /* normalized NULL, kept, kept on the even ranks only (each
-             * rank's own choice) */
-            for (s = 0; s < 4; ++s)
-                for (keep = 0; keep < 3; ++keep) {
-                    static const char *const kept[3] = {"NULL", "kept", "kept on even ranks"};
-                    const int mine = keep == 2 ? g_rank % 2 == 0 : keep;
-                    char what[128];
-                    snprintf(what, sizeof what, "_q %s %s normalized %s", SNAMES[s], QNAMES[f], kept[keep]);
-                    reset_outputs(&d, g_stream);
-                    qdata_poison(&qd, g_stream);
-                    BK(call_q(ws, &d, Ts[t], STRATS[s], &forms[f], &qd, mine));
-                    verify_q(&d, &qd, Ts[t], mine, what);
-                    ++calls;
-                }
-        }
-    }
-    BK(beam_workspace_destroy(ws));
-    qdata_free(&qd);
-    free_data(&d);
-    host_barrier();
-    quant_bad(seed);
-    if (g_rank == 0)
-        printf("quant: %d _q calls per rank, hidden and normalized bit-identical to the plain gather, values and "
-               "scales to the model; one rank's bad quant rejected in-band\n", calls);
-}
-
 /* The first kernel launched into a stream may wait for the device's other
  * work (the runtime sets the stream up). With ranks sharing a device, that
  * work can be a peer's gather kernel waiting for this rank: the rank's
@@ -1175,12 +1005,13 @@ void gp_run_parts(uint64_t seed, int stress, const char *only)
      * the legacy default stream, which would serialize their kernels */
     CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
     warm_stream();
-    if (!only || !strcmp(only, "unfused")) part_unfused(seed);
-    if (!only || !strcmp(only, "sweep")) part_sweep(seed);
-    if (!only || !strcmp(only, "large")) part_large(seed);
+    /* the in-process group's sweep, large T and quantized forms are
+     * test_backends' gather part */
+    if (!g_threads && (!only || !strcmp(only, "sweep"))) part_sweep(seed);
+    if (!g_threads && (!only || !strcmp(only, "large"))) part_large(seed);
+    if (!g_threads && (!only || !strcmp(only, "quant"))) part_quant(seed);
     if (!only || !strcmp(only, "stress")) part_stress(seed, stress);
     if (!only || !strcmp(only, "bad")) part_bad(seed);
-    if (!only || !strcmp(only, "quant")) part_quant(seed);
     if (!only || !strcmp(only, "mismatch")) part_mismatch(seed);
     if (!only || !strcmp(only, "concurrent")) part_concurrent(seed);
     if (!only || !strcmp(only, "wrap")) part_wrap(seed);

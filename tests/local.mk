@@ -14,7 +14,10 @@
 # Programs:
 #   test_backends      every op of every backend of lib/backends.def that runs
 #                      here, through its table, against the CPU ground truth
-#                      (the CPU itself against the naive reference)
+#                      (the CPU itself against the naive reference), and the
+#                      gather of every backend's in-process group (every R, T,
+#                      strategy, norm and quantized form) against the naive
+#                      reference
 #   test_fp8           the E4M3 conversion and scales of cpu/fp8.h against a
 #                      nearest-value search, every BF16 value
 #   test_fp4           the NVFP4 pieces of cpu/fp4.h and the harness's model
@@ -29,8 +32,8 @@
 #   test_edges         hand-checked rounding vectors (libbeammoe_cpu)
 #   test_golden        golden FNV-1a digests of fixed cases (libbeammoe_cpu)
 #   test_threads       identical bits for 1, 2, 3 OpenMP threads
-#   test_group         CPU tensor-parallel gather, R = 1, 2, 3, 4, 8 ranks,
-#                      and its quantized output (_q) against the model
+#   test_group         the CPU group's own: faults, timeouts, thread races,
+#                      the gather's argument refusals (plain and _q)
 #   test_contract      every rule of docs/contract.md: status, message, no write
 #   test_dispatch      backend selection of libbeammoe; its first call on a
 #                      16 KiB thread stack
@@ -202,44 +205,23 @@ tests_st_fuzz_LDADD = harness/libharness.la
 
 # ---- the `beammoe` tool (tools/local.mk) ------------------------------------
 # Shell scripts run from the top build directory, where they find
-# tools/beammoe (as they do in a VPATH build and in `make distcheck`).
-
-# The quick audit: every backend and strategy against the CPU ground truth,
-# the CPU backend against the naive reference.
-TESTS += tests/audit-quick.sh
-EXTRA_DIST += tests/audit-quick.sh
-
-# safetensors input/output: good files (written by python3's struct/json and
-# by `run --output`) audit clean; malformed ones are exit 2 with a message.
-# Exit 77 (skip) when the tool was built without json-c.
-TESTS += tests/safetensors-test.sh
-EXTRA_DIST += tests/safetensors-test.sh
-
-# The exit-status rule of every command (beammoe --help): bad options,
-# values that are not exactly numbers, sizes and values the library rejects,
-# a backend that is not available: exit 2 with a message, never a crash.
-TESTS += tests/exit-status.sh
-EXTRA_DIST += tests/exit-status.sh
-
-# `run --output` never destroys what the path names (a directory, a device,
-# a FIFO, a read-only file, a file whose write fails half way), `audit
-# --input` refuses a FIFO or a device at once. Both under `timeout`.
-TESTS += tests/output-safety.sh tests/input-special.sh
-EXTRA_DIST += tests/output-safety.sh tests/input-special.sh
-
-# The tool's standard output: a report that cannot be written (stdout on
-# /dev/full, or closed) is exit 1 with a message, for every command.
-TESTS += tests/tool-stdout.sh
-EXTRA_DIST += tests/tool-stdout.sh
-
-# A signal that ends `beammoe run --output F` while it writes (SIGINT,
-# SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, ...) leaves no temporary file and F as
-# it was; the exit status is the signal's. Exit 77 without json-c.
-TESTS += tests/tool-signals.sh
-EXTRA_DIST += tests/tool-signals.sh
-
-# docs/PERF.md's and README.md's generated tables and the plots in
-# docs/perf/ match the benchmark runs in docs/perf/*.json
-# (scripts/perf-report.py --check). Exit 77 (skip) without python3.
-TESTS += tests/perf-report.sh
-EXTRA_DIST += tests/perf-report.sh scripts/perf-report.py
+# tools/beammoe (as they do in a VPATH build and in `make distcheck`):
+#   audit-quick.sh       the quick audit (every backend and strategy against
+#                        the CPU, the CPU against the naive reference)
+#   safetensors-test.sh  good files (python3's struct/json, `run --output`)
+#                        audit clean, malformed ones are exit 2 with a message
+#   exit-status.sh       the exit-status rule of every command (beammoe --help)
+#   output-safety.sh     `run --output` never destroys what the path names
+#   input-special.sh     `audit --input` refuses a FIFO or a device at once
+#   tool-stdout.sh       a report that cannot be written is exit 1, a message
+#   tool-signals.sh      a signal during `run --output F` leaves F as it was
+#                        and no temporary file; the exit status is the signal's
+#   perf-report.sh       docs/PERF.md's and README.md's tables and docs/perf/'s
+#                        plots match docs/perf/*.json (scripts/perf-report.py)
+# (safetensors-test.sh and tool-signals.sh exit 77 without json-c,
+# perf-report.sh without python3)
+BEAM_TOOL_TESTS = tests/audit-quick.sh tests/safetensors-test.sh tests/exit-status.sh \
+	tests/output-safety.sh tests/input-special.sh tests/tool-stdout.sh tests/tool-signals.sh \
+	tests/perf-report.sh
+TESTS += $(BEAM_TOOL_TESTS)
+EXTRA_DIST += $(BEAM_TOOL_TESTS) scripts/perf-report.py

@@ -25,11 +25,13 @@
  *             against the naive reference
  *   gather    every backend's in-process group (its table's
  *             cpu_group_create, ranks as threads, each on a stream of its
- *             own where the backend takes device memory): R = 1, 2, 3, 5,
- *             hidden 512 and 7168, tokens 0, 1, 4, 7 and 64 (fewer tokens
- *             than ranks, not divisible by R), every strategy, against the
- *             naive reference of the fused op on all the tokens, on every
- *             rank
+ *             own where the backend takes device memory): R = 1, 2, 3, 4,
+ *             5, 8, hidden 256 to 8192, tokens 0 to 65R + 1 (fewer than R,
+ *             not divisible by R, a rank with no rows; to 16384 on a
+ *             device), every strategy, norm, top_k, scales, in place,
+ *             misaligned, exotic values, every quantized form (the _q
+ *             gather), each rank's calls back to back, against nr_gather
+ *             (and the model of the quantized output) on every rank
  * Every output must match, and rows past the live ones (guard rows) must
  * stay untouched. BEAM_TEST_QUICK=1 shrinks the sweeps (sanitizer runs);
  * BEAM_TEST_SEED reproduces a run (the seed is printed); BEAM_TEST_BACKEND
@@ -46,6 +48,7 @@
 
 #include "backends.h"
 #include "devmem.h"
+#include "quant_model.h"
 #include "suite.h"
 
 static uint64_t g_seed;
@@ -188,15 +191,14 @@ static void test_special(void)
  * shape. */
 static void test_prefill(void)
 {
-    static const struct {
-        int64_t T;
-        int32_t K, H;
-        int misalign, post, inplace, exotic;
-    } full[] = {
-        {4096, 8, 7168, 0, HC_NORM_OFF, 0, 0},    {4096, 8, 7168, 1, HC_NORM_WEIGHT, 0, 0},
-        {2048, 8, 8192, 0, HC_NORM_WEIGHT, 1, 1}, {3001, 8, 4352, 1, HC_NORM_PLAIN, 0, 0},
-        {4096, 8, 4096, 0, HC_NORM_OFF, 0, 1},    {4096, 8, 2048, 1, HC_NORM_WEIGHT, 1, 0},
-    }, quick[] = {{2048, 2, 4608, 1, HC_NORM_WEIGHT, 0, 1}};
+    static const hc_spec full[] = {
+        {.T = 4096, .K = 8, .H = 7168, .post = HC_NORM_OFF},
+        {.T = 4096, .K = 8, .H = 7168, .misalign = 1, .post = HC_NORM_WEIGHT},
+        {.T = 2048, .K = 8, .H = 8192, .post = HC_NORM_WEIGHT, .inplace = 1, .exotic = 1},
+        {.T = 3001, .K = 8, .H = 4352, .misalign = 1, .post = HC_NORM_PLAIN},
+        {.T = 4096, .K = 8, .H = 4096, .post = HC_NORM_OFF, .exotic = 1},
+        {.T = 4096, .K = 8, .H = 2048, .misalign = 1, .post = HC_NORM_WEIGHT, .inplace = 1},
+    }, quick[] = {{.T = 2048, .K = 2, .H = 4608, .misalign = 1, .post = HC_NORM_WEIGHT, .exotic = 1}};
     FOR_EACH_BACKEND(ops)
     {
         const int q = hu_quick() || ops == g_cpu;
@@ -204,15 +206,7 @@ static void test_prefill(void)
         int i, bad = 0;
         for (i = 0; i < n; i++) {
             hc_case d;
-            hc_spec s;
-            memset(&s, 0, sizeof s);
-            s.T = q ? quick[i].T : full[i].T;
-            s.K = q ? quick[i].K : full[i].K;
-            s.H = q ? quick[i].H : full[i].H;
-            s.misalign = q ? quick[i].misalign : full[i].misalign;
-            s.post = q ? quick[i].post : full[i].post;
-            s.inplace = q ? quick[i].inplace : full[i].inplace;
-            s.exotic = q ? quick[i].exotic : full[i].exotic;
+            hc_spec s = q ? quick[i] : full[i];
             s.pad = 2;
             s.next = HC_NORM_WEIGHT;
             s.scales = i % 2;
@@ -276,187 +270,408 @@ static void test_random(void)
 
 /* ---- gather: every backend's in-process group ----------------------------- */
 
-#define G_MAXR 5
-#define G_MAXT 64
+/* The gather's plan, run on one group of R ranks for each R: a workspace per
+ * line (its hidden; AUTO's thresholds low enough that AUTO takes each
+ * strategy, or the defaults), and on it every case of the line under every
+ * strategy, UNFUSED first, each rank's calls back to back with no sync but
+ * the library's own (a fast rank runs into the next call while slow ones
+ * still read this one's). Tokens are a * R + b: none, 1, fewer than R, not
+ * divisible by R, a rank owning no row (T = 9, R = 4), ceil(T/R) past 64
+ * (the CUDA ONESHOT's flag rows), near max_tokens. The other axes rotate
+ * with the case's number (hc_sweep_spec: top_k up to the line's, norms,
+ * scales, routed_scale, NaN rows past each rank's live ones, in place,
+ * misaligned bases, exotic values). G_QUANT: also the _q gather with quant
+ * NULL and with every form (harness/quant_model.h), normalized kept, NULL
+ * or kept on the even ranks only, values and scales the model's of the
+ * reference's normalized, nothing past them written. G_LARGE: one case at
+ * the line's largest T, called at every T (a device backend's launch
+ * shapes; the CPU's schedule does not depend on T). */
+enum { G_PLAIN, G_QUANT, G_LARGE };
+#define G_NLINES 7
+#define G_GUARD 130 /* output rows past T that must stay untouched: more than a 128-row tile */
+#define G_QGUARD 64 /* bytes of values, floats of scales past the model's extent */
+#define G_CAP 8e6   /* expert values of a case at most (top_k shrinks to fit); G_LARGE: any */
+static const struct gline {
+    int32_t H, K;     /* hidden; top_k at most */
+    int64_t one, two; /* AUTO's thresholds; 0: the defaults */
+    int kind, nt;
+    int16_t t[16][2]; /* tokens a * R + b */
+} GPLAN[G_NLINES] = {
+    {1024, 32, 2, 8, G_PLAIN, 15,
+     {{0, 1}, {0, 0}, {1, -1}, {0, 2}, {1, 0}, {1, 1}, {2, 1}, {0, 7}, {0, 9}, {0, 63}, {0, 64}, {0, 65},
+      {0, 100}, {65, 0}, {65, 1}}},
+    {512, 4, 2, 8, G_QUANT, 4, {{0, 1}, {1, -1}, {1, 1}, {0, 99}}},
+    {7168, 8, 0, 0, G_PLAIN, 4, {{0, 1}, {1, 1}, {0, 61}, {0, 64}}},
+    {256, 2, 64, 200, G_PLAIN, 6, {{0, 63}, {0, 64}, {0, 65}, {0, 200}, {0, 201}, {0, 333}}},
+    {2304, 3, 64, 200, G_PLAIN, 2, {{1, 1}, {0, 129}}},
+    {8192, 32, 64, 200, G_PLAIN, 2, {{1, 1}, {2, 1}}},
+    {4096, 8, 64, 200, G_LARGE, 6, {{0, 1}, {0, 2049}, {0, 4095}, {0, 8191}, {0, 16383}, {0, 16384}}},
+};
 
-/* One case of the gather, laid out on a backend's memory: the experts and
- * weights of all R * L rows (the rows past T are the case's NaN padding),
- * the residual and the norm weights, shared by the ranks (read only). */
+/* One case on a backend's memory: its inputs, shared by the ranks (read
+ * only), the reference of its largest call and (G_QUANT) the model's
+ * quantized output of every form. */
 typedef struct gcase {
     hc_case d;
-    uint16_t *ref_h, *ref_n; /* [T, H] the naive reference */
+    int64_t T;               /* tokens (G_LARGE: the largest of the line's) */
+    uint16_t *ref_h, *ref_n; /* [T, H] */
     const uint16_t *ex, *res, *wpost, *wnext;
     const float *wt;
-    void *blocks[5]; /* device copies (NULL on the host) */
+    void *blocks[5]; /* copies (misaligned, or device) */
+    int dev;
+    beam_quant forms[QM_NFORMS];
+    uint8_t *want_v[QM_NFORMS];
+    float *want_s[QM_NFORMS];
 } gcase;
 
-typedef struct grank {
-    const beam_ops *ops;
-    beam_cpu_group *g;
-    int rank, R, ncases, bad;
-    int32_t H;
-    const gcase *cases;
-    void *stream;
-    char first[300];
-} grank;
-
-static void *g_to_dev(const beam_ops *ops, gcase *c, int i, const void *src, size_t bytes)
+/* src as the backend takes it: itself, or a copy `off` bytes past 16 */
+static const void *g_place(gcase *c, int i, const void *src, size_t bytes, size_t off)
 {
-    void *p;
-    if (!ops->device_memory || !src) return (void *)src;
-    p = dev_alloc(bytes);
-    if (!p || dev_upload(p, src, bytes)) {
+    unsigned char *p;
+    if (!src || (!c->dev && !off)) return src;
+    p = c->dev ? dev_alloc(bytes + 16) : hu_alloc(bytes, off);
+    if (!p || (c->dev && dev_upload(p + off, src, bytes))) {
         fprintf(stderr, "device memory: %s\n", dev_last_error());
         exit(1);
     }
+    if (!c->dev) memcpy(p, src, bytes);
     c->blocks[i] = p;
-    return p;
+    return c->dev ? p + off : p;
 }
 
-static void gcase_make(const beam_ops *ops, gcase *c, int R, int64_t T, int32_t H, int i)
+static size_t g_nv(const beam_quant *q, int64_t T, int32_t H) { return qm_values_bytes(q, T, H) + G_QGUARD; }
+static size_t g_ns(const beam_quant *q, int64_t T, int32_t H) { return qm_scale_floats(q, T, H) + G_QGUARD; }
+
+static void gcase_make(const beam_ops *ops, gcase *c, int l, int R, int64_t T, int n)
 {
-    hc_spec s;
-    const int64_t L = (T + R - 1) / R;
-    const size_t TH = (size_t)T * (size_t)H;
-    size_t cap;
+    const struct gline *ln = &GPLAN[l];
+    hc_spec s = hc_sweep_spec(n);
+    size_t cap, KH, mb, f;
     memset(c, 0, sizeof *c);
-    memset(&s, 0, sizeof s);
-    s.K = i % 2 ? 8 : 4;
-    s.H = H;
+    c->dev = ops->device_memory;
+    c->T = T;
+    s.H = ln->H;
     s.T = T;
-    s.pad = R * L - T + 1;
-    s.post = i % 3 == 0 ? HC_NORM_OFF : HC_NORM_WEIGHT;
-    s.next = i % 4 == 3 ? HC_NORM_OFF : (i % 2 ? HC_NORM_PLAIN : HC_NORM_WEIGHT);
-    s.scales = i % 2;
-    s.rs_one = i % 5 == 0;
-    hc_make(&c->d, &s, g_seed ^ (0x6A7E0ULL + (uint64_t)i * 7919u + (uint64_t)R));
-    c->ref_h = (uint16_t *)hu_alloc(2 * TH + 2, 0);
-    c->ref_n = (uint16_t *)hu_alloc(2 * TH + 2, 0);
-    hc_ref(&c->d, HC_FUSED, c->ref_h, c->ref_n);
+    s.K = s.K < ln->K ? s.K : ln->K;
+    while (ln->kind != G_LARGE && s.K > 1 && (double)s.K * s.H * (double)T > G_CAP) s.K /= 2;
+    if (ln->kind == G_QUANT && s.next == HC_NORM_OFF) s.next = HC_NORM_WEIGHT;
+    hc_make_gather(&c->d, &s, R, g_seed ^ (0x6A7E0ULL + 7919ULL * (uint64_t)n + 131ULL * (uint64_t)R));
+    c->ref_h = (uint16_t *)hu_alloc(2 * (size_t)T * (size_t)s.H + 2, 0);
+    c->ref_n = (uint16_t *)hu_alloc(2 * (size_t)T * (size_t)s.H + 2, 0);
+    hc_gather_ref(&c->d, R, T, c->ref_h, c->ref_n);
     cap = (size_t)c->d.cap;
-    c->ex = (const uint16_t *)g_to_dev(ops, c, 0, c->d.experts, cap * (size_t)s.K * (size_t)H * 2);
-    c->wt = (const float *)g_to_dev(ops, c, 1, c->d.weights, cap * (size_t)s.K * 4);
-    c->res = (const uint16_t *)g_to_dev(ops, c, 2, c->d.residual, cap * (size_t)H * 2);
-    c->wpost = (const uint16_t *)g_to_dev(ops, c, 3, c->d.wpost, (size_t)H * 2);
-    c->wnext = (const uint16_t *)g_to_dev(ops, c, 4, c->d.wnext, (size_t)H * 2);
+    KH = (size_t)s.K * (size_t)s.H;
+    mb = s.misalign ? 2 : 0;
+    c->ex = (const uint16_t *)g_place(c, 0, c->d.experts, cap * KH * 2, mb);
+    c->wt = (const float *)g_place(c, 1, c->d.weights, cap * (size_t)s.K * 4, 2 * mb);
+    c->res = (const uint16_t *)g_place(c, 2, c->d.residual, (size_t)T * (size_t)s.H * 2, mb);
+    c->wpost = (const uint16_t *)g_place(c, 3, c->d.wpost, (size_t)s.H * 2, mb);
+    c->wnext = (const uint16_t *)g_place(c, 4, c->d.wnext, (size_t)s.H * 2, mb);
+    if (ln->kind != G_QUANT) return;
+    qm_forms(c->forms, T);
+    for (f = 0; f < QM_NFORMS; f++) {
+        const size_t nv = g_nv(&c->forms[f], T, s.H), ns = g_ns(&c->forms[f], T, s.H);
+        c->want_v[f] = (uint8_t *)hu_alloc(nv, 0);
+        c->want_s[f] = (float *)hu_alloc(4 * ns, 0);
+        memset(c->want_v[f], 0x5A, nv);
+        memset(c->want_s[f], 0xFF, 4 * ns); /* a NaN: never a scale */
+        qm_quant(&c->forms[f], c->ref_n, T, s.H, c->want_v[f], c->want_s[f]);
+    }
 }
 
 static void gcase_free(gcase *c)
 {
     int i;
-    for (i = 0; i < 5; i++) dev_free(c->blocks[i]);
+    for (i = 0; i < 5; i++) c->dev ? dev_free(c->blocks[i]) : hu_free(c->blocks[i]);
+    for (i = 0; i < QM_NFORMS; i++) {
+        hu_free(c->want_v[i]);
+        hu_free(c->want_s[i]);
+    }
     hu_free(c->ref_h);
     hu_free(c->ref_n);
     hc_free(&c->d);
 }
 
-/* Rank a->rank: its workspace, then every case under every strategy, each
- * compared with the reference on this rank's outputs. */
+/* One world: R ranks on one group, the cases of every line. */
+typedef struct gworld {
+    const beam_ops *ops;
+    beam_cpu_group *g;
+    int R, ncases[G_NLINES];
+    gcase *cases[G_NLINES];
+    int64_t T[G_NLINES][16], maxT[G_NLINES];
+    int nT[G_NLINES];
+    size_t out_el, nv, ns; /* the largest outputs of a call */
+} gworld;
+
+/* A rank: its outputs (h, n, qv, qs; on a device backend staged through
+ * the host and on the device at dh, dn, dqv, dqs) and its first failure. */
+typedef struct grank {
+    const gworld *w;
+    int rank, bad;
+    long calls;
+    void *stream;
+    uint16_t *h, *n, *dh, *dn;
+    uint8_t *qv, *dqv;
+    float *qs, *dqs;
+    char first[400];
+} grank;
+
+/* Copies of a rank's n bytes of host buffer h and the device's d, one way
+ * or the other (the host backend's are one): 0, or -1. */
+static int g_copy(const grank *a, void *h, void *d, size_t n, int up)
+{
+    if (h == d || n == 0) return 0;
+    return up ? dev_upload_on(d, h, n, a->stream) : dev_download(h, d, n);
+}
+
+/* Where n values of got first differ from want (n: none). */
+static size_t g_diff(const void *got, const void *want, size_t n, size_t size)
+{
+    size_t i;
+    if (!memcmp(got, want, n * size)) return n;
+    for (i = 0; i < n && !memcmp((const char *)got + i * size, (const char *)want + i * size, size); i++) continue;
+    return i;
+}
+
+/* One call of rank a on case c: T tokens, strategy s, quant form f
+ * (QM_NFORMS: none; q: through the _q entry), normalized kept or not.
+ * 0 when every output is the reference's (or the model's) and nothing
+ * past them was written; else 1, with the first failure noted. */
+static int gcall(grank *a, beam_workspace *ws, const gcase *c, int64_t T, beam_strategy s, int q, int f,
+                 int keep)
+{
+    const beam_ops *ops = a->w->ops;
+    const hc_spec *sp = &c->d.s;
+    const int R = a->w->R, off = sp->misalign;
+    const int64_t L = (T + R - 1) / R, r0 = (int64_t)a->rank * L;
+    const size_t th = (size_t)T * (size_t)sp->H, rows = th + (size_t)G_GUARD * (size_t)sp->H;
+    const int kept = sp->next && (keep == 2 ? a->rank % 2 == 0 : keep);
+    const size_t nb = kept ? 2 * rows + 2 : 0; /* normalized's bytes to check */
+    const size_t nv = f < QM_NFORMS ? g_nv(&c->forms[f], T, sp->H) : 0;
+    const size_t ns = f < QM_NFORMS ? g_ns(&c->forms[f], T, sp->H) : 0;
+    const beam_norm post = {c->d.post.weight ? c->wpost : NULL, c->d.post.eps};
+    const beam_norm next = {c->d.next.weight ? c->wnext : NULL, c->d.next.eps};
+    uint16_t *hid = a->dh + off, *nrm = a->dn + off;
+    beam_quant qu;
+    beam_status st;
+    size_t at = 0;
+    const char *what = NULL;
+    hu_poison(a->h, 2 * rows + 2);
+    hu_poison(a->n, nb);
+    if (sp->inplace) memcpy(a->h + off, c->d.residual, 2 * th);
+    if (f < QM_NFORMS) {
+        memset(a->qv, 0x5A, nv);
+        memset(a->qs, 0xFF, 4 * ns);
+        qu = c->forms[f];
+        qm_bind(&qu, a->dqv, a->dqs);
+    }
+    if (g_copy(a, a->h, a->dh, 2 * rows + 2, 1) || g_copy(a, a->n, a->dn, nb, 1) ||
+        g_copy(a, a->qv, a->dqv, nv, 1) || g_copy(a, a->qs, a->dqs, 4 * ns, 1))
+        st = BEAM_ERR_DEVICE;
+    else if (q)
+        st = ops->moe_finalize_gather_norm_residual_norm_q(
+            ws, c->ex + (size_t)r0 * (size_t)sp->K * (size_t)sp->H, c->wt + (size_t)r0 * (size_t)sp->K,
+            c->d.cap - (R - 1) * L, T, sp->K, sp->H, c->d.rs, sp->post ? &post : NULL, sp->inplace ? hid : c->res,
+            sp->scales ? c->d.scales : NULL, sp->next ? &next : NULL, hid, kept ? nrm : NULL,
+            f < QM_NFORMS ? &qu : NULL, s, a->stream);
+    else
+        st = ops->moe_finalize_gather_norm_residual_norm(
+            ws, c->ex + (size_t)r0 * (size_t)sp->K * (size_t)sp->H, c->wt + (size_t)r0 * (size_t)sp->K,
+            c->d.cap - (R - 1) * L, T, sp->K, sp->H, c->d.rs, sp->post ? &post : NULL, sp->inplace ? hid : c->res,
+            sp->scales ? c->d.scales : NULL, sp->next ? &next : NULL, hid, kept ? nrm : NULL, s, a->stream);
+    if (st == BEAM_OK && ops->device_memory &&
+        (dev_stream_sync(a->stream) || g_copy(a, a->h, a->dh, 2 * rows + 2, 0) ||
+         g_copy(a, a->n, a->dn, nb, 0) || g_copy(a, a->qv, a->dqv, nv, 0) ||
+         g_copy(a, a->qs, a->dqs, 4 * ns, 0)))
+        st = BEAM_ERR_DEVICE;
+    ++a->calls;
+    if (st != BEAM_OK)
+        what = "status";
+    else if ((at = g_diff(a->h + off, c->ref_h, th, 2)) < th)
+        what = "hidden_out";
+    else if (!hu_is_poison(a->h + off + th, 2 * (rows - th)))
+        what = "hidden_out past T";
+    else if (kept && (at = g_diff(a->n + off, c->ref_n, th, 2)) < th)
+        what = "normalized";
+    else if (kept && !hu_is_poison(a->n + off + th, 2 * (rows - th)))
+        what = "normalized past T";
+    else if ((at = g_diff(a->qv, c->want_v[f < QM_NFORMS ? f : 0], nv, 1)) < nv)
+        what = "values";
+    else if ((at = g_diff(a->qs, c->want_s[f < QM_NFORMS ? f : 0], ns, 4)) < ns)
+        what = "scales";
+    if (what) {
+        char desc[200];
+        hc_describe(sp, desc, sizeof desc);
+        snprintf(a->first, sizeof a->first,
+                 "%s R=%d rank %d T=%lld strategy %d%s form %d normalized %s [%s]: %s [%zu]: %d %s", ops->name, R,
+                 a->rank, (long long)T, (int)s, q ? " _q" : "", f, kept ? "kept" : "NULL", desc, what, at, (int)st,
+                 st != BEAM_OK ? ops->last_error() : "");
+    }
+    return what != NULL;
+}
+
+/* Rank a: every line's workspace, its calls, its destruction. */
 static void *grank_main(void *p)
 {
-    static const beam_strategy strats[4] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
-                                            BEAM_STRATEGY_UNFUSED};
+    static const beam_strategy strats[4] = {BEAM_STRATEGY_UNFUSED, BEAM_STRATEGY_AUTO, BEAM_STRATEGY_ONESHOT,
+                                            BEAM_STRATEGY_TWOSHOT};
     grank *a = (grank *)p;
-    const beam_ops *ops = a->ops;
-    const size_t TH = (size_t)G_MAXT * (size_t)a->H;
-    uint16_t *h = (uint16_t *)hu_alloc(2 * TH, 0), *n = (uint16_t *)hu_alloc(2 * TH, 0);
-    uint16_t *dh = ops->device_memory ? (uint16_t *)dev_alloc(2 * TH) : h;
-    uint16_t *dn = ops->device_memory ? (uint16_t *)dev_alloc(2 * TH) : n;
-    beam_workspace *ws = NULL;
-    beam_status st = ops->workspace_create_cpu(a->g, a->rank, G_MAXT, a->H, NULL, &ws);
-    int i, k;
-    if (st != BEAM_OK || !dh || !dn) {
-        snprintf(a->first, sizeof a->first, "workspace: %d %s", (int)st, ops->last_error());
-        a->bad++;
+    const gworld *w = a->w;
+    const beam_ops *ops = w->ops;
+    int l, i, t, k, f, keep;
+    for (l = 0; l < G_NLINES && !a->bad; l++) {
+        const int quant = GPLAN[l].kind == G_QUANT;
+        beam_workspace_config cfg = ops->workspace_config_default();
+        beam_workspace *ws = NULL;
+        beam_status st;
+        if (!w->ncases[l]) continue;
+        if (GPLAN[l].one) {
+            cfg.oneshot_max_tokens = GPLAN[l].one;
+            cfg.twoshot_max_tokens = GPLAN[l].two;
+        }
+        st = ops->workspace_create_cpu(w->g, a->rank, w->maxT[l], GPLAN[l].H, &cfg, &ws);
+        if (st != BEAM_OK) {
+            snprintf(a->first, sizeof a->first, "%s workspace: %d %s", ops->name, (int)st, ops->last_error());
+            a->bad++;
+        }
+        for (i = 0; i < w->ncases[l] && !a->bad; i++)
+            for (t = 0; t < (GPLAN[l].kind == G_LARGE ? w->nT[l] : 1) && !a->bad; t++)
+                for (k = 0; k < 4 && !a->bad; k++)
+                    for (f = quant ? 0 : QM_NFORMS; f <= QM_NFORMS && !a->bad; f++)
+                        for (keep = f < QM_NFORMS ? 0 : 1; keep < (f < QM_NFORMS ? 3 : 2) && !a->bad; keep++)
+                            a->bad += gcall(a, ws, &w->cases[l][i],
+                                            GPLAN[l].kind == G_LARGE ? w->T[l][t] : w->cases[l][i].T, strats[k],
+                                            quant, f, keep);
+        if (ws && ops->workspace_destroy(ws) != BEAM_OK && !a->bad) {
+            snprintf(a->first, sizeof a->first, "%s destroy: %s", ops->name, ops->last_error());
+            a->bad++;
+        }
     }
-    for (i = 0; i < a->ncases && !a->bad; i++)
-        for (k = 0; k < 4 && !a->bad; k++) {
-            const gcase *c = &a->cases[i];
-            const hc_spec *s = &c->d.s;
-            const int64_t L = (s->T + a->R - 1) / a->R, r0 = (int64_t)a->rank * L;
-            const size_t th = (size_t)s->T * (size_t)a->H;
-            beam_norm post = {c->d.post.weight ? c->wpost : NULL, c->d.post.eps};
-            beam_norm next = {c->d.next.weight ? c->wnext : NULL, c->d.next.eps};
-            hu_poison(h, 2 * th); /* every element must be written */
-            hu_poison(n, 2 * th);
-            if (ops->device_memory &&
-                (dev_upload_on(dh, h, 2 * th, a->stream) || dev_upload_on(dn, n, 2 * th, a->stream)))
-                a->bad++;
-            st = ops->moe_finalize_gather_norm_residual_norm(
-                ws, c->ex + (size_t)r0 * (size_t)s->K * (size_t)s->H, c->wt + (size_t)r0 * (size_t)s->K, L, s->T,
-                s->K, s->H, c->d.rs, s->post ? &post : NULL, c->res, s->scales ? c->d.scales : NULL,
-                s->next ? &next : NULL, dh, s->next ? dn : NULL, strats[k], a->stream);
-            if (st == BEAM_OK && ops->device_memory &&
-                (dev_stream_sync(a->stream) || dev_download(h, dh, 2 * th) || dev_download(n, dn, 2 * th)))
-                st = BEAM_ERR_DEVICE;
-            if (st != BEAM_OK || memcmp(h, c->ref_h, 2 * th) != 0 ||
-                (s->next && memcmp(n, c->ref_n, 2 * th) != 0)) {
-                char desc[200];
-                hc_describe(s, desc, sizeof desc);
-                snprintf(a->first, sizeof a->first, "%s R=%d rank %d strategy %d [%s]: status %d %s", ops->name,
-                         a->R, a->rank, (int)strats[k], desc, (int)st, st != BEAM_OK ? ops->last_error() : "");
-                a->bad++;
+    return NULL;
+}
+
+static void gworld_make(gworld *w, const beam_ops *ops, int R)
+{
+    int l, i, n = 0;
+    memset(w, 0, sizeof *w);
+    w->ops = ops;
+    w->R = R;
+    for (l = 0; l < G_NLINES; l++) {
+        const int large = GPLAN[l].kind == G_LARGE;
+        /* BEAM_TEST_QUICK: every other token count, no G_LARGE */
+        const int step = hu_quick() ? 2 : 1;
+        w->nT[l] = large && (hu_quick() || !ops->device_memory) ? 0 : (GPLAN[l].nt + step - 1) / step;
+        for (i = 0; i < w->nT[l]; i++) w->T[l][i] = GPLAN[l].t[step * i][0] * R + GPLAN[l].t[step * i][1];
+        w->ncases[l] = large ? w->nT[l] > 0 : w->nT[l];
+        w->cases[l] = (gcase *)hu_alloc(sizeof(gcase) * (size_t)(w->nT[l] + 1), 0);
+        for (i = 0; i < w->nT[l]; i++)
+            if (w->T[l][i] > w->maxT[l]) w->maxT[l] = w->T[l][i];
+        for (i = 0; i < w->ncases[l]; i++, n++) {
+            const int64_t T = w->ncases[l] == w->nT[l] ? w->T[l][i] : w->maxT[l];
+            int f;
+            gcase_make(ops, &w->cases[l][i], l, R, T, n);
+            for (f = 0; GPLAN[l].kind == G_QUANT && f < QM_NFORMS; f++) {
+                const size_t nv = g_nv(&w->cases[l][i].forms[f], T, GPLAN[l].H);
+                const size_t ns = g_ns(&w->cases[l][i].forms[f], T, GPLAN[l].H);
+                if (nv > w->nv) w->nv = nv;
+                if (ns > w->ns) w->ns = ns;
             }
         }
-    if (ws && ops->workspace_destroy(ws) != BEAM_OK && !a->bad) {
-        snprintf(a->first, sizeof a->first, "destroy: %s", ops->last_error());
-        a->bad++;
+        if ((size_t)(w->maxT[l] + G_GUARD) * (size_t)GPLAN[l].H > w->out_el)
+            w->out_el = (size_t)(w->maxT[l] + G_GUARD) * (size_t)GPLAN[l].H;
     }
-    if (ops->device_memory) {
-        dev_free(dh);
-        dev_free(dn);
+    w->out_el += 8;
+}
+
+static void gworld_free(gworld *w)
+{
+    int l, i;
+    for (l = 0; l < G_NLINES; l++) {
+        for (i = 0; i < w->ncases[l]; i++) gcase_free(&w->cases[l][i]);
+        hu_free(w->cases[l]);
     }
-    hu_free(h);
-    hu_free(n);
-    return NULL;
+}
+
+/* The device's copy of a rank's host buffer h of n bytes (a host backend's:
+ * h itself). */
+static void *g_dev(const grank *a, void *h, size_t n)
+{
+    void *d = a->w->ops->device_memory ? dev_alloc(n) : h;
+    if (!d) {
+        fprintf(stderr, "device memory: %s\n", dev_last_error());
+        exit(1);
+    }
+    return d;
+}
+
+/* The rank's outputs, on the host and (a device backend) on the device. */
+static void grank_bufs(grank *a, int make)
+{
+    const size_t ob = 2 * a->w->out_el, vb = a->w->nv + 1, sb = 4 * a->w->ns + 4;
+    void *hb[4] = {a->h, a->n, a->qv, a->qs}, *db[4] = {a->dh, a->dn, a->dqv, a->dqs};
+    int i;
+    if (make) {
+        a->dh = (uint16_t *)g_dev(a, a->h = (uint16_t *)hu_alloc(ob, 0), ob);
+        a->dn = (uint16_t *)g_dev(a, a->n = (uint16_t *)hu_alloc(ob, 0), ob);
+        a->dqv = (uint8_t *)g_dev(a, a->qv = (uint8_t *)hu_alloc(vb, 0), vb);
+        a->dqs = (float *)g_dev(a, a->qs = (float *)hu_alloc(sb, 0), sb);
+        return;
+    }
+    for (i = 0; i < 4; i++) {
+        if (db[i] != hb[i]) dev_free(db[i]);
+        hu_free(hb[i]);
+    }
 }
 
 static void test_gather(void)
 {
-    static const int Rs[] = {1, 2, 3, 5};
-    static const int64_t Ts[] = {0, 1, 4, 7, 64};
-    static const int32_t Hs[] = {512, 7168};
+    static const int Rs[] = {1, 2, 3, 4, 5, 8};
     FOR_EACH_BACKEND(ops)
     {
-        int ri, hi, i, r, calls = 0;
-        for (ri = 0; ri < 4; ri++)
-            for (hi = 0; hi < 2; hi++) {
-                const int R = Rs[ri];
-                gcase cases[5];
-                grank ranks[G_MAXR];
-                pthread_t th[G_MAXR];
-                beam_cpu_group *g = NULL;
-                void *streams[G_MAXR] = {NULL};
-                CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
-                for (i = 0; i < 5; i++) gcase_make(ops, &cases[i], R, Ts[i], Hs[hi], i + 5 * hi);
-                /* the uploads land before any rank's stream runs */
-                if (ops->device_memory) CU_ASSERT_EQUAL_FATAL(dev_sync(), 0);
-                for (r = 0; r < R; r++) {
-                    memset(&ranks[r], 0, sizeof ranks[r]);
-                    ranks[r].ops = ops;
-                    ranks[r].g = g;
-                    ranks[r].rank = r;
-                    ranks[r].R = R;
-                    ranks[r].H = Hs[hi];
-                    ranks[r].cases = cases;
-                    ranks[r].ncases = 5;
-                    if (ops->device_memory) CU_ASSERT_PTR_NOT_NULL_FATAL(streams[r] = dev_stream_create());
-                    ranks[r].stream = streams[r];
-                    CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, grank_main, &ranks[r]), 0);
+        long calls = 0;
+        int ri, r;
+        for (ri = 0; ri < (hu_quick() ? 3 : 6); ri++) {
+            const int R = Rs[ri];
+            gworld w;
+            grank ranks[8];
+            pthread_t th[8];
+            gworld_make(&w, ops, R);
+            CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &w.g), BEAM_OK);
+            /* the uploads land before any rank's stream runs */
+            if (ops->device_memory) CU_ASSERT_EQUAL_FATAL(dev_sync(), 0);
+            for (r = 0; r < R; r++) {
+                memset(&ranks[r], 0, sizeof ranks[r]);
+                ranks[r].w = &w;
+                ranks[r].rank = r;
+                grank_bufs(&ranks[r], 1);
+                if (ops->device_memory) {
+                    /* the stream's first kernel (a local op) before any rank's gather: a first launch may
+                     * wait for the device's other work, a peer's gather kernel waiting for this rank */
+                    uint16_t zero[3 * 256] = {0};
+                    CU_ASSERT_PTR_NOT_NULL_FATAL(ranks[r].stream = dev_stream_create());
+                    CU_ASSERT_EQUAL_FATAL(dev_upload_on(ranks[r].dh, zero, sizeof zero, ranks[r].stream), 0);
+                    CU_ASSERT_EQUAL_FATAL(ops->norm_residual_norm(ranks[r].dh, ranks[r].dh + 256, 1, 256, NULL, NULL,
+                                                                  NULL, ranks[r].dh + 512, NULL, ranks[r].stream),
+                                          BEAM_OK);
+                    CU_ASSERT_EQUAL_FATAL(dev_stream_sync(ranks[r].stream), 0);
                 }
-                for (r = 0; r < R; r++) {
-                    pthread_join(th[r], NULL);
-                    if (ranks[r].bad)
-                        fprintf(stderr, "  gather: %s (seed %llu)\n", ranks[r].first, (unsigned long long)g_seed);
-                    CU_ASSERT_EQUAL(ranks[r].bad, 0);
-                    dev_stream_destroy(streams[r]);
-                }
-                CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
-                for (i = 0; i < 5; i++) gcase_free(&cases[i]);
-                calls += 4 * 5 * R;
             }
+            for (r = 0; r < R; r++)
+                CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, grank_main, &ranks[r]), 0);
+            for (r = 0; r < R; r++) {
+                pthread_join(th[r], NULL);
+                if (ranks[r].bad)
+                    fprintf(stderr, "  gather: %s (seed %llu)\n", ranks[r].first, (unsigned long long)g_seed);
+                CU_ASSERT_EQUAL(ranks[r].bad, 0);
+                calls += ranks[r].calls;
+                dev_stream_destroy(ranks[r].stream);
+                grank_bufs(&ranks[r], 0);
+            }
+            CU_ASSERT_EQUAL(ops->cpu_group_destroy(w.g), BEAM_OK);
+            gworld_free(&w);
+        }
         g_runs += calls;
-        printf("  gather: %s, %d calls\n", ops->name, calls);
+        printf("  gather: %s, %ld calls\n", ops->name, calls);
     }
 }
 

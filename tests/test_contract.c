@@ -174,108 +174,60 @@ static void expect_ok_(int line, call c)
                 beam_last_error());
 }
 #define expect_ok(c) expect_ok_(__LINE__, (c))
+/* fn's valid call with `change` made to it (statements on c): must fail
+ * naming arg, or succeed (in a function with fnid fn and call c). */
+#define BAD(change, arg) do { c = base(fn); change; expect_bad(c, arg); } while (0)
+#define OK(change) do { c = base(fn); change; expect_ok(c); } while (0)
 
 static float g_nan, g_inf; /* set in main from their bits */
 
 /* ---- rules shared by the ops that take experts (finalize, fused) ------ */
 static void expert_rules(fnid fn)
 {
+    const char *out = fn == F_FIN ? "output" : "hidden_out";
     call c;
     int i;
     static const int32_t bad_k[] = {0, -1, 33, 64, INT32_MIN};
     static const int32_t bad_h[] = {0, 128, 255, 300, 1000, 8448, 16384, -256, 8192 + 256};
 
     expect_ok(base(fn));
-    for (i = 0; i < (int)(sizeof bad_k / sizeof bad_k[0]); i++) {
-        c = base(fn);
-        c.k = bad_k[i];
-        expect_bad(c, "top_k");
-    }
-    for (i = 0; i < (int)(sizeof bad_h / sizeof bad_h[0]); i++) {
-        c = base(fn);
-        c.h = bad_h[i];
-        expect_bad(c, "hidden");
-    }
+    for (i = 0; i < (int)(sizeof bad_k / sizeof bad_k[0]); i++)
+        BAD(c.k = bad_k[i], "top_k");
+    for (i = 0; i < (int)(sizeof bad_h / sizeof bad_h[0]); i++)
+        BAD(c.h = bad_h[i], "hidden");
     /* 0 <= live_tokens <= capacity */
-    c = base(fn);
-    c.live = -1;
-    expect_bad(c, "live_tokens");
-    c = base(fn);
-    c.cap = 2;
-    expect_bad(c, "capacity");
-    c = base(fn);
-    c.cap = -1;
-    c.live = 0;
-    expect_bad(c, "capacity");
-    c = base(fn);
-    c.live = CAP; /* live == capacity is fine */
-    c.cap = CAP;
+    BAD(c.live = -1, "live_tokens");
+    BAD(c.cap = 2, "capacity");
+    BAD((c.cap = -1, c.live = 0), "capacity");
     if (fn == F_FIN)
-        expect_ok(c);
+        OK((c.live = CAP, c.cap = CAP)); /* live == capacity is fine */
     /* required pointers */
-    c = base(fn);
-    c.ex = NULL;
-    expect_bad(c, "expert_outputs");
-    c = base(fn);
-    c.wt = NULL;
-    expect_bad(c, "expert_weights");
-    c = base(fn);
-    c.out = NULL;
-    expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
+    BAD(c.ex = NULL, "expert_outputs");
+    BAD(c.wt = NULL, "expert_weights");
+    BAD(c.out = NULL, out);
     /* alignment: BF16 2 bytes, FP32 4 bytes */
-    c = base(fn);
-    c.ex = (const uint16_t *)((const char *)c.ex + 1);
-    expect_bad(c, "expert_outputs");
-    c = base(fn);
-    c.wt = (const float *)((const char *)c.wt + 2);
-    expect_bad(c, "expert_weights");
-    c = base(fn);
-    c.wt = (const float *)((const char *)c.wt + 1);
-    expect_bad(c, "expert_weights");
-    c = base(fn);
-    c.out = (uint16_t *)((char *)c.out + 1);
-    expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
-    c = base(fn);
-    c.post_v.weight = (const uint16_t *)((const char *)c.post_v.weight + 1);
-    expect_bad(c, "post_norm");
+    BAD(c.ex = (const uint16_t *)((const char *)c.ex + 1), "expert_outputs");
+    BAD(c.wt = (const float *)((const char *)c.wt + 2), "expert_weights");
+    BAD(c.wt = (const float *)((const char *)c.wt + 1), "expert_weights");
+    BAD(c.out = (uint16_t *)((char *)c.out + 1), out);
+    BAD(c.post_v.weight = (const uint16_t *)((const char *)c.post_v.weight + 1), "post_norm");
     /* eps finite and >= 0; routed_scale finite */
     for (i = 0; i < 4; i++) {
         float bad = i == 0 ? g_nan : i == 1 ? g_inf : i == 2 ? -g_inf : -1e-6f;
-        c = base(fn);
-        c.post_v.eps = bad;
-        expect_bad(c, "post_norm");
-        if (i < 3) {
-            c = base(fn);
-            c.rs = bad;
-            expect_bad(c, "routed_scale");
-        }
+        BAD(c.post_v.eps = bad, "post_norm");
+        if (i < 3)
+            BAD(c.rs = bad, "routed_scale");
     }
-    c = base(fn);
-    c.post_v.eps = -0.0f; /* -0 >= 0 */
-    expect_ok(c);
-    c = base(fn);
-    c.post_v.weight = NULL; /* no affine step: fine */
-    expect_ok(c);
-    c = base(fn);
-    c.rs = -3.0f; /* any finite scale */
-    expect_ok(c);
+    OK(c.post_v.eps = -0.0f); /* -0 >= 0 */
+    OK(c.post_v.weight = NULL); /* no affine step: fine */
+    OK(c.rs = -3.0f); /* any finite scale */
     /* outputs must not overlap inputs */
-    c = base(fn);
-    c.out = (uint16_t *)AT(OFF_EX);
-    expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
-    c = base(fn);
-    c.out = (uint16_t *)AT(OFF_EX + 256); /* inside the first live row */
-    expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
+    BAD(c.out = (uint16_t *)AT(OFF_EX), out);
+    BAD(c.out = (uint16_t *)AT(OFF_EX + 256), out); /* inside the first live row */
     /* one live row: experts [0, 1024), weights [OFF_WT, +8); a one-row
      * output [OFF_WT + 16 - 512, OFF_WT + 16) hits only the weights */
-    c = base(fn);
-    c.cap = 1;
-    c.live = 1;
-    c.out = (uint16_t *)AT(OFF_WT + 16 - 2 * H);
-    expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
-    c = base(fn);
-    c.out = (uint16_t *)AT(OFF_WPOST - 2 * H * T + 2); /* last row hits post weight */
-    expect_bad(c, fn == F_FIN ? "output" : "hidden_out");
+    BAD((c.cap = 1, c.live = 1, c.out = (uint16_t *)AT(OFF_WT + 16 - 2 * H)), out);
+    BAD(c.out = (uint16_t *)AT(OFF_WPOST - 2 * H * T + 2), out); /* last row hits post weight */
 }
 
 /* ---- rules of the residual part (norm_residual_norm, fused) ----------- */
@@ -287,83 +239,39 @@ static void residual_rules(fnid fn)
     if (fn == F_NRN) {
         static const int32_t bad_h[] = {0, 128, 300, 8448, -256};
         expect_ok(base(fn));
-        for (i = 0; i < 5; i++) {
-            c = base(fn);
-            c.h = bad_h[i];
-            expect_bad(c, "hidden");
-        }
-        c = base(fn);
-        c.live = -1;
-        expect_bad(c, "tokens");
-        c = base(fn);
-        c.x = NULL;
-        expect_bad(c, "x");
-        c = base(fn);
-        c.x = (const uint16_t *)((const char *)c.x + 1);
-        expect_bad(c, "x");
-        c = base(fn);
-        c.pre_v.weight = (const uint16_t *)((const char *)c.pre_v.weight + 1);
-        expect_bad(c, "pre_norm");
-        for (i = 0; i < 4; i++) {
-            c = base(fn);
-            c.pre_v.eps = i == 0 ? g_nan : i == 1 ? g_inf : i == 2 ? -g_inf : -1.0f;
-            expect_bad(c, "pre_norm");
-        }
-        c = base(fn);
-        c.out = NULL;
-        expect_bad(c, outname);
-        c = base(fn);
-        c.out = (uint16_t *)((char *)c.out + 1);
-        expect_bad(c, outname);
+        for (i = 0; i < 5; i++)
+            BAD(c.h = bad_h[i], "hidden");
+        BAD(c.live = -1, "tokens");
+        BAD(c.x = NULL, "x");
+        BAD(c.x = (const uint16_t *)((const char *)c.x + 1), "x");
+        BAD(c.pre_v.weight = (const uint16_t *)((const char *)c.pre_v.weight + 1), "pre_norm");
+        for (i = 0; i < 4; i++)
+            BAD(c.pre_v.eps = i == 0 ? g_nan : i == 1 ? g_inf : i == 2 ? -g_inf : -1.0f, "pre_norm");
+        BAD(c.out = NULL, outname);
+        BAD(c.out = (uint16_t *)((char *)c.out + 1), outname);
         /* hidden_out must not overlap x */
-        c = base(fn);
-        c.out = (uint16_t *)AT(OFF_X);
-        expect_bad(c, outname);
-        c = base(fn);
-        c.nrm = (uint16_t *)AT(OFF_X + 2);
-        expect_bad(c, "normalized");
-        c = base(fn);
-        c.out = (uint16_t *)AT(OFF_WPRE - 2 * H * T + 2); /* hits pre weight */
-        expect_bad(c, outname);
+        BAD(c.out = (uint16_t *)AT(OFF_X), outname);
+        BAD(c.nrm = (uint16_t *)AT(OFF_X + 2), "normalized");
+        BAD(c.out = (uint16_t *)AT(OFF_WPRE - 2 * H * T + 2), outname); /* hits pre weight */
     }
     /* residual: required, aligned */
-    c = base(fn);
-    c.res = NULL;
-    expect_bad(c, "residual");
-    c = base(fn);
-    c.res = (const uint16_t *)((const char *)c.res + 1);
-    expect_bad(c, "residual");
+    BAD(c.res = NULL, "residual");
+    BAD(c.res = (const uint16_t *)((const char *)c.res + 1), "residual");
     /* normalized non-NULL exactly when next_norm is given */
-    c = base(fn);
-    c.nrm = NULL;
-    expect_bad(c, "normalized");
-    c = base(fn);
-    c.has_next = 0;
-    expect_bad(c, "normalized");
-    c = base(fn);
-    c.has_next = 0;
-    c.nrm = NULL;
-    expect_ok(c);
-    c = base(fn);
-    c.nrm = (uint16_t *)((char *)c.nrm + 1);
-    expect_bad(c, "normalized");
-    c = base(fn);
-    c.next_v.weight = (const uint16_t *)((const char *)c.next_v.weight + 1);
-    expect_bad(c, "next_norm");
-    for (i = 0; i < 4; i++) {
-        c = base(fn);
-        c.next_v.eps = i == 0 ? g_nan : i == 1 ? g_inf : i == 2 ? -g_inf : -1.0f;
-        expect_bad(c, "next_norm");
-    }
+    BAD(c.nrm = NULL, "normalized");
+    BAD(c.has_next = 0, "normalized");
+    OK((c.has_next = 0, c.nrm = NULL));
+    BAD(c.nrm = (uint16_t *)((char *)c.nrm + 1), "normalized");
+    BAD(c.next_v.weight = (const uint16_t *)((const char *)c.next_v.weight + 1), "next_norm");
+    for (i = 0; i < 4; i++)
+        BAD(c.next_v.eps = i == 0 ? g_nan : i == 1 ? g_inf : i == 2 ? -g_inf : -1.0f, "next_norm");
     /* scales finite; scales misaligned */
     for (i = 0; i < 4; i++) {
         static float bad[2];
         bad[0] = 1.0f;
         bad[1] = 1.0f;
         bad[i % 2] = i < 2 ? g_nan : i == 2 ? g_inf : -g_inf;
-        c = base(fn);
-        c.scales = bad; /* scales[0] NaN, [1] NaN, [0] inf, [1] -inf */
-        expect_bad(c, "scales");
+        BAD(c.scales = bad, "scales"); /* scales[0] NaN, [1] NaN, [0] inf, [1] -inf */
     }
     {
         /* FP32 pointer: 4-byte aligned (the values themselves are fine) */
@@ -371,61 +279,32 @@ static void residual_rules(fnid fn)
         float one = 1.0f;
         memcpy((char *)sc_bytes + 2, &one, sizeof one);
         memcpy((char *)sc_bytes + 6, &one, sizeof one);
-        c = base(fn);
-        c.scales = (const float *)(const void *)((const char *)sc_bytes + 2);
-        expect_bad(c, "scales");
+        BAD(c.scales = (const float *)(const void *)((const char *)sc_bytes + 2), "scales");
     }
-    c = base(fn);
-    c.scales = NULL;
-    expect_ok(c);
+    OK(c.scales = NULL);
     /* in place: hidden_out == residual exactly is fine */
-    c = base(fn);
-    c.out = (uint16_t *)AT(OFF_RES);
-    expect_ok(c);
+    OK(c.out = (uint16_t *)AT(OFF_RES));
     /* a partial overlap of hidden_out and residual is not */
-    c = base(fn);
-    c.out = (uint16_t *)AT(OFF_RES + 2);
-    expect_bad(c, outname);
-    c = base(fn);
-    c.out = (uint16_t *)AT(OFF_RES - 2 * H);
-    expect_bad(c, outname);
+    BAD(c.out = (uint16_t *)AT(OFF_RES + 2), outname);
+    BAD(c.out = (uint16_t *)AT(OFF_RES - 2 * H), outname);
     /* normalized must not be the residual, in place or not */
-    c = base(fn);
-    c.nrm = (uint16_t *)AT(OFF_RES);
-    expect_bad(c, "normalized");
-    c = base(fn);
-    c.out = (uint16_t *)AT(OFF_RES);
-    c.nrm = (uint16_t *)AT(OFF_RES);
-    expect_bad(c, "normalized");
+    BAD(c.nrm = (uint16_t *)AT(OFF_RES), "normalized");
+    BAD((c.out = (uint16_t *)AT(OFF_RES), c.nrm = (uint16_t *)AT(OFF_RES)), "normalized");
     /* outputs must not overlap each other */
-    c = base(fn);
-    c.nrm = c.out;
-    expect_bad(c, "normalized");
-    c = base(fn);
-    c.nrm = c.out + H; /* second row of hidden_out */
-    expect_bad(c, "normalized");
+    BAD(c.nrm = c.out, "normalized");
+    BAD(c.nrm = c.out + H, "normalized"); /* second row of hidden_out */
     /* normalized must not overlap a norm weight */
-    c = base(fn);
-    c.nrm = (uint16_t *)AT(OFF_WNEXT - 2 * H * T + 2);
-    expect_bad(c, "normalized");
+    BAD(c.nrm = (uint16_t *)AT(OFF_WNEXT - 2 * H * T + 2), "normalized");
     /* strategies of the local op: AUTO, FUSED, UNFUSED only */
     if (fn == F_FUSED) {
         static const beam_strategy bad_s[4] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
                                                (beam_strategy)99, (beam_strategy)-1};
-        for (i = 0; i < 4; i++) {
-            c = base(fn);
-            c.strat = bad_s[i];
-            expect_bad(c, "strategy");
-        }
-        c = base(fn);
-        c.strat = BEAM_STRATEGY_FUSED;
-        expect_ok(c);
-        c.strat = BEAM_STRATEGY_UNFUSED;
-        expect_ok(c);
+        for (i = 0; i < 4; i++)
+            BAD(c.strat = bad_s[i], "strategy");
+        OK(c.strat = BEAM_STRATEGY_FUSED);
+        OK(c.strat = BEAM_STRATEGY_UNFUSED);
         /* normalized overlapping expert data */
-        c = base(fn);
-        c.nrm = (uint16_t *)AT(OFF_EX + 2);
-        expect_bad(c, "normalized");
+        BAD(c.nrm = (uint16_t *)AT(OFF_EX + 2), "normalized");
     }
 }
 

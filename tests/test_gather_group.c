@@ -6,8 +6,12 @@
  * by default, each with its own stream and buffers. The same kernels and
  * flags run as on R GPUs over NCCL; UNFUSED's all-gather is a kernel over
  * the peers' buffers instead of NCCL. Runs the parts of
- * tests/gather_parts.c for R = 2, 3, 4, 5 and 8 in turn, then the group's
- * own part "repeat" (a rank that creates a second workspace).
+ * tests/gather_parts.c that every transport runs (stress, bad, mismatch,
+ * concurrent, wrap, timeout: the CUDA-specific streams, graphs, epochs and
+ * in-band failures) for R = 2, 3, 4, 5 and 8 in turn, then the group's own
+ * part "repeat" (a rank that creates a second workspace). The group's
+ * results over every R, T, strategy, problem and quantized form are
+ * tests/test_backends' gather part (every backend's in-process group).
  *
  * Environment: BEAM_TEST_RANKS (one world size instead of the list),
  * BEAM_TEST_DEVICES (spread the ranks over this many devices, rank r on
@@ -31,6 +35,7 @@
 
 #include "beammoe.h"
 #include "gather_parts.h"
+#include "util.h"
 
 static pthread_barrier_t g_bar;
 static beam_cpu_group *g_group;
@@ -81,17 +86,13 @@ static void part_repeat(void)
 {
     beam_workspace_config cfg = beam_workspace_config_default();
     beam_workspace *ws = NULL, *again = NULL;
-    struct timespec t0, t1;
     cfg.timeout_ms = 400;
     BK(make_group(8, 512, &cfg, &ws));
     host_barrier();
     if (g_rank == 0) {
-        double ms;
-        beam_status st;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        st = make_group(8, 512, NULL, &again); /* the default timeout: 10 s */
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+        const double t0 = hu_now();
+        const beam_status st = make_group(8, 512, NULL, &again); /* the default timeout: 10 s */
+        const double ms = (hu_now() - t0) * 1e3;
         if (st != BEAM_ERR_INVALID_ARGUMENT || again || !strstr(beam_last_error(), "already holds a workspace") ||
             ms > 200)
             FAIL("a repeated creation: status %d after %.0f ms: %s", (int)st, ms, beam_last_error());
@@ -209,7 +210,7 @@ int main(void)
     g_ndev_used = ds ? atoi(ds) : 1;
     if (g_ndev_used < 1) g_ndev_used = 1;
     if (g_ndev_used > ndev) g_ndev_used = ndev;
-    g_seed = getenv("BEAM_TEST_SEED") ? strtoull(getenv("BEAM_TEST_SEED"), NULL, 0) : 20261201ull;
+    g_seed = hu_seed("test_gather_group"); /* BEAM_TEST_SEED, else a fresh one */
     g_stress = getenv("BEAM_TEST_STRESS") ? atoi(getenv("BEAM_TEST_STRESS")) : 10000;
     g_only = getenv("BEAM_TEST_ONLY");
     setvbuf(stdout, NULL, _IOLBF, 0);

@@ -49,62 +49,55 @@ static const golden GOLDEN[] = {
 };
 #define NGOLDEN ((int)(sizeof GOLDEN / sizeof GOLDEN[0]))
 
-static uint64_t digest(const hc_case *d, hc_op op, const uint16_t *h, const uint16_t *n)
-{
-    size_t TH = (size_t)d->s.T * (size_t)d->s.H;
-    uint64_t x = hu_fnv1a(HU_FNV_OFFSET, h, 2 * TH);
-    if (hc_has_normalized(d, op))
-        x = hu_fnv1a(x, n, 2 * TH);
-    return x;
-}
-
 static uint64_t want_of(const golden *g, int op)
 {
     return op == HC_FINALIZE ? g->fin : op == HC_NRN ? g->nrn : g->fused;
 }
 
-/* which: 0 = reference, 1 = library */
-static void check_all(int which)
+/* The digest of op on golden case g: the reference's, or (lib) the
+ * library's under strategy s, which must leave the guard rows alone. */
+static uint64_t digest_of(const golden *g, hc_op op, int lib, beam_strategy s)
 {
-    int i, op;
-    for (i = 0; i < NGOLDEN; i++) {
-        hc_case d;
-        size_t TH;
-        uint16_t *h, *n;
-        hc_make(&d, &GOLDEN[i].spec, GOLDEN[i].seed);
-        TH = (size_t)d.s.T * (size_t)d.s.H;
-        h = (uint16_t *)hu_alloc(2 * TH, 0);
-        n = (uint16_t *)hu_alloc(2 * TH, 0);
-        for (op = 0; op < 3; op++) {
-            uint64_t got;
-            if (which == 0) {
-                hc_ref(&d, (hc_op)op, h, n);
-                got = digest(&d, (hc_op)op, h, n);
-                CU_ASSERT_EQUAL(got, want_of(&GOLDEN[i], op));
-            } else {
-                static const beam_strategy s[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
-                                                   BEAM_STRATEGY_UNFUSED};
-                int k, guard_ok = 0;
-                for (k = 0; k < (op == HC_FUSED ? 3 : 1); k++) {
-                    CU_ASSERT_EQUAL(hc_lib(&d, (hc_op)op, s[k], h, n, &guard_ok), BEAM_OK);
-                    CU_ASSERT(guard_ok);
-                    got = digest(&d, (hc_op)op, h, n);
-                    CU_ASSERT_EQUAL(got, want_of(&GOLDEN[i], op));
-                    if (got != want_of(&GOLDEN[i], op))
-                        fprintf(stderr, "golden %d op %d strategy %d: got 0x%016llX want 0x%016llX\n",
-                                i, op, (int)s[k], (unsigned long long)got,
-                                (unsigned long long)want_of(&GOLDEN[i], op));
-                }
-                continue;
-            }
-            if (got != want_of(&GOLDEN[i], op))
-                fprintf(stderr, "golden %d op %d (reference): got 0x%016llX want 0x%016llX\n", i,
-                        op, (unsigned long long)got, (unsigned long long)want_of(&GOLDEN[i], op));
-        }
-        hu_free(h);
-        hu_free(n);
-        hc_free(&d);
+    hc_case d;
+    size_t TH;
+    uint16_t *h, *n;
+    uint64_t x;
+    int guard_ok = 0;
+    hc_make(&d, &g->spec, g->seed);
+    TH = (size_t)d.s.T * (size_t)d.s.H;
+    h = (uint16_t *)hu_alloc(2 * TH, 0);
+    n = (uint16_t *)hu_alloc(2 * TH, 0);
+    if (lib) {
+        CU_ASSERT_EQUAL(hc_lib(&d, op, s, h, n, &guard_ok), BEAM_OK);
+        CU_ASSERT(guard_ok);
+    } else {
+        hc_ref(&d, op, h, n);
     }
+    x = hu_fnv1a(HU_FNV_OFFSET, h, 2 * TH);
+    if (hc_has_normalized(&d, op))
+        x = hu_fnv1a(x, n, 2 * TH);
+    hu_free(h);
+    hu_free(n);
+    hc_free(&d);
+    return x;
+}
+
+/* Every case and op: the reference (lib 0), or the library under every
+ * strategy (the fused op) or AUTO (the others). */
+static void check_all(int lib)
+{
+    static const beam_strategy s[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED, BEAM_STRATEGY_UNFUSED};
+    int i, op, k;
+    for (i = 0; i < NGOLDEN; i++)
+        for (op = 0; op < 3; op++)
+            for (k = 0; k < (lib && op == HC_FUSED ? 3 : 1); k++) {
+                const uint64_t got = digest_of(&GOLDEN[i], (hc_op)op, lib, s[k]), want = want_of(&GOLDEN[i], op);
+                CU_ASSERT_EQUAL(got, want);
+                if (got != want)
+                    fprintf(stderr, "golden %d op %d (%s, strategy %d): got 0x%016llX want 0x%016llX\n", i, op,
+                            lib ? "library" : "reference", (int)s[k], (unsigned long long)got,
+                            (unsigned long long)want);
+            }
 }
 
 static void test_reference(void)
@@ -140,30 +133,16 @@ static void test_generators(void)
 
 static void print_table(void)
 {
-    int i, op;
+    int i;
     for (i = 0; i < NGOLDEN; i++) {
-        hc_case d;
-        size_t TH;
-        uint16_t *h, *n;
-        uint64_t dg[3];
         const hc_spec *s = &GOLDEN[i].spec;
-        hc_make(&d, s, GOLDEN[i].seed);
-        TH = (size_t)d.s.T * (size_t)d.s.H;
-        h = (uint16_t *)hu_alloc(2 * TH, 0);
-        n = (uint16_t *)hu_alloc(2 * TH, 0);
-        for (op = 0; op < 3; op++) {
-            hc_ref(&d, (hc_op)op, h, n);
-            dg[op] = digest(&d, (hc_op)op, h, n);
-        }
         printf("    {{%d, %d, %lld, %lld, %d, %d, %d, %d, %d, %d, %d, %d}, 0x%llXULL,\n"
                "     0x%016llXULL, 0x%016llXULL, 0x%016llXULL},\n",
                (int)s->K, (int)s->H, (long long)s->T, (long long)s->pad, s->post, s->pre, s->next,
-               s->scales, s->rs_one, s->inplace, s->misalign, s->exotic,
-               (unsigned long long)GOLDEN[i].seed, (unsigned long long)dg[0],
-               (unsigned long long)dg[1], (unsigned long long)dg[2]);
-        hu_free(h);
-        hu_free(n);
-        hc_free(&d);
+               s->scales, s->rs_one, s->inplace, s->misalign, s->exotic, (unsigned long long)GOLDEN[i].seed,
+               (unsigned long long)digest_of(&GOLDEN[i], HC_FINALIZE, 0, BEAM_STRATEGY_AUTO),
+               (unsigned long long)digest_of(&GOLDEN[i], HC_NRN, 0, BEAM_STRATEGY_AUTO),
+               (unsigned long long)digest_of(&GOLDEN[i], HC_FUSED, 0, BEAM_STRATEGY_AUTO));
     }
 }
 

@@ -27,23 +27,11 @@
 
 static uint64_t g_seed;
 
-static hc_spec sweep_spec(int i)
-{
-    return hc_sweep_spec(i);
-}
-
-static int sweep_size(void)
-{
-    return HC_SWEEP_SIZE;
-}
-
 /* Light cases for quick runs (valgrind): small hidden and tokens. */
 static int sweep_skip(int i)
 {
-    hc_spec s = sweep_spec(i);
-    if (!hu_quick())
-        return 0;
-    return s.H > 2048 || s.T > 7 || s.K > 8;
+    hc_spec s = hc_sweep_spec(i);
+    return hu_quick() && (s.H > 2048 || s.T > 7 || s.K > 8);
 }
 
 static const char *op_name(hc_op op)
@@ -85,29 +73,21 @@ static void check_op(const hc_case *d, int idx, hc_op op, beam_strategy strat,
     hu_free(got_n);
 }
 
-static void run_case(int i)
+/* Case idx of spec s: every op, the fused one under every local strategy. */
+static void run_case(int idx, const hc_spec *s, uint64_t seed)
 {
-    hc_spec s = sweep_spec(i);
-    hc_case d;
-    size_t TH = (size_t)s.T * (size_t)s.H;
+    static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED, BEAM_STRATEGY_UNFUSED};
+    size_t TH = (size_t)s->T * (size_t)s->H;
     uint16_t *ref_h = (uint16_t *)hu_alloc(2 * TH, 0);
     uint16_t *ref_n = (uint16_t *)hu_alloc(2 * TH, 0);
-    static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
-                                            BEAM_STRATEGY_UNFUSED};
-    int k;
-
-    hc_make(&d, &s, g_seed ^ (0x1000003ULL * (uint64_t)(i + 1)));
-
-    hc_ref(&d, HC_FINALIZE, ref_h, ref_n);
-    check_op(&d, i, HC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
-
-    hc_ref(&d, HC_NRN, ref_h, ref_n);
-    check_op(&d, i, HC_NRN, BEAM_STRATEGY_AUTO, ref_h, ref_n);
-
-    hc_ref(&d, HC_FUSED, ref_h, ref_n);
-    for (k = 0; k < 3; k++)
-        check_op(&d, i, HC_FUSED, strats[k], ref_h, ref_n);
-
+    hc_case d;
+    int op, k;
+    hc_make(&d, s, seed);
+    for (op = 0; op < 3; op++) {
+        hc_ref(&d, (hc_op)op, ref_h, ref_n);
+        for (k = 0; k < (op == HC_FUSED ? 3 : 1); k++)
+            check_op(&d, idx, (hc_op)op, strats[k], ref_h, ref_n);
+    }
     hc_free(&d);
     hu_free(ref_h);
     hu_free(ref_n);
@@ -115,11 +95,12 @@ static void run_case(int i)
 
 static void test_sweep(void)
 {
-    int i, n = sweep_size(), ran = 0;
-    for (i = 0; i < n; i++) {
+    int i, ran = 0;
+    for (i = 0; i < HC_SWEEP_SIZE; i++) {
+        const hc_spec s = hc_sweep_spec(i);
         if (sweep_skip(i))
             continue;
-        run_case(i);
+        run_case(i, &s, g_seed ^ (0x1000003ULL * (uint64_t)(i + 1)));
         ran++;
     }
     fprintf(stderr, "  sweep: %d cases x 5 calls\n", ran);
@@ -130,8 +111,8 @@ static void test_sweep_covers_axes(void)
 {
     int seen[8][3], i, a, v;
     memset(seen, 0, sizeof seen);
-    for (i = 0; i < sweep_size(); i++) {
-        hc_spec s = sweep_spec(i);
+    for (i = 0; i < HC_SWEEP_SIZE; i++) {
+        hc_spec s = hc_sweep_spec(i);
         seen[0][s.post]++;
         seen[1][s.pre]++;
         seen[2][s.next]++;
@@ -148,8 +129,8 @@ static void test_sweep_covers_axes(void)
     for (a = 0; a < 3; a++)
         for (v = 0; v < 3; v++) {
             int found = 0;
-            for (i = 0; i < sweep_size(); i++) {
-                hc_spec s = sweep_spec(i);
+            for (i = 0; i < HC_SWEEP_SIZE; i++) {
+                hc_spec s = hc_sweep_spec(i);
                 if (s.T > 0 && s.post == a && s.next == v)
                     found = 1;
             }
@@ -161,28 +142,9 @@ static void test_sweep_covers_axes(void)
  * NaN: a separate focused check on large padding with every op. */
 static void test_big_padding(void)
 {
-    hc_spec s;
-    hc_case d;
-    uint16_t *ref_h, *ref_n;
-    memset(&s, 0, sizeof s);
-    s.K = 8;
-    s.H = 1024;
-    s.T = 3;
-    s.pad = 61;
-    s.post = HC_NORM_WEIGHT;
-    s.next = HC_NORM_WEIGHT;
-    s.scales = 1;
-    hc_make(&d, &s, g_seed + 77);
-    ref_h = (uint16_t *)hu_alloc(2 * 3 * 1024, 0);
-    ref_n = (uint16_t *)hu_alloc(2 * 3 * 1024, 0);
-    hc_ref(&d, HC_FINALIZE, ref_h, ref_n);
-    check_op(&d, -1, HC_FINALIZE, BEAM_STRATEGY_AUTO, ref_h, ref_n);
-    hc_ref(&d, HC_FUSED, ref_h, ref_n);
-    check_op(&d, -1, HC_FUSED, BEAM_STRATEGY_FUSED, ref_h, ref_n);
-    check_op(&d, -1, HC_FUSED, BEAM_STRATEGY_UNFUSED, ref_h, ref_n);
-    hc_free(&d);
-    hu_free(ref_h);
-    hu_free(ref_n);
+    const hc_spec s = {.K = 8, .H = 1024, .T = 3, .pad = 61, .post = HC_NORM_WEIGHT, .next = HC_NORM_WEIGHT,
+                       .scales = 1};
+    run_case(-1, &s, g_seed + 77);
 }
 
 /* tokens == 0 with capacity > 0: valid and nothing is written. */

@@ -72,70 +72,65 @@ static uint64_t g_seed;
 
 enum { K = 8, H = 7168 };
 
+/* A case of the harness (every norm with a weight, scales) with T rows,
+ * outputs, and a copy of its residual (in-place calls write it). */
 typedef struct bufs {
-    int64_t T;
-    uint16_t *ex, *x, *res, *res_copy, *hid, *nrm, *wn;
-    float *wt;
-    float scales[2];
+    hc_case c;
+    uint16_t *res_copy, *hid, *nrm;
+    beam_norm post, pre, next;
 } bufs;
 
 static void bufs_make(bufs *b, int64_t T)
 {
-    hu_rng r;
-    size_t TH = (size_t)T * H;
-    int h;
-    memset(b, 0, sizeof *b);
-    b->T = T;
-    hu_rng_init(&r, g_seed + (uint64_t)T);
-    b->ex = (uint16_t *)hu_alloc(2 * TH * K, 0);
-    b->wt = (float *)hu_alloc(4 * (size_t)T * K, 0);
-    b->x = (uint16_t *)hu_alloc(2 * TH, 0);
-    b->res = (uint16_t *)hu_alloc(2 * TH, 0);
+    const hc_spec s = {.K = K, .H = H, .T = T, .post = HC_NORM_WEIGHT, .pre = HC_NORM_WEIGHT, .next = HC_NORM_WEIGHT,
+                       .scales = 1};
+    const size_t TH = (size_t)T * H;
+    hc_make(&b->c, &s, g_seed + (uint64_t)T);
     b->res_copy = (uint16_t *)hu_alloc(2 * TH, 0);
     b->hid = (uint16_t *)hu_alloc(2 * TH, 0);
     b->nrm = (uint16_t *)hu_alloc(2 * TH, 0);
-    b->wn = (uint16_t *)hu_alloc(2 * H, 0);
-    hu_fill_bf16(&r, b->ex, TH * K);
-    hu_fill_weight(&r, b->wt, (size_t)T * K);
-    hu_fill_bf16(&r, b->x, TH);
-    hu_fill_bf16(&r, b->res, TH);
-    memcpy(b->res_copy, b->res, 2 * TH);
-    for (h = 0; h < H; h++) b->wn[h] = hu_rand_norm_weight(&r);
-    b->scales[0] = 0.75f;
-    b->scales[1] = 1.5f;
+    memcpy(b->res_copy, b->c.residual, 2 * TH);
+    hu_beam_norm(&b->c.post, &b->post);
+    hu_beam_norm(&b->c.pre, &b->pre);
+    hu_beam_norm(&b->c.next, &b->next);
 }
 
 static void bufs_free(bufs *b)
 {
-    hu_free(b->ex);
-    hu_free(b->wt);
-    hu_free(b->x);
-    hu_free(b->res);
     hu_free(b->res_copy);
     hu_free(b->hid);
     hu_free(b->nrm);
-    hu_free(b->wn);
+    hc_free(&b->c);
 }
 
 static void poison_outputs(bufs *b)
 {
-    size_t TH = (size_t)b->T * H;
+    size_t TH = (size_t)b->c.s.T * H;
     hu_poison(b->hid, 2 * TH);
     hu_poison(b->nrm, 2 * TH);
-    memcpy(b->res, b->res_copy, 2 * TH);
+    memcpy(b->c.residual, b->res_copy, 2 * TH);
 }
 
-/* After a failed call: status, message, nothing written. */
+/* Fresh outputs, and this thread's nth large allocation from now on fails. */
+static void arm_on(bufs *b, int nth)
+{
+    poison_outputs(b);
+    arm(nth);
+}
+
+/* After a call armed by arm_on (st: its status): out of memory, the
+ * message names fn, nothing written. */
 static void expect_oom(const bufs *b, beam_status st, const char *fn, const char *what)
 {
-    size_t TH = (size_t)b->T * H;
+    size_t TH = (size_t)b->c.s.T * H;
+    disarm();
     if (st != BEAM_ERR_OUT_OF_MEMORY)
-        fprintf(stderr, "FAIL %s T=%lld: status %d (%s)\n", what, (long long)b->T, (int)st, beam_last_error());
+        fprintf(stderr, "FAIL %s T=%lld: status %d (%s)\n", what, (long long)b->c.s.T, (int)st, beam_last_error());
     CU_ASSERT_EQUAL(st, BEAM_ERR_OUT_OF_MEMORY);
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), fn));
     CU_ASSERT(hu_is_poison(b->hid, 2 * TH));
     CU_ASSERT(hu_is_poison(b->nrm, 2 * TH));
-    CU_ASSERT(memcmp(b->res, b->res_copy, 2 * TH) == 0);
+    CU_ASSERT(memcmp(b->c.residual, b->res_copy, 2 * TH) == 0);
 }
 
 /* One call with a team before any allocation is made to fail: the OpenMP
@@ -146,7 +141,7 @@ static void warm_up_runtime(void)
 {
     bufs b;
     bufs_make(&b, 64);
-    CU_ASSERT_EQUAL(beam_moe_finalize(b.ex, b.wt, 64, 64, K, H, 1.0f, NULL, b.hid, NULL), BEAM_OK);
+    CU_ASSERT_EQUAL(beam_moe_finalize(b.c.experts, b.c.weights, 64, 64, K, H, 1.0f, NULL, b.hid, NULL), BEAM_OK);
     bufs_free(&b);
 }
 
@@ -159,75 +154,64 @@ static void test_local_ops(void)
         bufs b;
         const int64_t T = Ts[i];
         const size_t TH = (size_t)T * H;
-        beam_norm n = {NULL, 1e-6f};
-        nr_norm rn = {1, NULL, 1e-6f};
         uint16_t *ref_h = (uint16_t *)hu_alloc(2 * TH, 0), *ref_n = (uint16_t *)hu_alloc(2 * TH, 0);
-        beam_status st;
         bufs_make(&b, T);
-        n.weight = rn.weight = b.wn;
+        const uint16_t *ex = b.c.experts, *x = b.c.x;
+        const float *wt = b.c.weights, *sc = b.c.scales, rs = b.c.rs;
+        uint16_t *res = b.c.residual;
 
         /* finalize with a post-norm */
-        poison_outputs(&b);
-        arm(1);
-        st = beam_moe_finalize(b.ex, b.wt, T, T, K, H, 2.0f, &n, b.hid, NULL);
-        disarm();
-        expect_oom(&b, st, "beam_moe_finalize", "finalize");
-        nr_finalize(b.ex, b.wt, T, K, H, 2.0f, &rn, ref_h);
-        CU_ASSERT_EQUAL(beam_moe_finalize(b.ex, b.wt, T, T, K, H, 2.0f, &n, b.hid, NULL), BEAM_OK);
+        arm_on(&b, 1);
+        expect_oom(&b, beam_moe_finalize(ex, wt, T, T, K, H, rs, &b.post, b.hid, NULL), "beam_moe_finalize",
+                   "finalize");
+        hc_ref(&b.c, HC_FINALIZE, ref_h, ref_n);
+        CU_ASSERT_EQUAL(beam_moe_finalize(ex, wt, T, T, K, H, rs, &b.post, b.hid, NULL), BEAM_OK);
         CU_ASSERT_EQUAL(hu_cmp_bf16("finalize after OOM", b.hid, ref_h, TH), 0);
 
         /* norm_residual_norm, pre and next norms, in place */
-        poison_outputs(&b);
-        hu_poison(b.hid, 2 * TH);
-        arm(1);
-        st = beam_norm_residual_norm(b.x, b.res, T, H, &n, b.scales, &n, b.res, b.nrm, NULL);
-        disarm();
-        expect_oom(&b, st, "beam_norm_residual_norm", "nrn");
-        nr_norm_residual_norm(b.x, b.res_copy, T, H, &rn, b.scales, &rn, ref_h, ref_n);
-        CU_ASSERT_EQUAL(beam_norm_residual_norm(b.x, b.res, T, H, &n, b.scales, &n, b.res, b.nrm, NULL),
-                        BEAM_OK);
-        CU_ASSERT_EQUAL(hu_cmp_bf16("nrn after OOM", b.res, ref_h, TH), 0);
+        arm_on(&b, 1);
+        expect_oom(&b, beam_norm_residual_norm(x, res, T, H, &b.pre, sc, &b.next, res, b.nrm, NULL),
+                   "beam_norm_residual_norm", "nrn");
+        hc_ref(&b.c, HC_NRN, ref_h, ref_n);
+        CU_ASSERT_EQUAL(beam_norm_residual_norm(x, res, T, H, &b.pre, sc, &b.next, res, b.nrm, NULL), BEAM_OK);
+        CU_ASSERT_EQUAL(hu_cmp_bf16("nrn after OOM", res, ref_h, TH), 0);
         CU_ASSERT_EQUAL(hu_cmp_bf16("nrn after OOM", b.nrm, ref_n, TH), 0);
 
         /* the _q forms with normalized NULL (its rows to quantize are
          * allocated too): the message names the _q function, not the
          * plain one the backend runs */
         {
-            float *sc = (float *)hu_alloc(4 * (TH / 128), 0);
+            float *qs = (float *)hu_alloc(4 * (TH / 128), 0);
             beam_quant q;
             memset(&q, 0, sizeof q);
             q.kind = BEAM_QUANT_FP8_GROUP;
             q.group_size = 128;
             q.values = (uint8_t *)b.nrm; /* stays poison when nothing is written */
-            q.scales = sc;
-            poison_outputs(&b);
-            arm(1);
-            st = beam_norm_residual_norm_q(b.x, b.res, T, H, &n, b.scales, &n, b.hid, NULL, &q, NULL);
-            disarm();
-            expect_oom(&b, st, "beam_norm_residual_norm_q:", "nrn _q");
-            poison_outputs(&b);
-            arm(1);
-            st = beam_moe_finalize_norm_residual_norm_q(b.ex, b.wt, T, T, K, H, 2.0f, &n, b.res, b.scales, &n,
-                                                        b.hid, NULL, &q, BEAM_STRATEGY_FUSED, NULL);
-            disarm();
-            expect_oom(&b, st, "beam_moe_finalize_norm_residual_norm_q:", "fused _q");
-            hu_free(sc);
+            q.scales = qs;
+            arm_on(&b, 1);
+            expect_oom(&b, beam_norm_residual_norm_q(x, res, T, H, &b.pre, sc, &b.next, b.hid, NULL, &q, NULL),
+                       "beam_norm_residual_norm_q:", "nrn _q");
+            arm_on(&b, 1);
+            expect_oom(&b,
+                       beam_moe_finalize_norm_residual_norm_q(ex, wt, T, T, K, H, rs, &b.post, res, sc, &b.next, b.hid,
+                                                              NULL, &q, BEAM_STRATEGY_FUSED, NULL),
+                       "beam_moe_finalize_norm_residual_norm_q:", "fused _q");
+            hu_free(qs);
         }
 
         /* the fused op: FUSED (one allocation), UNFUSED (the rows, then the
          * scratch: either may fail) */
-        nr_finalize_norm_residual_norm(b.ex, b.wt, T, K, H, 2.0f, &rn, b.res_copy, b.scales, &rn, ref_h,
-                                       ref_n);
+        poison_outputs(&b);
+        hc_ref(&b.c, HC_FUSED, ref_h, ref_n);
         for (nth = 0; nth < (T > 1 ? 3 : 2); nth++) { /* T = 1: the rows are small */
             beam_strategy s = nth == 0 ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_UNFUSED;
-            poison_outputs(&b);
-            arm(nth == 0 ? 1 : nth);
-            st = beam_moe_finalize_norm_residual_norm(b.ex, b.wt, T, T, K, H, 2.0f, &n, b.res, b.scales, &n,
-                                                      b.hid, b.nrm, s, NULL);
-            disarm();
-            expect_oom(&b, st, "beam_moe_finalize_norm_residual_norm", "fused");
-            CU_ASSERT_EQUAL(beam_moe_finalize_norm_residual_norm(b.ex, b.wt, T, T, K, H, 2.0f, &n, b.res,
-                                                                 b.scales, &n, b.hid, b.nrm, s, NULL),
+            arm_on(&b, nth == 0 ? 1 : nth);
+            expect_oom(&b,
+                       beam_moe_finalize_norm_residual_norm(ex, wt, T, T, K, H, rs, &b.post, res, sc, &b.next, b.hid,
+                                                            b.nrm, s, NULL),
+                       "beam_moe_finalize_norm_residual_norm", "fused");
+            CU_ASSERT_EQUAL(beam_moe_finalize_norm_residual_norm(ex, wt, T, T, K, H, rs, &b.post, res, sc, &b.next,
+                                                                 b.hid, b.nrm, s, NULL),
                             BEAM_OK);
             CU_ASSERT_EQUAL(hu_cmp_bf16("fused after OOM", b.hid, ref_h, TH), 0);
             CU_ASSERT_EQUAL(hu_cmp_bf16("fused after OOM", b.nrm, ref_n, TH), 0);
@@ -249,7 +233,9 @@ typedef struct rank_job {
     beam_strategy strategy;
     uint16_t *hid, *nrm;
     /* quant != NULL: the _q gather with normalized NULL (nrm stays poison) */
-    const beam_quant *quant;
+    beam_quant *quant;
+    uint8_t *vals;
+    float *sc;
     beam_status create_st, st;
     char msg[300];
 } rank_job;
@@ -257,80 +243,107 @@ typedef struct rank_job {
 static void *rank_main(void *p)
 {
     rank_job *j = (rank_job *)p;
-    bufs *b = j->b;
-    const int64_t L = (b->T + R - 1) / R, start = (int64_t)j->rank * L;
-    beam_norm n = {b->wn, 1e-6f};
+    const hc_case *c = &j->b->c;
+    const int64_t T = c->s.T, L = (T + R - 1) / R, start = (int64_t)j->rank * L;
+    const uint16_t *ex = c->experts + (size_t)start * K * H;
+    const float *wt = c->weights + (size_t)start * K;
     beam_workspace *ws = NULL;
-    j->create_st = beam_workspace_create_cpu(j->g, j->rank, b->T, H, NULL, &ws);
+    j->create_st = beam_workspace_create_cpu(j->g, j->rank, T, H, NULL, &ws);
     if (j->create_st != BEAM_OK) return NULL;
     if (j->armed) arm(j->armed);
     if (j->quant)
-        j->st = beam_moe_finalize_gather_norm_residual_norm_q(
-            ws, b->ex + (size_t)start * K * H, b->wt + (size_t)start * K, L, b->T, K, H, 2.0f, &n, b->res,
-            b->scales, &n, j->hid, NULL, j->quant, j->strategy, NULL);
+        j->st = beam_moe_finalize_gather_norm_residual_norm_q(ws, ex, wt, L, T, K, H, c->rs, &j->b->post, c->residual,
+                                                              c->scales, &j->b->next, j->hid, NULL, j->quant,
+                                                              j->strategy, NULL);
     else
-        j->st = beam_moe_finalize_gather_norm_residual_norm(ws, b->ex + (size_t)start * K * H,
-                                                            b->wt + (size_t)start * K, L, b->T, K, H, 2.0f, &n,
-                                                            b->res, b->scales, &n, j->hid, j->nrm, j->strategy,
-                                                            NULL);
+        j->st = beam_moe_finalize_gather_norm_residual_norm(ws, ex, wt, L, T, K, H, c->rs, &j->b->post, c->residual,
+                                                            c->scales, &j->b->next, j->hid, j->nrm, j->strategy, NULL);
     disarm();
     snprintf(j->msg, sizeof j->msg, "%s", beam_last_error());
     beam_workspace_destroy(ws);
     return NULL;
 }
 
-static void test_gather(void)
+/* The gather (quant: the _q one with normalized NULL, which allocates two
+ * large blocks on each rank before the agreement: the scratch, then the
+ * normalized rows it quantizes from) with rank 1 without memory for the
+ * first (or the second) of its large blocks: every rank fails with
+ * BEAM_ERR_OUT_OF_MEMORY (rank 1 naming the allocation), nothing written
+ * (hidden, normalized, values, scales); with memory, every rank gives the
+ * reference's bits. */
+static void run_gather(int quant)
 {
     static const beam_strategy strats[3] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
                                             BEAM_STRATEGY_UNFUSED};
+    const char *fn =
+        quant ? "beam_moe_finalize_gather_norm_residual_norm_q" : "beam_moe_finalize_gather_norm_residual_norm";
     bufs b;
     const int64_t T = 8;
     const size_t TH = (size_t)T * H;
-    nr_norm rn = {1, NULL, 1e-6f};
     uint16_t *ref_h = (uint16_t *)hu_alloc(2 * TH, 0), *ref_n = (uint16_t *)hu_alloc(2 * TH, 0);
     int k, r, armed;
 
     bufs_make(&b, T);
-    rn.weight = b.wn;
-    nr_finalize_norm_residual_norm(b.ex, b.wt, T, K, H, 2.0f, &rn, b.res, b.scales, &rn, ref_h, ref_n);
+    hc_ref(&b.c, HC_FUSED, ref_h, ref_n);
     for (k = 0; k < 3; k++)
-        for (armed = 1; armed >= 0; armed--) {
+        for (armed = quant ? 2 : 1; armed >= 0; armed--) {
+            const beam_status want = armed ? BEAM_ERR_OUT_OF_MEMORY : BEAM_OK;
             beam_cpu_group *g = NULL;
             rank_job jobs[R];
+            beam_quant q[R];
             pthread_t th[R];
             CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(R, &g), BEAM_OK);
             for (r = 0; r < R; r++) {
-                memset(&jobs[r], 0, sizeof jobs[r]);
-                jobs[r].g = g;
-                jobs[r].rank = r;
-                jobs[r].armed = armed && r == 1;
-                jobs[r].b = &b;
-                jobs[r].strategy = strats[k];
-                jobs[r].hid = (uint16_t *)hu_alloc(2 * TH, 0);
-                jobs[r].nrm = (uint16_t *)hu_alloc(2 * TH, 0);
-                hu_poison(jobs[r].hid, 2 * TH);
-                hu_poison(jobs[r].nrm, 2 * TH);
-                CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
+                rank_job *j = &jobs[r];
+                memset(j, 0, sizeof *j);
+                j->g = g;
+                j->rank = r;
+                j->armed = r == 1 ? armed : 0;
+                j->b = &b;
+                j->strategy = strats[k];
+                j->hid = (uint16_t *)hu_alloc(2 * TH, 0);
+                j->nrm = (uint16_t *)hu_alloc(2 * TH, 0);
+                j->vals = (uint8_t *)hu_alloc(TH, 0);
+                j->sc = (float *)hu_alloc(4 * (size_t)T, 0);
+                hu_poison(j->hid, 2 * TH);
+                hu_poison(j->nrm, 2 * TH);
+                hu_poison(j->vals, TH);
+                hu_poison(j->sc, 4 * (size_t)T);
+                memset(&q[r], 0, sizeof q[r]);
+                q[r].kind = BEAM_QUANT_FP8_TOKEN;
+                q[r].values = j->vals;
+                q[r].scales = j->sc;
+                j->quant = quant ? &q[r] : NULL;
+                CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, rank_main, j), 0);
             }
             for (r = 0; r < R; r++) pthread_join(th[r], NULL);
             for (r = 0; r < R; r++) {
-                CU_ASSERT_EQUAL(jobs[r].create_st, BEAM_OK);
+                rank_job *j = &jobs[r];
+                CU_ASSERT_EQUAL(j->create_st, BEAM_OK);
+                CU_ASSERT_EQUAL(j->st, want);
                 if (armed) {
                     /* rank 1 had no memory; rank 0 learns it at the agreement */
-                    CU_ASSERT_EQUAL(jobs[r].st, BEAM_ERR_OUT_OF_MEMORY);
-                    CU_ASSERT_PTR_NOT_NULL(strstr(jobs[r].msg, "beam_moe_finalize_gather_norm_residual_norm"));
-                    CU_ASSERT(hu_is_poison(jobs[r].hid, 2 * TH));
-                    CU_ASSERT(hu_is_poison(jobs[r].nrm, 2 * TH));
+                    CU_ASSERT_PTR_NOT_NULL(strstr(j->msg, fn));
+                    /* rank 1 names the allocation that failed */
+                    if (quant && r == 1)
+                        CU_ASSERT_PTR_NOT_NULL(
+                            strstr(j->msg, armed == 1 ? "scratch rows" : "normalized rows to quantize"));
+                    CU_ASSERT(hu_is_poison(j->hid, 2 * TH));
+                    CU_ASSERT(hu_is_poison(j->vals, TH));
+                    CU_ASSERT(hu_is_poison(j->sc, 4 * (size_t)T));
                 } else {
-                    CU_ASSERT_EQUAL(jobs[r].st, BEAM_OK);
-                    CU_ASSERT_EQUAL(hu_cmp_bf16("gather after OOM", jobs[r].hid, ref_h, TH), 0);
-                    CU_ASSERT_EQUAL(hu_cmp_bf16("gather after OOM", jobs[r].nrm, ref_n, TH), 0);
+                    CU_ASSERT_EQUAL(hu_cmp_bf16("gather after OOM", j->hid, ref_h, TH), 0);
+                    CU_ASSERT(quant ? !hu_is_poison(j->vals, TH) : !hu_cmp_bf16("gather after OOM", j->nrm, ref_n, TH));
                 }
-                if (jobs[r].st != (armed ? BEAM_ERR_OUT_OF_MEMORY : BEAM_OK))
-                    fprintf(stderr, "FAIL gather strategy=%d armed=%d rank=%d: status %d: %s\n", (int)strats[k],
-                            armed, r, (int)jobs[r].st, jobs[r].msg);
-                hu_free(jobs[r].hid);
-                hu_free(jobs[r].nrm);
+                if (quant || armed)
+                    CU_ASSERT(hu_is_poison(j->nrm, 2 * TH));
+                if (j->st != want)
+                    fprintf(stderr, "FAIL %s strategy=%d armed=%d rank=%d: status %d: %s\n", fn, (int)strats[k], armed,
+                            r, (int)j->st, j->msg);
+                hu_free(j->hid);
+                hu_free(j->nrm);
+                hu_free(j->vals);
+                hu_free(j->sc);
             }
             CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
         }
@@ -339,77 +352,14 @@ static void test_gather(void)
     bufs_free(&b);
 }
 
-/* The _q gather with normalized NULL allocates two large blocks on each
- * rank before the agreement: the scratch, then the normalized rows it
- * quantizes from. Rank 1 without either: every rank fails with
- * BEAM_ERR_OUT_OF_MEMORY, nothing written (hidden, values, scales); with
- * memory, every rank succeeds. */
+static void test_gather(void)
+{
+    run_gather(0);
+}
+
 static void test_gather_q(void)
 {
-    static const beam_strategy strats[3] = {BEAM_STRATEGY_ONESHOT, BEAM_STRATEGY_TWOSHOT,
-                                            BEAM_STRATEGY_UNFUSED};
-    bufs b;
-    const int64_t T = 8;
-    const size_t TH = (size_t)T * H;
-    int k, r, armed;
-
-    bufs_make(&b, T);
-    for (k = 0; k < 3; k++)
-        for (armed = 2; armed >= 0; armed--) {
-            beam_cpu_group *g = NULL;
-            rank_job jobs[R];
-            beam_quant q[R];
-            uint8_t *vals[R];
-            float *sc[R];
-            pthread_t th[R];
-            CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(R, &g), BEAM_OK);
-            for (r = 0; r < R; r++) {
-                memset(&jobs[r], 0, sizeof jobs[r]);
-                memset(&q[r], 0, sizeof q[r]);
-                vals[r] = (uint8_t *)hu_alloc(TH, 0);
-                sc[r] = (float *)hu_alloc(4 * (size_t)T, 0);
-                hu_poison(vals[r], TH);
-                hu_poison(sc[r], 4 * (size_t)T);
-                q[r].kind = BEAM_QUANT_FP8_TOKEN;
-                q[r].values = vals[r];
-                q[r].scales = sc[r];
-                jobs[r].g = g;
-                jobs[r].rank = r;
-                jobs[r].armed = r == 1 ? armed : 0;
-                jobs[r].b = &b;
-                jobs[r].strategy = strats[k];
-                jobs[r].quant = &q[r];
-                jobs[r].hid = (uint16_t *)hu_alloc(2 * TH, 0);
-                hu_poison(jobs[r].hid, 2 * TH);
-                CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, rank_main, &jobs[r]), 0);
-            }
-            for (r = 0; r < R; r++) pthread_join(th[r], NULL);
-            for (r = 0; r < R; r++) {
-                const beam_status want = armed ? BEAM_ERR_OUT_OF_MEMORY : BEAM_OK;
-                CU_ASSERT_EQUAL(jobs[r].create_st, BEAM_OK);
-                CU_ASSERT_EQUAL(jobs[r].st, want);
-                if (armed) {
-                    CU_ASSERT_PTR_NOT_NULL(strstr(jobs[r].msg, "beam_moe_finalize_gather_norm_residual_norm_q"));
-                    /* rank 1 names the allocation that failed */
-                    if (r == 1)
-                        CU_ASSERT_PTR_NOT_NULL(
-                            strstr(jobs[r].msg, armed == 1 ? "scratch rows" : "normalized rows to quantize"));
-                    CU_ASSERT(hu_is_poison(jobs[r].hid, 2 * TH));
-                    CU_ASSERT(hu_is_poison(vals[r], TH));
-                    CU_ASSERT(hu_is_poison(sc[r], 4 * (size_t)T));
-                } else {
-                    CU_ASSERT(!hu_is_poison(vals[r], TH));
-                }
-                if (jobs[r].st != want)
-                    fprintf(stderr, "FAIL _q gather strategy=%d armed=%d rank=%d: status %d: %s\n", (int)strats[k],
-                            armed, r, (int)jobs[r].st, jobs[r].msg);
-                hu_free(jobs[r].hid);
-                hu_free(vals[r]);
-                hu_free(sc[r]);
-            }
-            CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_OK);
-        }
-    bufs_free(&b);
+    run_gather(1);
 }
 
 int main(void)

@@ -577,7 +577,7 @@ int cmd_audit(int argc, char **argv)
                                              {NULL, 0, NULL, 0}};
     audit_ctx ax;
     case_list l = {NULL, 0, 0};
-    int opt, i, b, li, help = 0, seed_given = 0;
+    int opt, i, b, help = 0, seed_given = 0;
     unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     const char *input = NULL;
     double t0;
@@ -585,11 +585,7 @@ int cmd_audit(int argc, char **argv)
     memset(&ax, 0, sizeof ax);
     ax.seed = 1;
     optind = 1;
-    for (;;) {
-        li = -1; /* getopt_long sets it for long options only */
-        opt = getopt_long(argc, argv, "h", longopts, &li);
-        if (opt == -1) break;
-        if (option_once("audit", longopts, li, opt, seen)) return TOOL_EXIT_USAGE;
+    while ((opt = next_option("audit", argc, argv, longopts, seen, &help)) >= 0) {
         switch (opt) {
         case 'q':
             ax.quick = 1;
@@ -601,19 +597,9 @@ int cmd_audit(int argc, char **argv)
         case 'i':
             input = optarg;
             break;
-        case 'h':
-            help = 1; /* after the loop: an extra argument is still an error */
-            break;
-        default:
-            fprintf(stderr, "Try 'beammoe audit --help'.\n");
-            return TOOL_EXIT_USAGE;
         }
     }
-    if (no_operands("audit", argc, argv, optind)) return TOOL_EXIT_USAGE;
-    if (help) {
-        audit_usage(stdout);
-        return TOOL_EXIT_OK;
-    }
+    if ((i = options_end("audit", opt, argc, argv, help, audit_usage)) >= 0) return i;
     /* a file's inputs are the file's: a seed would be silently unused */
     if (input && seed_given) {
         fprintf(stderr, "beammoe audit: --seed applies to the built-in sweep, not to --input\n"

@@ -347,7 +347,7 @@ int cmd_bench(int argc, char **argv)
     int nT = 4, ncfg = NCFG;
     int32_t threads = 0;
     float min_time = 1.0f;
-    int opt, i, ci, rep, rc = TOOL_EXIT_OK, hot = 0, isa, li, help = 0;
+    int opt, i, ci, rep, rc = TOOL_EXIT_OK, hot = 0, isa, help = 0;
     unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     bench_bufs b;
     size_t rowsH = (size_t)BENCH_TMAX * BENCH_H;
@@ -356,35 +356,23 @@ int cmd_bench(int argc, char **argv)
 
     for (i = 0; i < NCFG; i++) cfgs[i] = i + 1;
     optind = 1;
-    for (;;) {
-        li = -1; /* getopt_long sets it for long options only */
-        opt = getopt_long(argc, argv, "h", longopts, &li);
-        if (opt == -1) break;
-        if (option_once("bench", longopts, li, opt, seen)) return TOOL_EXIT_USAGE;
+    while ((opt = next_option("bench", argc, argv, longopts, seen, &help)) >= 0) {
         switch (opt) {
         case 't':
             if (parse_i32("bench", "--threads", optarg, &threads)) return TOOL_EXIT_USAGE;
-            if (threads < 1 || threads > 4096) {
-                fprintf(stderr, "beammoe bench: --threads: '%s' must be in [1, 4096]\n", optarg);
-                return TOOL_EXIT_USAGE;
-            }
+            if (threads < 1 || threads > 4096) return value_error("bench", "--threads", optarg, "must be in [1, 4096]");
             break;
         case 'H':
             hot = 1;
             break;
         case 'm':
             if (parse_f32("bench", "--min-time", optarg, &min_time)) return TOOL_EXIT_USAGE;
-            if (!(min_time >= 0.0f && min_time <= 600.0f)) {
-                fprintf(stderr, "beammoe bench: --min-time: '%s' must be in [0, 600]\n", optarg);
-                return TOOL_EXIT_USAGE;
-            }
+            if (!(min_time >= 0.0f && min_time <= 600.0f))
+                return value_error("bench", "--min-time", optarg, "must be in [0, 600]");
             break;
         case 'r':
             if (parse_i64("bench", "--repeat", optarg, &repeat64)) return TOOL_EXIT_USAGE;
-            if (repeat64 < 1 || repeat64 > 100) {
-                fprintf(stderr, "beammoe bench: --repeat: '%s' must be in [1, 100]\n", optarg);
-                return TOOL_EXIT_USAGE;
-            }
+            if (repeat64 < 1 || repeat64 > 100) return value_error("bench", "--repeat", optarg, "must be in [1, 100]");
             break;
         case 'T':
             nT = parse_list(optarg, 1, BENCH_TMAX, Ts, MAXT);
@@ -402,19 +390,9 @@ int cmd_bench(int argc, char **argv)
                 return TOOL_EXIT_USAGE;
             }
             break;
-        case 'h':
-            help = 1; /* after the loop: an extra argument is still an error */
-            break;
-        default:
-            fprintf(stderr, "Try 'beammoe bench --help'.\n");
-            return TOOL_EXIT_USAGE;
         }
     }
-    if (no_operands("bench", argc, argv, optind)) return TOOL_EXIT_USAGE;
-    if (help) {
-        bench_usage(stdout);
-        return TOOL_EXIT_OK;
-    }
+    if ((i = options_end("bench", opt, argc, argv, help, bench_usage)) >= 0) return i;
     g_cpu = beam_backend_ops("cpu", BEAM_OPS_VERSION);
     if (!g_cpu) return report_lib_error(NULL, "bench", "beam_backend_ops(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     if (threads) omp_set_num_threads(threads);

@@ -20,20 +20,20 @@ static int starts_like_number(const char *s)
     return *s && !isspace((unsigned char)*s);
 }
 
+int value_error(const char *cmd, const char *opt, const char *s, const char *why)
+{
+    fprintf(stderr, "beammoe %s: %s: '%s' %s\n", cmd, opt, s, why);
+    return TOOL_EXIT_USAGE;
+}
+
 int parse_i64(const char *cmd, const char *opt, const char *s, int64_t *out)
 {
     char *end;
     long long v;
     errno = 0;
     v = starts_like_number(s) ? strtoll(s, &end, 10) : 0;
-    if (!starts_like_number(s) || end == s || *end) {
-        fprintf(stderr, "beammoe %s: %s: '%s' is not an integer\n", cmd, opt, s);
-        return -1;
-    }
-    if (errno == ERANGE) {
-        fprintf(stderr, "beammoe %s: %s: '%s' is out of the 64-bit range\n", cmd, opt, s);
-        return -1;
-    }
+    if (!starts_like_number(s) || end == s || *end) return value_error(cmd, opt, s, "is not an integer");
+    if (errno == ERANGE) return value_error(cmd, opt, s, "is out of the 64-bit range");
     *out = (int64_t)v;
     return 0;
 }
@@ -42,10 +42,7 @@ int parse_i32(const char *cmd, const char *opt, const char *s, int32_t *out)
 {
     int64_t v;
     if (parse_i64(cmd, opt, s, &v)) return -1;
-    if (v < INT32_MIN || v > INT32_MAX) {
-        fprintf(stderr, "beammoe %s: %s: '%s' is out of the 32-bit range\n", cmd, opt, s);
-        return -1;
-    }
+    if (v < INT32_MIN || v > INT32_MAX) return value_error(cmd, opt, s, "is out of the 32-bit range");
     *out = (int32_t)v;
     return 0;
 }
@@ -61,14 +58,8 @@ int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out)
         v = strtoull(hex ? s + 2 : s, &end, hex ? 16 : 10);
     else
         end = (char *)s;
-    if (end == s || *end || errno == EINVAL) {
-        fprintf(stderr, "beammoe %s: %s: '%s' is not a non-negative integer\n", cmd, opt, s);
-        return -1;
-    }
-    if (errno == ERANGE) {
-        fprintf(stderr, "beammoe %s: %s: '%s' is out of the 64-bit range\n", cmd, opt, s);
-        return -1;
-    }
+    if (end == s || *end || errno == EINVAL) return value_error(cmd, opt, s, "is not a non-negative integer");
+    if (errno == ERANGE) return value_error(cmd, opt, s, "is out of the 64-bit range");
     *out = (uint64_t)v;
     return 0;
 }
@@ -79,10 +70,7 @@ int parse_f32(const char *cmd, const char *opt, const char *s, float *out)
     float v = 0.0f;
     errno = 0;
     if (starts_like_number(s)) v = strtof(s, &end);
-    if (end == s || *end) {
-        fprintf(stderr, "beammoe %s: %s: '%s' is not a number\n", cmd, opt, s);
-        return -1;
-    }
+    if (end == s || *end) return value_error(cmd, opt, s, "is not a number");
     /* Range and finiteness are the library's rules: pass the value on. */
     *out = v;
     return 0;
@@ -96,8 +84,7 @@ int parse_f32_pair(const char *cmd, const char *opt, const char *s, float out[2]
     if (starts_like_number(s) && comma && starts_like_number(comma + 1) &&
         hu_split_pair(s, out) == 0)
         return 0;
-    fprintf(stderr, "beammoe %s: %s: '%s' is not two numbers 'A,B'\n", cmd, opt, s);
-    return -1;
+    return value_error(cmd, opt, s, "is not two numbers 'A,B'");
 }
 
 int option_once(const char *cmd, const struct option *longopts, int li, int opt, unsigned char *seen)
@@ -122,6 +109,31 @@ int no_operands(const char *cmd, int argc, char **argv, int optind_)
     fprintf(stderr, "beammoe%s%s: unexpected argument '%s'\nTry 'beammoe%s%s --help'.\n",
             *cmd ? " " : "", cmd, argv[optind_], *cmd ? " " : "", cmd);
     return -1;
+}
+
+int next_option(const char *cmd, int argc, char **argv, const struct option *longopts, unsigned char *seen,
+                int *help)
+{
+    for (;;) {
+        int li = -1; /* getopt_long sets it for long options only */
+        const int opt = getopt_long(argc, argv, "h", longopts, &li);
+        if (opt == -1) return -1;
+        if (option_once(cmd, longopts, li, opt, seen)) return -2;
+        if (opt == '?') {
+            fprintf(stderr, "Try 'beammoe %s --help'.\n", cmd);
+            return -2;
+        }
+        if (opt != 'h') return opt;
+        *help = 1; /* after the loop: an extra argument is still an error */
+    }
+}
+
+int options_end(const char *cmd, int last, int argc, char **argv, int help, void (*usage)(FILE *))
+{
+    if (last == -2 || no_operands(cmd, argc, argv, optind)) return TOOL_EXIT_USAGE;
+    if (!help) return -1;
+    usage(stdout);
+    return TOOL_EXIT_OK;
 }
 
 int tool_exit_status(beam_status st)

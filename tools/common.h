@@ -39,9 +39,11 @@ int cmd_audit(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 
-/* Option values: 0 on success, else prints "<cmd>: <opt>: ..." and returns -1.
- * The whole value must be the number: no space before or after it, no
- * trailing text. */
+/* Option values: 0 on success, else prints "<cmd>: <opt>: ..." and returns
+ * TOOL_EXIT_USAGE (value_error: "beammoe <cmd>: <opt>: '<s>' <why>"). The
+ * whole value must be the number: no space before or after it, no trailing
+ * text. */
+int value_error(const char *cmd, const char *opt, const char *s, const char *why);
 int parse_i64(const char *cmd, const char *opt, const char *s, int64_t *out);
 int parse_i32(const char *cmd, const char *opt, const char *s, int32_t *out);
 int parse_f32(const char *cmd, const char *opt, const char *s, float *out);
@@ -60,6 +62,16 @@ int option_once(const char *cmd, const struct option *longopts, int li, int opt,
 /* Arguments left after the options: 0 when there are none, else prints
  * "beammoe <cmd>: unexpected argument '<arg>'" and returns -1. */
 int no_operands(const char *cmd, int argc, char **argv, int optind_);
+/* A command's options, one at a time (optind = 1 before the first):
+ * next_option gives the next one's value (getopt_long with "h" over
+ * longopts, each once: option_once), -1 after the last, -2 after a usage
+ * error (its message printed); -h, --help only sets *help. Then
+ * options_end(last: next_option's last value): the exit status when the
+ * command ends there (a usage error or an extra argument: 2; help:
+ * usage(stdout), 0), else -1. */
+int next_option(const char *cmd, int argc, char **argv, const struct option *longopts, unsigned char *seen,
+                int *help);
+int options_end(const char *cmd, int last, int argc, char **argv, int help, void (*usage)(FILE *));
 
 /* Library error: print "beammoe <cmd>: <what>: <status>: <beam_last_error()>";
  * returns TOOL_EXIT_FAIL. */

@@ -49,6 +49,14 @@ static void set_all(rank_job *j, beam_status st, const char *msg)
     }
 }
 
+/* Every strategy of rank j failed at `what` with st. */
+static void fail_all(rank_job *j, const char *what, beam_status st)
+{
+    char m[400];
+    snprintf(m, sizeof m, "rank %d: %s: %s: %s", (int)j->rank, what, beam_status_string(st), beam_last_error());
+    set_all(j, st, m);
+}
+
 static void *gather_rank_main(void *arg)
 {
     rank_job *j = arg;
@@ -66,10 +74,7 @@ static void *gather_rank_main(void *arg)
     if (cfg.timeout_ms < 30000) cfg.timeout_ms = 30000;
     st = beam_workspace_create_cpu(j->group, j->rank, c->s.T + 3, c->s.H, &cfg, &ws);
     if (st != BEAM_OK) {
-        char m[400];
-        snprintf(m, sizeof m, "rank %d: beam_workspace_create_cpu: %s: %s", (int)j->rank,
-                 beam_status_string(st), beam_last_error());
-        set_all(j, st, m);
+        fail_all(j, "beam_workspace_create_cpu", st);
         return NULL;
     }
     for (s = 0; s < NSTRAT; s++) {
@@ -84,12 +89,7 @@ static void *gather_rank_main(void *arg)
                      beam_status_string(st), beam_last_error());
     }
     st = beam_workspace_destroy(ws);
-    if (st != BEAM_OK) {
-        char m[400];
-        snprintf(m, sizeof m, "rank %d: beam_workspace_destroy: %s: %s", (int)j->rank,
-                 beam_status_string(st), beam_last_error());
-        set_all(j, st, m);
-    }
+    if (st != BEAM_OK) fail_all(j, "beam_workspace_destroy", st);
     return NULL;
 }
 

@@ -75,6 +75,12 @@ static int usage_error(const char *fmt, ...)
     return TOOL_EXIT_USAGE;
 }
 
+/* Which of the three words s is (0, 1, 2), or -1. */
+static int word_index(const char *s, const char *w0, const char *w1, const char *w2)
+{
+    return !strcmp(s, w0) ? 0 : !strcmp(s, w1) ? 1 : !strcmp(s, w2) ? 2 : -1;
+}
+
 /* Host bytes of a case's inputs and outputs (hc_make_mode, hc_out_make),
  * twice that with device copies; a double, so no size overflows it. */
 static double case_bytes(hc_op op, int64_t T, int32_t K, int32_t H, int on_device)
@@ -116,7 +122,6 @@ int cmd_run(int argc, char **argv)
     int64_t tokens = 0, iters64 = 10;
     int32_t top_k = 1, hidden = 0;
     int have_t = 0, have_k = 0, have_h = 0, have_strategy = 0, have_rs = 0, have_eps = 0;
-    int li, help = 0;
     unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     const char *backend = NULL, *output = NULL;
     beam_strategy strategy = BEAM_STRATEGY_AUTO;
@@ -124,7 +129,7 @@ int cmd_run(int argc, char **argv)
     hc_spec spec;
     float scales[2] = {1.0f, 1.0f}, rs = 1.0f, eps = 1e-6f;
     uint64_t seed = 1;
-    int opt, i, iters, on_device = 0, rc = TOOL_EXIT_FAIL;
+    int opt, i, iters, on_device = 0, help = 0, rc = TOOL_EXIT_FAIL;
     const beam_ops *ops;
     hc_case p;
     hc_out o;
@@ -136,11 +141,7 @@ int cmd_run(int argc, char **argv)
 
     memset(&spec, 0, sizeof spec);
     optind = 1;
-    for (;;) {
-        li = -1; /* getopt_long sets it for long options only */
-        opt = getopt_long(argc, argv, "h", longopts, &li);
-        if (opt == -1) break;
-        if (option_once("run", longopts, li, opt, seen)) return TOOL_EXIT_USAGE;
+    while ((opt = next_option("run", argc, argv, longopts, seen, &help)) >= 0) {
         switch (opt) {
         case O_TOKENS:
             if (parse_i64("run", "--tokens", optarg, &tokens)) return TOOL_EXIT_USAGE;
@@ -159,26 +160,16 @@ int cmd_run(int argc, char **argv)
                 return usage_error("--backend: '%s' is not %s or auto", optarg, bm_backend_choices(0));
             backend = optarg;
             break;
-        case O_STRATEGY:
-            if (!strcmp(optarg, "auto"))
-                strategy = BEAM_STRATEGY_AUTO;
-            else if (!strcmp(optarg, "fused"))
-                strategy = BEAM_STRATEGY_FUSED;
-            else if (!strcmp(optarg, "unfused"))
-                strategy = BEAM_STRATEGY_UNFUSED;
-            else
+        case O_STRATEGY: /* BEAM_STRATEGY_AUTO, _FUSED, _UNFUSED: 0, 1, 2 */
+            if ((i = word_index(optarg, "auto", "fused", "unfused")) < 0)
                 return usage_error("--strategy: '%s' is not auto, fused or unfused", optarg);
+            strategy = (beam_strategy)i;
             have_strategy = 1;
             break;
-        case O_OP:
-            if (!strcmp(optarg, "finalize"))
-                op = HC_FINALIZE;
-            else if (!strcmp(optarg, "nrn"))
-                op = HC_NRN;
-            else if (!strcmp(optarg, "fused"))
-                op = HC_FUSED;
-            else
+        case O_OP: /* HC_FINALIZE, HC_NRN, HC_FUSED: 0, 1, 2 */
+            if ((i = word_index(optarg, "finalize", "nrn", "fused")) < 0)
                 return usage_error("--op: '%s' is not finalize, nrn or fused", optarg);
+            op = (hc_op)i;
             break;
         case O_POST:
             spec.post = HC_NORM_WEIGHT;
@@ -212,19 +203,9 @@ int cmd_run(int argc, char **argv)
         case O_OUTPUT:
             output = optarg;
             break;
-        case 'h':
-            help = 1; /* after the loop: an extra argument is still an error */
-            break;
-        default:
-            fprintf(stderr, "Try 'beammoe run --help'.\n");
-            return TOOL_EXIT_USAGE;
         }
     }
-    if (optind < argc) return usage_error("unexpected argument '%s'", argv[optind]);
-    if (help) {
-        run_usage(stdout);
-        return TOOL_EXIT_OK;
-    }
+    if ((i = options_end("run", opt, argc, argv, help, run_usage)) >= 0) return i;
     if (!have_t) return usage_error("%s is required", "--tokens");
     if (!have_h) return usage_error("%s is required", "--hidden");
     if (!have_k && op != HC_NRN) return usage_error("%s is required", "--top-k");
