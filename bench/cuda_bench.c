@@ -19,7 +19,8 @@
  * the two writes; each norm weight adds H*2. The "fp8" configurations write
  * the next norm's output as FP8 only (beam_*_q, normalized NULL): T*H bytes
  * of values and their FP32 scales instead of T*H*2; the "nvfp4" ones T*H/2
- * bytes of values and T*H/16 of block scales.
+ * bytes of values and T*H/16 of block scales (each the first form of its
+ * kind in harness/quant_model.c's qm_forms, its bytes the model's).
  *
  * Printed per configuration: microseconds, GB/s and the fraction of the
  * copy floor (bytes over the copy bandwidth). For T <= 64 also "hot us": 50
@@ -56,6 +57,7 @@
 #include "checks.h"
 #include "gpu_probe.h"
 #include "graph_calls.h"
+#include "quant_model.h"
 
 enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
 static const char *const op_names[] = {"finalize", "nrn", "fused", "unfused"};
@@ -68,9 +70,9 @@ typedef struct bench_cfg {
     const char *name;
     int op, normA, normA_w, scales;
     float routed;
-    int quant; /* the next norm's output in FP8 or NVFP4 only (beam_*_q): 0
-                * no, else BEAM_QUANT_FP8_GROUP (group 128), _TOKEN, _TENSOR,
-                * BEAM_QUANT_NVFP4 */
+    int quant; /* the next norm's output only (beam_*_q): 0 no, else a
+                * beam_quant_kind, in its first form of qm_forms
+                * (BEAM_QUANT_FP8_GROUP: group 128) */
     int inplace; /* hidden written over the residual (hidden_out == residual) */
 } bench_cfg;
 
@@ -148,6 +150,25 @@ static const beam_ops *g_ops;
         if (ok_s_ != BEAM_OK) FAIL("%s: %s", #x, g_ops->last_error());          \
     } while (0)
 
+/* The bytes of normalized's region that the quantized output of kind
+ * quant takes at T rows of H (values, then the scales' array 256 bytes
+ * aligned: block scales in whole tiles), and the bytes a call writes there
+ * (values and the scales of T rows). */
+static size_t quant_region(int quant, int64_t T, int32_t H)
+{
+    beam_quant q;
+    qm_form_of(&q, quant, T);
+    return (qm_values_bytes(&q, T, H) + 255) / 256 * 256 + qm_scale_floats(&q, T, H) * 4;
+}
+
+static double quant_written(int quant, int64_t T, int32_t H)
+{
+    beam_quant q;
+    qm_form_of(&q, quant, T);
+    return (double)qm_values_bytes(&q, T, H) +
+           (qm_block(&q) ? (double)T * (H / qm_block(&q)) : 4.0 * (double)qm_scale_floats(&q, T, H));
+}
+
 /* Median time per call (us) of a graph of n calls of op; nsets > 0: call
  * i uses buffer set i % nsets (else every call uses set 0). */
 static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *pool, size_t set_bytes,
@@ -170,19 +191,12 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
         const beam_norm *nA = cf->normA ? normA : NULL;
         static const float scales[2] = {0.75f, 1.25f};
         const float *sc = cf->scales ? scales : NULL;
-        /* FP8 or NVFP4 only: the values, then the scales, in normalized's
-         * region (NVFP4's block scales at the next 256 bytes past the
-         * values: the region is made large enough for their whole tiles) */
+        /* the quantized output only: the values, then the scales at the
+         * next 256 bytes past them, in normalized's region (made large
+         * enough for them: quant_region) */
         beam_quant q;
-        memset(&q, 0, sizeof q);
-        q.kind = cf->quant;
-        q.group_size = cf->quant == BEAM_QUANT_FP8_GROUP ? 128 : cf->quant == BEAM_QUANT_NVFP4 ? 16 : 0;
-        q.scale = cf->quant == BEAM_QUANT_FP8_TENSOR ? 0.0125f : cf->quant == BEAM_QUANT_NVFP4 ? 336.0f : 0.0f;
-        q.values = (uint8_t *)nrm;
-        if (cf->quant == BEAM_QUANT_NVFP4)
-            q.block_scales = (uint8_t *)nrm + ((size_t)T * H / 2 + 255) / 256 * 256;
-        else if (cf->quant != BEAM_QUANT_FP8_TENSOR)
-            q.scales = (float *)(void *)((char *)nrm + (size_t)T * H);
+        qm_form_of(&q, cf->quant, T);
+        qm_bind(&q, (uint8_t *)nrm, (float *)(void *)((char *)nrm + (qm_values_bytes(&q, T, H) + 255) / 256 * 256));
         if (cf->quant) {
             if (cf->op == OP_NRN)
                 OPS_OK(g_ops->norm_residual_norm_q(x, res, T, H, nA, sc, next, out, NULL, &q, st));
@@ -424,9 +438,13 @@ int main(int argc, char **argv)
         o_out = o_res + (brow + align - 1) / align * align;
         o_nrm = o_out + (brow + align - 1) / align * align;
         {
-            /* normalized's region also holds NVFP4's values and block scales */
-            const size_t fp4 = ((size_t)T * H / 2 + align - 1) / align * align + (size_t)BEAM_NVFP4_SCALE_BYTES(T, H);
-            set_bytes = o_nrm + ((brow > fp4 ? brow : fp4) + align - 1) / align * align;
+            /* normalized's region also holds each configuration's quantized
+             * output */
+            size_t region = brow;
+            for (ci = 0; ci < NCFG; ci++)
+                if (cfgs[ci].quant && quant_region(cfgs[ci].quant, T, H) > region)
+                    region = quant_region(cfgs[ci].quant, T, H);
+            set_bytes = o_nrm + (region + align - 1) / align * align;
         }
         nsets = (3 * (size_t)prop.l2CacheSize + set_bytes - 1) / set_bytes;
         if (nsets < 2) nsets = 2;
@@ -454,11 +472,8 @@ int main(int argc, char **argv)
             const int op = cf->op;
             const double wA = cf->normA && cf->normA_w ? H * 2.0 : 0.0;
             const double fin_b = (double)bx + bw + brow + (op == OP_FIN ? wA : 0.0);
-            /* normalized's bytes, or the FP8 values and scales instead */
-            const double nrm_b = !cf->quant                      ? (double)brow
-                                 : cf->quant == BEAM_QUANT_NVFP4 ? (double)T * H / 2 + (double)T * (H / 16)
-                                 : (double)T * H + (cf->quant == BEAM_QUANT_FP8_GROUP ? T * (H / 128) * 4.0
-                                                    : cf->quant == BEAM_QUANT_FP8_TOKEN ? T * 4.0 : 0.0);
+            /* normalized's bytes, or the quantized values and scales instead */
+            const double nrm_b = !cf->quant ? (double)brow : quant_written(cf->quant, T, H);
             const double bytes = op == OP_FIN   ? fin_b
                                  : op == OP_NRN ? 3.0 * brow + nrm_b + wA + H * 2.0
                                                 : fin_b + wA + brow + nrm_b + H * 2.0;

@@ -21,8 +21,10 @@
  *                       (graph replays over rotating cold buffers); SUMMARY
  *                       lines compare bm_pick_shape's choice with the best;
  *                       --quant N times the kernels compiled with the
- *                       quantized output instead (1 group 128, 2 token, 3
- *                       tensor, 4 NVFP4; normalized in that form only)
+ *                       quantized output instead (N a beam_quant_kind, in
+ *                       its first form of harness/quant_model.c's
+ *                       qm_forms: 1 group 128, 2 token, 3 tensor, 4
+ *                       NVFP4; normalized in that form only)
  *
  * Built by `make bench/shape_sweep` in a CUDA build; run it on a GPU host.
  */
@@ -107,6 +109,28 @@ static beam_quant quant_form(int f, int64_t T)
     return q[f - 1];
 }
 
+/* The kernels' view of form qf for rows of H (what lib/check.c makes of a
+ * beam_quant), its values at values and its scales' array at scales
+ * (block-scaled: the array's bytes are the block scales). */
+static bm_quant quant_params(const beam_quant &qf, int H, uint8_t *values, void *scales)
+{
+    bm_quant qp;
+    memset(&qp, 0, sizeof qp);
+    const int col = (qf.flags & BEAM_QUANT_COL_MAJOR) != 0;
+    qp.kind = qf.kind;
+    qp.group = qm_group(&qf, H);
+    qp.ue8m0 = qm_pow2(&qf);
+    qp.scale = qf.scale;
+    qp.values = values;
+    qp.ld_t = qf.kind == BEAM_QUANT_FP8_GROUP && !col ? H / qf.group_size : 1;
+    qp.ld_g = col ? qf.scale_ld : 1;
+    if (qm_block(&qf))
+        qp.block_scales = (uint8_t *)scales;
+    else if (qf.kind != BEAM_QUANT_FP8_TENSOR)
+        qp.scales = (float *)scales;
+    return qp;
+}
+
 /* one case, one shape; returns number of mismatches */
 static long run_case(const case_t &c, bm_shape sh, int force_scalar)
 {
@@ -188,19 +212,8 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
     bm_quant qp;
     memset(&qp, 0, sizeof qp);
     if (quant) {
-        qp.kind = qf.kind;
-        qp.group = qf.kind == BEAM_QUANT_FP8_GROUP ? qf.group_size : qf.kind == BEAM_QUANT_NVFP4 ? 16 : H;
-        qp.ue8m0 = (qf.flags & BEAM_QUANT_UE8M0) != 0;
-        qp.scale = qf.scale;
-        qp.values = (uint8_t *)bqv.alloc((size_t)cap * H, c.misalign ? 1 : 0);
-        qp.scales = (float *)bqs.alloc((nsc ? nsc : 1) * 4, 0);
-        const int col = (qf.flags & BEAM_QUANT_COL_MAJOR) != 0;
-        qp.ld_t = qf.kind == BEAM_QUANT_FP8_GROUP && !col ? H / qf.group_size : 1;
-        qp.ld_g = col ? qf.scale_ld : 1;
-        if (qf.kind == BEAM_QUANT_NVFP4) { /* the scale array's bytes are the block scales */
-            qp.block_scales = (uint8_t *)qp.scales;
-            qp.scales = NULL;
-        }
+        uint8_t *values = (uint8_t *)bqv.alloc((size_t)cap * H, c.misalign ? 1 : 0);
+        qp = quant_params(qf, H, values, bqs.alloc((nsc ? nsc : 1) * 4, 0));
     }
     const bm_quant *qpp = quant ? &qp : nullptr;
     /* with the quantized output, normalized is optional: half the cases
@@ -249,11 +262,12 @@ static long run_case(const case_t &c, bm_shape sh, int force_scalar)
                                cudaMemcpyDeviceToHost));
         memset(ws.data(), 0xA5, nsc * 4);
         qm_quant(&qf, want_norm.data(), T, H, wv.data(), ws.data());
+        const size_t vrow = qm_values_bytes(&qf, 1, H); /* a row's bytes: 8 / bits values a byte */
         for (size_t i = 0; i < gv.size(); ++i)
             if (gv[i] != wv[i]) {
                 if (bad < 3)
-                    fprintf(stderr, "  MISMATCH fp8[%zu] (row %zu col %zu) got %02x want %02x\n", i, i / H,
-                            i % H, gv[i], wv[i]);
+                    fprintf(stderr, "  MISMATCH values[%zu] (row %zu col %zu) got %02x want %02x\n", i, i / vrow,
+                            (i % vrow) * (8 / qm_bits(&qf)), gv[i], wv[i]);
                 ++bad;
             }
         if (nsc && memcmp(gs.data(), ws.data(), nsc * 4) != 0) {
@@ -415,14 +429,21 @@ int perf(int argc, char **argv)
         /* --eager N: N plain launches of the picked shape, no graph, no
          * timing (for a profiler) */
         else if (!strcmp(argv[i], "--eager") && i + 1 < argc) { eager = atoi(argv[++i]); picked_only = 1; }
-        /* --quant N: the next norm's output in FP8 or NVFP4 only, N = 1
-         * group 128, 2 token, 3 tensor, 4 NVFP4 (the ops with a next norm;
-         * normalized NULL) */
+        /* --quant N: the next norm's output only, in the first form of kind
+         * N of the harness's qm_forms (1 group 128, 2 token, 3 tensor, 4
+         * NVFP4; the ops with a next norm; normalized NULL) */
         else if (!strcmp(argv[i], "--quant") && i + 1 < argc) quant = atoi(argv[++i]);
         /* --hot: every call on the same buffers (inputs found in L2, as a
          * decode step finds the expert GEMM's fresh output) */
         else if (!strcmp(argv[i], "--hot")) hot = 1;
         else { fprintf(stderr, "shape_sweep perf: unknown option %s\n", argv[i]); return 2; }
+    }
+    {
+        beam_quant qf;
+        if (quant && !qm_form_of(&qf, quant, 1)) {
+            fprintf(stderr, "shape_sweep perf: --quant %d: no form of that kind\n", quant);
+            return 2;
+        }
     }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -514,10 +535,19 @@ int perf(int argc, char **argv)
         auto al = [](size_t n) { return (n + 255) & ~(size_t)255; };
         perf_bufs pb;
         pb.o_x = 0; pb.o_w = al(bx); pb.o_res = pb.o_w + al(bw); pb.o_out = pb.o_res + al(brow);
-        /* normalized's region also holds NVFP4's values and whole tiles of
-         * block scales (--quant 4) */
-        const size_t fp4 = al((size_t)T * H / 2) + (size_t)BEAM_NVFP4_SCALE_BYTES(T, H);
-        pb.o_norm = pb.o_out + al(brow); pb.set_bytes = pb.o_norm + al(brow > fp4 ? brow : fp4);
+        /* --quant: the form, its values and scales (block scales: whole
+         * tiles) in normalized's region, the scales 256 bytes aligned past
+         * the values */
+        beam_quant qf;
+        qm_form_of(&qf, quant, T);
+        const size_t qvb = quant ? al(qm_values_bytes(&qf, T, H)) : 0;
+        const size_t qbytes = quant ? qvb + qm_scale_floats(&qf, T, H) * 4 : 0;
+        char qlabel[72] = "";
+        if (quant) {
+            qlabel[0] = ' ';
+            qm_label(&qf, qlabel + 1, sizeof qlabel - 1);
+        }
+        pb.o_norm = pb.o_out + al(brow); pb.set_bytes = pb.o_norm + al(brow > qbytes ? brow : qbytes);
         pb.nsets = (int)std::max<size_t>(2, (3 * L2 + pb.set_bytes - 1) / pb.set_bytes);
         pb.nsets = hot ? 1 : std::min(pb.nsets, 2000);
         CK(cudaMalloc(&pb.pool, pb.set_bytes * pb.nsets));
@@ -552,9 +582,12 @@ int perf(int argc, char **argv)
             if (quant && (op == 0 || op == 3)) continue;
             const double wA = cf.normA && cf.normA_w ? H * 2.0 : 0.0;
             const double base = (double)bx + bw + brow;
-            /* normalized's bytes, or the FP8 values and their scales */
+            /* normalized's bytes, or the quantized values and the scales
+             * written (FP32 ones 4 bytes, block scales 1; TENSOR none) */
             const double nrm = !quant ? (double)brow
-                                      : (double)T * H + (quant == 1 ? T * (H / 128) * 4.0 : quant == 2 ? T * 4.0 : 0.0);
+                                      : (double)qm_values_bytes(&qf, T, H) +
+                                            (qm_block(&qf) ? (double)T * (H / qm_block(&qf))
+                                                           : 4.0 * (double)qm_scale_floats(&qf, T, H));
             const double bytes = op == 0 ? base + wA : op == 1 ? 3.0 * brow + nrm + wA + H * 2.0
                                                              : base + brow + nrm + wA + H * 2.0;
             std::vector<bm_shape> cands;
@@ -587,20 +620,10 @@ int perf(int argc, char **argv)
                     return p;
                 };
                 /* set s's quantized output in normalized's place (values,
-                 * then the row-major scales; NVFP4's block scales 256
-                 * bytes aligned) */
+                 * then the scales, 256 bytes aligned) */
                 auto mkq = [&](int s) {
-                    bm_quant q;
-                    memset(&q, 0, sizeof q);
-                    q.kind = quant;
-                    q.group = quant == 1 ? 128 : quant == 4 ? 16 : H;
-                    q.scale = quant == 3 ? 0.0125f : quant == 4 ? 336.0f : 0.0f;
-                    q.values = (uint8_t *)(pb.pool + (size_t)s * pb.set_bytes + pb.o_norm);
-                    q.scales = quant >= 3 ? NULL : (float *)(void *)(q.values + (size_t)T * H);
-                    if (quant == 4) q.block_scales = q.values + ((size_t)T * H / 2 + 255) / 256 * 256;
-                    q.ld_t = quant == 1 ? H / 128 : 1;
-                    q.ld_g = 1;
-                    return q;
+                    uint8_t *v = (uint8_t *)(pb.pool + (size_t)s * pb.set_bytes + pb.o_norm);
+                    return quant_params(qf, H, v, v + qvb);
                 };
                 auto go = [&](int s) {
                     bm_row_params p = mk(s);
@@ -653,7 +676,7 @@ int perf(int argc, char **argv)
             }
             if (eager) continue;
             printf("SUMMARY%s%s T=%5d H=%d %-14s picked %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%)  best %4d,%d,%d,%d,%d,d%d,mb%d,st%d %9.2f us (%5.1f%%) floor %.2f us\n",
-                   quant == 1 ? " fp8 group" : quant == 2 ? " fp8 token" : quant == 3 ? " fp8 tensor" : quant == 4 ? " nvfp4" : "",
+                   qlabel,
                    hot ? " hot" : "", T, H,
                    cf.name, cands[0].nt, cands[0].j, cands[0].u, cands[0].cs, cands[0].pdl, cands[0].d, cands[0].mb, cands[0].st, picked,
                    100.0 * (bytes / copy_gbs / 1e3) / picked, bs.nt, bs.j, bs.u, bs.cs, bs.pdl, bs.d, bs.mb, bs.st, best,

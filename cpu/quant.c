@@ -138,6 +138,26 @@ static BM_QUANT_CLONES void bm_rows_NVFP4(const bm_quant *q, const uint16_t *y0,
     bm_nvfp4_rows(q, y0, t0, t1, hidden);
 }
 
+/* MXFP8 rows t0..t1 (docs/numerics.md#mxfp8): FP8 group 32 with UE8M0
+ * scales, each scale's E8M0 code (its FP32 exponent field: the scale is a
+ * normal power of two) at its tiled place. */
+static BM_QUANT_CLONES void bm_rows_MXFP8(const bm_quant *q, const uint16_t *y0, int64_t t0, int64_t t1,
+                                          int32_t hidden)
+{
+    int64_t t;
+    int g;
+    for (t = t0; t < t1; t++) {
+        const uint16_t *y = y0 + (size_t)(t - t0) * (size_t)hidden;
+        uint8_t *out = q->values + (size_t)t * (size_t)hidden;
+        for (g = 0; g < hidden / 32; g++) {
+            const uint16_t *yg = y + (size_t)g * 32;
+            const float s = bm_fp8_group_scale(bm_fp8_absmax_bf16(yg, 32), BM_FP8_GROUP_EPS, 1);
+            q->block_scales[BEAM_MXFP8_SCALE_OFFSET(t, g, hidden)] = (uint8_t)(bm_fp8_bits(s) >> 23);
+            bm_quant_values(yg, s, out + (size_t)g * 32, 32);
+        }
+    }
+}
+
 /* Rows t0..t1 into values and scales, by the kind's line of
  * lib/quant_forms.def; row t's normalized values are at y0 + (t - t0) *
  * hidden. */
@@ -147,7 +167,6 @@ static void bm_quant_rows(const bm_quant *q, const uint16_t *y0, int64_t t0, int
 #define BM_FORM(kind, qf, bits, group, scale, blocks) \
     case kind: bm_rows_##qf(q, y0, t0, t1, hidden); return;
 #include "quant_forms.def"
-#undef BM_FORM
     }
 }
 

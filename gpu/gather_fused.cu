@@ -122,6 +122,19 @@ __device__ __forceinline__ void bm_tp_load_res(const bm_tp_params &p, bm_pack8 (
     }
 }
 
+/* A block's start: claim the workspace for this grid (returns 1 when
+ * another call holds it; dead: a peer died) and, when it is ours, clear
+ * the LL rows of two epochs ago and announce the call at every peer. */
+__device__ __forceinline__ int bm_tp_begin(const bm_tp_params &p, unsigned long long E, int fb, int &dead)
+{
+    const int conc = bm_tp_claim(p, E, dead);
+    if (!conc) {
+        bm_tp_ll_clear(p, E);
+        bm_tp_announce(p, E, fb);
+    }
+    return conc;
+}
+
 template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
 __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<Q>::type p)
 {
@@ -158,12 +171,8 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
     const uint32_t tag = (uint32_t)E;
     const bool ll = !TWO && p.ll && !bm_tp_ll_clearing(E);
     int dead;
-    const int conc = bm_tp_claim(p, E, dead);
+    const int conc = bm_tp_begin(p, E, fb, dead);
     int bad = conc | dead;
-    if (!conc) {
-        bm_tp_ll_clear(p, E);
-        bm_tp_announce(p, E, fb);
-    }
     int arrived = p.nranks < 2;
 
     /* ---- phase 1: own rows ---- */
@@ -381,12 +390,8 @@ __global__ void __launch_bounds__(256) bm_tp_allgather_kernel(const bm_tp_params
     bm_pdl_wait();
     const unsigned long long E = bm_tp_epoch(p, fb);
     int dead;
-    const int conc = bm_tp_claim(p, E, dead);
+    const int conc = bm_tp_begin(p, E, fb, dead);
     int bad = conc | dead;
-    if (!conc) {
-        bm_tp_ll_clear(p, E);
-        bm_tp_announce(p, E, fb);
-    }
     bad = bm_tp_wait_arrivals(p, E, E, bad);
     const int64_t lo = (int64_t)p.rank * p.L;
     int64_t owned = p.rows - lo;
@@ -488,32 +493,30 @@ int bm_tp_occupancy_cap(int index)
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_allgather_kernel, 256, 0);
         per2 = per;
     }
-    /* the quantized shapes' caps: the fewest of the FP8 and NVFP4 kernels
-     * (a grid larger than what is resident would wait on itself) */
-#define BM_OCC_Q(NT, J, CS, Q)                                                                             \
-    {                                                                                                      \
-        int a = 0, b = 0;                                                                                  \
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, bm_tp_kernel<NT, J, CS, true, false, Q>, NT, 0); \
-        if (e == cudaSuccess)                                                                              \
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, bm_tp_kernel<NT, J, CS, true, true, Q>, NT, 0); \
-        per = per < 0 || a < per ? a : per;                                                                \
-        per2 = per2 < 0 || b < per2 ? b : per2;                                                            \
-    }
+    /* a shape's cap without a quantized output, and with one: the fewest
+     * of every form's kernels (a grid larger than what is resident would
+     * wait on itself) */
+    auto occ = [&](auto kernel1, auto kernel2, int nt) {
+        int a = 0, b = 0;
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, kernel1, nt, 0);
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel2, nt, 0);
+        per = per < 0 || a < per ? a : per;
+        per2 = per2 < 0 || b < per2 ? b : per2;
+    };
 #define BM_OCC(I, NT, J, CS)                                                                               \
     if (shape == I) {                                                                                      \
         cs = CS;                                                                                           \
         per = per2 = -1;                                                                                   \
-        if (q) {                                                                                           \
-            BM_OCC_Q(NT, J, CS, BM_QF_FP8)                                                                 \
-            if (e == cudaSuccess)                                                                          \
-                BM_OCC_Q(NT, J, CS, BM_QF_NVFP4)                                                           \
-        } else {                                                                                           \
-            BM_OCC_Q(NT, J, CS, BM_QF_NONE)                                                                \
-        }                                                                                                  \
+        bm_each_form([&](auto qf) {                                                                        \
+            constexpr int Q = decltype(qf)::value;                                                         \
+            if ((Q != BM_QF_NONE) == q)                                                                    \
+                occ(bm_tp_kernel<NT, J, CS, true, false, Q>, bm_tp_kernel<NT, J, CS, true, true, Q>, NT);  \
+        });                                                                                                \
     }
     BM_TP_SHAPES(BM_OCC)
 #undef BM_OCC
-#undef BM_OCC_Q
     cudaGetLastError();
     if (per2 < per)
         per = per2;
@@ -568,21 +571,22 @@ int bm_tp_device_sms(void)
 /* Load every kernel a gather call can launch (see bm_preload_rows). */
 cudaError_t bm_tp_preload(void)
 {
-    cudaFuncAttributes fa;
-    cudaError_t e = bm_preload_rows(), r;
-#define BM_PRE_Q(NT, J, CS, Q)                                                                              \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, false, Q>)) != cudaSuccess) e = r;  \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, false, Q>)) != cudaSuccess) e = r; \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, true, true, Q>)) != cudaSuccess) e = r;   \
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_kernel<NT, J, CS, false, true, Q>)) != cudaSuccess) e = r;
-#define BM_PRE(I, NT, J, CS) BM_PRE_Q(NT, J, CS, BM_QF_NONE) BM_PRE_Q(NT, J, CS, BM_QF_FP8) BM_PRE_Q(NT, J, CS, BM_QF_NVFP4)
+    cudaError_t e = bm_preload_rows();
+    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
+#define BM_PRE(I, NT, J, CS)                                                          \
+    bm_each_form([&](auto qf) {                                                       \
+        constexpr int Q = decltype(qf)::value;                                        \
+        pre(bm_tp_kernel<NT, J, CS, true, false, Q>);                                 \
+        pre(bm_tp_kernel<NT, J, CS, false, false, Q>);                                \
+        pre(bm_tp_kernel<NT, J, CS, true, true, Q>);                                  \
+        pre(bm_tp_kernel<NT, J, CS, false, true, Q>);                                 \
+    });
     BM_TP_SHAPES(BM_PRE)
 #undef BM_PRE
-#undef BM_PRE_Q
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_reject_kernel)) != cudaSuccess) e = r;
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_allgather_kernel)) != cudaSuccess) e = r;
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_record_kernel)) != cudaSuccess) e = r;
-    if ((r = cudaFuncGetAttributes(&fa, bm_tp_check_kernel)) != cudaSuccess) e = r;
+    pre(bm_tp_reject_kernel);
+    pre(bm_tp_allgather_kernel);
+    pre(bm_tp_record_kernel);
+    pre(bm_tp_check_kernel);
     return e;
 }
 
@@ -647,25 +651,19 @@ cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
             vec = 0;
     if (quant && !bm_quant_vec_ok(pq.q))
         vec = 0; /* the quantized values: 8 bytes per chunk (NVFP4: 4) */
-#define BM_GO_Q(NT, J, CS, Q, P)                                                             \
-    if (twoshot)                                                                             \
-        return vec ? bm_tp_go<NT, J, CS, true, true, Q>(P, grid, stream)                     \
-                   : bm_tp_go<NT, J, CS, false, true, Q>(P, grid, stream);                   \
-    return vec ? bm_tp_go<NT, J, CS, true, false, Q>(P, grid, stream)                        \
-               : bm_tp_go<NT, J, CS, false, false, Q>(P, grid, stream);
 #define BM_GO(I, NT, J, CS)                                                                  \
-    if (shape == I) {                                                                        \
-        if (bm_qf_of(pq.q.kind) == BM_QF_NVFP4) {                                            \
-            BM_GO_Q(NT, J, CS, BM_QF_NVFP4, pq)                                              \
-        }                                                                                    \
-        if (quant) {                                                                         \
-            BM_GO_Q(NT, J, CS, BM_QF_FP8, pq)                                                \
-        }                                                                                    \
-        BM_GO_Q(NT, J, CS, BM_QF_NONE, p)                                                    \
-    }
+    if (shape == I)                                                                          \
+        return bm_with_form(pq.q.kind, [&](auto qf) {                                        \
+            constexpr int Q = decltype(qf)::value;                                           \
+            const typename bm_tp_kparams<Q>::type &k = bm_kp<Q>(p, pq);                      \
+            if (twoshot)                                                                     \
+                return vec ? bm_tp_go<NT, J, CS, true, true, Q>(k, grid, stream)             \
+                           : bm_tp_go<NT, J, CS, false, true, Q>(k, grid, stream);           \
+            return vec ? bm_tp_go<NT, J, CS, true, false, Q>(k, grid, stream)                \
+                       : bm_tp_go<NT, J, CS, false, false, Q>(k, grid, stream);              \
+        });
     BM_TP_SHAPES(BM_GO)
 #undef BM_GO
-#undef BM_GO_Q
     return cudaErrorInvalidConfiguration;
 }
 

@@ -81,17 +81,19 @@ namespace bm_pick {
 enum { ANY = -1 };
 enum { FIN = 1, FUSED = 2, RES = 4, BARE = 8, SLOTS = FIN | FUSED, NOSLOTS = RES | BARE };
 enum { H1K = 1, H2K = 2, H4K = 4, H8K = 8 };
-enum { NOQ = 1, FP8 = 2, NVFP4 = 4, QUANT = FP8 | NVFP4 }; /* 1 << bm_qf_of(kind) */
+/* 1 << bm_qf_of(kind): the forms of lib/quant_forms.def; QUANT any of them */
+enum { NOQ = 1 << BM_QF_NONE, FP8 = 1 << BM_QF_FP8, NVFP4 = 1 << BM_QF_NVFP4, QUANT = (1 << BM_QF_COUNT) - 2 };
+static_assert(BM_QF_COUNT <= 4, "a row's quant field holds four forms");
 constexpr int64_t MAXT = INT64_MAX;
 
 /* A row's conditions as one set of bits, one bit a value: kind 0-3,
- * width 4-7, quant 8-10, nA 11-12, sc 13-14, sh 15-16. A call's values are
+ * width 4-7, quant 8-11, nA 12-13, sc 14-15, sh 16-17. A call's values are
  * one bit each; a row takes the call when it holds them all. */
 constexpr uint32_t tri(int want, int shift) { return (want == ANY ? 3u : 1u << want) << shift; }
 constexpr uint32_t conds(int kind, int width, int quant, int na, int sc, int sh)
 {
-    return (uint32_t)(kind & 15) | (uint32_t)(width & 15) << 4 | (uint32_t)(quant & 7) << 8 | tri(na, 11) |
-           tri(sc, 13) | tri(sh, 15);
+    return (uint32_t)(kind & 15) | (uint32_t)(width & 15) << 4 | (uint32_t)(quant & 15) << 8 | tri(na, 12) |
+           tri(sc, 14) | tri(sh, 16);
 }
 
 struct row {
@@ -263,68 +265,54 @@ static cudaError_t bm_go_pipe(const typename bm_kparams<Q>::type &p, int pdl, cu
     return bm_launch(bm_pipe_kernel<NT, J, D, MB, FIN, Q>, p, (unsigned)grid, NT, 1, smem, pdl, stream);
 }
 
-/* ... finalize or not, with or without (which) quantized output */
+/* ... finalize or not, with the kernels of the call's form */
 template <int NT, int J, int D, int MB>
-static cudaError_t bm_go_pipe_fin(const bm_row_params &p, const bm_row_params_q *pq, int pdl, cudaStream_t stream)
+static cudaError_t bm_go_pipe_fin(const bm_row_params_q &pq, int pdl, cudaStream_t stream)
 {
-    if (!pq)
-        return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_NONE>(p, pdl, stream)
-                         : bm_go_pipe<NT, J, D, MB, false, BM_QF_NONE>(p, pdl, stream);
-    if (bm_qf_of(pq->q.kind) == BM_QF_NVFP4)
-        return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_NVFP4>(*pq, pdl, stream)
-                         : bm_go_pipe<NT, J, D, MB, false, BM_QF_NVFP4>(*pq, pdl, stream);
-    return p.experts ? bm_go_pipe<NT, J, D, MB, true, BM_QF_FP8>(*pq, pdl, stream)
-                     : bm_go_pipe<NT, J, D, MB, false, BM_QF_FP8>(*pq, pdl, stream);
+    return bm_with_form(pq.q.kind, [&](auto qf) {
+        constexpr int Q = decltype(qf)::value;
+        return pq.experts ? bm_go_pipe<NT, J, D, MB, true, Q>(bm_kp<Q>(static_cast<const bm_row_params &>(pq), pq), pdl, stream)
+                          : bm_go_pipe<NT, J, D, MB, false, Q>(bm_kp<Q>(static_cast<const bm_row_params &>(pq), pq), pdl, stream);
+    });
 }
 
-/* The row kernel of one shape: vector or scalar path, finalize or not. */
-template <int NT, int J, int U, int CS, int Q>
-static cudaError_t bm_go_row_q(const typename bm_kparams<Q>::type &p, unsigned blocks, int pdl, int vec,
-                               cudaStream_t stream)
-{
-    if (p.experts)
-        return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, true, Q>, p, blocks, NT, CS, 0, pdl, stream)
-                   : bm_launch(bm_row_kernel<NT, J, U, CS, false, true, Q>, p, blocks, NT, CS, 0, pdl, stream);
-    return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, false, Q>, p, blocks, NT, CS, 0, pdl, stream)
-               : bm_launch(bm_row_kernel<NT, J, U, CS, false, false, Q>, p, blocks, NT, CS, 0, pdl, stream);
-}
-
-/* ... with or without the quantized output compiled in */
+/* The row kernel of one shape: vector or scalar path, finalize or not,
+ * the kernels of the call's form. */
 template <int NT, int J, int U, int CS>
-static cudaError_t bm_go_row(const bm_row_params &p, const bm_row_params_q *pq, unsigned blocks, int pdl,
-                             int vec, cudaStream_t stream)
+static cudaError_t bm_go_row(const bm_row_params_q &pq, unsigned blocks, int pdl, int vec, cudaStream_t stream)
 {
-    if (pq)
-        return bm_qf_of(pq->q.kind) == BM_QF_NVFP4
-                   ? bm_go_row_q<NT, J, U, CS, BM_QF_NVFP4>(*pq, blocks, pdl, vec, stream)
-                   : bm_go_row_q<NT, J, U, CS, BM_QF_FP8>(*pq, blocks, pdl, vec, stream);
-    return bm_go_row_q<NT, J, U, CS, BM_QF_NONE>(p, blocks, pdl, vec, stream);
+    return bm_with_form(pq.q.kind, [&](auto qf) {
+        constexpr int Q = decltype(qf)::value;
+        const typename bm_kparams<Q>::type &p = bm_kp<Q>(static_cast<const bm_row_params &>(pq), pq);
+        if (p.experts)
+            return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, true, Q>, p, blocks, NT, CS, 0, pdl, stream)
+                       : bm_launch(bm_row_kernel<NT, J, U, CS, false, true, Q>, p, blocks, NT, CS, 0, pdl, stream);
+        return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, false, Q>, p, blocks, NT, CS, 0, pdl, stream)
+                   : bm_launch(bm_row_kernel<NT, J, U, CS, false, false, Q>, p, blocks, NT, CS, 0, pdl, stream);
+    });
 }
 
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
                            cudaStream_t stream, const bm_quant *q)
 {
-    /* with a quantized output: the kernels compiled with it, their larger
-     * parameter block */
-    bm_row_params_q pqv;
-    const bm_row_params_q *pq = NULL;
+    /* the call and its quantized output (kind 0: none), from which each
+     * family takes the block of the kernels it launches */
+    bm_row_params_q pq;
+    static_cast<bm_row_params &>(pq) = p;
+    pq.q = q ? *q : bm_quant{};
     if (p.rows <= 0)
         return cudaSuccess;
-    if (q && q->kind) {
-        static_cast<bm_row_params &>(pqv) = p;
-        pqv.q = *q;
-        pq = &pqv;
-    }
     if (s.st > 0 && vec && s.cs == 1 && !p.experts && p.residual) {
         /* one row per block; rows beyond the grid: a grid-stride loop */
         const int64_t cap = (int64_t)(INT_MAX / 8);
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
-#define BM_SGO(NT, J, MB, HINT, PK, PF)                                           \
-        if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK, PF)) \
-            return !pq ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK, PF>, p, blocks, NT, 1, 0, s.pdl, stream) \
-                   : bm_qf_of(pq->q.kind) == BM_QF_NVFP4                                                             \
-                       ? bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK, PF>, *pq, blocks, NT, 1, 0, s.pdl, stream) \
-                       : bm_launch(bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK, PF>, *pq, blocks, NT, 1, 0, s.pdl, stream);
+#define BM_SGO(NT, J, MB, HINT, PK, PF)                                                             \
+        if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK, PF))                  \
+            return bm_with_form(pq.q.kind, [&](auto qf) {                                             \
+                constexpr int Q = decltype(qf)::value;                                                \
+                return bm_launch(bm_nrn_kernel<NT, J, MB, HINT, Q, PK, PF>, bm_kp<Q>(p, pq), blocks, NT, 1, 0, \
+                                 s.pdl, stream);                                                      \
+            });
         BM_NRNS(BM_SGO)
 #undef BM_SGO
         return cudaErrorInvalidConfiguration;
@@ -332,7 +320,7 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
     if (s.d > 0 && vec && s.cs == 1) {
 #define BM_PGO(NT, J, D, MB)                                                      \
         if (s.nt == NT && s.j == J && s.d == D && s.mb == MB)                     \
-            return bm_go_pipe_fin<NT, J, D, MB>(p, pq, s.pdl, stream);
+            return bm_go_pipe_fin<NT, J, D, MB>(pq, s.pdl, stream);
         BM_PIPES(BM_PGO)
 #undef BM_PGO
         return cudaErrorInvalidConfiguration;
@@ -345,7 +333,7 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
     const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap) * (unsigned)s.cs;
 #define BM_GO(NT, J, U, CS)                                                       \
     if (s.nt == NT && s.j == J && s.u == U && s.cs == CS)                         \
-        return bm_go_row<NT, J, U, CS>(p, pq, blocks, s.pdl, vec, stream);
+        return bm_go_row<NT, J, U, CS>(pq, blocks, s.pdl, vec, stream);
     BM_SHAPES(BM_GO)
 #undef BM_GO
     return cudaErrorInvalidConfiguration;
@@ -359,34 +347,27 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
  * (cudaFuncGetAttributes loads a function). */
 cudaError_t bm_preload_rows(void)
 {
-    cudaFuncAttributes fa;
-    cudaError_t e = cudaSuccess, r;
-#define BM_PRE(K)                                                                     \
-    if ((r = cudaFuncGetAttributes(&fa, K)) != cudaSuccess)                           \
-        e = r;
-#define BM_PRE_ROW_Q(NT, J, U, CS, Q)                                                 \
-    BM_PRE((bm_row_kernel<NT, J, U, CS, true, true, Q>))                              \
-    BM_PRE((bm_row_kernel<NT, J, U, CS, false, true, Q>))                             \
-    BM_PRE((bm_row_kernel<NT, J, U, CS, true, false, Q>))                             \
-    BM_PRE((bm_row_kernel<NT, J, U, CS, false, false, Q>))
-#define BM_PRE_ROW(NT, J, U, CS) \
-    BM_PRE_ROW_Q(NT, J, U, CS, BM_QF_NONE) BM_PRE_ROW_Q(NT, J, U, CS, BM_QF_FP8) BM_PRE_ROW_Q(NT, J, U, CS, BM_QF_NVFP4)
+    cudaError_t e = cudaSuccess;
+    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
+#define BM_PRE_ROW(NT, J, U, CS)                                                      \
+    bm_each_form([&](auto qf) {                                                       \
+        constexpr int Q = decltype(qf)::value;                                        \
+        pre(bm_row_kernel<NT, J, U, CS, true, true, Q>);                              \
+        pre(bm_row_kernel<NT, J, U, CS, false, true, Q>);                             \
+        pre(bm_row_kernel<NT, J, U, CS, true, false, Q>);                             \
+        pre(bm_row_kernel<NT, J, U, CS, false, false, Q>);                            \
+    });
 #define BM_PRE_PIPE(NT, J, D, MB)                                                     \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_NONE>))                          \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_NONE>))                         \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_FP8>))                           \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_FP8>))                          \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, true, BM_QF_NVFP4>))                         \
-    BM_PRE((bm_pipe_kernel<NT, J, D, MB, false, BM_QF_NVFP4>))
+    bm_each_form([&](auto qf) {                                                       \
+        constexpr int Q = decltype(qf)::value;                                        \
+        pre(bm_pipe_kernel<NT, J, D, MB, true, Q>);                                   \
+        pre(bm_pipe_kernel<NT, J, D, MB, false, Q>);                                  \
+    });
 #define BM_PRE_NRN(NT, J, MB, HINT, PK, PF)                                           \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NONE, PK, PF>))                      \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_FP8, PK, PF>))                       \
-    BM_PRE((bm_nrn_kernel<NT, J, MB, HINT, BM_QF_NVFP4, PK, PF>))
+    bm_each_form([&](auto qf) { pre(bm_nrn_kernel<NT, J, MB, HINT, decltype(qf)::value, PK, PF>); });
     BM_SHAPES(BM_PRE_ROW)
     BM_PIPES(BM_PRE_PIPE)
     BM_NRNS(BM_PRE_NRN)
-#undef BM_PRE
-#undef BM_PRE_ROW_Q
 #undef BM_PRE_ROW
 #undef BM_PRE_PIPE
 #undef BM_PRE_NRN

@@ -87,6 +87,17 @@ int bm_params_vec_ok(const bm_row_params &p, const bm_quant *q = nullptr);
  * its first launch, which can wait for the device to be idle). */
 cudaError_t bm_preload_rows(void);
 
+/* Load kernel now (cudaFuncGetAttributes loads a function); its error, if
+ * any, into e. */
+template <class K>
+inline void bm_preload(cudaError_t &e, K kernel)
+{
+    cudaFuncAttributes fa;
+    const cudaError_t r = cudaFuncGetAttributes(&fa, kernel);
+    if (r != cudaSuccess)
+        e = r;
+}
+
 /* Launch on stream; returns cudaGetLastError() of the launch. rows == 0
  * launches nothing. q: the quantized output of normalized (NULL or kind 0:
  * none), which launches the kernels compiled with it. */

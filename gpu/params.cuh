@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "backend.h" /* bm_args, bm_quant; beammoe.h: BEAM_QUANT_* */
 
 /* Arguments of one launch (passed by value). */
@@ -59,19 +61,23 @@ struct bm_row_params_q : bm_row_params {
 };
 
 /* Which quantized output a kernel is compiled with (its template argument
- * Q): none, or the qf of a line of lib/quant_forms.def (the FP8 kinds,
- * NVFP4). Each its own kernels: a kernel holds registers only for the code
- * it can run [2026-12-04-constants: forms]. bm_qf_of: the form of a kind
+ * Q): none, or a BM_QF line of lib/quant_forms.def (FP8, NVFP4, MXFP8).
+ * Each its own kernels: a kernel holds registers only for the code it can
+ * run [2026-12-04-constants: forms]. bm_qf_of: the form of a kind
  * (0 or BEAM_QUANT_*), bm_value_bits its values' width, both read from
  * that list. */
-enum { BM_QF_NONE = 0, BM_QF_FP8 = 1, BM_QF_NVFP4 = 2 };
+enum {
+    BM_QF_NONE,
+#define BM_QF(qf) BM_QF_##qf,
+#include "quant_forms.def"
+    BM_QF_COUNT
+};
 constexpr int bm_qf_of(int kind)
 {
 #define BM_FORM(k, qf, bits, group, scale, blocks) kind == k ? BM_QF_##qf:
     return
 #include "quant_forms.def"
         BM_QF_NONE;
-#undef BM_FORM
 }
 constexpr int bm_value_bits(int kind)
 {
@@ -79,7 +85,6 @@ constexpr int bm_value_bits(int kind)
     return
 #include "quant_forms.def"
         8;
-#undef BM_FORM
 }
 /* whether q's values take the vector stores: a chunk's eight values, 8
  * bytes (NVFP4: 4) */
@@ -101,5 +106,38 @@ struct bm_params_for<Plain, WithQ, BM_QF_NONE> {
 template <int Q>
 struct bm_kparams : bm_params_for<bm_row_params, bm_row_params_q, Q> {
 };
+
+/* The dispatch by form: f(bm_qf_t<Q>()) with Q the kernels of kind (0:
+ * none), a switch over lib/quant_forms.def's BM_QF lines, so that every
+ * form's kernels are instantiated wherever a family dispatches; f's
+ * parameter block is bm_kp<Q>(plain, with_q). bm_each_form: f for every
+ * Q, none first (a family's preload). */
+template <int Q>
+using bm_qf_t = std::integral_constant<int, Q>;
+template <class F>
+inline auto bm_with_form(int kind, F &&f) -> decltype(f(bm_qf_t<BM_QF_NONE>()))
+{
+    switch (bm_qf_of(kind)) {
+#define BM_QF(qf) \
+    case BM_QF_##qf: return f(bm_qf_t<BM_QF_##qf>());
+#include "quant_forms.def"
+    }
+    return f(bm_qf_t<BM_QF_NONE>());
+}
+template <class F>
+inline void bm_each_form(F &&f)
+{
+    f(bm_qf_t<BM_QF_NONE>());
+#define BM_QF(qf) f(bm_qf_t<BM_QF_##qf>());
+#include "quant_forms.def"
+}
+template <int Q, class Plain, class WithQ>
+inline const typename bm_params_for<Plain, WithQ, Q>::type &bm_kp(const Plain &p, const WithQ &pq)
+{
+    if constexpr (Q != BM_QF_NONE)
+        return pq;
+    else
+        return p;
+}
 
 #endif

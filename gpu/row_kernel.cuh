@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(NT) bm_row_kernel(const typename bm_kparams<Q>
      * 128); so they keep the code they had [2026-12-04-constants: even]. */
     constexpr bool EVEN = CS > 1 && J == 1 && NT >= 256;
     const int g0 = EVEN ? bm_cluster_slot<NT, CS>(C, b) : b * NT + (int)threadIdx.x;
-    /* the norm weights loaded before each reduction: the FP8 decode
-     * kernels (bm_norm_stage) */
-    constexpr bool WFIRST = Q == BM_QF_FP8 && J == 1;
+    /* the norm weights loaded before each reduction (bm_norm_stage): the
+     * decode kernels of the forms that ask for it (bm_form::wfirst) */
+    constexpr bool WFIRST = bm_wfirst<Q>::value && J == 1;
     /* the number of norms of a row is the same in every block of a cluster */
     const bool xchg = CS > 1 && (p.normA || (p.residual && p.normB));
     bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, EVEN ? g0 : -1};

@@ -142,8 +142,10 @@ typedef enum beam_quant_kind {
     BEAM_QUANT_FP8_GROUP = 1,  /* dynamic: a scale per token and group of group_size values */
     BEAM_QUANT_FP8_TOKEN = 2,  /* dynamic: a scale per token */
     BEAM_QUANT_FP8_TENSOR = 3, /* static: the caller's scale for the whole tensor */
-    BEAM_QUANT_NVFP4 = 4       /* E2M1 values, an E4M3 scale per 16 values and the
+    BEAM_QUANT_NVFP4 = 4,      /* E2M1 values, an E4M3 scale per 16 values and the
                                 * caller's global scale (docs/numerics.md#nvfp4) */
+    BEAM_QUANT_MXFP8 = 5       /* OCP MX: E4M3 values, an E8M0 scale per 32 values
+                                * (docs/numerics.md#mxfp8) */
 } beam_quant_kind;
 
 /* flags */
@@ -177,12 +179,12 @@ typedef struct beam_quant {
     int64_t scale_ld;   /* COL_MAJOR: floats from one group's column to the
                          * next, >= tokens (DeepGEMM pads it to a multiple
                          * of 4); otherwise 0 */
-    uint8_t *block_scales; /* NVFP4: the E4M3 block scales, written;
-                            * otherwise NULL */
+    uint8_t *block_scales; /* NVFP4: the E4M3 block scales, MXFP8: the E8M0
+                            * ones, written; otherwise NULL */
 } beam_quant;
 
-/* The block scales' layout (NVFP4): one byte per group of 16 values, n =
- * hidden / 16 of them a row, in 128-row by
+/* The block scales' layout (NVFP4, MXFP8): one byte per group of 16 or 32
+ * values, n = hidden / 16 or hidden / 32 of them a row, in 128-row by
  * 4-scale tiles of 512 bytes: tile (t / 128, b / 4) at 512 * ((t / 128) *
  * (n / 4) + b / 4), and in a tile row t % 32 at 16 * (t % 32), then 4 *
  * ((t % 128) / 32) + b % 4; the array holds whole tiles. Integer arguments
@@ -193,6 +195,8 @@ typedef struct beam_quant {
 #define BEAM_BLOCK_SCALE_BYTES(tokens, n) (((int64_t)(tokens) + 127) / 128 * 128 * (int64_t)(n))
 #define BEAM_NVFP4_SCALE_OFFSET(t, b, hidden) BEAM_BLOCK_SCALE_OFFSET(t, b, (int64_t)(hidden) / 16)
 #define BEAM_NVFP4_SCALE_BYTES(tokens, hidden) BEAM_BLOCK_SCALE_BYTES(tokens, (int64_t)(hidden) / 16)
+#define BEAM_MXFP8_SCALE_OFFSET(t, b, hidden) BEAM_BLOCK_SCALE_OFFSET(t, b, (int64_t)(hidden) / 32)
+#define BEAM_MXFP8_SCALE_BYTES(tokens, hidden) BEAM_BLOCK_SCALE_BYTES(tokens, (int64_t)(hidden) / 32)
 
 /* norm_residual_norm with a quantized output of normalized: quant NULL is
  * the plain operation. With quant, next_norm is required and normalized may

@@ -172,7 +172,6 @@ typedef struct bm_form_row {
 static const bm_form_row bm_forms[] = {
 #define BM_FORM(kind, qf, bits, group, scale, blocks) {kind, #kind, bits, group, scale, blocks},
 #include "quant_forms.def"
-#undef BM_FORM
 };
 enum { BM_NFORMS = sizeof bm_forms / sizeof bm_forms[0] };
 
@@ -237,7 +236,7 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     if (!f->blocks && quant->block_scales)
         return bm_fail(BAD, "%s: quant->block_scales must be NULL but for %s", fn,
                        bm_form_list(list, sizeof list, 1));
-    if (f->scale == 0 && quant->scale != 0.0f)
+    if ((f->scale == 0 || f->scale == 3) && quant->scale != 0.0f)
         return bm_fail(BAD, "%s: quant->scale=%g must be 0 for the dynamic kinds (their scales are computed)",
                        fn, (double)quant->scale);
     if (f->blocks) {
@@ -245,7 +244,7 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         if (quant->group_size != f->group || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
             return bm_fail(BAD, "%s: %s takes quant->group_size %d,%s quant->values and quant->block_scales "
                            "(quant->flags, quant->scale_ld must be 0, quant->scales NULL)", fn, f->name, f->group,
-                           f->scale ? " quant->scale," : "");
+                           (f->scale == 1 || f->scale == 2) ? " quant->scale," : "");
         out->group = f->group;
         out->block_scales = quant->block_scales;
         p[1].name = "quant->block_scales";
@@ -314,7 +313,7 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         break;
     }
     out->kind = quant->kind;
-    out->ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0;
+    out->ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0 || f->scale == 3;
     out->values = quant->values;
     out->scales = quant->scales;
     p[0].ptr = quant->values;

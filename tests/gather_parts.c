@@ -317,9 +317,6 @@ static void expect(beam_status got, beam_status want, const char *needle, const 
 enum { NQFORMS = QM_NFORMS, QGUARD = 64 };
 #define QPOISON8 0x5A /* values; scales get 0xFF bytes, a NaN no scale is */
 
-static const char *const QNAMES[NQFORMS] = {"group128", "group64 ue8m0 col-major", "token", "token ue8m0",
-                                            "tensor", "nvfp4 g 672", "nvfp4 g 1"};
-
 /* This rank's quantized output on the device (the largest extent of any
  * form, guards included), its host copy, and the model's. */
 typedef struct qdata {
@@ -330,12 +327,20 @@ typedef struct qdata {
 
 static void qdata_make(qdata *q, int64_t maxt, int H)
 {
-    /* the scales of group 64 column-major, or NVFP4's block scales (whole
-     * tiles of 128 rows, a byte per 16 values), whichever is larger */
-    const size_t col = (size_t)(H / 64) * (size_t)((maxt + 3) / 4 * 4);
-    const size_t fp4 = (size_t)BEAM_NVFP4_SCALE_BYTES(maxt, H) / 4;
-    q->nv = (size_t)maxt * H + QGUARD;
-    q->ns = (col > fp4 ? col : fp4) + QGUARD;
+    /* the largest values and scales of any form for maxt rows (the
+     * column-major scales' padding and the block scales' whole tiles of
+     * 128 rows included) */
+    beam_quant forms[NQFORMS];
+    int f;
+    qm_forms(forms, maxt);
+    q->nv = q->ns = 0;
+    for (f = 0; f < NQFORMS; ++f) {
+        const size_t nv = qm_values_bytes(&forms[f], maxt, H), ns = qm_scale_floats(&forms[f], maxt, H);
+        if (nv > q->nv) q->nv = nv;
+        if (ns > q->ns) q->ns = ns;
+    }
+    q->nv += QGUARD;
+    q->ns += QGUARD;
     CK(cudaMalloc((void **)&q->dv, q->nv));
     CK(cudaMalloc((void **)&q->ds, q->ns * 4));
     /* host: the copy of the device's, then the model's */
@@ -377,8 +382,8 @@ static beam_status call_q(beam_workspace *ws, data *d, int64_t T, beam_strategy 
     const int64_t L = (T + g_R - 1) / g_R;
     const int64_t lo = (int64_t)g_rank * L;
     beam_quant q = *form;
-    /* NVFP4: the scales array's bytes are the block scales, each at its
-     * token's row of the gathered output */
+    /* block-scaled: the scales array's bytes are the block scales, each at
+     * its token's row of the gathered output */
     qm_bind(&q, qd->dv, qd->ds);
     g_call_ms = now_ms();
     g_call_ws = ws;
@@ -472,14 +477,15 @@ static int sweep_problem(const problem *pb, int64_t maxt, const int64_t *Ts, int
             for (s = 0; s < 4; ++s)
                 for (keep = quant ? 0 : 1; keep < (quant ? 3 : 2); ++keep, ++calls) {
                     const int mine = keep == 2 ? g_rank % 2 == 0 : keep;
-                    char what[128];
+                    char what[128], label[64];
                     reset_outputs(&d, g_stream);
                     if (!quant) {
                         BK(call(ws, &d, T, d.pb.H, STRATS[s], g_stream));
                         verify(&d, T, T, t < nT ? SNAMES[s] : "NaN rows past T");
                         continue;
                     }
-                    snprintf(what, sizeof what, "_q %s %s normalized %s", SNAMES[s], QNAMES[f], kept[keep]);
+                    qm_label(&forms[f], label, sizeof label);
+                    snprintf(what, sizeof what, "_q %s %s normalized %s", SNAMES[s], label, kept[keep]);
                     qdata_poison(&qd, g_stream);
                     BK(call_q(ws, &d, T, STRATS[s], &forms[f], &qd, mine));
                     verify_q(&d, &qd, T, mine, what);

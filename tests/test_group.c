@@ -583,7 +583,7 @@ static void qout_make(qout *o, const beam_quant *form, int R, int64_t T, int32_t
     int r;
     memset(o, 0, sizeof *o);
     o->R = R;
-    o->nv = qm_values_bytes(form, T, H) + QGUARD; /* NVFP4: two values a byte */
+    o->nv = qm_values_bytes(form, T, H) + QGUARD; /* 4-bit values: two a byte */
     o->ns = qm_scale_floats(form, T, H) + QGUARD;
     o->want_v = (uint8_t *)hu_alloc(o->nv, 0);
     o->want_s = (float *)hu_alloc(4 * o->ns, 0);
@@ -594,7 +594,7 @@ static void qout_make(qout *o, const beam_quant *form, int R, int64_t T, int32_t
         o->vals[r] = (uint8_t *)hu_alloc(o->nv, 0);
         o->sc[r] = (float *)hu_alloc(4 * o->ns, 0);
         o->q[r] = *form;
-        /* NVFP4: the scales array's bytes are the block scales */
+        /* block-scaled: the scales array's bytes are the block scales */
         qm_bind(&o->q[r], o->vals[r], o->sc[r]);
     }
 }
@@ -723,30 +723,36 @@ static void test_quant_invalid(void)
         q_expect_all_fail(&G, &d, &o, -1, "beam_moe_finalize_gather_norm_residual_norm_q: workspace must not be NULL",
                           "NULL workspace");
 
-        /* NVFP4: block_scales NULL on the last rank; with more ranks, rank
-         * 0's global scale not the others' */
+        /* each block-scaled kind of the model's forms (its first form):
+         * block_scales NULL on the last rank; with more ranks and a global
+         * scale, rank 0's global scale not the others' */
         {
-            beam_quant nv;
-            qout o4;
-            memset(&nv, 0, sizeof nv);
-            nv.kind = BEAM_QUANT_NVFP4;
-            nv.group_size = 16;
-            nv.scale = 672.0f;
-            qout_make(&o4, &nv, R, c.T, c.H, d.want_n);
-            q_job(&G, &d, &o4, BEAM_STRATEGY_ONESHOT);
-            odd = o4.q[last];
-            odd.block_scales = NULL;
-            G.j.quant[last] = &odd;
-            q_expect_all_fail(&G, &d, &o4, last, "quant->block_scales", "nvfp4 block_scales NULL on the last rank");
-            if (R > 1) {
-                q_job(&G, &d, &o4, BEAM_STRATEGY_TWOSHOT);
-                odd = o4.q[0];
-                odd.scale = 1.0f;
-                G.j.quant[0] = &odd;
-                q_expect_all_fail(&G, &d, &o4, -1, "passed different quant",
-                                  "nvfp4 rank 0's global scale 1, the others' 672");
+            beam_quant forms[QM_NFORMS];
+            int f;
+            qm_forms(forms, c.T);
+            for (f = 0; f < QM_NFORMS; f++) {
+                qout ob;
+                char label[64], what[160];
+                if (!qm_block(&forms[f]) || (f > 0 && forms[f - 1].kind == forms[f].kind)) continue;
+                qm_label(&forms[f], label, sizeof label);
+                qout_make(&ob, &forms[f], R, c.T, c.H, d.want_n);
+                q_job(&G, &d, &ob, BEAM_STRATEGY_ONESHOT);
+                odd = ob.q[last];
+                odd.block_scales = NULL;
+                G.j.quant[last] = &odd;
+                snprintf(what, sizeof what, "%s block_scales NULL on the last rank", label);
+                q_expect_all_fail(&G, &d, &ob, last, "quant->block_scales", what);
+                if (R > 1 && qm_global(&forms[f])) {
+                    q_job(&G, &d, &ob, BEAM_STRATEGY_TWOSHOT);
+                    odd = ob.q[0];
+                    odd.scale = forms[f].scale == 1.0f ? 2.0f : 1.0f;
+                    G.j.quant[0] = &odd;
+                    snprintf(what, sizeof what, "%s rank 0's global scale %g, the others' %g", label,
+                             (double)odd.scale, (double)forms[f].scale);
+                    q_expect_all_fail(&G, &d, &ob, -1, "passed different quant", what);
+                }
+                qout_free(&ob);
             }
-            qout_free(&o4);
         }
 
         /* the workspace still works after all that (normalized NULL) */

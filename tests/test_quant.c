@@ -1,8 +1,8 @@
 /*
  * test_quant.c - the quantized output of normalized (the local beam_*_q
  * calls), every backend that runs here, against the tests' own model of
- * docs/numerics.md#fp8 and #nvfp4 (harness/quant_model.c, which the
- * gather's tests share).
+ * docs/numerics.md#fp8, #nvfp4 and #mxfp8 (harness/quant_model.c, which
+ * the gather's tests share).
  *
  *   The model: the backend's own plain call gives hidden and normalized
  *   (test_backends checks those against the naive reference and the CPU);
@@ -10,18 +10,21 @@
  *   largest magnitude, its FP32 scale, and the nearest of the 254 finite
  *   E4M3 values found by search (ties to the even code), after the clamp;
  *   NVFP4: each block's maximum, its E4M3 scale code at its tiled place
- *   and the nearest E2M1 magnitude of each value times the block's factor.
- *   Then the backend's *_q call must give the same hidden and normalized
- *   and the model's values and scales bit for bit, with every byte past
- *   them (guards, column-major padding, the rows of the last 128-row tile
- *   of NVFP4's scales past T) untouched.
+ *   and the nearest E2M1 magnitude of each value times the block's factor;
+ *   MXFP8: each group of 32's power of two scale, its E8M0 code at its
+ *   tiled place and the values' E4M3 codes as above. Then the backend's
+ *   *_q call must give the same hidden and normalized and the model's
+ *   values and scales bit for bit, with every byte past them (guards,
+ *   column-major padding, the rows of the last 128-row tile of the block
+ *   scales past T) untouched.
  *
  *   forms     GROUP 128 and 64, row- and column-major scales, with and
- *             without UE8M0; TOKEN with and without UE8M0; TENSOR; NVFP4
- *             with the global scales 672 (448 * 6 / 4), 1, 1e-30 (most
- *             scales round to 0) and the largest below 2^118 (most
- *             saturate), at T = 1, 7, 100, 130 and 300 (one tile of rows,
- *             a tile and a bit, three)
+ *             without UE8M0; TOKEN with and without UE8M0; TENSOR; the
+ *             block-scaled forms of the model's qm_forms (NVFP4 with the
+ *             global scales 672 (448 * 6 / 4) and 1, MXFP8), and NVFP4
+ *             with 1e-30 (most scales round to 0) and the largest below
+ *             2^118 (most saturate), at T = 1, 7, 100, 130 and 300 (one
+ *             tile of rows, a tile and a bit, three)
  *   ops       norm_residual_norm_q (with and without a pre-norm), and the
  *             fused op's _q under FUSED and UNFUSED; normalized written too
  *             or only the quantized form (normalized NULL)
@@ -130,24 +133,26 @@ static const char *const op_names[NOPS] = {"nrn", "nrn+pre", "fused FUSED", "fus
 
 static void describe(char *d, size_t n, const beam_quant *q, int op, int64_t T, int32_t H, int with_nrm, int off)
 {
-    snprintf(d, n, "%s T=%lld H=%d kind=%d%s group=%d flags=%u ld=%lld scale=%a normalized=%s values+%d",
-             op_names[op], (long long)T, (int)H, (int)q->kind, q->kind == BEAM_QUANT_NVFP4 ? " (nvfp4)" : "",
-             (int)q->group_size, (unsigned)q->flags, (long long)q->scale_ld, (double)q->scale,
-             with_nrm ? "yes" : "NULL", off);
+    char label[64];
+    qm_label(q, label, sizeof label);
+    snprintf(d, n, "%s T=%lld H=%d kind=%d (%s) group=%d flags=%u ld=%lld scale=%a normalized=%s values+%d",
+             op_names[op], (long long)T, (int)H, (int)q->kind, label, (int)q->group_size, (unsigned)q->flags,
+             (long long)q->scale_ld, (double)q->scale, with_nrm ? "yes" : "NULL", off);
 }
 
-/* Where NVFP4's scale byte i of T rows of H belongs: "row t block b", or
- * "padding" (a row past T of the last tile) or "guard" (past the array). */
-static void nvfp4_place(char *d, size_t n, size_t i, int64_t T, int32_t H)
+/* Where block scale byte i of q's form for T rows of H belongs: "row t
+ * block b", or "padding" (a row past T of the last tile) or "guard" (past
+ * the array). */
+static void block_place(char *d, size_t n, const beam_quant *q, size_t i, int64_t T, int32_t H)
 {
     int64_t t, b;
-    if (i >= (size_t)BEAM_NVFP4_SCALE_BYTES(T, H)) {
+    if (i >= qm_block_bytes(q, T, H)) {
         snprintf(d, n, "guard");
         return;
     }
     for (t = 0; t < (T + 127) / 128 * 128; t++)
-        for (b = 0; b < H / 16; b++)
-            if ((size_t)qm_nvfp4_offset(t, b, H) == i) {
+        for (b = 0; b < H / qm_block(q); b++)
+            if ((size_t)qm_block_offset(q, t, b, H) == i) {
                 snprintf(d, n, t < T ? "row %lld block %lld" : "padding row %lld block %lld", (long long)t,
                          (long long)b);
                 return;
@@ -160,9 +165,9 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
 {
     const int K = 6;
     const size_t TH = (size_t)T * (size_t)H;
-    const int fp4 = q.kind == BEAM_QUANT_NVFP4;
-    const size_t nv = qm_values_bytes(&q, T, H), vrow = fp4 ? (size_t)H / 2 : (size_t)H;
-    const size_t nsc = qm_scale_floats(&q, T, H); /* NVFP4: the block scales' bytes / 4 */
+    const int per = 8 / qm_bits(&q); /* values a byte */
+    const size_t nv = qm_values_bytes(&q, T, H), vrow = qm_values_bytes(&q, 1, H);
+    const size_t nsc = qm_scale_floats(&q, T, H); /* block-scaled: the block scales' bytes / 4 */
     uint16_t *x = malloc((TH + 1) * 2), *res = malloc((TH + 1) * 2), *ex = malloc(((size_t)K * TH + 1) * 2);
     uint16_t *wpre = malloc((size_t)H * 2), *wnext = malloc((size_t)H * 2);
     float *wts = malloc(((size_t)K * T + 1) * 4);
@@ -237,8 +242,8 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
         buf_make(&bsc, ops, (nsc + GUARD) * 4, p, 0);
         free(p);
     }
-    /* NVFP4: the scales array's bytes are the block scales, poisoned the
-     * same (every byte of a padding row of the last tile must stay so) */
+    /* block-scaled: the scales array's bytes are the block scales, poisoned
+     * the same (every byte of a padding row of the last tile must stay so) */
     qm_bind(&q, (uint8_t *)bvals.dev + off, bsc.dev);
 #ifdef _OPENMP
     if (!ops->device_memory) omp_set_num_threads(1 + (int)(g_calls % 3));
@@ -286,19 +291,19 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
             }
         for (i = 0; i < nv + GUARD && ok; i++)
             if (((uint8_t *)bvals.host)[off + i] != vals_ref[i]) {
-                /* NVFP4: byte i holds columns 2c (low) and 2c + 1 (high) */
-                const size_t r = i / vrow, c = (i % vrow) * (fp4 ? 2 : 1);
+                /* 4-bit values: byte i holds columns 2c (low) and 2c + 1 (high) */
+                const size_t r = i / vrow, c = (i % vrow) * (size_t)per;
                 fprintf(stderr, "  %s %s: values[%zu] (row %zu col %zu%s) = %02x, want %02x (normalized %04x%s)\n",
-                        ops->name, d, i, r, c, fp4 ? " and the next" : "", ((uint8_t *)bvals.host)[off + i],
+                        ops->name, d, i, r, c, per > 1 ? " and the next" : "", ((uint8_t *)bvals.host)[off + i],
                         vals_ref[i], i < nv ? nrm_ref[r * H + c] : 0, i >= nv ? ": a guard" : "");
                 ok = 0;
             }
-        if (fp4) {
+        if (qm_block(&q)) {
             const uint8_t *got = bsc.host, *want = (const uint8_t *)sc_ref;
             for (i = 0; i < 4 * (nsc + GUARD) && ok; i++)
                 if (got[i] != want[i]) {
                     char where[64];
-                    nvfp4_place(where, sizeof where, i, T, H);
+                    block_place(where, sizeof where, &q, i, T, H);
                     fprintf(stderr, "  %s %s: block_scales[%zu] (%s) = %02x, want %02x\n", ops->name, d, i, where,
                             got[i], want[i]);
                     ok = 0;
@@ -363,16 +368,23 @@ static int forms(beam_quant *out, int64_t T)
             out[n++].scale = edges[f];
         }
     }
-    /* NVFP4 under global scales: the usual 448 * 6 / amax for amax 4; 1;
-     * one so small that most blocks' scales round to 0 (os = 0); the
-     * largest below 2^118, where most scales saturate at 448 */
+    /* the block-scaled forms of the model's (NVFP4 under the global scales
+     * 448 * 6 / amax for amax 4 and 1); after the last of a kind with a
+     * global scale, that kind under one so small that most blocks' scales
+     * round to 0 (os = 0) and the largest below 2^118, where most scales
+     * saturate at 448 */
     {
-        const float gs[4] = {2688.0f / 4.0f, 1.0f, 1e-30f, 0x1.fffffep117f};
-        for (f = 0; f < 4; f++) {
-            memset(&out[n], 0, sizeof out[n]);
-            out[n].kind = BEAM_QUANT_NVFP4;
-            out[n].group_size = 16;
-            out[n++].scale = gs[f];
+        beam_quant qf[QM_NFORMS];
+        const float gs[2] = {1e-30f, 0x1.fffffep117f};
+        qm_forms(qf, T);
+        for (f = QM_NFP8_FORMS; f < QM_NFORMS; f++) {
+            int e;
+            out[n++] = qf[f];
+            if (!qm_global(&qf[f]) || (f + 1 < QM_NFORMS && qf[f + 1].kind == qf[f].kind)) continue;
+            for (e = 0; e < 2; e++) {
+                out[n] = qf[f];
+                out[n++].scale = gs[e];
+            }
         }
     }
     return n;
@@ -381,8 +393,8 @@ static int forms(beam_quant *out, int64_t T)
 static void test_forms(void)
 {
     static const int32_t hs[] = {256, 2048, 7168};
-    /* 130: NVFP4's scales take a second 128-row tile, of which rows
-     * 130..255 are padding (the FP8 forms skip it) */
+    /* 130: the block scales take a second 128-row tile, of which rows
+     * 130..255 are padding (the forms with FP32 scales skip it) */
     static const int64_t ts[] = {1, 7, 100, 130};
     int b, hi, ti, fi, bad = 0;
     for (b = 0; b < 2; b++) {
@@ -394,7 +406,7 @@ static void test_forms(void)
                 const int nf = forms(qs, ts[ti]);
                 CU_ASSERT_FATAL(nf <= 32);
                 for (fi = 0; fi < nf; fi++) {
-                    if (ts[ti] == 130 && qs[fi].kind != BEAM_QUANT_NVFP4) continue;
+                    if (ts[ti] == 130 && !qm_block(&qs[fi])) continue;
                     /* every form once per shape, under a rotating op and
                      * normalized given or not */
                     const int op = (int)((hi * 3 + ti + fi) % NOPS);
@@ -419,10 +431,10 @@ static void test_prefill(void)
             beam_quant qs[32];
             const int nf = forms(qs, 300);
             CU_ASSERT_FATAL(nf <= 32);
-            /* on the CPU every third FP8 form (the model's E4M3 search is
-             * slow), every NVFP4 one */
+            /* on the CPU every third form with FP32 scales (the model's
+             * E4M3 search is slow), every block-scaled one */
             for (fi = 0; fi < nf; fi++)
-                if ((ops->device_memory || fi % 3 == 0 || qs[fi].kind == BEAM_QUANT_NVFP4) &&
+                if ((ops->device_memory || fi % 3 == 0 || qm_block(&qs[fi])) &&
                     !run_case(ops, op, 300, fi % 2 ? 4096 : 2048, qs[fi], fi % 2, 0))
                     ++bad;
         }
@@ -437,29 +449,31 @@ static void test_errors(void)
     const int32_t H = 256;
     const int64_t T = 2;
     uint16_t x[512], res[512], hid[512], nrm[512], w[256];
-    uint8_t vals[512], bsc[2048]; /* bsc: BEAM_NVFP4_SCALE_BYTES(2, 256) */
+    uint8_t vals[512], bsc[2048]; /* bsc: BEAM_NVFP4_SCALE_BYTES(2, 256), the most of a form */
     float sc[64];
     beam_norm next = {w, 1e-6f};
     const beam_ops *ops = g_ops[0];
     struct {
-        const char *what;
+        const char *what, *need; /* need: what the message says */
         beam_quant q;
         int next_on;
-    } bad[48];
+    } bad[64];
     int n = 0, i;
     for (i = 0; i < 512; i++) x[i] = res[i] = 0x3F80;
     for (i = 0; i < 256; i++) w[i] = 0x3F80;
-#define BAD(WHAT, NEXT, ...)                                                          \
+#define BADM(WHAT, NEED, NEXT, ...)                                                   \
     do {                                                                              \
         beam_quant q_ = {__VA_ARGS__};                                                \
         CU_ASSERT_FATAL(n < (int)(sizeof bad / sizeof bad[0]));                       \
         bad[n].what = WHAT;                                                           \
+        bad[n].need = NEED;                                                           \
         bad[n].q = q_;                                                                \
         bad[n].next_on = NEXT;                                                        \
         ++n;                                                                          \
     } while (0)
+#define BAD(WHAT, NEXT, ...) BADM(WHAT, "quant", NEXT, __VA_ARGS__)
     BAD("kind 0", 1, 0, 0, 0, 0.0f, vals, sc, 0, NULL);
-    BAD("kind 5", 1, 5, 0, 0, 0.0f, vals, sc, 0, NULL);
+    BADM("kind 6", "quant->kind=6 must be", 1, 6, 0, 0, 0.0f, vals, sc, 0, NULL);
     BAD("group 32", 1, BEAM_QUANT_FP8_GROUP, 32, 0, 0.0f, vals, sc, 0, NULL);
     BAD("unknown flag", 1, BEAM_QUANT_FP8_GROUP, 128, 4u, 0.0f, vals, sc, 0, NULL);
     BAD("col-major ld < tokens", 1, BEAM_QUANT_FP8_GROUP, 128, BEAM_QUANT_COL_MAJOR, 0.0f, vals, sc, 1, NULL);
@@ -497,11 +511,32 @@ static void test_errors(void)
     BAD("nvfp4 block_scales NULL", 1, BEAM_QUANT_NVFP4, 16, 0, 672.0f, vals, NULL, 0, NULL);
     BAD("nvfp4 values NULL", 1, BEAM_QUANT_NVFP4, 16, 0, 672.0f, NULL, NULL, 0, bsc);
     BAD("nvfp4 no next norm", 0, BEAM_QUANT_NVFP4, 16, 0, 672.0f, vals, NULL, 0, bsc);
+    /* MXFP8: group_size 32, scale 0, flags and scale_ld 0, scales NULL,
+     * values and block_scales */
+#define MX_TAKES "BEAM_QUANT_MXFP8 takes quant->group_size 32"
+    BADM("mxfp8 group 0", MX_TAKES, 1, BEAM_QUANT_MXFP8, 0, 0, 0.0f, vals, NULL, 0, bsc);
+    BADM("mxfp8 group 16", MX_TAKES, 1, BEAM_QUANT_MXFP8, 16, 0, 0.0f, vals, NULL, 0, bsc);
+    BADM("mxfp8 group 128", MX_TAKES, 1, BEAM_QUANT_MXFP8, 128, 0, 0.0f, vals, NULL, 0, bsc);
+    BADM("mxfp8 UE8M0", MX_TAKES, 1, BEAM_QUANT_MXFP8, 32, BEAM_QUANT_UE8M0, 0.0f, vals, NULL, 0, bsc);
+    BADM("mxfp8 col-major", MX_TAKES, 1, BEAM_QUANT_MXFP8, 32, BEAM_QUANT_COL_MAJOR, 0.0f, vals, NULL, 4, bsc);
+    BADM("mxfp8 unknown flag", "quant->flags=0x4 has unknown bits", 1, BEAM_QUANT_MXFP8, 32, 4u, 0.0f, vals, NULL, 0,
+         bsc);
+    BADM("mxfp8 scale 1", "quant->scale=1 must be 0", 1, BEAM_QUANT_MXFP8, 32, 0, 1.0f, vals, NULL, 0, bsc);
+    BADM("mxfp8 scale nan", "must be 0 for the dynamic kinds", 1, BEAM_QUANT_MXFP8, 32, 0, NAN, vals, NULL, 0, bsc);
+    BADM("mxfp8 with an ld", MX_TAKES, 1, BEAM_QUANT_MXFP8, 32, 0, 0.0f, vals, NULL, 4, bsc);
+    BADM("mxfp8 with scales", MX_TAKES, 1, BEAM_QUANT_MXFP8, 32, 0, 0.0f, vals, sc, 0, bsc);
+    BADM("mxfp8 block_scales NULL", "quant->block_scales must not be NULL", 1, BEAM_QUANT_MXFP8, 32, 0, 0.0f, vals,
+         NULL, 0, NULL);
+    BADM("mxfp8 values NULL", "quant->values must not be NULL", 1, BEAM_QUANT_MXFP8, 32, 0, 0.0f, NULL, NULL, 0,
+         bsc);
+    BADM("mxfp8 no next norm", "quant needs next_norm", 0, BEAM_QUANT_MXFP8, 32, 0, 0.0f, vals, NULL, 0, bsc);
+#undef MX_TAKES
     /* block_scales with the FP8 kinds */
     BAD("group with block_scales", 1, BEAM_QUANT_FP8_GROUP, 128, 0, 0.0f, vals, sc, 0, bsc);
     BAD("token with block_scales", 1, BEAM_QUANT_FP8_TOKEN, 0, 0, 0.0f, vals, sc, 0, bsc);
     BAD("tensor with block_scales", 1, BEAM_QUANT_FP8_TENSOR, 0, 0, 1.0f, vals, NULL, 0, bsc);
 #undef BAD
+#undef BADM
     for (i = 0; i < n; i++) {
         beam_status st;
         memset(hid, 0xEE, sizeof hid);
@@ -514,8 +549,9 @@ static void test_errors(void)
             fprintf(stderr, "  %s: status %d (%s), hidden[0] %04x, values[0] %02x, block_scales[0] %02x\n",
                     bad[i].what, (int)st, ops->last_error(), hid[0], vals[0], bsc[0]);
             CU_FAIL("a bad quant argument was taken");
-        } else if (!strstr(ops->last_error(), "quant")) {
-            fprintf(stderr, "  %s: message \"%s\" does not name quant\n", bad[i].what, ops->last_error());
+        } else if (!strstr(ops->last_error(), bad[i].need)) {
+            fprintf(stderr, "  %s: message \"%s\" does not say \"%s\"\n", bad[i].what, ops->last_error(),
+                    bad[i].need);
             CU_FAIL("message");
         }
     }
@@ -529,6 +565,13 @@ static void test_errors(void)
             if (st != BEAM_OK) fprintf(stderr, "  nvfp4 g %a: status %d (%s)\n", (double)gs[i], (int)st, ops->last_error());
             CU_ASSERT_EQUAL(st, BEAM_OK);
         }
+    }
+    /* MXFP8 as it must be: taken */
+    {
+        beam_quant q = {BEAM_QUANT_MXFP8, 32, 0, 0.0f, vals, NULL, 0, bsc};
+        const beam_status st = ops->norm_residual_norm_q(x, res, T, H, NULL, NULL, &next, hid, NULL, &q, NULL);
+        if (st != BEAM_OK) fprintf(stderr, "  mxfp8: status %d (%s)\n", (int)st, ops->last_error());
+        CU_ASSERT_EQUAL(st, BEAM_OK);
     }
     /* normalized NULL without a quant: still an error */
     CU_ASSERT_EQUAL(ops->norm_residual_norm_q(x, res, T, H, NULL, NULL, &next, hid, NULL, NULL, NULL),

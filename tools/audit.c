@@ -12,9 +12,10 @@
  *   cpu  gather/<s>     the fused op through CPU groups of R = 1,2,3,4,8 ranks
  *   cuda <strategy>     the local ops on CUDA when that backend is available
  *   <backend> fp8 ...   the quantized output of normalized (audit_fp8.c;
- *   <backend> nvfp4 ... the FP8 forms and NVFP4):
- *                       the CPU's against the model, every backend's and
- *                       strategy's against the CPU's
+ *   <backend> nvfp4 ... every form of harness/quant_model.c's qm_forms,
+ *                       named by its format): the CPU's against the
+ *                       model, every backend's and strategy's against the
+ *                       CPU's
  * Elements compared include one guard row past the live rows of each output
  * and the `normalized` buffer when no next norm is given: both must keep the
  * sentinel the tool wrote there.
@@ -497,8 +498,9 @@ static void audit_usage(FILE *f)
             "against the CPU ground truth on a built-in sweep of shapes and special\n"
             "values (NaN, +-inf, signed zeros, subnormals, rounding ties, overflow), and\n"
             "the CPU backend against the naive reference of docs/numerics.md; the\n"
-            "quantized (FP8, NVFP4) output of normalized in every form, the CPU's against\n"
-            "the model of docs/numerics.md#fp8 and #nvfp4 and every backend's against the\n"
+            "quantized output of normalized in every form the tests run (FP8 with FP32\n"
+            "scales and the block-scaled forms), the CPU's against the model of\n"
+            "docs/numerics.md (harness/quant_model.c) and every backend's against the\n"
             "CPU's.\n"
             "The gather runs on CPU groups of 1, 2, 3, 4 and 8 ranks (the CUDA gather\n"
             "needs one process per GPU: tests/test_gather_nccl checks it bit for bit\n"

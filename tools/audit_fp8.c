@@ -2,9 +2,10 @@
  * audit_fp8.c - `beammoe audit`'s rows for the quantized output of
  * normalized (audit_fp8.h). A row compares, bit for bit, the E4M3 values
  * and the FP32 scales (every float of the scales array, column-major
- * padding included: it must keep the tool's poison), or NVFP4's E2M1
- * values and E4M3 block scales (every byte of the block scale array, the
- * rows past T of its last tile included), plus hidden and
+ * padding included: it must keep the tool's poison), or a block-scaled
+ * form's values and block scales (NVFP4: E2M1 values, E4M3 scales; every
+ * byte of the block scale array, the rows past T of its last tile
+ * included), plus hidden and
  * normalized (normalized kept in every other form, so that the calls that
  * write only the quantized form are audited too).
  */
@@ -21,8 +22,8 @@
 /* The host copies of one *_q call's outputs. */
 typedef struct qres {
     hc_out o;
-    uint8_t *values; /* [T, H] (NVFP4: [T, H / 2]) */
-    float *scales;   /* nsc floats (NVFP4: the block scales' bytes) */
+    uint8_t *values; /* qm_values_bytes: [T, H] (4-bit values: [T, H / 2]) */
+    float *scales;   /* nsc floats (block-scaled: the block scales' bytes) */
     size_t nv, nsc;
 } qres;
 
@@ -110,9 +111,8 @@ static void audit_fp8_case(tally *t, const beam_ops *const ops[BM_NBACKENDS], co
                            hc_op op, const beam_quant *form, int keep)
 {
     static const beam_strategy strategies[2] = {BEAM_STRATEGY_FUSED, BEAM_STRATEGY_UNFUSED};
-    static const char *const fp8_names[4] = {"fp8 fused", "fp8 unfused", "fp8", "fp8 reference"};
-    static const char *const fp4_names[4] = {"nvfp4 fused", "nvfp4 unfused", "nvfp4", "nvfp4 reference"};
-    const char *const *names = form->kind == BEAM_QUANT_NVFP4 ? fp4_names : fp8_names;
+    static const char *const what[5] = {"fused", "unfused", "", "reference", "truth"};
+    char names[5][32];
     qres truth, got;
     hc_out ref;
     uint8_t *mv = NULL;
@@ -121,6 +121,9 @@ static void audit_fp8_case(tally *t, const beam_ops *const ops[BM_NBACKENDS], co
     hu_cmp cmp;
     int b, s;
 
+    /* "fp8 fused", ..., by the form's format */
+    for (s = 0; s < 5; s++)
+        snprintf(names[s], sizeof names[s], "%s%s%s", qm_name(form), *what[s] ? " " : "", what[s]);
     memset(&truth, 0, sizeof truth);
     memset(&got, 0, sizeof got);
     memset(&ref, 0, sizeof ref);
@@ -129,7 +132,7 @@ static void audit_fp8_case(tally *t, const beam_ops *const ops[BM_NBACKENDS], co
         goto out;
     }
     if (run_q(ops[BM_CPU], c, op, BEAM_STRATEGY_FUSED, form, keep, &truth, msg, sizeof msg)) {
-        audit_print_error(t, label, "cpu", form->kind == BEAM_QUANT_NVFP4 ? "nvfp4 truth" : "fp8 truth", msg);
+        audit_print_error(t, label, "cpu", names[4], msg);
         goto out;
     }
     /* the model on the naive reference's normalized */
@@ -171,8 +174,6 @@ out:
 
 void audit_fp8(tally *t, const beam_ops *const ops[BM_NBACKENDS], int quick, uint64_t seed)
 {
-    static const char *const fnames[QM_NFORMS] = {"group128", "group64-ue8m0-col", "token", "token-ue8m0",
-                                                  "tensor", "nvfp4-g672", "nvfp4-g1"};
     static const int64_t Ts[3] = {1, 7, 64};
     static const int32_t Hs[2] = {2048, 7168};
     static const hc_mode modes[2] = {HC_MODE_NORMAL, HC_MODE_MIXED};
@@ -201,10 +202,11 @@ void audit_fp8(tally *t, const beam_ops *const ops[BM_NBACKENDS], int quick, uin
                     }
                     qm_forms(forms, sp.T);
                     for (f = 0; f < QM_NFORMS; f++) {
-                        char label[128];
+                        char label[128], form[64];
                         const int keep = f % 2 == 0;
+                        qm_label(&forms[f], form, sizeof form);
                         snprintf(label, sizeof label, "%s T%lld H%d %s %s%s", hc_op_name(op), (long long)sp.T,
-                                 (int)sp.H, hc_mode_name(modes[mi]), fnames[f], keep ? " +bf16" : "");
+                                 (int)sp.H, hc_mode_name(modes[mi]), form, keep ? " +bf16" : "");
                         audit_fp8_case(t, ops, label, &c, op, &forms[f], keep);
                     }
                     hc_free(&c);
