@@ -3,8 +3,8 @@
 
 An FP8 deployment's next layer reads the next norm's output only through an
 FP8 GEMM, after a quantization. One process, one timing method (that of
-bench/torch_compare.py, imported from it), four ways to get that input, side
-by side per operation, shape and quantization form:
+bench/torch_compare.py, from bench/_bench.py), four ways to get that input,
+side by side per operation, shape and quantization form:
 
   bf16        the BF16 operation (normalized in BF16; no FP8 input yet)
   bf16+quant  the same, then a separate quantization of normalized: plain
@@ -43,17 +43,13 @@ bit-exact, and each row first checks once ("check") that fp8's and
 fp8+bf16's q and scales equal bf16+quant's bits (scales by value, whatever
 their strides), and their hidden and normalized equal bf16's.
 
-CUDA: each method captured in CUDA graphs and replayed (torch_compare's
-graph_time_us); "cold" rotates among buffer sets that together exceed 3x
-the L2, each call with its own result buffers, "hot" repeats one. CPU:
-the median wall time of single calls (torch_compare's wall_us), with
-torch.set_num_threads(all cores).
-
-The copy bandwidth is measured in the same run, and fp8 is quoted as a
-fraction of its floor (bytes over that bandwidth). Bytes: fused T*K*H*2
-expert rows + T*K*4 weights + T*H*2 residual read + T*H*2 hidden written +
-T*H q written (nvfp4: T*H/2) + the scales written (4 per scale; nvfp4 1 per
-16 values) + H*2 per norm weight (as
+Timing as torch_compare's: CUDA graph replays, "cold" (buffer sets together
+over 3x the L2, each call with its own result buffers) or "hot" (one set);
+on the CPU the median wall time of single calls. fp8 is quoted as a
+fraction of its floor (bytes over the copy bandwidth measured in the same
+run). Bytes: fused T*K*H*2 expert rows + T*K*4 weights + T*H*2 residual
+read + T*H*2 hidden written + T*H q written (nvfp4: T*H/2) + the scales
+written (4 per scale; nvfp4 1 per 16 values) + H*2 per norm weight (as
 torch_compare counts them); nrn T*H*2 x read instead of the expert rows and
 weights.
 
@@ -69,24 +65,14 @@ ratios, bytes and floor_pct. The text output is the same with or without it.
 
 Needs PyTorch >= 2.1 (float8_e4m3fn, torch.compile) and the beammoe package
 (installed, or from the source tree: run from the top of a build tree after
-`make`; torch_compare.py finds it).
+`make`; bench/_bench.py finds it).
 """
-import argparse
-import math
-import os
-import sys
-
-# torch_compare.py, beside this file, finds the package (the source tree's
-# when none is installed) and PyTorch, and holds the timing helpers
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_compare as tc  # noqa: E402
-
-import beammoe  # noqa: E402
-import torch  # noqa: E402
+import _bench as bench  # the package, PyTorch, arguments, timing, JSON
+import torch_compare as tc  # the BF16 calls, their inputs and bytes
+from _bench import beammoe, torch
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
 K = tc.K
-EPS = tc.EPS
 FP8_MAX = 448.0
 TENSOR_SCALE = 0.0125  # the static scale: |normalized| up to 5.6 before the clamp
 
@@ -206,63 +192,34 @@ def quant_consts(dev):
 def exact_division():
     """Inductor's Triton kernels divide FP32 with the approximate div.full
     unless eager_numerics.division_rounding; the library (and eager torch)
-    divide correctly rounded. Returns whether it was set."""
+    divide correctly rounded. Sets it where torch has it; says which."""
     numerics = getattr(torch._inductor.config, "eager_numerics", None)
     if numerics is None or not hasattr(numerics, "division_rounding"):
-        return False
+        return "Inductor division: torch's default (no eager_numerics.division_rounding here)"
     numerics.division_rounding = True
-    return True
-
-
-def raise_compile_limits(n=1024):
-    """dynamic=False compiles once per shape; past the per-function or the
-    accumulated limit torch.compile silently falls back to eager."""
-    cfg = torch._dynamo.config
-    for name in ("cache_size_limit", "accumulated_cache_size_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), n))
+    return "Inductor division: correctly rounded (eager_numerics.division_rounding)"
 
 
 # ---- the four methods -----------------------------------------------------------
 
-def fp8_call(op, quant, keep):
-    """The operation's FP8 form on a Config's inputs, with the arguments of
-    torch_compare's BF16 call (its norms, scales and in-place choice;
-    strategy FUSED)."""
-    cfg = OPS[op]
-    if cfg.op == "fused":
-        post_eps = EPS if cfg.post else None
-
-        def run(gemm2, weights, residual, post_w, next_w):
-            return beammoe.beam_moe_finalize_norm_residual_norm_fp8(
-                beammoe.MoEOutput(gemm2, weights), residual, post_w, post_eps, next_w, EPS, cfg.scales,
-                tc.ROUTED_SCALE, quant=quant, strategy="fused", inplace=cfg.inplace, keep_normalized=keep)
-    else:
-        pre_eps = EPS if cfg.pre else None
-
-        def run(x, residual, pre_w, next_w):
-            return beammoe.beam_norm_residual_norm_fp8(x, residual, pre_w, pre_eps, next_w, EPS, cfg.scales,
-                                                       quant=quant, inplace=cfg.inplace, keep_normalized=keep)
-    return run
-
-
-def bf16_call(op):
+def beam_call(op, **fp8):
     """torch_compare's BF16 call of the operation (strategy FUSED for the
-    fused op): the baseline, and what bf16+quant quantizes."""
-    return OPS[op].beam("fused" if OPS[op].op == "fused" else "plain")
+    fused op): the baseline, and what bf16+quant quantizes; with fp8
+    (quant, keep_normalized), its FP8 form with the same arguments."""
+    return OPS[op].beam("fused" if OPS[op].op == "fused" else "plain", **fp8)
 
 
 def methods(op, quant, compiled, consts):
     """name -> fn(*inputs) for one operation and form; every fn returns
     (hidden, normalized | None, q, scales) except bf16."""
-    bf16 = bf16_call(op)
+    bf16 = beam_call(op)
 
     def bf16_quant(*args):
         hidden, normalized = bf16(*args)
         return (hidden, normalized) + tuple(compiled(normalized, *consts))
-    out = {"bf16": bf16, "bf16+quant": bf16_quant, "fp8": fp8_call(op, quant, False)}
+    out = {"bf16": bf16, "bf16+quant": bf16_quant, "fp8": beam_call(op, quant=quant, keep_normalized=False)}
     if OPS[op].op == "fused":
-        out["fp8+bf16"] = fp8_call(op, quant, True)
+        out["fp8+bf16"] = beam_call(op, quant=quant, keep_normalized=True)
     return out
 
 
@@ -329,52 +286,22 @@ def set_bytes(op, quant, t, h):
 
 # ---- CUDA and CPU runs ----------------------------------------------------------
 
-def cold_sets(op, forms, t, h, mode, dev, l2):
-    """Buffer sets (and calls per graph) for one shape: cold sets together
-    exceed 3x the L2 (sized by the form with the fewest bytes: more sets)."""
-    size = min(set_bytes(op, q, t, h) for q in forms.values())
-    nsets = 1 if mode == "hot" or size > 3 * l2 else int(math.ceil(3 * l2 / size)) + 1
-    sets = [OPS[op].make_set(t, h, dev) for _ in range(nsets)]
-    return sets, (max(nsets, 20) if mode == "cold" else 20)
-
-
 def time_shape(op, forms, compiled, consts, t, h, timer, checks):
     """Rows of one operation and shape: bf16 timed once (it does not depend
     on the form), the others per form; checks[form] (once per shape, before
     the first timing of that form) says whether the FP8 bits agree."""
     rows = []
-    base = timer(bf16_call(op))
+    base = timer(beam_call(op))[0]
     for name, quant in forms.items():
         fns = methods(op, quant, compiled[name], consts)
         if name not in checks:
             checks[name] = check(fns, timer.args, quant)
         res = {"bf16": base}
-        res.update((m, timer(fn)) for m, fn in fns.items() if m != "bf16")
+        res.update((m, timer(fn)[0]) for m, fn in fns.items() if m != "bf16")
         rows.append((op, name, timer.mode, t, h, checks[name], res))
         print("%s %s T=%d H=%d %s [%s]: %s" % (op, name, t, h, timer.mode, checks[name], ", ".join(
             "%s %.2f us" % kv for kv in res.items())), flush=True)
     return rows
-
-
-class GraphTimer:
-    """CUDA: torch_compare's graph_time_us over one shape's buffer sets."""
-
-    def __init__(self, sets, calls, iters, mode):
-        self.sets, self.calls, self.iters, self.mode = sets, calls, iters, mode
-        self.args = sets[0]
-
-    def __call__(self, fn):
-        return tc.graph_time_us(fn, self.sets, self.calls, self.iters, hold=self.mode == "cold")
-
-
-class WallTimer:
-    """CPU: torch_compare's wall_us of single calls on one input set."""
-
-    def __init__(self, args, iters):
-        self.args, self.iters, self.mode = args, iters, "wall"
-
-    def __call__(self, fn):
-        return tc.wall_us(fn, self.args, self.iters)
 
 
 def compile_forms(forms):
@@ -384,46 +311,17 @@ def compile_forms(forms):
     return {name: torch.compile(quantizer(q), dynamic=False, fullgraph=True) for name, q in forms.items()}
 
 
-def run_cuda(ops, forms, shapes, modes, iters, dev=torch.device("cuda")):
-    """Rows timed with CUDA graphs; the copy bandwidth. (dev is a parameter
-    only so that the flow can be exercised with the timers stubbed.)"""
-    print("device: %s, torch %s, beammoe %s (%s)" % (torch.cuda.get_device_name(dev), torch.__version__,
-                                                     beammoe.version(), beammoe.library_path()))
-    print("Inductor division: %s" % ("correctly rounded (eager_numerics.division_rounding)" if exact_division()
-                                     else "torch's default (no eager_numerics.division_rounding here)"))
-    l2 = tc.l2_bytes()
-    bw = tc.copy_bandwidth_cuda(max(iters, 20))
-    print("copy bandwidth (device to device, read + write): %.0f GB/s; L2 %.0f MB" % (bw / 1e9, l2 / 2 ** 20))
-    torch.manual_seed(0)
+def run(dev, ops, forms, shapes, modes, iters, l2):
+    """Every operation's rows, shape by shape (and mode by mode on CUDA)."""
     consts, compiled = quant_consts(dev), compile_forms(forms)
     rows = []
     for op in ops:
         for t, h in shapes:
             checks = {}
-            for mode in modes:
-                sets, calls = cold_sets(op, forms, t, h, mode, dev, l2)
-                timer = GraphTimer(sets, calls, iters, mode)
+            size = min(set_bytes(op, q, t, h) for q in forms.values())  # the fewest bytes: the most cold sets
+            for timer in bench.timers(dev, modes, t, iters, l2, size, lambda: OPS[op].make_set(t, h, dev)):
                 rows += time_shape(op, forms, compiled, consts, t, h, timer, checks)
-                del sets, timer
-                torch.cuda.empty_cache()
-    return rows, bw
-
-
-def run_cpu(ops, forms, shapes, iters, threads):
-    """Rows timed as wall time of single calls; the copy bandwidth."""
-    torch.set_num_threads(threads)
-    print("device: cpu (%d threads), torch %s, beammoe %s (%s)" % (
-        torch.get_num_threads(), torch.__version__, beammoe.version(), beammoe.library_path()))
-    bw = tc.copy_bandwidth_cpu(iters)
-    print("copy bandwidth (tensor copy, read + write): %.1f GB/s" % (bw / 1e9))
-    torch.manual_seed(0)
-    consts, compiled = quant_consts(torch.device("cpu")), compile_forms(forms)
-    rows = []
-    for op in ops:
-        for t, h in shapes:
-            timer = WallTimer(OPS[op].make_set(t, h, torch.device("cpu")), iters if t < 512 else max(10, iters // 10))
-            rows += time_shape(op, forms, compiled, consts, t, h, timer, {})
-    return rows, bw
+    return rows
 
 
 # ---- output and arguments ---------------------------------------------------------
@@ -476,63 +374,38 @@ def default_shapes(dev):
     return [(t, 7168) for t in (1, 64, 4096, 16384)] + [(4096, 4096), (4096, 2048)]
 
 
-def pick(kind, given, known):
-    """Comma-separated names, each one of known."""
-    names = [n for n in given.split(",") if n]
-    unknown = [n for n in names if n not in known]
-    if unknown or not names:
-        sys.exit("fp8_compare.py: --%s takes %s (got %s)" % (kind, ", ".join(known), given))
-    return names
-
-
 def parse_shapes(given, forms):
     """T:H pairs; H must divide into every group form's groups."""
-    try:
-        shapes = [tuple(int(v) for v in s.split(":")) for s in given.split(",") if s]
-    except ValueError:
-        sys.exit("fp8_compare.py: --shapes takes T:H pairs, comma-separated")
-    if any(len(s) != 2 or min(s) < 1 for s in shapes):
-        sys.exit("fp8_compare.py: --shapes takes T:H pairs of positive numbers")
+    shapes = bench.parse_shapes(given)
     for name, q in forms.items():
         bad = [h for _, h in shapes if q.kind == "group" and h % q.group_size]
         if bad:
-            sys.exit("fp8_compare.py: H=%d is not a multiple of form %s's group size" % (bad[0], name))
+            bench.die("H=%d is not a multiple of form %s's group size" % (bad[0], name))
     return shapes
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap = bench.parser(__doc__)
     ap.add_argument("--ops", default="fused,nrn", help="operations: fused, nrn, a configuration of "
                     "torch_compare with a next norm (fused:post+next+scales, ...), or all (default fused,nrn)")
     ap.add_argument("--forms", default=DEFAULT_FORMS, help="quantization forms, of: %s (default %s)" % (
         ", ".join(FORMS), DEFAULT_FORMS))
-    ap.add_argument("--shapes", help="T:H pairs, comma-separated (default: by device)")
-    ap.add_argument("--modes", default="cold", help="CUDA: cold, hot or both (default cold)")
-    ap.add_argument("--iters", type=int, default=50, help="replays (CUDA) or calls (CPU) per timing")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: all)")
-    ap.add_argument("--json", metavar="FILE", help="also write every row to FILE (scripts/perf-report.py)")
+    bench.sweep_args(ap, "device", "cold")
     args = ap.parse_args()
     if FP8 is None or not hasattr(torch, "compile"):
-        sys.exit("fp8_compare.py: torch %s has no float8_e4m3fn or torch.compile" % torch.__version__)
-    dev = args.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cuda" and not torch.cuda.is_available():
-        sys.exit("fp8_compare.py: --device cuda but torch sees no CUDA device")
-    ops = [k for k in OPS if ":" in k] if args.ops == "all" else pick("ops", args.ops, list(OPS))
-    forms = {n: make_form(n) for n in pick("forms", args.forms, list(FORMS))}
+        bench.die("torch %s has no float8_e4m3fn or torch.compile" % torch.__version__)
+    dev = bench.device(args.device)
+    ops = [k for k in OPS if ":" in k] if args.ops == "all" else bench.pick("ops", args.ops, list(OPS))
+    forms = {n: make_form(n) for n in bench.pick("forms", args.forms, list(FORMS))}
     shapes = parse_shapes(args.shapes, forms) if args.shapes else default_shapes(dev)
-    raise_compile_limits()
+    modes = bench.pick("modes", args.modes, ["cold", "hot"]) if dev == "cuda" else None
+    bench.raise_compile_limits()
     with torch.inference_mode():
-        if dev == "cuda":
-            modes = pick("modes", args.modes, ["cold", "hot"])
-            rows, bw = run_cuda(ops, forms, shapes, modes, args.iters)
-        else:
-            rows, bw = run_cpu(ops, forms, shapes, args.iters, args.threads)
+        bw, l2 = bench.start(dev, args.iters, args.threads, exact_division() if dev == "cuda" else None)
+        rows = run(dev, ops, forms, shapes, modes, args.iters, l2)
     table(dev, rows, forms, bw)
     if args.json:
-        tc.write_json(args.json, tc.run_json("fp8_compare", dev, bw, json_records(rows, forms, bw)))
+        bench.write_json(args.json, "fp8_compare", dev, bw, json_records(rows, forms, bw))
 
 
 if __name__ == "__main__":

@@ -26,35 +26,21 @@ intermediate size 2048 by default; a dense stand-in for the grouped GEMM,
 same output bytes).
 """
 import argparse
-import os
-import sys
 
-# torch_compare.py, beside this file, finds the package (the source tree's
-# when none is installed) and PyTorch, and holds the reference and the
-# timing helper
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_compare as tc  # noqa: E402
+import _bench as bench  # the package, PyTorch, the graph timing
+import torch_compare as tc  # the reference, the step's inputs
+from _bench import beammoe, torch
 
-import beammoe  # noqa: E402
-import torch  # noqa: E402
-
-BF16 = torch.bfloat16
 K = tc.K
-EPS = tc.EPS
+STEP = tc.Config("fused", "post+next", post="w")  # the reference module's call
 
 
 def layer_sets(t, h, inter, layers, dev):
-    """Per layer: GEMM inputs and this step's other inputs."""
-    sets = []
-    for _ in range(layers):
-        a = (torch.randn(t * K, inter, device=dev) * 0.05).to(BF16)
-        b = (torch.randn(inter, h, device=dev) * 0.05).to(BF16)
-        w = torch.rand(t, K, device=dev).softmax(-1)
-        r = torch.randn(t, h, device=dev).to(BF16)
-        pw = (1 + 0.1 * torch.randn(h, device=dev)).to(BF16)
-        nw = (1 + 0.1 * torch.randn(h, device=dev)).to(BF16)
-        sets.append((a, b, w, r, pw, nw))
-    return sets
+    """Per layer: GEMM inputs and this step's other inputs (torch_compare's,
+    less the expert rows that the GEMM writes)."""
+    def gemm_input(*shape):
+        return (torch.randn(*shape, device=dev) * 0.05).to(torch.bfloat16)
+    return [(gemm_input(t * K, inter), gemm_input(inter, h)) + STEP.make_set(t, h, dev)[1:] for _ in range(layers)]
 
 
 def main():
@@ -66,10 +52,10 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("gemm_pair.py: needs a CUDA device")
+        bench.die("needs a CUDA device")
     dev = torch.device("cuda")
     h = args.hidden
-    ref = tc.Config("fused", "post+next", post="w").reference()
+    beam = STEP.beam(None)  # the package's default strategy
     print("device: %s, torch %s, beammoe %s; GEMM [T*%d, %d] x [%d, %d] BF16, %d layers per graph" % (
         torch.cuda.get_device_name(dev), torch.__version__, beammoe.version(), K, args.inter, args.inter, h,
         args.layers))
@@ -78,23 +64,21 @@ def main():
     with torch.inference_mode():
         for t in [int(v) for v in args.tokens.split(",") if v]:
             torch._dynamo.reset()
-            compiled = torch.compile(ref, dynamic=False)
+            compiled = torch.compile(STEP.reference(), dynamic=False)
             sets = layer_sets(t, h, args.inter, args.layers, dev)
 
             def gemm_only(a, b, w, r, pw, nw):
                 return torch.mm(a, b)
 
             def with_beam(a, b, w, r, pw, nw):
-                g = torch.mm(a, b)
-                return beammoe.beam_moe_finalize_norm_residual_norm(
-                    beammoe.MoEOutput(g, w), r, pw, EPS, nw, EPS, None, tc.ROUTED_SCALE)
+                return beam(torch.mm(a, b), w, r, pw, nw)
 
             def with_compiled(a, b, w, r, pw, nw):
                 return compiled(torch.mm(a, b), w, r, pw, nw)
 
             res = {}
             for name, fn in (("none", gemm_only), ("beammoe", with_beam), ("compiled", with_compiled)):
-                res[name] = tc.graph_time_us(fn, sets, args.layers, args.iters)
+                res[name] = bench.graph_stats_us(fn, sets, args.layers, args.iters)[0]
             print("%6d  %9.2f us  %9.2f us  %9.2f us  %11.2f us  %11.2f us" % (
                 t, res["none"], res["beammoe"], res["compiled"], res["beammoe"] - res["none"],
                 res["compiled"] - res["none"]), flush=True)

@@ -4,3 +4,5 @@
 # outside an Automake conditional, and no file named bench-cpu ever exists.)
 bench-cpu: tools/beammoe$(EXEEXT)
 	$(builddir)/tools/beammoe bench
+# What bench/*.py share (python/local.mk distributes the scripts themselves).
+EXTRA_DIST += bench/_bench.py

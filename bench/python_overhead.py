@@ -19,19 +19,11 @@ Run from a build tree with PYTHONPATH=python (and, if the package is not
 installed, nothing else: it finds ../.libs), or with the installed package.
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
-_here = os.path.dirname(os.path.abspath(__file__))
-_pkg = os.path.join(os.path.dirname(_here), "python")
-if os.path.isdir(os.path.join(_pkg, "beammoe")) and _pkg not in sys.path:
-    sys.path.append(_pkg)  # the source tree's package when none is installed
-
-import torch  # noqa: E402
-
-import beammoe  # noqa: E402
+import _bench as bench  # the package (the source tree's when none is installed), PyTorch
+from _bench import beammoe, torch
 
 
 def per_call_us(fn, iters, repeats, sync):
@@ -89,9 +81,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
 
-    dev = torch.device(args.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("python_overhead.py: --device cuda but torch sees no CUDA device")
+    dev = torch.device(bench.device(args.device))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     K, H = args.top_k, args.hidden
     print("python_overhead: torch %s, beammoe %s (%s), device %s, K=%d H=%d, %d iterations x %d"

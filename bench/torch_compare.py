@@ -27,23 +27,14 @@ beammoe's in-place call with the same compiled out-of-place reference. Both
 sides allocate their results each call (beammoe's in-place calls: only
 normalized).
 
-CUDA (when torch sees a GPU): each method is captured in CUDA graphs and
-replayed; the time per call is the median over replays. "cold" rotates among
-buffer sets that together exceed 3x the GPU's L2 cache (no call finds its
-inputs in L2), and each call keeps its own result buffers, so no call
-writes lines that an earlier one left in L2 (the floor's bytes all go to
-memory, and an in-place call, which writes into its own set's residual, is
-measured as the others are); "hot" repeats one set, results reused.
-
-CPU tensors: the median wall time of single calls, with
-torch.set_num_threads(all cores).
-
-The device's copy bandwidth is measured in the same run (a device-to-device
-copy on CUDA, a large tensor copy on the CPU; bytes read plus written), and
-beammoe's time is quoted as a fraction of its floor: the operation's bytes
-over that bandwidth. Bytes: finalize T*K*H*2 + T*K*4 + T*H*2; the fused op
-adds the residual read and normalized written (2*T*H*2); norm_residual_norm
-4*T*H*2; H*2 per norm weight.
+Timing (bench/_bench.py): CUDA graph replays (when torch sees a GPU),
+median per call, with cold buffer sets (none in L2; an in-place call writes
+into its own set's residual, measured as the others are) or hot; on the CPU
+the median wall time of single calls. beammoe's time is quoted as a
+fraction of its floor: the operation's bytes over the copy bandwidth
+measured in the same run. Bytes: finalize T*K*H*2 + T*K*4 + T*H*2; the
+fused op adds the residual read and normalized written (2*T*H*2);
+norm_residual_norm 4*T*H*2; H*2 per norm weight.
 
     python3 bench/torch_compare.py [--device auto|cuda|cpu] [--ops fused,finalize,nrn]
                                    [--configs NAME,...] [--shapes 1:7168,64:7168,...]
@@ -60,27 +51,8 @@ bytes and floor_pct. The text output is the same with or without it.
 Needs PyTorch >= 2.0 (torch.compile) and the beammoe package (installed, or
 from the source tree: run from the top of a build tree after `make`).
 """
-import argparse
-import datetime
-import json
-import math
-import os
-import platform
-import statistics
-import sys
-import time
-
-_here = os.path.dirname(os.path.abspath(__file__))
-_pkg = os.path.join(os.path.dirname(_here), "python")
-if os.path.isdir(os.path.join(_pkg, "beammoe")) and _pkg not in sys.path:
-    sys.path.append(_pkg)  # the source tree's package when none is installed
-
-try:
-    import torch
-except ImportError:
-    sys.exit("torch_compare.py: PyTorch is not installed; nothing to compare")
-
-import beammoe  # noqa: E402
+import _bench as bench  # the package, PyTorch, arguments, timing, JSON
+from _bench import beammoe, torch
 
 BF16 = torch.bfloat16
 K = 8
@@ -147,25 +119,21 @@ class Config:
 
     def reference(self):
         op, post, pre, scales = self.op, self.post, self.pre, self.scales
+
+        def residual_norm(x, residual, next_w):
+            hidden = ref_residual(x, residual, scales)
+            return hidden, rmsnorm(hidden, next_w, EPS)
         if op == "finalize":
             def ref(gemm2, weights, post_w, out):
-                t, h = out.shape
-                f = ref_finalize(gemm2, weights, t, h)
+                f = ref_finalize(gemm2, weights, *out.shape)
                 return rmsnorm(f, post_w, EPS) if post else f
         elif op == "fused":
             def ref(gemm2, weights, residual, post_w, next_w):
-                t, h = residual.shape
-                f = ref_finalize(gemm2, weights, t, h)
-                if post:
-                    f = rmsnorm(f, post_w, EPS)
-                hidden = ref_residual(f, residual, scales)
-                return hidden, rmsnorm(hidden, next_w, EPS)
+                f = ref_finalize(gemm2, weights, *residual.shape)
+                return residual_norm(rmsnorm(f, post_w, EPS) if post else f, residual, next_w)
         else:
             def ref(x, residual, pre_w, next_w):
-                if pre:
-                    x = rmsnorm(x, pre_w, EPS)
-                hidden = ref_residual(x, residual, scales)
-                return hidden, rmsnorm(hidden, next_w, EPS)
+                return residual_norm(rmsnorm(x, pre_w, EPS) if pre else x, residual, next_w)
         return ref
 
     def strategies(self, unfused):
@@ -173,22 +141,25 @@ class Config:
             return ["fused", "unfused"] if unfused else ["fused"]
         return ["plain"]
 
-    def beam(self, strategy):
+    def beam(self, strategy, **fp8):
+        """beammoe's call; with fp8 (quant, keep_normalized) its FP8 form (fused and nrn)."""
         post_eps = EPS if self.post else None
         if self.op == "finalize":
             def run(gemm2, weights, post_w, out):
                 return beammoe.beam_moe_finalize(gemm2, weights, out, ROUTED_SCALE, post_w, post_eps)
         elif self.op == "fused":
+            fused = beammoe.beam_moe_finalize_norm_residual_norm_fp8 if fp8 else \
+                beammoe.beam_moe_finalize_norm_residual_norm
+
             def run(gemm2, weights, residual, post_w, next_w):
-                return beammoe.beam_moe_finalize_norm_residual_norm(
-                    beammoe.MoEOutput(gemm2, weights), residual, post_w, post_eps, next_w, EPS, self.scales,
-                    ROUTED_SCALE, strategy=strategy, inplace=self.inplace)
+                return fused(beammoe.MoEOutput(gemm2, weights), residual, post_w, post_eps, next_w, EPS, self.scales,
+                             ROUTED_SCALE, strategy=strategy, inplace=self.inplace, **fp8)
         else:
             pre_eps = EPS if self.pre else None
+            nrn = beammoe.beam_norm_residual_norm_fp8 if fp8 else beammoe.beam_norm_residual_norm
 
             def run(x, residual, pre_w, next_w):
-                return beammoe.beam_norm_residual_norm(x, residual, pre_w, pre_eps, next_w, EPS, self.scales,
-                                                       inplace=self.inplace)
+                return nrn(x, residual, pre_w, pre_eps, next_w, EPS, self.scales, inplace=self.inplace, **fp8)
         return run
 
     def nbytes(self, t, h):
@@ -256,157 +227,25 @@ def check_line(cfg, t, h, args, compiled):
     return " ".join(parts)
 
 
-# ---- CUDA ---------------------------------------------------------------------
-
-def l2_bytes():
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return getattr(props, "L2_cache_size", 0) or 60 * 2 ** 20
-
-
-def graph_time_us(fn, sets, calls, iters, hold=False):
-    """Median time per call of replays of one CUDA graph (graph_stats_us)."""
-    return graph_stats_us(fn, sets, calls, iters, hold)[0]
-
-
-def graph_stats_us(fn, sets, calls, iters, hold=False):
-    """(median, min, max) time per call of replays of one CUDA graph that
-    makes `calls` calls of fn, cycling through `sets`. hold: every call's
-    results stay alive until the capture ends, so each call writes its own
-    buffers (otherwise the graph's pool hands the next call the buffers the
-    last one freed, and at sizes that fit in L2 the writes land on lines
-    still there)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for a in sets[:2]:
-            fn(*a)  # compile, load, allocate outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    held = []
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            r = fn(*sets[i % len(sets)])
-            if hold:
-                held.append(r)
-    del held
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(iters):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    del graph
-    return statistics.median(times), min(times), max(times)
-
-
-def copy_bandwidth_cuda(iters):
-    """A 2 GiB device-to-device copy (one cudaMemcpyAsync), timed with events
-    on the stream: a copy recorded in a graph runs as a slower graph node."""
-    n = 2 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").fill_(1)
-    dst = torch.empty_like(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for i in range(iters + 2):
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        if i >= 2:
-            times.append(start.elapsed_time(end) * 1e3)
-    del src, dst
-    return 2 * n / (statistics.median(times) * 1e-6)
-
-
-def run_cuda(configs, shapes, modes, iters, unfused):
-    dev = torch.device("cuda")
-    print("device: %s, torch %s, beammoe %s (%s)" % (torch.cuda.get_device_name(dev), torch.__version__,
-                                                     beammoe.version(), beammoe.library_path()))
-    l2 = l2_bytes()
-    bw = copy_bandwidth_cuda(max(iters, 20))
-    print("copy bandwidth (device to device, read + write): %.0f GB/s; L2 %.0f MB" % (bw / 1e9, l2 / 2 ** 20))
-    torch.manual_seed(0)
+def run(dev, configs, shapes, modes, iters, unfused, bw, l2):
+    """Rows (cfg, mode, T, H, medians by method, floor us, (median, min, max) by method)."""
     rows = []
     for cfg in configs:
         for t, h in shapes(cfg):
-            set_bytes = cfg.nbytes(t, h) + cfg.results_bytes(t, h)
             torch._dynamo.reset()
             compiled = torch.compile(cfg.reference(), dynamic=False)
-            for mode in modes:
-                nsets = 1 if mode == "hot" or set_bytes > 3 * l2 else int(math.ceil(3 * l2 / set_bytes)) + 1
-                sets = [cfg.make_set(t, h, dev) for _ in range(nsets)]
-                calls = max(nsets, 20) if mode == "cold" else 20
-                if mode == modes[0]:
-                    print(check_line(cfg, t, h, sets[0], compiled))
+            size = cfg.nbytes(t, h) + cfg.results_bytes(t, h)
+            for i, timer in enumerate(bench.timers(dev, modes, t, iters, l2, size, lambda: cfg.make_set(t, h, dev))):
+                if not i:
+                    print(check_line(cfg, t, h, timer.args, compiled))
                 methods = [("compiled", compiled)] + [(s, cfg.beam(s)) for s in cfg.strategies(unfused)]
-                stats = {name: graph_stats_us(fn, sets, calls, iters, hold=mode == "cold")
-                         for name, fn in methods}
+                stats = {name: timer(fn) for name, fn in methods}
                 results = {name: st[0] for name, st in stats.items()}
                 floor_us = cfg.nbytes(t, h) / bw * 1e6
-                rows.append((cfg, mode, t, h, results, floor_us, stats))
-                print("%s T=%d H=%d %s (%d buffer sets): %s; floor %.2f us" % (
-                    cfg.label, t, h, mode, nsets, ", ".join("%s %.2f us" % kv for kv in results.items()), floor_us),
-                    flush=True)
-                del sets
-                torch.cuda.empty_cache()
-    return rows, bw
-
-
-# ---- CPU ------------------------------------------------------------------------
-
-def wall_us(fn, args, iters):
-    """Median wall time of single calls (wall_stats_us)."""
-    return wall_stats_us(fn, args, iters)[0]
-
-
-def wall_stats_us(fn, args, iters):
-    """(median, min, max) wall time of single calls after three warm-up calls."""
-    for _ in range(3):
-        fn(*args)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn(*args)
-        times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times), min(times), max(times)
-
-
-def copy_bandwidth_cpu(iters):
-    n = 1 << 28  # 256 MiB each way
-    src = torch.ones(n, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    us = wall_us(lambda a, b: b.copy_(a), (src, dst), max(5, iters // 4))
-    return 2 * n / (us * 1e-6)
-
-
-def run_cpu(configs, shapes, iters, unfused, threads):
-    torch.set_num_threads(threads)
-    print("device: cpu (%d threads), torch %s, beammoe %s (%s)" % (
-        torch.get_num_threads(), torch.__version__, beammoe.version(), beammoe.library_path()))
-    bw = copy_bandwidth_cpu(iters)
-    print("copy bandwidth (tensor copy, read + write): %.1f GB/s" % (bw / 1e9))
-    torch.manual_seed(0)
-    rows = []
-    for cfg in configs:
-        for t, h in shapes(cfg):
-            args = cfg.make_set(t, h, torch.device("cpu"))
-            torch._dynamo.reset()
-            compiled = torch.compile(cfg.reference(), dynamic=False)
-            print(check_line(cfg, t, h, args, compiled))
-            methods = [("compiled", compiled)] + [(s, cfg.beam(s)) for s in cfg.strategies(unfused)]
-            n = iters if t < 512 else max(10, iters // 10)
-            stats = {name: wall_stats_us(fn, args, n) for name, fn in methods}
-            results = {name: st[0] for name, st in stats.items()}
-            floor_us = cfg.nbytes(t, h) / bw * 1e6
-            rows.append((cfg, "wall", t, h, results, floor_us, stats))
-            print("%s T=%d H=%d: %s; floor %.2f us" % (cfg.label, t, h, ", ".join(
-                "%s %.2f us" % kv for kv in results.items()), floor_us), flush=True)
-    return rows, bw
+                rows.append((cfg, timer.mode, t, h, results, floor_us, stats))
+                print("%s T=%d H=%d%s: %s; floor %.2f us" % (cfg.label, t, h, timer.label, ", ".join(
+                    "%s %.2f us" % kv for kv in results.items()), floor_us), flush=True)
+    return rows
 
 
 def table(dev, rows, bw):
@@ -423,46 +262,6 @@ def table(dev, rows, bw):
     print("beammoe vs torch.compile of the reference (K=%d), %s, copy %.1f GB/s" % (K, dev, bw / 1e9))
     for row in out:
         print("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
-
-
-# ---- --json: the rows for scripts/perf-report.py ------------------------------------
-
-def machine(dev):
-    """(hardware, software) in words, for the JSON."""
-    soft = "PyTorch %s" % torch.__version__
-    if dev == "cuda":
-        p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return ("%s, %d SMs, L2 %d MiB" % (p.name, p.multi_processor_count, l2_bytes() >> 20),
-                "CUDA %s, %s" % (torch.version.cuda, soft))
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), model)
-    except OSError:
-        pass
-    n = torch.get_num_threads()
-    return "%s, %d thread%s" % (model, n, "" if n == 1 else "s"), soft
-
-
-def run_json(tool, dev, bw, records):
-    """One benchmark run as scripts/perf-report.py reads it."""
-    hardware, software = machine(dev)
-    return {"format": "beammoe-perf/1", "tool": tool,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "commit": os.environ.get("BEAM_COMMIT") or None, "library": beammoe.version(), "hardware": hardware,
-            "software": software,
-            "command": " ".join(["python3", "bench/" + os.path.basename(sys.argv[0])] + sys.argv[1:]),
-            "copy_gbs": round(bw / 1e9, 1), "records": records}
-
-
-def write_json(path, run):
-    """The run into path (written beside it, then renamed onto it), one line
-    a record, as scripts/perf-report.py writes its runs."""
-    head = "".join(" %s: %s,\n" % (json.dumps(k), json.dumps(run[k], sort_keys=True)) for k in sorted(run) if k != "records")
-    rows = ",\n".join("  " + json.dumps(r, sort_keys=True) for r in run["records"])
-    with open(path + ".tmp", "w") as f:
-        f.write("{\n%s \"records\": [\n%s\n ]\n}\n" % (head, rows))
-    os.replace(path + ".tmp", path)
 
 
 def json_records(rows):
@@ -497,61 +296,34 @@ def default_shapes(dev):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    ap = bench.parser(__doc__)
     ap.add_argument("--ops", default="fused,finalize,nrn", help="operations (default: all)")
     ap.add_argument("--configs", help="configuration names, comma-separated (default: all of --ops)")
-    ap.add_argument("--shapes", help="T:H pairs, comma-separated (default: by device and operation)")
-    ap.add_argument("--modes", default="cold,hot", help="CUDA: cold, hot or both (default cold,hot)")
-    ap.add_argument("--iters", type=int, default=50, help="replays (CUDA) or calls (CPU) per timing")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (default: all)")
+    bench.sweep_args(ap, "device and operation", "cold,hot")
     ap.add_argument("--no-unfused", action="store_true", help="skip beammoe's UNFUSED strategy")
-    ap.add_argument("--json", metavar="FILE", help="also write every row to FILE (scripts/perf-report.py)")
     args = ap.parse_args()
     if not hasattr(torch, "compile"):
-        sys.exit("torch_compare.py: torch %s has no torch.compile (needs torch >= 2.0)" % torch.__version__)
-    dev = args.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cuda" and not torch.cuda.is_available():
-        sys.exit("torch_compare.py: --device cuda but torch sees no CUDA device")
-    ops = [o for o in args.ops.split(",") if o]
-    known_ops = sorted({c.op for c in CONFIGS})
-    if any(o not in known_ops for o in ops):
-        sys.exit("torch_compare.py: --ops takes %s" % ", ".join(known_ops))
+        bench.die("torch %s has no torch.compile (needs torch >= 2.0)" % torch.__version__)
+    dev = bench.device(args.device)
+    ops = bench.pick("ops", args.ops, sorted({c.op for c in CONFIGS}))
     configs = [c for c in CONFIGS if c.op in ops]
     if args.configs:
         names = [n for n in args.configs.split(",") if n]
         unknown = [n for n in names if n not in {c.name for c in configs}]
         if unknown:
-            sys.exit("torch_compare.py: no configuration %s in %s (have: %s)" % (
+            bench.die("no configuration %s in %s (have: %s)" % (
                 ", ".join(unknown), ",".join(ops), ", ".join(c.name for c in configs)))
         configs = [c for c in configs if c.name in names]
-    if args.shapes:
-        try:
-            fixed = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]
-        except ValueError:
-            sys.exit("torch_compare.py: --shapes takes T:H pairs, comma-separated")
-
-        def shapes(cfg):
-            return fixed
-    else:
-        shapes = default_shapes(dev)
-    # one compile per configuration and shape: past the limit torch.compile
-    # silently falls back to eager
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 1024)
-    unfused = not args.no_unfused
+    fixed = bench.parse_shapes(args.shapes) if args.shapes else None
+    shapes = (lambda cfg: fixed) if args.shapes else default_shapes(dev)
+    modes = bench.pick("modes", args.modes, ["cold", "hot"]) if dev == "cuda" else None
+    bench.raise_compile_limits()
     with torch.inference_mode():
-        if dev == "cuda":
-            modes = [m for m in args.modes.split(",") if m]
-            if any(m not in ("cold", "hot") for m in modes):
-                sys.exit("torch_compare.py: --modes takes cold and hot")
-            rows, bw = run_cuda(configs, shapes, modes, args.iters, unfused)
-        else:
-            rows, bw = run_cpu(configs, shapes, args.iters, unfused, args.threads)
+        bw, l2 = bench.start(dev, args.iters, args.threads)
+        rows = run(dev, configs, shapes, modes, args.iters, not args.no_unfused, bw, l2)
     table(dev, rows, bw)
     if args.json:
-        write_json(args.json, run_json("torch_compare", dev, bw, json_records(rows)))
+        bench.write_json(args.json, "torch_compare", dev, bw, json_records(rows))
 
 
 if __name__ == "__main__":

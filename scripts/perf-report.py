@@ -98,11 +98,7 @@ def records(runs, tool, **match):
 
 def ordered(values):
     """Distinct values in order of first appearance."""
-    out = []
-    for v in values:
-        if v not in out:
-            out.append(v)
-    return out
+    return list(dict.fromkeys(values))
 
 
 # ---- text ------------------------------------------------------------------------
@@ -126,11 +122,7 @@ def provenance(run, link_prefix):
     if run.get("copy_gbs"):
         parts.append("copy %s GB/s" % num(run["copy_gbs"], 2 if run["copy_gbs"] < 100 else 1))
     line = "; ".join(parts) + " ([%s](%s%s))" % (run["file"], link_prefix, run["file"])
-    return line + (". %s." % cap(run["note"]) if run.get("note") else ".")
-
-
-def cap(s):
-    return s[:1].upper() + s[1:]
+    return line + (". %s%s." % (run["note"][:1].upper(), run["note"][1:]) if run.get("note") else ".")
 
 
 def num(x, places):
@@ -147,12 +139,6 @@ def md_table(header, rows, align):
     return "\n".join(lines)
 
 
-def shape_columns(recs):
-    """(T, H) pairs: every T at HEAD_H in order, then the other hidden sizes."""
-    shapes = sorted({(r["T"], r["H"]) for r in recs}, key=lambda s: (s[1] != HEAD_H, -s[1], s[0]))
-    return shapes
-
-
 def shape_label(t, h):
     return "T = %d" % t if h == HEAD_H else "T = %d, H = %d" % (t, h)
 
@@ -161,125 +147,99 @@ def pct(x):
     return "%.1f%%" % x
 
 
+def grid(first, recs, label, cell, order=None, last=None):
+    """A Markdown table of recs: a row per label(r) (in order of appearance,
+    sorted by order(label) if given), a column per (T, H) (every T at HEAD_H,
+    then the other hidden sizes), cell(r) or "-"; last: (header, fn(label)),
+    a left-aligned column after them."""
+    shapes = sorted({(r["T"], r["H"]) for r in recs}, key=lambda s: (s[1] != HEAD_H, -s[1], s[0]))
+    cells = {(label(r), r["T"], r["H"]): r for r in recs}
+    labels = sorted(ordered(label(r) for r in recs), key=order) if order else ordered(label(r) for r in recs)
+    rows = [[lb] + [cell(cells[(lb, t, h)]) if (lb, t, h) in cells else "-" for t, h in shapes]
+            + ([last[1](lb)] if last else []) for lb in labels]
+    return md_table([first] + [shape_label(t, h) for t, h in shapes] + ([last[0]] if last else []), rows,
+                    ["l"] + ["r"] * len(shapes) + (["l"] if last else []))
+
+
+def section(runs, tool, recs, prose, table, bullet="", sep="\n"):
+    """A tool's generated text: each run's provenance, the prose, the table."""
+    if not recs:
+        return "(no `%s` JSON in docs/perf/)" % tool
+    return "\n".join([sep.join(bullet + provenance(run, "perf/") for run in runs[tool]), "", prose, "", table])
+
+
 # ---- the generated sections --------------------------------------------------------
 
 def sec_cuda_bench(runs):
     recs = records(runs, "cuda_bench", mode="cold")
-    if not recs:
-        return "(no `cuda_bench` JSON in docs/perf/)"
-    shapes = shape_columns(recs)
-    cells = {(r["config"], r["T"], r["H"], r["mode"]): r for r in records(runs, "cuda_bench")}
-    rows = []
-    for cfg in ordered(r["config"] for r in recs):
-        row = [cfg]
-        for t, h in shapes:
-            r, hot = cells.get((cfg, t, h, "cold")), cells.get((cfg, t, h, "hot"))
-            if r is None:
-                row.append("-")
-            elif t <= DECODE_T or r.get("floor_pct") is None:
-                row.append("%.2f" % r["us"] + (" / %.2f" % hot["us"] if hot else ""))
-            else:
-                row.append("%.2f (%s)" % (r["us"], pct(r["floor_pct"])))
-        rows.append(row)
-    text = [line for run in runs["cuda_bench"] for line in (provenance(run, "perf/"), "")]
-    prefill = [t for t, _ in shapes if t > DECODE_T]
-    text.append("Microseconds per call, K = 8, H = %d unless named. Up to T = %d: cold / hot (hot: one "
-                "buffer set every call, found in L2, as when the expert GEMM has just written the inputs)."
-                % (HEAD_H, DECODE_T) + (" From T = %d: cold, and in parentheses the share of the copy floor "
-                                        "that the call reaches (its bytes at the copy bandwidth over its time)."
-                                        % min(prefill) if prefill else ""))
-    text.append("")
-    text.append(md_table(["configuration"] + [shape_label(t, h) for t, h in shapes], rows,
-                         ["l"] + ["r"] * len(shapes)))
-    host = [run for run in runs["cuda_bench"] if "host_check_us" in run]
-    for run in host:
-        text.append("")
-        text.append("Host side of one call (fused op, %s): every check with its pointer attribute queries "
-                    "and no launch %s us; the call with its launch recorded into a graph capture %s us "
-                    "(these swing with the host's load)." % (
-                        date_text(run["date"]), num(run["host_check_us"], 2), num(run["host_capture_us"], 2)))
-    return "\n".join(text)
+    hot = {(r["config"], r["T"], r["H"]): r for r in records(runs, "cuda_bench", mode="hot")}
+
+    def cell(r):
+        if r["T"] > DECODE_T and r.get("floor_pct") is not None:
+            return "%.2f (%s)" % (r["us"], pct(r["floor_pct"]))
+        h = hot.get((r["config"], r["T"], r["H"]))
+        return "%.2f" % r["us"] + (" / %.2f" % h["us"] if h else "")
+    prefill = [r["T"] for r in recs if r["T"] > DECODE_T]
+    text = section(runs, "cuda_bench", recs, "Microseconds per call, K = 8, H = %d unless named. Up to T = %d: "
+                   "cold / hot (hot: one buffer set every call, found in L2, as when the expert GEMM has just "
+                   "written the inputs)." % (HEAD_H, DECODE_T) + (
+                       " From T = %d: cold, and in parentheses the share of the copy floor that the call reaches "
+                       "(its bytes at the copy bandwidth over its time)." % min(prefill) if prefill else ""),
+                   grid("configuration", recs, lambda r: r["config"], cell), sep="\n\n")
+    for run in [run for run in runs["cuda_bench"] if "host_check_us" in run] if recs else []:
+        text += ("\n\nHost side of one call (fused op, %s): every check with its pointer attribute queries "
+                 "and no launch %s us; the call with its launch recorded into a graph capture %s us "
+                 "(these swing with the host's load)." % (
+                     date_text(run["date"]), num(run["host_check_us"], 2), num(run["host_capture_us"], 2)))
+    return text
 
 
 TC_OPS = ["fused", "finalize", "nrn"]  # torch_compare's order of operations
 
 
+def tc_order(label):
+    op = label.split()[0]
+    return TC_OPS.index(op) if op in TC_OPS else len(TC_OPS)
+
+
 def sec_torch_compare(runs):
     recs = records(runs, "torch_compare", mode="cold")
-    if not recs:
-        return "(no `torch_compare` JSON in docs/perf/)"
-    shapes = shape_columns(recs)
-    cells = {(r["op"], r["config"], r["T"], r["H"]): r for r in recs}
-    rows = []
-    order = ordered((r["op"], r["config"]) for r in recs)
-    for op, cfg in sorted(order, key=lambda oc: (TC_OPS.index(oc[0]) if oc[0] in TC_OPS else len(TC_OPS))):
-        row = ["%s %s" % (op, cfg)]
-        for t, h in shapes:
-            r = cells.get((op, cfg, t, h))
-            row.append("-" if r is None else "%.2fx" % r["ratio"])
-        rows.append(row)
-    text = ["- " + provenance(run, "perf/") for run in runs["torch_compare"]]
-    text.append("")
-    text.append("torch.compile's time over beammoe's (above 1: beammoe is faster), cold buffers, K = 8, "
-                "H = %d unless named; both times and beammoe's share of the copy floor are in the JSON "
-                "and the plot." % HEAD_H)
-    text.append("")
-    text.append(md_table(["configuration"] + [shape_label(t, h) for t, h in shapes], rows,
-                         ["l"] + ["r"] * len(shapes)))
-    return "\n".join(text)
+    return section(runs, "torch_compare", recs,
+                   "torch.compile's time over beammoe's (above 1: beammoe is faster), cold buffers, K = 8, "
+                   "H = %d unless named; both times and beammoe's share of the copy floor are in the JSON "
+                   "and the plot." % HEAD_H,
+                   grid("configuration", recs, lambda r: "%s %s" % (r["op"], r["config"]),
+                        lambda r: "%.2fx" % r["ratio"], order=tc_order), bullet="- ")
 
 
 def sec_fp8_compare(runs):
     recs = records(runs, "fp8_compare")
-    if not recs:
-        return "(no `fp8_compare` JSON in docs/perf/)"
-    shapes = shape_columns(recs)
-    cells = {(r["config"], r["form"], r["mode"], r["T"], r["H"]): r for r in recs}
-    rows = []
-    for cfg, form, mode in ordered((r["config"], r["form"], r["mode"]) for r in recs):
-        row = ["%s, %s%s" % (cfg, form, "" if mode == "cold" else ", " + mode)]
-        for t, h in shapes:
-            r = cells.get((cfg, form, mode, t, h))
-            row.append("-" if r is None else "%.2f (%.2fx, %.2fx)" % (r["us"], r["ratio_bf16"], r["ratio_quant"]))
-        rows.append(row)
-    text = [provenance(run, "perf/") for run in runs["fp8_compare"]]
     differ = ["%s %s T = %d, H = %d" % (r["config"], r["form"], r["T"], r["H"]) for r in recs
               if r.get("check") != "agree"]
-    text.append("")
-    text.append("Microseconds per call of the quantized form (normalized written only quantized), cold "
-                "buffers, K = 8, H = %d unless named; in parentheses the BF16 call's time over it (1.00x or "
-                "more: no slower than writing BF16) and the time of the BF16 call followed by a "
-                "torch.compile'd quantization over it. %s" % (
-                    HEAD_H, "Every row's quantized bits equal the quantize-afterwards bits." if not differ
-                    else "The bits **differ** from quantizing afterwards in: %s." % "; ".join(differ)))
-    text.append("")
-    text.append(md_table(["op, form"] + [shape_label(t, h) for t, h in shapes], rows, ["l"] + ["r"] * len(shapes)))
-    return "\n".join(text)
+    return section(runs, "fp8_compare", recs,
+                   "Microseconds per call of the quantized form (normalized written only quantized), cold "
+                   "buffers, K = 8, H = %d unless named; in parentheses the BF16 call's time over it (1.00x or "
+                   "more: no slower than writing BF16) and the time of the BF16 call followed by a "
+                   "torch.compile'd quantization over it. %s" % (
+                       HEAD_H, "Every row's quantized bits equal the quantize-afterwards bits." if not differ
+                       else "The bits **differ** from quantizing afterwards in: %s." % "; ".join(differ)),
+                   grid("op, form", recs, lambda r: "%s, %s%s" % (r["config"], r["form"], "" if r["mode"] == "cold"
+                                                                 else ", " + r["mode"]),
+                        lambda r: "%.2f (%.2fx, %.2fx)" % (r["us"], r["ratio_bf16"], r["ratio_quant"])))
 
 
 def sec_cpu_bench(runs):
     recs = records(runs, "cpu_bench")
-    if not recs:
-        return "(no `cpu_bench` JSON in docs/perf/)"
-    ts = sorted({r["T"] for r in recs})
-    cells = {(r["config"], r["T"]): r for r in recs}
-    rows = []
-    for cfg in ordered(r["config"] for r in recs):
-        row = [cfg]
-        for t in ts:
-            r = cells.get((cfg, t))
-            row.append("-" if r is None else "%.1f (%s)" % (r["us"], pct(r["floor_pct"])))
-        row.append(" / ".join(ordered(cells[(cfg, t)].get("path", "") for t in ts if (cfg, t) in cells)))
-        rows.append(row)
-    text = [provenance(run, "perf/") for run in runs["cpu_bench"]]
-    text.append("")
-    text.append("Median microseconds per call, K = 8, H = 7168, cold inputs; in parentheses the share of "
-                "the memcpy bandwidth measured around that row's own calls (above 100% is possible: these "
-                "operations are mostly reads, and plain loads can outrun `memcpy`).")
-    text.append("")
-    text.append(md_table(["configuration"] + ["T = %d" % t for t in ts] + ["row kernels"], rows,
-                         ["l"] + ["r"] * len(ts) + ["l"]))
-    return "\n".join(text)
+    paths = {}
+    for r in sorted(recs, key=lambda r: r["T"]):
+        paths.setdefault(r["config"], []).append(r.get("path", ""))
+    return section(runs, "cpu_bench", recs,
+                   "Median microseconds per call, K = 8, H = 7168, cold inputs; in parentheses the share of "
+                   "the memcpy bandwidth measured around that row's own calls (above 100% is possible: these "
+                   "operations are mostly reads, and plain loads can outrun `memcpy`).",
+                   grid("configuration", recs, lambda r: r["config"],  # every H is CPU_H = HEAD_H
+                        lambda r: "%.1f (%s)" % (r["us"], pct(r["floor_pct"])),
+                        last=("row kernels", lambda c: " / ".join(ordered(paths[c])))))
 
 
 # (label, cuda_bench configuration, torch_compare (op, configuration))
@@ -298,20 +258,12 @@ def sec_headline(runs):
     cb = {(r["config"], r["T"]): r for r in records(runs, "cuda_bench", mode="cold", H=HEAD_H)}
     rows = []
     for label, cfg, tc in HEADLINE:
-        row = [label]
-        for t in HEAD_DECODE:
-            row.append("%.2f us" % cb[(cfg, t)]["us"] if (cfg, t) in cb else "-")
-        for t in HEAD_PREFILL:
-            r = cb.get((cfg, t))
-            row.append(pct(r["floor_pct"]) if r and r.get("floor_pct") is not None else "-")
         tcr = records(runs, "torch_compare", op=tc[0], config=tc[1], mode="cold", H=HEAD_H) if tc else []
-        if tcr:
-            lo, hi = min(r["ratio"] for r in tcr), max(r["ratio"] for r in tcr)
-            ts = sorted(r["T"] for r in tcr)
-            row.append("%.2fx to %.2fx (T = %d to %d)" % (lo, hi, ts[0], ts[-1]))
-        else:
-            row.append("-")
-        rows.append(row)
+        rows.append([label] + ["%.2f us" % cb[(cfg, t)]["us"] if (cfg, t) in cb else "-" for t in HEAD_DECODE] + [
+            pct(cb[(cfg, t)]["floor_pct"]) if cb.get((cfg, t), {}).get("floor_pct") is not None else "-"
+            for t in HEAD_PREFILL] + ["%.2fx to %.2fx (T = %d to %d)" % (
+                min(r["ratio"] for r in tcr), max(r["ratio"] for r in tcr), min(r["T"] for r in tcr),
+                max(r["T"] for r in tcr)) if tcr else "-"])
     prose = []
     text = [md_table(["one H200, K = 8, H = %d" % HEAD_H] + ["T = %d" % t for t in HEAD_DECODE] +
                      ["T = %d, of the copy floor" % t for t in HEAD_PREFILL] + ["torch.compile / beammoe"],
@@ -340,28 +292,23 @@ MARK = re.compile(r"<!-- perf-report:(begin|end) ([a-z0-9-]+) -->")
 
 def fill(text, gens, runs, where):
     """text with every marked section replaced by its generated form."""
-    out, pos, found = [], 0, set()
+    out, pos, found = [], 0, []
     marks = list(MARK.finditer(text))
-    i = 0
-    while i < len(marks):
-        b = marks[i]
-        if b.group(1) != "begin" or i + 1 >= len(marks) or marks[i + 1].group(1) != "end" \
-                or marks[i + 1].group(2) != b.group(2):
+    for b, e in zip(marks[::2], marks[1::2] + [None]):
+        if b.group(1) != "begin" or e is None or e.group(1) != "end" or e.group(2) != b.group(2):
             raise Fail("%s: perf-report marker '%s' without its pair" % (where, b.group(0)))
         name = b.group(2)
         if name not in gens:
             raise Fail("%s: no section named %s (known: %s)" % (where, name, ", ".join(sorted(gens))))
         if name in found:
             raise Fail("%s: section %s twice" % (where, name))
-        found.add(name)
+        found.append(name)
         out += [text[pos:b.end()], "\n", gens[name](runs), "\n"]
-        pos = marks[i + 1].start()
-        i += 2
-    missing = sorted(set(gens) - found)
+        pos = e.start()
+    missing = sorted(set(gens) - set(found))
     if missing:
         raise Fail("%s: no markers for %s" % (where, ", ".join(missing)))
-    out.append(text[pos:])
-    return "".join(out)
+    return "".join(out + [text[pos:]])
 
 
 # ---- SVG plots ---------------------------------------------------------------------
@@ -416,6 +363,8 @@ def svg(title, subtitle, panels, ylabel, key=None):
     top = 42 + 16 * len(head)
     height = top + MT + PH + MB + nleg * LEG + 16
     f = lambda v: "%.1f" % v  # noqa: E731
+    dash = lambda s: ' stroke-dasharray="6 4"' if s.get("dash") else ""  # noqa: E731
+    grid_line = '<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e0e0e0"/>'
     o = ['<?xml version="1.0" encoding="UTF-8"?>',
          '<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" '
          'font-family="DejaVu Sans, Arial, sans-serif" font-size="12">' % (width, height, width, height),
@@ -428,54 +377,49 @@ def svg(title, subtitle, panels, ylabel, key=None):
         x0, y0 = pi * pw_all + ML, top + MT
         X = lambda v: x0 + (math.log(v) - lx0) / (lx1 - lx0) * PW  # noqa: E731
         Y = lambda v: y0 + PH - v / ytop * PH  # noqa: E731
-        o.append('<g>')
-        o.append('<text x="%s" y="%s" font-weight="bold">%s</text>' % (f(x0), f(y0 - 10), esc(ptitle)))
-        o.append('<rect x="%s" y="%s" width="%d" height="%d" fill="none" stroke="#999999"/>' % (
-            f(x0), f(y0), PW, PH))
+        o += ['<g>', '<text x="%s" y="%s" font-weight="bold">%s</text>' % (f(x0), f(y0 - 10), esc(ptitle)),
+              '<rect x="%s" y="%s" width="%d" height="%d" fill="none" stroke="#999999"/>' % (f(x0), f(y0), PW, PH)]
         k = 0
         while k * step <= ytop + 1e-9:
             v = k * step
-            o.append('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e0e0e0"/>' % (f(x0), f(Y(v)), f(x0 + PW),
-                                                                              f(Y(v))))
-            o.append('<text x="%s" y="%s" text-anchor="end">%s</text>' % (f(x0 - 6), f(Y(v) + 4), num(v, 2)))
+            o += [grid_line % (f(x0), f(Y(v)), f(x0 + PW), f(Y(v))),
+                  '<text x="%s" y="%s" text-anchor="end">%s</text>' % (f(x0 - 6), f(Y(v) + 4), num(v, 2))]
             k += 1
         for x in xs:
-            o.append('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e0e0e0"/>' % (f(X(x)), f(y0), f(X(x)),
-                                                                              f(y0 + PH)))
-            o.append('<text x="%s" y="%s" text-anchor="middle">%d</text>' % (f(X(x)), f(y0 + PH + 16), x))
-        o.append('<text x="%s" y="%s" text-anchor="middle">tokens T (log scale)</text>' % (
-            f(x0 + PW / 2), f(y0 + PH + 34)))
-        o.append('<text transform="translate(%s %s) rotate(-90)" text-anchor="middle">%s</text>' % (
-            f(x0 - 46), f(y0 + PH / 2), esc(ylabel)))
+            o += [grid_line % (f(X(x)), f(y0), f(X(x)), f(y0 + PH)),
+                  '<text x="%s" y="%s" text-anchor="middle">%d</text>' % (f(X(x)), f(y0 + PH + 16), x)]
+        o += ['<text x="%s" y="%s" text-anchor="middle">tokens T (log scale)</text>' % (
+            f(x0 + PW / 2), f(y0 + PH + 34)), '<text transform="translate(%s %s) rotate(-90)" '
+            'text-anchor="middle">%s</text>' % (f(x0 - 46), f(y0 + PH / 2), esc(ylabel))]
         for s in series:
             pts = sorted(s["points"])
-            dash = ' stroke-dasharray="6 4"' if s.get("dash") else ""
             o.append('<polyline fill="none" stroke="%s" stroke-width="2"%s points="%s"><title>%s</title>'
-                     '</polyline>' % (s["color"], dash, " ".join("%s,%s" % (f(X(x)), f(Y(y))) for x, y in pts),
+                     '</polyline>' % (s["color"], dash(s), " ".join("%s,%s" % (f(X(x)), f(Y(y))) for x, y in pts),
                                       esc(s["label"])))
             for x, y in pts:
                 o.append('<circle cx="%s" cy="%s" r="3" fill="%s"><title>%s, T = %d: %s</title></circle>' % (
                     f(X(x)), f(Y(y)), s["color"], esc(s["label"]), x, num(y, 2)))
         ly = y0 + PH + MB + 4
         for s in (s for s in series if s.get("legend", True)):
-            dash = ' stroke-dasharray="6 4"' if s.get("dash") else ""
-            o.append('<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="2"%s/>' % (
-                f(x0), f(ly - 4), f(x0 + 24), f(ly - 4), s["color"], dash))
-            o.append('<text x="%s" y="%s">%s</text>' % (f(x0 + 30), f(ly), esc(s["label"])))
+            o += ['<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="2"%s/>' % (
+                f(x0), f(ly - 4), f(x0 + 24), f(ly - 4), s["color"], dash(s)),
+                '<text x="%s" y="%s">%s</text>' % (f(x0 + 30), f(ly), esc(s["label"]))]
             ly += LEG
         o.append('</g>')
     o.append('</svg>')
     return "\n".join(o) + "\n"
 
 
-def by_op(recs, groups):
-    """[(panel title, [configurations])] for the op groups that have records."""
-    out = []
-    for title, ops in groups:
-        cfgs = ordered(r["config"] for r in recs if r["op"] in ops)
-        if cfgs:
-            out.append((title, cfgs))
-    return out
+def by_op(recs):
+    """[(panel title, its records, their configurations)] for the op groups of CUDA_GROUPS that have records."""
+    groups = [(title, [r for r in recs if r["op"] in ops]) for title, ops in CUDA_GROUPS]
+    return [(title, rs, ordered(r["config"] for r in rs)) for title, rs in groups if rs]
+
+
+def lines(recs, cfgs, y=lambda r: r["floor_pct"], suffix="", **kw):
+    """A series per configuration (its records' (T, y)), coloured by its place in cfgs."""
+    return [dict(label=c + suffix, color=PALETTE[i % len(PALETTE)], points=[
+        (r["T"], y(r)) for r in recs if r["config"] == c], **kw) for i, c in enumerate(cfgs)]
 
 
 def run_line(rs):
@@ -488,67 +432,42 @@ CUDA_GROUPS = [("finalize", ("finalize",)), ("norm_residual_norm", ("nrn",)), ("
 
 def plot_cuda_floor(runs):
     recs = records(runs, "cuda_bench", mode="cold", H=HEAD_H)
-    if not recs:
-        return None
-    panels = []
-    for title, cfgs in by_op(recs, CUDA_GROUPS):
-        panels.append((title, [dict(label=c, color=PALETTE[i % len(PALETTE)], points=[
-            (r["T"], r["floor_pct"]) for r in recs if r["config"] == c]) for i, c in enumerate(cfgs)]))
-    return svg("beammoe on one GPU: share of the copy floor", "bench/cuda_bench, H = %d, K = 8, cold buffers; "
-               % HEAD_H + run_line(runs["cuda_bench"]), panels, "% of the copy floor")
+    return recs and svg("beammoe on one GPU: share of the copy floor", "bench/cuda_bench, H = %d, K = 8, cold "
+                        "buffers; " % HEAD_H + run_line(runs["cuda_bench"]),
+                        [(title, lines(recs, cfgs)) for title, _, cfgs in by_op(recs)], "% of the copy floor")
+
+
+def solid_dashed(solid, dashed):
+    """Each configuration's solid series, then its dashed one (of the same colour): those with points."""
+    return [s for pair in zip(solid, dashed) for s in pair if s["points"]]
 
 
 def plot_torch_floor(runs):
     recs = records(runs, "torch_compare", mode="cold", H=HEAD_H)
-    if not recs:
-        return None
-    panels = []
-    for title, ops in CUDA_GROUPS:
-        cfgs = ordered(r["config"] for r in recs if r["op"] in ops)
-        series = []
-        for i, c in enumerate(cfgs):
-            rs = [r for r in recs if r["op"] in ops and r["config"] == c]
-            color = PALETTE[i % len(PALETTE)]
-            series.append(dict(label=c, color=color, points=[(r["T"], r["floor_pct"]) for r in rs]))
-            series.append(dict(label=c + ", torch.compile", color=color, dash=True, legend=False, points=[
-                (r["T"], r["floor_pct"] * r["us"] / r["compiled_us"]) for r in rs]))
-        if series:
-            panels.append((title, series))
-    return svg("beammoe beside torch.compile: share of the copy floor",
-               "bench/torch_compare.py, H = %d, K = 8, cold buffers, one process; " % HEAD_H
-               + run_line(runs["torch_compare"]), panels, "% of the copy floor",
-               key="solid: beammoe; dashed, same colour: torch.compile of the reference")
+    panels = [(title, solid_dashed(lines(rs, cfgs), lines(
+        rs, cfgs, lambda r: r["floor_pct"] * r["us"] / r["compiled_us"], ", torch.compile", dash=True, legend=False)))
+        for title, rs, cfgs in by_op(recs)]
+    return recs and svg("beammoe beside torch.compile: share of the copy floor",
+                        "bench/torch_compare.py, H = %d, K = 8, cold buffers, one process; " % HEAD_H
+                        + run_line(runs["torch_compare"]), panels, "% of the copy floor",
+                        key="solid: beammoe; dashed, same colour: torch.compile of the reference")
 
 
 def plot_decode(runs):
     recs = [r for r in records(runs, "cuda_bench", H=HEAD_H) if r["T"] <= DECODE_T]
-    if not recs:
-        return None
-    panels = []
-    for title, cfgs in by_op(recs, CUDA_GROUPS):
-        series = []
-        for i, c in enumerate(cfgs):
-            color = PALETTE[i % len(PALETTE)]
-            for mode in ("cold", "hot"):
-                pts = [(r["T"], r["us"]) for r in recs if r["config"] == c and r["mode"] == mode]
-                if pts:
-                    series.append(dict(label=c if mode == "cold" else c + ", hot", color=color,
-                                       dash=mode == "hot", legend=mode == "cold", points=pts))
-        panels.append((title, series))
-    return svg("Decode latency per call", "bench/cuda_bench, H = %d, K = 8, CUDA graph replays; " % HEAD_H
-               + run_line(runs["cuda_bench"]), panels, "microseconds per call",
-               key="solid: cold buffers; dashed, same colour: hot (inputs in L2)")
+    cold, hot = ([r for r in recs if r["mode"] == mode] for mode in ("cold", "hot"))
+    panels = [(title, solid_dashed(lines(cold, cfgs, lambda r: r["us"]), lines(
+        hot, cfgs, lambda r: r["us"], ", hot", dash=True, legend=False))) for title, _, cfgs in by_op(recs)]
+    return recs and svg("Decode latency per call", "bench/cuda_bench, H = %d, K = 8, CUDA graph replays; "
+                        % HEAD_H + run_line(runs["cuda_bench"]), panels, "microseconds per call",
+                        key="solid: cold buffers; dashed, same colour: hot (inputs in L2)")
 
 
 def plot_cpu(runs):
     recs = records(runs, "cpu_bench")
-    if not recs:
-        return None
-    cfgs = ordered(r["config"] for r in recs)
-    series = [dict(label=c, color=PALETTE[i % len(PALETTE)], points=[
-        (r["T"], r["floor_pct"]) for r in recs if r["config"] == c]) for i, c in enumerate(cfgs)]
-    return svg("CPU backend: share of memcpy", "tools/beammoe bench, H = 7168, K = 8, cold inputs; "
-               + run_line(runs["cpu_bench"]), [("every configuration", series)], "% of memcpy")
+    return recs and svg("CPU backend: share of memcpy", "tools/beammoe bench, H = 7168, K = 8, cold inputs; "
+                        + run_line(runs["cpu_bench"]), [("every configuration", lines(
+                            recs, ordered(r["config"] for r in recs)))], "% of memcpy")
 
 
 PLOTS = {"docs/perf/floor-vs-torch-compile.svg": plot_torch_floor, "docs/perf/floor.svg": plot_cuda_floor,
@@ -623,7 +542,7 @@ def generate(root):
         out[rel] = fill(text, gens, runs, rel)
     for rel, plot in PLOTS.items():
         doc = plot(runs)
-        if doc is not None:
+        if doc:
             out[rel] = doc
     return out
 
