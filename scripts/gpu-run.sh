@@ -106,8 +106,8 @@ for part in "$@"; do
         "$B/bin/test_gather_group" || exit 1
 done'
 export SAN B
-step group-memcheck group-memcheck.log sh -c "$sanitize_group" sh memcheck unfused bad mismatch concurrent wrap
-step group-racecheck group-racecheck.log sh -c "$sanitize_group" sh racecheck unfused bad mismatch concurrent wrap
+step group-memcheck group-memcheck.log sh -c "$sanitize_group" sh memcheck bad mismatch concurrent wrap
+step group-racecheck group-racecheck.log sh -c "$sanitize_group" sh racecheck bad mismatch concurrent wrap
 step bench bench.txt "$B/bin/cuda_bench"
 if python3 -c 'import torch' >/dev/null 2>&1; then
     BEAMMOE_LIBRARY=$B/lib/libbeammoe.so
