@@ -15,14 +15,13 @@ EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/setup.py python/
 	python/beammoe/_torch_ops.py python/beammoe/ops.py python/beammoe/workspace.py python/beammoe/audit.py \
 	python/beammoe/_pgather.py python/beammoe/_prepared.py python/beammoe/_calls.py python/beammoe/_checks.py \
 	python/beammoe/quant.py python/beammoe/fp8.py \
-	python/tests/conftest.py python/tests/reference.py python/tests/_gather_worker.py python/tests/_pg_worker.py \
-	python/tests/test_finalize.py python/tests/test_fused.py python/tests/test_errors.py \
+	python/tests/conftest.py python/tests/reference.py python/tests/_pg_worker.py \
+	python/tests/test_fused.py python/tests/test_errors.py \
 	python/tests/test_gather_cpu.py python/tests/test_workspace_plumbing.py \
-	python/tests/test_cuda.py python/tests/test_cuda_gather.py python/tests/test_audit_file.py \
+	python/tests/test_cuda.py python/tests/test_audit_file.py \
 	python/tests/test_reference_semantics.py python/tests/test_arguments.py python/tests/test_torch_ops.py \
 	python/tests/test_loading.py python/tests/test_gather_process_group.py python/tests/test_reference_cases.py \
 	python/tests/test_prepared.py python/tests/test_prototypes.py python/tests/test_fp8.py \
-	python/tests/test_gather_fp8.py python/tests/test_nvfp4.py python/tests/test_bench_fp8_compare.py \
-	python/tests/test_gather_faults.py python/tests/_pg_faults.py \
+	python/tests/test_gather_fp8.py python/tests/test_bench_fp8_compare.py \
 	bench/python_overhead.py bench/torch_compare.py bench/fp8_compare.py bench/gemm_pair.py \
 	bench/fp8_vllm_diff.py

@@ -86,6 +86,15 @@ def random_bf16(gen, *shape, scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(BF16)
 
 
+def layer(gen, tokens, top_k, hidden, capacity=None, scale=2.0, specials=True):
+    """A layer's inputs: (expert results, weights) of `capacity` tokens (default
+    max(tokens, 1); given, the rows past `tokens` are NaN), a residual of
+    `tokens` rows (randn * scale), a post and a next norm weight."""
+    g, w = random_case(gen, capacity or max(tokens, 1), top_k, hidden, tokens=tokens if capacity else None,
+                       specials=specials)
+    return g, w, random_bf16(gen, tokens, hidden, scale=scale), random_bf16(gen, hidden), random_bf16(gen, hidden)
+
+
 def rmsnorm_spec(v, weight, eps):
     """The RMSNorm of docs/numerics.md with its tree order, written with elementwise torch
     ops on FP32 (chunks of 8 summed in order, then strided halving), as an

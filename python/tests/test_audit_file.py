@@ -14,7 +14,7 @@ import torch
 
 import beammoe
 from beammoe import audit
-from reference import BF16, random_bf16, random_case
+from reference import BF16, layer, random_case
 
 _pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(beammoe.__file__)))  # the package under test
 
@@ -66,12 +66,9 @@ def save_file(path, tensors, metadata=None):
 
 def fused_file(gen, path):
     """A fused problem with an unused tensor; hidden and normalized from the library."""
-    tokens, top_k, hidden = 6, 4, 256
-    g, w = random_case(gen, tokens, top_k, hidden, specials=True)
-    residual = random_bf16(gen, tokens, hidden, scale=2.0)
-    pw, nw = random_bf16(gen, hidden), random_bf16(gen, hidden)
+    g, w, residual, pw, nw = layer(gen, 6, 4, 256)
     h, n = beammoe.beam_moe_finalize_norm_residual_norm(
-        beammoe.MoEOutput(g, w, tokens), residual.clone(), pw, 1e-6, nw, 1e-5, (0.5, 2.0), 1.5)
+        beammoe.MoEOutput(g, w, 6), residual.clone(), pw, 1e-6, nw, 1e-5, (0.5, 2.0), 1.5)
     t = {"expert_outputs": g, "expert_weights": w, "residual": residual, "post_norm_weight": pw,
          "next_norm_weight": nw, "hidden": h, "normalized": n, "extra": torch.randn(2, generator=gen)}
     meta = {"routed_scale": "1.5", "post_eps": "1e-6", "next_eps": "1e-5", "scales": "0.5,2"}

@@ -4,17 +4,10 @@ import pytest
 import torch
 
 import beammoe
-from conftest import cuda_backend_skip_reason
-from reference import BF16, assert_bits_equal, random_bf16, random_case
+from conftest import needs_cuda, run_ranks
+from reference import BF16, assert_bits_equal, layer, random_bf16, random_case
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
-
-
-@pytest.fixture(autouse=True)
-def cuda_backend():
-    why = cuda_backend_skip_reason()
-    if why:
-        pytest.skip(why)
+pytestmark = needs_cuda
 
 
 def _cuda(*ts):
@@ -41,10 +34,7 @@ def test_finalize_cuda_vs_cpu(gen, capacity, live, top_k, hidden, post):
 @pytest.mark.parametrize("scales", [None, (0.5, 2.0)])
 @pytest.mark.parametrize("inplace", [False, True])
 def test_fused_cuda_vs_cpu(gen, tokens, strategy, scales, inplace):
-    top_k, hidden = 8, 4096
-    g, w = random_case(gen, tokens + 3, top_k, hidden, tokens=tokens, specials=True)
-    residual = random_bf16(gen, tokens, hidden, scale=3.0)
-    pw, nw = random_bf16(gen, hidden), random_bf16(gen, hidden)
+    g, w, residual, pw, nw = layer(gen, tokens, 8, 4096, capacity=tokens + 3, scale=3.0)
     want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(
         beammoe.MoEOutput(g, w, tokens), residual.clone(), pw, 1e-6, nw, 1e-5, scales, 1.25)
     gc, wc, rc, pwc, nwc = _cuda(g, w, residual, pw, nw)
@@ -114,32 +104,17 @@ def test_tensors_on_another_device(gen):
 def test_threads_on_both_backends(gen):
     """Threads calling with CPU and CUDA tensors at once: each call runs on
     its own device's backend library, with no process-wide switch."""
-    import threading
-
     g, w = random_case(gen, 256, 8, 4096)
     want = beammoe.beam_moe_finalize(g, w, torch.empty(256, 4096, dtype=BF16))
-    gc, wc = _cuda(g, w)
-    errors = []
+    ins = {"cuda": _cuda(g, w), "cpu": (g, w)}
 
-    def body(use_cuda):
-        try:
-            for _ in range(20):
-                if use_cuda:
-                    out = torch.empty(256, 4096, dtype=BF16, device="cuda")
-                    beammoe.beam_moe_finalize(gc, wc, out)
-                else:
-                    out = torch.empty(256, 4096, dtype=BF16)
-                    beammoe.beam_moe_finalize(g, w, out)
-                assert_bits_equal(out, want, "cuda" if use_cuda else "cpu")
-        except BaseException as e:
-            errors.append(e)
+    def body(i):
+        dev = "cuda" if i % 2 == 0 else "cpu"
+        for _ in range(20):
+            out = beammoe.beam_moe_finalize(*ins[dev], torch.empty(256, 4096, dtype=BF16, device=dev))
+            assert_bits_equal(out, want, dev)
 
-    ts = [threading.Thread(target=body, args=(i % 2 == 0,)) for i in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors[0]
+    run_ranks(4, body)
 
 
 def test_cuda_tensors_with_cpu_workspace(gen):
@@ -153,10 +128,7 @@ def test_cuda_tensors_with_cpu_workspace(gen):
 
 @pytest.mark.parametrize("inplace", [False, True])
 def test_prepared_call_cuda_vs_cpu(gen, inplace):
-    tokens, top_k, hidden = 9, 8, 2048
-    g, w = random_case(gen, tokens, top_k, hidden, specials=True)
-    residual = random_bf16(gen, tokens, hidden, scale=3.0)
-    pw, nw = random_bf16(gen, hidden), random_bf16(gen, hidden)
+    g, w, residual, pw, nw = layer(gen, 9, 8, 2048, scale=3.0)
     want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(
         beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, (0.5, 2.0), 1.25)
     gc, wc, rc, pwc, nwc = _cuda(g, w, residual, pw, nw)

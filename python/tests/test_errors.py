@@ -8,10 +8,7 @@ import torch
 
 import beammoe
 from beammoe import _errors, _lib
-from reference import BF16, random_bf16, random_case
-
-FN = "beam_moe_finalize"
-FUSED = "beam_moe_finalize_norm_residual_norm"
+from reference import BF16, random_case
 
 
 @pytest.fixture
@@ -24,73 +21,51 @@ def _untouched(out):
     assert torch.equal(out, torch.full_like(out, 2.0)), "an output was written by a failing call"
 
 
-# ---- Python-level checks (our messages) ------------------------------------
+def _fused(g, w, r, *args, **kw):
+    return beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, *(args or (None,) * 5), **kw)
 
-def test_not_a_tensor(case):
+
+F, ONES = beammoe.beam_moe_finalize, torch.ones(256, dtype=BF16)
+
+# calls on the case's (g, w, out); out is left as it was. Python's own checks (our messages), then rules the
+# library checks (its own message). The strategy's type and three scales: test_arguments.py
+REFUSED = [
+    (lambda g, w, o: F([1, 2], w, o), TypeError, r"beam_moe_finalize: expert_outputs must be a torch.Tensor, got list"),
+    (lambda g, w, o: F(g.half(), w, o), TypeError, r"expert_outputs must have dtype torch.bfloat16, got torch.float16"),
+    (lambda g, w, o: F(g, w.to(BF16), o), TypeError,
+     r"expert_weights must have dtype torch.float32, got torch.bfloat16"),
+    (lambda g, w, o: F(g, w, o.float()), TypeError, r"output must have dtype torch.bfloat16"),
+    (lambda g, w, o: F(g, w, torch.empty(4, 512, dtype=BF16)[:, ::2]), ValueError, r"output must be contiguous"),
+    (lambda g, w, o: F(g, torch.rand(2, 4).t(), o), ValueError, r"expert_weights must be contiguous"),
+    (lambda g, w, o: F(g[:7], w, o), ValueError, r"expert_outputs has shape \(7, 256\).*capacity \* top_k = 8"),
+    (lambda g, w, o: F(g, w, torch.empty(4, 512, dtype=BF16)), ValueError,
+     r"output has shape \(4, 512\) but the expert outputs have hidden=256"),
+    (lambda g, w, o: F(g, w.view(-1), o), ValueError, r"expert_weights must have 2 dimensions"),
+    (lambda g, w, o: F(g, w, o, 1.0, torch.ones(512, dtype=BF16), 1e-6), ValueError,
+     r"post_weight must have shape \(256,\), got \(512,\)"),
+    (lambda g, w, o: F(g, w, o, 1.0, ONES, None), ValueError, r"post_weight is given but post_eps is None"),
+    (lambda g, w, o: _fused(g, w, o, strategy="bogus"), ValueError, r"strategy='bogus': unknown strategy"),
+    (lambda g, w, o: beammoe.beam_moe_finalize_norm_residual_norm(g, o, None, None, None, None, None), TypeError,
+     r"x must be an unfinalized MoE output"),
+    (lambda g, w, o: _fused(g, w, o, None, None, ONES, None, None), ValueError,
+     r"next_weight is given but next_eps is None"),
+    (lambda g, w, o: _fused(g, w, torch.zeros(4, 512, dtype=BF16)), ValueError,
+     r"residual has shape \(4, 512\) but x.gemm2_permuted has hidden=256"),
+    (lambda g, w, o: F(g, w, o, 1.0, None, -1.0), ValueError, r"^beam_moe_finalize: .*eps=-1 must be finite and >= 0"),
+    (lambda g, w, o: F(g, w, o, float("nan")), ValueError, r"^beam_moe_finalize: routed_scale=nan must be finite"),
+    (lambda g, w, o: _fused(g, w, o, None, None, None, None, (1.0, float("inf"))), ValueError,
+     r"^beam_moe_finalize_norm_residual_norm: scales\[1\]=inf must be finite"),
+    (lambda g, w, o: _fused(g, w, o, None, None, None, 1e-6, None, strategy="oneshot"), ValueError,
+     r"^beam_moe_finalize_norm_residual_norm: strategy=ONESHOT: unknown strategy for this operation"),
+]
+
+
+@pytest.mark.parametrize("call,exc,msg", REFUSED)
+def test_refused(case, call, exc, msg):
     g, w, out = case
-    with pytest.raises(TypeError, match=r"beam_moe_finalize: expert_outputs must be a torch.Tensor, got list"):
-        beammoe.beam_moe_finalize([1, 2], w, out)
-
-
-def test_wrong_dtypes(case):
-    g, w, out = case
-    with pytest.raises(TypeError, match=r"expert_outputs must have dtype torch.bfloat16, got torch.float16"):
-        beammoe.beam_moe_finalize(g.half(), w, out)
-    with pytest.raises(TypeError, match=r"expert_weights must have dtype torch.float32, got torch.bfloat16"):
-        beammoe.beam_moe_finalize(g, w.to(BF16), out)
-    with pytest.raises(TypeError, match=r"output must have dtype torch.bfloat16"):
-        beammoe.beam_moe_finalize(g, w, out.float())
+    with pytest.raises(exc, match=msg):
+        call(g, w, out)
     _untouched(out)
-
-
-def test_not_contiguous(case):
-    g, w, out = case
-    wide = torch.empty(4, 512, dtype=BF16)[:, ::2]
-    with pytest.raises(ValueError, match=r"output must be contiguous"):
-        beammoe.beam_moe_finalize(g, w, wide)
-    with pytest.raises(ValueError, match=r"expert_weights must be contiguous"):
-        beammoe.beam_moe_finalize(g, torch.rand(2, 4).t(), out)
-
-
-def test_shapes_between_tensors(case):
-    g, w, out = case
-    with pytest.raises(ValueError, match=r"expert_outputs has shape \(7, 256\).*capacity \* top_k = 8"):
-        beammoe.beam_moe_finalize(g[:7], w, out)
-    with pytest.raises(ValueError, match=r"output has shape \(4, 512\) but the expert outputs have hidden=256"):
-        beammoe.beam_moe_finalize(g, w, torch.empty(4, 512, dtype=BF16))
-    with pytest.raises(ValueError, match=r"expert_weights must have 2 dimensions"):
-        beammoe.beam_moe_finalize(g, w.view(-1), out)
-    with pytest.raises(ValueError, match=r"post_weight must have shape \(256,\), got \(512,\)"):
-        beammoe.beam_moe_finalize(g, w, out, 1.0, torch.ones(512, dtype=BF16), 1e-6)
-    _untouched(out)
-
-
-def test_weight_without_eps(case):
-    g, w, out = case
-    with pytest.raises(ValueError, match=r"post_weight is given but post_eps is None"):
-        beammoe.beam_moe_finalize(g, w, out, 1.0, torch.ones(256, dtype=BF16), None)
-
-
-def test_fused_python_checks(gen):
-    g, w = random_case(gen, 4, 2, 256)
-    r = random_bf16(gen, 4, 256)
-    with pytest.raises(TypeError, match=r"x must be an unfinalized MoE output"):
-        beammoe.beam_moe_finalize_norm_residual_norm(g, r, None, None, None, None, None)
-    with pytest.raises(ValueError, match=r"strategy='bogus': unknown strategy"):
-        beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, None, None, None, None, None,
-                                                     strategy="bogus")
-    with pytest.raises(TypeError, match=r"strategy must be a string or None"):
-        beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, None, None, None, None, None,
-                                                     strategy=1)
-    with pytest.raises(ValueError, match=r"scales must be a pair of floats or None, got 3 values"):
-        beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, None, None, None, None,
-                                                     (1.0, 1.0, 1.0))
-    with pytest.raises(ValueError, match=r"next_weight is given but next_eps is None"):
-        beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, None, None,
-                                                     torch.ones(256, dtype=BF16), None, None)
-    with pytest.raises(ValueError, match=r"residual has shape \(4, 512\) but x.gemm2_permuted has hidden=256"):
-        beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), torch.zeros(4, 512, dtype=BF16),
-                                                     None, None, None, None, None)
 
 
 # ---- rules the library checks: its own message ------------------------------
@@ -117,30 +92,6 @@ def test_library_capacity_rule(case):
     with pytest.raises(ValueError, match=r"^beam_moe_finalize: capacity=4 must be >= live_tokens=5"):
         beammoe.beam_moe_finalize(g, w, out)
     _untouched(out)
-
-
-def test_library_eps_scale_rules(case, gen):
-    g, w, out = case
-    with pytest.raises(ValueError, match=r"^beam_moe_finalize: .*eps=-1 must be finite and >= 0"):
-        beammoe.beam_moe_finalize(g, w, out, 1.0, None, -1.0)
-    with pytest.raises(ValueError, match=r"^beam_moe_finalize: routed_scale=nan must be finite"):
-        beammoe.beam_moe_finalize(g, w, out, float("nan"))
-    _untouched(out)
-    r = torch.full((4, 256), 2.0, dtype=BF16)
-    with pytest.raises(ValueError, match=r"^beam_moe_finalize_norm_residual_norm: scales\[1\]=inf must be finite"):
-        beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, None, None, None, None,
-                                                     (1.0, float("inf")))
-    _untouched(r)
-
-
-def test_library_strategy_rule(case):
-    g, w, _ = case
-    r = torch.full((4, 256), 2.0, dtype=BF16)
-    with pytest.raises(ValueError, match=r"^beam_moe_finalize_norm_residual_norm: strategy=ONESHOT: unknown "
-                                         r"strategy for this operation"):
-        beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, None, None, None, 1e-6, None,
-                                                     strategy="oneshot")
-    _untouched(r)
 
 
 def test_library_overlap_rule(case):

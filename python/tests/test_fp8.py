@@ -1,33 +1,53 @@
-"""The FP8 output of normalized (beammoe.fp8) against torch's own quantization.
+"""The quantized output of normalized: FP8 (beammoe.FP8Quant) against
+torch's own quantization, NVFP4 (beammoe.NVFP4Quant) against a model of
+docs/numerics.md#nvfp4 written from its text.
 
-The reference: the plain call's BF16 normalized, quantized with torch
+The FP8 reference: the plain call's BF16 normalized, quantized with torch
 operations as docs/numerics.md#fp8 writes it (the group's or token's largest
 magnitude, the FP32 scale, the clamp, torch's conversion to float8_e4m3fn,
 which rounds to nearest even). Every form, both operations, normalized kept
 or not, in place or not, on the CPU (and CUDA where torch sees a device).
+
+The NVFP4 model (nvfp4_model): the plain call's BF16 normalized, in FP32 blocks
+of 16; the block maximum skipping NaNs; the scale code, the nearest E4M3
+value (ties to the even code) of min(g * (m * RN(1/6)), 448); os =
+g * (1 / value), each rounded to FP32 (0 for a zero scale); each value's E2M1 code, the
+nearest of the eight magnitudes with ties to the even code, saturating,
+signed, NaN -> 0x7; two codes a byte, element 2i low. The scale codes at
+the docs' tiled offsets. Rounding to a format is a search in the table of
+its values (nearest_code), not torch's conversion: the model runs on every
+torch the package supports (1.13 has no float8 dtypes), on the CPU.
+Every function (the local operations, the gather over a CPU group too,
+run by the library or in Python) against the model, bit for bit, on the
+CPU and on CUDA where torch sees a device; q and q_scales poisoned before
+the call, so that a byte not written shows, and the padding rows of
+q_scales (not written, the docs say) keep the poison. Then the shapes and
+dtypes (uint8 where torch has no float4_e2m1fn_x2 / float8_e4m3fn),
+torch.compile and the fake implementations, and the argument errors.
 """
+import ctypes
+import re
+
 import pytest
 import torch
 
 import beammoe
-from conftest import compiled_and_eager
+from beammoe import _run
+from conftest import DEVICES, FORMS, FP8, ThreadAllGather, compiled_and_eager, local_rows, needs_fp8, run_ranks
 
-FP8 = getattr(torch, "float8_e4m3fn", None)
-needs_fp8 = pytest.mark.skipif(FP8 is None, reason="torch %s has no float8_e4m3fn" % torch.__version__)
 BF16 = torch.bfloat16
 K = 4
+FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+POISON = 0xFF  # conftest.poisoned's: no scale code (never negative) is 0xFF; q bytes are compared whole anyway
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-FORMS = [
-    beammoe.FP8Quant("group", 128),
-    beammoe.FP8Quant("group", 64, ue8m0=True),
-    beammoe.FP8Quant("group", 128, column_major=True),
-    beammoe.FP8Quant("group", 64, ue8m0=True, column_major=True),
-    beammoe.FP8Quant("token"),
-    beammoe.FP8Quant("token", ue8m0=True),
-    beammoe.FP8Quant("tensor", scale=0.0125),
-]
+FP8_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# vLLM's usual 448 * 6 / amax for amax 4; 1; so small that every block's
+# scale is 0 (all zeros); so large that every scale saturates (448) and
+# most quotients overflow; the largest FP32 below 2^118
+GLOBAL_SCALES = [2688.0 / 4, 1.0, 1e-30, 3e35, float.fromhex("0x1.fffffep117")]
 
+
+# ---- the FP8 reference ----------------------------------------------------------------
 
 def pow2ceil(s):
     """The smallest power of two >= s (s > 0), by frexp (exact)."""
@@ -35,7 +55,7 @@ def pow2ceil(s):
     return torch.where(m == 0.5, s, torch.ldexp(torch.ones_like(s), e))
 
 
-def reference(normalized, quant):
+def fp8_reference(normalized, quant):
     """(q, scales) of the BF16 rows, as docs/numerics.md#fp8 writes it."""
     t, h = normalized.shape
     v = normalized.float()
@@ -62,18 +82,8 @@ def reference(normalized, quant):
     return q.view(t, h).to(FP8), s
 
 
-def inputs(t, h, dev, seed):
-    gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(t, h, generator=gen) * 2).to(BF16).to(dev)
-    r = torch.randn(t, h, generator=gen).to(BF16).to(dev)
-    g = torch.randn(t * K, h, generator=gen).to(BF16).to(dev)
-    w = torch.rand(t, K, generator=gen).softmax(-1).to(dev)
-    nw = (1 + 0.1 * torch.randn(h, generator=gen)).to(BF16).to(dev)
-    return x, r, g, w, nw
-
-
-def check(quant, q, qs, normalized):
-    want_q, want_s = reference(normalized, quant)
+def check_fp8(quant, q, qs, normalized):
+    want_q, want_s = fp8_reference(normalized, quant)
     assert q.dtype == FP8 and q.shape == normalized.shape
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     if quant.kind == "token":
@@ -87,11 +97,128 @@ def check(quant, q, qs, normalized):
     assert torch.equal(qs.view(torch.int32), want_s.view(torch.int32))
 
 
+# ---- the model of docs/numerics.md#nvfp4 ------------------------------------------------
+
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def e4m3_values():
+    """The non-negative finite E4M3 values, by code 0..0x7E: bias 7, 3
+    mantissa bits, subnormals on the grid of 2^-9 (0x7F is the NaN)."""
+    out = []
+    for code in range(0x7F):
+        e, m = code >> 3, code & 7
+        out.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+E4M3_VALUES = e4m3_values()
+
+
+def nearest_code(values, v):
+    """The code of the value in `values` (increasing, by code) nearest to v
+    (FP64 magnitudes >= 0, no NaN), ties to the even code; beyond the last,
+    the last. Exact: the midpoints of the tables' neighbours are FP64 numbers
+    and every FP32 is an FP64."""
+    hi = torch.searchsorted(values, v).clamp(max=len(values) - 1)
+    lo = (hi - 1).clamp(min=0)
+    mid = (values[lo] + values[hi]) / 2
+    even = torch.where(lo % 2 == 0, lo, hi)
+    return torch.where(v < mid, lo, torch.where(v > mid, hi, even))
+
+
+def e2m1(p):
+    """E2M1 codes of FP32 p: the nearest magnitude (saturating), p's sign
+    bit as bit 3 (a zero keeps its sign); a NaN gives 0x7."""
+    nan = torch.isnan(p)
+    mag = nearest_code(E2M1_VALUES, torch.where(nan, torch.zeros_like(p), p.abs()).double())
+    sign = (torch.signbit(p) & ~nan).long() * 8
+    return torch.where(nan, torch.full_like(mag, 7), mag | sign)
+
+
+def scale_offsets(tokens, hidden):
+    """[tokens, hidden / 16]: the byte of token t's block b in the tiled
+    layout (the docs' formula, BEAM_NVFP4_SCALE_OFFSET)."""
+    t = torch.arange(tokens, dtype=torch.int64)[:, None]
+    b = torch.arange(hidden // 16, dtype=torch.int64)[None, :]
+    return (512 * ((t // 128) * (hidden // 64) + b // 4) + 16 * (t % 32) + 4 * ((t % 128) // 32) + b % 4)
+
+
+def nvfp4_model(normalized, g):
+    """(q bytes [T, H / 2] uint8, scale codes [T, H / 16] int64) of BF16 rows."""
+    t, h = normalized.shape
+    y = normalized.cpu().float().view(t, h // 16, 16)
+    a = y.abs()
+    m = torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(-1)
+    g32 = torch.tensor(g, dtype=torch.float32)
+    c6 = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(6.0, dtype=torch.float32)
+    assert c6.item() == float.fromhex("0x1.555556p-3")
+    sv = g32 * (m * c6)  # two FP32 products, each rounded
+    sf = nearest_code(E4M3_VALUES, sv.clamp(max=448.0).double())
+    value = E4M3_VALUES[sf].float()
+    # os = RN(g * RN(1 / value)): two FP32 operations, each rounded
+    rcp = torch.tensor(1.0, dtype=torch.float32) / torch.where(sf == 0, torch.ones_like(value), value)
+    os = torch.where(sf == 0, torch.zeros_like(value), g32 * rcp)
+    c = e2m1(y * os[..., None])
+    packed = (c[..., 0::2] | (c[..., 1::2] << 4)).to(torch.uint8)
+    return packed.view(t, h // 2), sf
+
+
+def check_nvfp4(q, qs, normalized, g, poisoned=True):
+    """q and q_scales of `normalized`'s rows under global scale g: the model's
+    bits at the layout's bytes; the padding rows keep the poison."""
+    t, h = normalized.shape
+    want_q, want_sf = nvfp4_model(normalized, g)
+    rows = (t + 127) // 128 * 128
+    assert q.dtype == (FP4X2 if FP4X2 is not None else torch.uint8) and q.shape == (t, h // 2)
+    assert qs.dtype == (FP8 if FP8 is not None else torch.uint8) and qs.shape == (rows, h // 16)
+    assert q.is_contiguous() and qs.is_contiguous()
+    got_q = q.cpu().view(torch.uint8)
+    assert torch.equal(got_q, want_q), "q: %d of %d bytes differ" % (int((got_q != want_q).sum()), got_q.numel())
+    flat = qs.cpu().view(torch.uint8).reshape(-1)
+    assert flat.numel() == rows * (h // 16)  # BEAM_NVFP4_SCALE_BYTES
+    off = scale_offsets(t, h)
+    got_sf = flat[off].long()
+    assert torch.equal(got_sf, want_sf), "q_scales: %d of %d differ" % (int((got_sf != want_sf).sum()),
+                                                                        got_sf.numel())
+    if poisoned:
+        pad = torch.ones(flat.numel(), dtype=torch.bool)
+        pad[off.reshape(-1)] = False
+        assert bool((flat[pad] == POISON).all()), "q_scales: a padding byte was written"
+
+
+def inputs(t, h, dev, seed, wild=False):
+    """Random rows and a next norm weight near 1; wild: one whose blocks of 16
+    span 2^-24 to 2^8 (blocks whose scale is 0, subnormal and saturating
+    scales), with a few 0, -0, inf, -inf and NaN columns (zeros, infinities,
+    NaNs in normalized)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(t, h, generator=gen) * 2).to(BF16)
+    r = torch.randn(t, h, generator=gen).to(BF16)
+    g = torch.randn(t * K, h, generator=gen).to(BF16)
+    w = torch.rand(t, K, generator=gen).softmax(-1)
+    if not wild:
+        return tuple(v.to(dev) for v in (x, r, g, w, (1 + 0.1 * torch.randn(h, generator=gen)).to(BF16)))
+    exps = torch.randint(-24, 9, (h // 16,), generator=gen).float().repeat_interleave(16)
+    nw = torch.randn(h, generator=gen) * torch.pow(2.0, exps)
+    cols = torch.randperm(h, generator=gen)[:5]
+    nw[cols] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan")])
+    x[0, : h // 4] = 0.0  # a zero times an infinite weight: NaN
+    return tuple(v.to(dev) for v in (x, r, g, w, nw.to(BF16)))
+
+
+def same(a, b):
+    """Bit for bit (normalized holds NaNs, which torch.equal calls unequal)."""
+    return a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+
+# ---- every function against the reference or the model ---------------------------------
+
 @needs_fp8
-@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dev", FP8_DEVICES)
 @pytest.mark.parametrize("form", range(len(FORMS)))
 @pytest.mark.parametrize("t,h", [(1, 256), (7, 2048), (33, 7168)])
-def test_norm_residual_norm(dev, form, t, h):
+def test_fp8_norm_residual_norm(dev, form, t, h):
     quant = FORMS[form]
     x, r, _, _, nw = inputs(t, h, dev, 1000 * form + t)
     want_h, want_n = beammoe.beam_norm_residual_norm(x, r, nw, 1e-6, nw, 1e-5, (0.75, 1.25))
@@ -100,14 +227,14 @@ def test_norm_residual_norm(dev, form, t, h):
                                                          keep_normalized=keep)
     assert torch.equal(hid, want_h)
     assert (n is None) != keep and (n is None or torch.equal(n, want_n))
-    check(quant, q, qs, want_n)
+    check_fp8(quant, q, qs, want_n)
 
 
 @needs_fp8
-@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("dev", FP8_DEVICES)
 @pytest.mark.parametrize("strategy", ["fused", "unfused"])
 @pytest.mark.parametrize("form", range(len(FORMS)))
-def test_fused(dev, strategy, form):
+def test_fp8_fused(dev, strategy, form):
     quant = FORMS[form]
     t, h = 9, 2048
     _, r, g, w, nw = inputs(t, h, dev, 7 * form)
@@ -121,7 +248,152 @@ def test_fused(dev, strategy, form):
                                                                      inplace=inplace)
     assert n is None and torch.equal(hid, want_h)
     assert (hid is res) == inplace and torch.equal(r if not inplace else want_h, res)
-    check(quant, q, qs, want_n)
+    check_fp8(quant, q, qs, want_n)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("gi", range(len(GLOBAL_SCALES)))
+@pytest.mark.parametrize("t,h", [(1, 256), (7, 2048), (130, 7168)])
+def test_nvfp4_norm_residual_norm(poisoned, dev, gi, t, h):
+    g = GLOBAL_SCALES[gi]
+    x, r, _, _, nw = inputs(t, h, dev, 100 * gi + t, wild=True)
+    want_h, want_n = beammoe.beam_norm_residual_norm(x, r, None, None, nw, 1e-6, (0.75, 1.25))
+    keep = (t + gi) % 2 == 0
+    hid, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, (0.75, 1.25),
+                                                        quant=beammoe.NVFP4Quant(g), keep_normalized=keep)
+    assert same(hid, want_h)
+    assert (n is None) != keep and (n is None or same(n, want_n))
+    check_nvfp4(q, qs, want_n, g)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("strategy", ["fused", "unfused"])
+@pytest.mark.parametrize("gi", [0, 1, 2])
+@pytest.mark.parametrize("t", [7, 130])
+def test_nvfp4_fused(poisoned, dev, strategy, gi, t):
+    g, h = GLOBAL_SCALES[gi], 2048
+    _, r, gm, w, nw = inputs(t, h, dev, 7 * gi + t, wild=True)
+    x = beammoe.MoEOutput(gm, w)
+    want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(x, r, nw, 1e-6, nw, 1e-6, None, 2.5,
+                                                                   strategy=strategy)
+    inplace = (gi + t) % 2 == 1
+    res = r.clone()
+    hid, n, q, qs = beammoe.beam_moe_finalize_norm_residual_norm_fp8(x, res, nw, 1e-6, nw, 1e-6, None, 2.5,
+                                                                     quant=beammoe.NVFP4Quant(g), strategy=strategy,
+                                                                     inplace=inplace, keep_normalized=gi == 1)
+    assert same(hid, want_h) and (n is None) == (gi != 1)
+    assert (hid is res) == inplace and same(r if not inplace else want_h, res)
+    check_nvfp4(q, qs, want_n, g)
+
+
+@pytest.mark.parametrize("nranks", [1, 2])
+@pytest.mark.parametrize("tokens", [0, 7, 130])
+def test_nvfp4_gather(poisoned, nranks, tokens):
+    """Over a CPU group (ranks as threads): every rank's q and q_scales
+    are the model of all the gathered rows, under every strategy."""
+    g, h = 672.0, 512
+    _, r, gm, w, nw = inputs(max(tokens, 1), h, "cpu", 50 + tokens, wild=True)
+    r = r[:tokens]  # the expert rows keep a capacity of one at least
+    _, want_n = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(gm, w), r, nw, 1e-6, nw, 1e-5,
+                                                             None, 1.5)
+    quant = beammoe.NVFP4Quant(g)
+
+    def body(grp, rank):
+        lg, lw = local_rows(gm, w, tokens, nranks, rank, K, h)
+        with beammoe.Workspace.cpu(grp, rank, 256, h, moe_gather_oneshot_max_tokens=4) as ws:
+            return [beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+                beammoe.MoEOutput(lg, lw), r, nw, 1e-6, nw, 1e-5, None, ws, 1.5, quant=quant, strategy=s)
+                for s in (None, "oneshot", "twoshot", "unfused")]
+
+    with beammoe.CpuGroup(nranks) as grp:
+        results = run_ranks(nranks, lambda rank: body(grp, rank))
+    for out in results:
+        for _, n, q, qs in out:
+            assert n is None
+            check_nvfp4(q, qs, want_n, g)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3])
+@pytest.mark.parametrize("tokens", [7, 130])
+def test_nvfp4_gather_in_python(poisoned, nranks, tokens):
+    """The gathers run in Python (_pgather.py: here the UNFUSED calls with
+    the workspace's all_gather hook, over a CPU group) give the model of
+    all the gathered rows too (the library quantizes them), normalized kept
+    or not, in place or not; the process groups' in
+    test_gather_process_group.py."""
+    g, h = 672.0, 512
+    _, r, gm, w, nw = inputs(tokens, h, "cpu", 70 + tokens, wild=True)
+    want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(gm, w), r, nw, 1e-6, nw, 1e-5,
+                                                                   None, 1.5)
+    ag = ThreadAllGather(nranks)
+
+    def body(grp, rank):
+        lg, lw = local_rows(gm, w, tokens, nranks, rank, K, h)
+        out = []
+        with beammoe.Workspace.cpu(grp, rank, 256, h) as ws:
+            ws.all_gather = ag.hook_for(rank)
+            for keep in (False, True):
+                for inplace in (False, True):
+                    res = r.clone()
+                    got = beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+                        beammoe.MoEOutput(lg, lw), res, nw, 1e-6, nw, 1e-5, None, ws, 1.5,
+                        quant=beammoe.NVFP4Quant(g), strategy="unfused", keep_normalized=keep, inplace=inplace)
+                    assert (got[0] is res) == inplace and same(res, want_h if inplace else r)
+                    out.append((keep, got))
+        return out
+
+    with beammoe.CpuGroup(nranks) as grp:
+        results = run_ranks(nranks, lambda rank: body(grp, rank))
+    assert len(ag.calls) == nranks * 4 * 2  # each call through the hook: the signature, then the rows
+    for out in results:
+        for keep, (hid, n, q, qs) in out:
+            assert same(hid, want_h) and (n is None) != keep and (n is None or same(n, want_n))
+            check_nvfp4(q, qs, want_n, g)
+
+
+def test_nvfp4_gather_ranks_differ():
+    """Ranks passing different global scales all fail, naming the rule."""
+    h = 512
+    _, r, gm, w, nw = inputs(5, h, "cpu", 60, wild=True)
+
+    def body(grp, rank):
+        lg, lw = local_rows(gm, w, 5, 2, rank, K, h)
+        with beammoe.Workspace.cpu(grp, rank, 8, h, timeout_ms=5000) as ws:
+            with pytest.raises(ValueError, match=r"rank 1 and rank 0 passed different quant"):
+                beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
+                    beammoe.MoEOutput(lg, lw), r, nw, 1e-6, nw, 1e-5, None, ws, quant=beammoe.NVFP4Quant(1.0 + rank))
+
+    with beammoe.CpuGroup(2) as grp:
+        run_ranks(2, lambda rank: body(grp, rank))
+
+
+# ---- the layout and the dtypes ---------------------------------------------------------
+
+def test_offsets_are_the_blocked_layout():
+    """The docs' offsets are torch's to_blocked layout of the [T rounded up
+    to 128, H / 16] scale matrix (the 128 x 4 tiles, each (4, 32, 4)
+    transposed to (32, 4, 4)), and each byte of it once."""
+    for t, h in ((1, 256), (130, 1024), (256, 7168)):
+        rows, cols = (t + 127) // 128 * 128, h // 16
+        mat = torch.arange(rows * cols, dtype=torch.int64).view(rows, cols)
+        blocked = (mat.view(rows // 128, 128, cols // 4, 4).permute(0, 2, 1, 3).reshape(-1, 4, 32, 4)
+                   .transpose(1, 2).reshape(-1))
+        where = torch.empty_like(blocked)
+        where[blocked] = torch.arange(blocked.numel())
+        assert torch.equal(scale_offsets(t, h), where.view(rows, cols)[:t])
+
+
+def test_model_edges():
+    """The model on the docs' examples: E2M1 ties to the even code, the
+    saturation, signed zeros, NaN."""
+    p = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.5, float("inf"), -0.0, -0.1, -0.3,
+                      float("nan"), -float("nan"), 6.0, -1e30])
+    codes = e2m1(p)
+    assert codes.tolist() == [0, 2, 2, 4, 4, 6, 6, 7, 7, 8, 8, 9, 7, 7, 7, 15]
+    # the docs' examples are values: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4
+    assert E2M1_VALUES[codes[:7] & 7].tolist() == [0, 1, 1, 2, 2, 4, 4]
+    assert nearest_code(E4M3_VALUES, torch.tensor([448.0, 2.0 ** -10, 2.0 ** -10 * 3, 0.0],
+                                                  dtype=torch.float64)).tolist() == [0x7E, 0, 2, 0]
 
 
 def test_without_float8_dtype_or_with():
@@ -130,6 +402,33 @@ def test_without_float8_dtype_or_with():
     _, _, q, _ = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
                                                      quant=beammoe.FP8Quant("token"))
     assert q.dtype == (FP8 if FP8 is not None else torch.uint8)
+
+
+@pytest.mark.parametrize("have", [False, True])
+def test_dtypes_without_float4_or_float8(poisoned, monkeypatch, have):
+    """Without torch.float4_e2m1fn_x2 and torch.float8_e4m3fn (an older
+    torch), q and q_scales are uint8 tensors of the same shapes and bits."""
+    if not have:
+        monkeypatch.setattr(_run, "FP4X2", None)
+        monkeypatch.setattr(_run, "FP8", None)
+    x, r, _, _, nw = inputs(3, 512, "cpu", 4, wild=True)
+    _, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
+                                                      quant=beammoe.NVFP4Quant(1.0), keep_normalized=True)
+    assert q.dtype == (FP4X2 if have and FP4X2 is not None else torch.uint8)
+    assert qs.dtype == (FP8 if have and FP8 is not None else torch.uint8)
+    q, qs = q.view(torch.uint8), qs.view(torch.uint8)
+    want_q, want_sf = nvfp4_model(n, 1.0)
+    assert torch.equal(q, want_q) and torch.equal(qs.reshape(-1)[scale_offsets(3, 512)].long(), want_sf)
+
+
+# ---- the quant description and the argument errors -------------------------------------
+
+def test_quant_fields_and_repr():
+    quant = beammoe.NVFP4Quant(672)
+    assert quant.fields() == (4, 16, 0, 672.0) and quant.global_scale == 672.0
+    assert repr(quant) == "NVFP4Quant(672.0)" and eval(repr(quant), vars(beammoe)).fields() == quant.fields()
+    assert beammoe.NVFP4Quant(torch.tensor(2.0)).global_scale == 2.0
+    assert beammoe.NVFP4Quant(float.fromhex("0x1.fffffep117")).fields()[3] < 2.0 ** 118
 
 
 @pytest.mark.parametrize("kw,err,msg", [
@@ -167,12 +466,39 @@ def test_group_size_kinds_of_int():
     assert beammoe.FP8Quant("token", group_size=np.int32(7)).fields()[1] == 0  # not a group form: unused
 
 
-def test_bad_calls():
-    x, r, _, _, nw = inputs(2, 256, "cpu", 5)
-    with pytest.raises(TypeError, match=r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got dict"):
-        beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None, quant={"kind": "group"})
-    with pytest.raises(ValueError, match=r"next_eps must be given"):
-        beammoe.beam_norm_residual_norm_fp8(x, r, None, None, None, None, None, quant=beammoe.FP8Quant())
+BIG = float.fromhex("0x1.ffffffp117")  # below 2^118, but 2^118 as an FP32
+
+
+@pytest.mark.parametrize("g,err,msg", [
+    (0.0, ValueError, r"global_scale=0.0 must be > 0 and < 2\^118 as an FP32"),
+    (-1.0, ValueError, r"global_scale=-1.0 must be > 0"),
+    (1e-50, ValueError, r"global_scale=1e-50 must be > 0 and < 2\^118 as an FP32"),
+    (2.0 ** 118, ValueError, r"global_scale=3.32306998946229e\+35 must be > 0 and < 2\^118"),
+    (BIG, ValueError, re.escape("global_scale=%r must be > 0 and < 2^118 as an FP32" % BIG)),
+    (float("inf"), ValueError, r"global_scale=inf must be"),
+    (float("nan"), ValueError, r"global_scale=nan must be"),
+    (1e39, ValueError, r"global_scale=1e\+39 is out of the float32 range"),
+    (True, TypeError, r"global_scale must be a float, got bool"),
+    ("1.0", TypeError, r"global_scale must be a float, got str"),
+    (None, TypeError, r"global_scale must be a float, got NoneType"),
+])
+def test_bad_global_scale(g, err, msg):
+    assert ctypes.c_float(BIG).value == 2.0 ** 118
+    with pytest.raises(err, match=r"^NVFP4Quant: " + msg):
+        beammoe.NVFP4Quant(g)
+
+
+@pytest.mark.parametrize("quant,next_norm,err,msg", [
+    ({"kind": "group"}, True, TypeError, r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got dict"),
+    (1.0, True, TypeError, r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got float"),
+    (beammoe.FP8Quant(), False, ValueError, r"next_eps must be given"),
+    (beammoe.NVFP4Quant(1.0), False, ValueError, r"^beam_norm_residual_norm_q: next_eps must be given"),
+])
+def test_bad_calls(quant, next_norm, err, msg):
+    x, r, _, _, nw = inputs(2, 256, "cpu", 5, wild=isinstance(quant, (float, beammoe.NVFP4Quant)))
+    with pytest.raises(err, match=msg):
+        beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw if next_norm else None, 1e-6 if next_norm else None,
+                                            None, quant=quant)
 
 
 @needs_fp8
@@ -184,7 +510,7 @@ def test_scaled_mm():
     x, r, _, _, nw = inputs(t, h, "cuda", 11)
     hid, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
                                                         quant=beammoe.FP8Quant("token"), keep_normalized=True)
-    want_q, want_s = reference(n, beammoe.FP8Quant("token"))
+    want_q, want_s = fp8_reference(n, beammoe.FP8Quant("token"))
     wgt = torch.randn(n_out, h, device="cuda").to(FP8)
     w_s = torch.ones(1, n_out, device="cuda")
     got = torch._scaled_mm(q, wgt.t(), scale_a=qs, scale_b=w_s, out_dtype=BF16)
@@ -192,14 +518,18 @@ def test_scaled_mm():
     assert torch.equal(got, want)
 
 
-needs_ops = pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS or FP8 is None,
-                               reason="torch %s: no torch.library.custom_op or no float8" % torch.__version__)
+# ---- the torch operators ----------------------------------------------------------------
+
+needs_fp8_ops = pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS or FP8 is None,
+                                   reason="torch %s: no torch.library.custom_op or no float8" % torch.__version__)
+needs_ops = pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS,
+                               reason="torch %s: no torch.library.custom_op" % torch.__version__)
 
 
-@needs_ops
-@pytest.mark.parametrize("dev", DEVICES)
+@needs_fp8_ops
+@pytest.mark.parametrize("dev", FP8_DEVICES)
 @pytest.mark.parametrize("form", [0, 3, 5, 6])
-def test_compiled(dev, form):
+def test_fp8_compiled(dev, form):
     """torch.compile(fullgraph=True) through torch.ops.beammoe.*_fp8: the
     eager call's bits, shapes and strides."""
     x, r, g, w, nw = inputs(6, 512, dev, 40 + form)
@@ -210,7 +540,7 @@ def test_compiled(dev, form):
         assert torch.equal(ga[3], wa[3]) and ga[3].stride() == wa[3].stride()
 
 
-@needs_ops
+@needs_fp8_ops
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_cuda_graph():
     """Captured in a CUDA graph and replayed on new inputs: the eager bits."""
@@ -247,3 +577,69 @@ def test_inplace_not_compiled():
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"runs in eager calls"):
         torch.compile(f, fullgraph=True)(x, r)
+
+
+@needs_ops
+@pytest.mark.parametrize("fields,msg", [
+    ((4, 128, 0, 1.0), r"BEAM_QUANT_NVFP4 takes quant->group_size 16"),
+    ((4, 16, 1, 1.0), r"BEAM_QUANT_NVFP4 takes quant->group_size 16"),
+    ((4, 16, 0, 0.0), r"quant->scale=0 \(the global scale\) must be > 0 and < 2\^118"),
+    ((4, 16, 0, 2.0 ** 118), r"must be > 0 and < 2\^118"),
+])
+def test_operator_refuses_bad_encoding(fields, msg):
+    """The operator takes the library's encoding; the library checks it."""
+    x, r, _, _, nw = inputs(2, 256, "cpu", 6, wild=True)
+    with pytest.raises(ValueError, match=msg):
+        torch.ops.beammoe.norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None, *fields, False)
+
+
+@needs_ops
+@pytest.mark.parametrize("dev", DEVICES)
+@pytest.mark.parametrize("t", [7, 130])
+def test_nvfp4_compiled(dev, t):
+    """torch.compile(fullgraph=True) through torch.ops.beammoe.*_fp8: the
+    model's bits, the eager call's shapes, strides and dtypes."""
+    x, r, g, w, nw = inputs(t, 512, dev, 40 + t, wild=True)
+    for ga, wa in compiled_and_eager(x, r, g, w, nw, beammoe.NVFP4Quant(672.0), keep_nrn=True):
+        assert same(ga[0], wa[0]) and same(ga[1], wa[1])
+        for a, b in zip(ga[2:], wa[2:]):
+            assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+        check_nvfp4(ga[2], ga[3], wa[1], 672.0, poisoned=False)
+
+
+@needs_ops
+def test_meta_tensors():
+    """Meta tensors take the operators' fake implementations: the eager
+    call's shapes, strides and dtypes (130 tokens: q_scales of 256 rows)."""
+    quant = beammoe.NVFP4Quant(1.0)
+    x, r, g, w, nw = inputs(130, 1024, "cpu", 9, wild=True)
+
+    def calls(x, r, g, w, nw):
+        return (beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None, quant=quant),
+                beammoe.beam_moe_finalize_norm_residual_norm_fp8(beammoe.MoEOutput(g, w), r, nw, 1e-6, nw, 1e-6,
+                                                                 None, quant=quant, keep_normalized=True))
+
+    want = calls(x, r, g, w, nw)
+    got = calls(*(t.to("meta") for t in (x, r, g, w, nw)))
+    for ga, wa in zip(got, want):
+        assert wa[3].shape == (256, 64)
+        for a, b in zip(ga, wa):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.device.type == "meta" and (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+
+
+@needs_ops
+def test_opcheck():
+    """torch.library.opcheck: schema, fake implementation, autograd
+    registration, AOT dispatch (128 tokens: no padding rows, whose bytes
+    are not written and would differ between the runs it compares; a norm
+    weight with no NaN, which the comparisons would call unequal)."""
+    x, r, g, w, _ = inputs(128, 256, "cpu", 12, wild=True)
+    nw = (1 + 0.1 * torch.randn(256, generator=torch.Generator().manual_seed(12))).to(BF16)
+    for keep in (False, True):
+        torch.library.opcheck(torch.ops.beammoe.norm_residual_norm_fp8.default,
+                              (x, r, None, None, nw, 1e-6, None) + beammoe.NVFP4Quant(672.0).fields() + (keep,))
+        torch.library.opcheck(torch.ops.beammoe.moe_finalize_norm_residual_norm_fp8.default,
+                              (g, w, r, nw, 1e-6, nw, 1e-6, [0.5, 2.0], 2.5, 0) + beammoe.NVFP4Quant(1.0).fields()
+                              + (keep,))

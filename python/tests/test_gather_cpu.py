@@ -1,91 +1,26 @@
 """The gather wrapper over a CPU group: R ranks as threads of this process,
 each with its own tokens, all bit-identical to the local fused operation."""
-import threading
-
 import pytest
 import torch
 
 import beammoe
-from reference import BF16, assert_bits_equal, random_bf16, random_case
-
-
-def run_ranks(nranks, body):
-    """Run body(rank) on nranks threads; re-raise the first failure."""
-    results, errors = [None] * nranks, []
-
-    def main(r):
-        try:
-            results[r] = body(r)
-        except BaseException as e:  # reported in the main thread
-            errors.append((r, e))
-
-    ts = [threading.Thread(target=main, args=(r,)) for r in range(nranks)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not any(t.is_alive() for t in ts), "a rank did not finish"
-    if errors:
-        r, e = errors[0]
-        raise AssertionError("rank %d: %r" % (r, e)) from e
-    return results
-
-
-def local_rows(g, w, tokens, nranks, rank, top_k, hidden, pad=1):
-    """Rank `rank`'s rows of the global expert arrays, capacity L + pad, rows
-    past its owned ones NaN-filled (they must never be read)."""
-    per = -(-tokens // nranks) if tokens else 0
-    lo, hi = min(rank * per, tokens), min((rank + 1) * per, tokens)
-    cap = per + pad
-    lg = torch.full((cap, top_k, hidden), float("nan"), dtype=BF16)
-    lw = torch.full((cap, top_k), float("nan"))
-    lg[: hi - lo] = g.view(-1, top_k, hidden)[lo:hi]
-    lw[: hi - lo] = w[lo:hi]
-    return lg.view(cap * top_k, hidden), lw
+from conftest import H, K, check_gather, local_rows, run_ranks
+from reference import BF16, assert_bits_equal, layer, random_bf16, random_case
 
 
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("tokens", [0, 1, 7, 24])
 def test_gather_matches_local_fused(gen, nranks, tokens):
-    top_k, hidden = 4, 512
-    g, w = random_case(gen, max(tokens, 1), top_k, hidden, specials=True)
-    residual = random_bf16(gen, tokens, hidden, scale=2.0)
-    pw, nw = random_bf16(gen, hidden), random_bf16(gen, hidden)
-    scales, routed = (0.5, 1.5), 1.25
-
-    want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(
-        beammoe.MoEOutput(g, w, tokens), residual.clone(), pw, 1e-6, nw, 1e-5, scales, routed)
-
+    data = layer(gen, tokens, K, H)
     with beammoe.CpuGroup(nranks) as grp:
         def body(r):
-            ws = beammoe.Workspace.cpu(grp, r, 32, hidden, moe_gather_oneshot_max_tokens=4,
-                                       moe_gather_separate_norm_min_tokens=17)
-            try:
+            with beammoe.Workspace.cpu(grp, r, 32, H, moe_gather_oneshot_max_tokens=4,
+                                       moe_gather_separate_norm_min_tokens=17) as ws:
                 assert (ws.rank, ws.world_size, ws.nranks) == (r, nranks, nranks)
                 assert (ws.oneshot_max_tokens, ws.twoshot_max_tokens) == (4, 16)
-                lg, lw = local_rows(g, w, tokens, nranks, r, top_k, hidden)
-                out = []
-                for strategy in (None, "oneshot", "twoshot", "unfused"):
-                    for inplace in (False, True):
-                        res = residual.clone()
-                        h, n = beammoe.beam_moe_finalize_gather_norm_residual_norm(
-                            beammoe.MoEOutput(lg, lw), res, pw, 1e-6, nw, 1e-5, scales, ws, routed,
-                            strategy=strategy, inplace=inplace)
-                        if inplace:
-                            assert h is res
-                        else:
-                            assert h is not res
-                            assert_bits_equal(res, residual, "residual left unchanged")
-                        out.append(("%s inplace=%s" % (strategy, inplace), h, n))
-                return out
-            finally:
-                ws.close()
+                check_gather(ws, r, nranks, lambda t: data, (tokens,))
 
-        results = run_ranks(nranks, body)
-    for r, out in enumerate(results):
-        for strategy, h, n in out:
-            assert_bits_equal(h, want_h, "rank %d %s hidden" % (r, strategy))
-            assert_bits_equal(n, want_n, "rank %d %s normalized" % (r, strategy))
+        run_ranks(nranks, body)
 
 
 def test_gather_without_norms(gen):

@@ -1,18 +1,13 @@
-"""The gather of a CPU Workspace over a torch.distributed gloo group, the
-all_gather hook and the settable thresholds.
-
-One process with a one-rank gloo group runs here; two processes (one per
-rank, _pg_worker.py, under a hard timeout) check the bits against the
-one-process fused operation, the CpuGroup gather and the torch-written
-reference, the hook, threshold assignment, rejected and disagreeing ranks
-(every rank raises, nobody waits) and a peer that never arrives; two and
-three processes the quantized form (beammoe.fp8: every FP8 form and NVFP4)
-against the one-process local _fp8 operation. The hook and thresholds of
-library workspaces run over a CpuGroup (threads)."""
+"""The gather of a Workspace over a torch.distributed process group, the
+all_gather hook and the settable thresholds: a one-rank gloo group in this
+process; one process per rank (_pg_worker.py, whose text says what each
+mode checks), each mode under a hard timeout: every rank that should live
+exits 0 having printed "rank R: ok", the rank made to die dies so, none by
+gloo's abort (SIGABRT); one process per GPU (torch.multiprocessing, spawn,
+NCCL), skipped with fewer GPUs than ranks. The hook and thresholds of
+library workspaces, and calls in flight, over a CpuGroup (threads)."""
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -22,50 +17,13 @@ import torch
 
 import beammoe
 from beammoe import _run
-from reference import BF16, assert_bits_equal, random_bf16, random_case
+from conftest import H, K, ThreadAllGather, check_gather, cuda_backend_skip_reason, fused, gather, local_rows
+from conftest import needs_gloo, run_ranks, run_workers
+from reference import assert_bits_equal, layer, random_bf16, random_case
 
 dist = pytest.importorskip("torch.distributed")
 
-_here = os.path.dirname(os.path.abspath(__file__))
-H, K = 512, 4
-
-
-def _gloo_skip():
-    if not dist.is_available():
-        return "torch.distributed is not available in this torch build"
-    if not dist.is_gloo_available():
-        return "torch.distributed has no gloo backend in this torch build"
-    return None
-
-
-needs_gloo = pytest.mark.skipif(_gloo_skip() is not None, reason=str(_gloo_skip()))
-
-
-@pytest.fixture
-def gloo1():
-    """A one-rank gloo group (the default group) in this process."""
-    with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            time.sleep(0.2)  # see test_workspace_plumbing._settle
-            dist.destroy_process_group()
-
-
-def _data(gen, tokens):
-    g, w = random_case(gen, max(tokens, 1), K, H, specials=True)
-    return g, w, random_bf16(gen, tokens, H, scale=2.0), random_bf16(gen, H), random_bf16(gen, H)
-
-
-def _gather(ws, g, w, residual, pw, nw, **kw):
-    return beammoe.beam_moe_finalize_gather_norm_residual_norm(
-        beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, (0.5, 1.5), ws, 1.25, **kw)
-
-
-def _fused(g, w, residual, pw, nw):
-    return beammoe.beam_moe_finalize_norm_residual_norm(
-        beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, (0.5, 1.5), 1.25)
+import _pg_worker  # noqa: E402
 
 
 @needs_gloo
@@ -76,32 +34,22 @@ def test_cpu_workspace_over_a_gloo_group(gen, gloo1):
         assert ws.moe_gather_oneshot_max_tokens == 64 and ws.moe_gather_separate_norm_min_tokens is None
         assert ws.timeout_ms == 30000 and "process group" in repr(ws)
         assert beammoe.Workspace.by_handle(ws.handle) is ws
-        for tokens in (0, 1, 9):
-            g, w, residual, pw, nw = _data(gen, tokens)
-            want_h, want_n = _fused(g, w, residual, pw, nw)
-            for strategy in (None, "oneshot", "twoshot", "unfused"):
-                h, n = _gather(ws, g, w, residual, pw, nw, strategy=strategy)
-                assert_bits_equal(h, want_h, "hidden %s" % strategy)
-                assert_bits_equal(n, want_n, "normalized %s" % strategy)
-            res = residual.clone()
-            h, n = _gather(ws, g, w, res, pw, nw, inplace=True)
-            assert h is res
-            assert_bits_equal(res, want_h)
+        g, w, residual, pw, nw = check_gather(ws, 0, 1, lambda t: layer(gen, t, K, H), (0, 1, 9))
         with pytest.raises(ValueError, match=r"strategy=FUSED: unknown strategy for this operation"):
-            _gather(ws, g, w, residual, pw, nw, strategy="fused")
+            gather(ws, g, w, residual, pw, nw, strategy="fused")
         with pytest.raises(ValueError, match=r"tokens=33 must be <= max_tokens=32 of the workspace"):
-            _gather(ws, *_data(gen, 33))
+            gather(ws, *layer(gen, 33, K, H))
         with pytest.raises(TypeError, match=r"x must be an unfinalized MoE output"):
             beammoe.beam_moe_finalize_gather_norm_residual_norm(g, residual, None, None, None, None, None, ws)
     assert ws.closed
     with pytest.raises(ValueError, match=r"the workspace is closed"):
-        _gather(ws, g, w, residual, pw, nw)
+        gather(ws, g, w, residual, pw, nw)
 
 
 @needs_gloo
 def test_cpu_workspace_hook_and_autograd(gen, gloo1):
-    g, w, residual, pw, nw = _data(gen, 5)
-    want_h, want_n = _fused(g, w, residual, pw, nw)
+    g, w, residual, pw, nw = layer(gen, 5, K, H)
+    want_h, want_n = fused(g, w, residual, pw, nw)
     calls = []
 
     def hook(out, inp):
@@ -110,13 +58,13 @@ def test_cpu_workspace_hook_and_autograd(gen, gloo1):
 
     with beammoe.Workspace(None, 8, H, device="cpu") as ws:
         ws.all_gather = hook
-        h, n = _gather(ws, g, w, residual, pw, nw)
+        h, n = gather(ws, g, w, residual, pw, nw)
         assert calls == [((5, H), (5, H))]
         assert_bits_equal(h, want_h)
         assert_bits_equal(n, want_n)
         # A norm weight that requires grad: the forward runs, a backward is refused.
         ppw = torch.nn.Parameter(pw.clone())
-        h, n = _gather(ws, g, w, residual, ppw, nw)
+        h, n = gather(ws, g, w, residual, ppw, nw)
         assert_bits_equal(h.detach(), want_h)
         with pytest.raises(RuntimeError, match=r"no derivative"):
             h.float().sum().backward()
@@ -138,122 +86,70 @@ def test_cpu_workspace_arguments(gloo1):
         assert [ws.strategy_for(t) for t in (0, 1)] == ["oneshot", "unfused"]
 
 
-@needs_gloo
-@pytest.mark.parametrize("nranks", [2])
-def test_two_processes(nranks):
-    """One process per rank (gloo over a file store): see _pg_worker.py. A
-    hard timeout: a hang fails the test instead of stalling the suite."""
-    run_workers(nranks)
-
+# ---- one process per rank (_pg_worker.py, whose text says what each mode does and checks) ----
 
 @needs_gloo
-@pytest.mark.parametrize("nranks", [2, 3])
-def test_quantized_form_processes(nranks):
-    """The quantized form (beammoe.fp8: every FP8 form and NVFP4) gathered in
-    Python over the group and through the hook, one process per rank:
-    _pg_worker.py's check_quant."""
-    run_workers(nranks, ["quant"])
+@pytest.mark.parametrize("nranks,mode,limit,dies", [
+    (2, "bits", 240, None), (2, "quant", 240, None), (3, "quant", 240, None), (2, "threads", 90, None),
+    (3, "threads", 90, None), (2, "late", 90, None), (3, "late", 90, None), (2, "late_rows", 90, None),
+    (2, "create", 90, None), (3, "create", 90, None), (2, "kill_signature", 90, 3),
+    (3, "kill_rows", 90, -signal.SIGKILL)])
+def test_processes(nranks, mode, limit, dies):
+    run_workers(nranks, mode, limit, dies)
 
 
-def run_workers(nranks, mode=(), script="_pg_worker.py", limit=240, dies=None):
-    """Run `python SCRIPT RANK NRANKS INIT_FILE *mode`, one process per rank
-    (gloo over a file store), under a hard timeout: a hang fails the test
-    instead of stalling the suite. Every rank must exit 0 having printed
-    "rank R: ok", but the last where `dies` is its expected exit status;
-    none may end by gloo's abort (SIGABRT). Returns every rank's output."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
+@pytest.mark.parametrize("nranks", [1, 2])
+def test_gather_on_gpus(nranks):
+    """_pg_worker.worker on each GPU, under a hard timeout."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < nranks:
+        pytest.skip("needs %d GPUs" % nranks)
+    if not torch.distributed.is_available() or not torch.distributed.is_nccl_available():
+        pytest.skip("torch.distributed with NCCL is not available")
+    why = cuda_backend_skip_reason()
+    if why:
+        pytest.skip(why)
+    import torch.multiprocessing as mp
+
     with tempfile.TemporaryDirectory() as d:
-        store = os.path.join(d, "store")
-        procs = [subprocess.Popen([sys.executable, os.path.join(_here, script), str(r), str(nranks), store]
-                                  + list(mode), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-                 for r in range(nranks)]
-        deadline = time.monotonic() + limit
-        outs = []
-        try:
-            for p in procs:
-                out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                outs.append(out.decode("utf-8", "replace"))
-        except subprocess.TimeoutExpired:
-            pytest.fail("%s %s with %d processes did not finish within %d s (a hang)" % (script, " ".join(mode),
-                                                                                      nranks, limit))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        if r == nranks - 1 and dies is not None:
-            assert p.returncode == dies, "rank %d exited %s, not %s:\n%s" % (r, p.returncode, dies, out[-6000:])
-            continue
-        assert p.returncode != -signal.SIGABRT, "rank %d aborted (gloo):\n%s" % (r, out[-6000:])
-        assert p.returncode == 0, "rank %d exited %s:\n%s" % (r, p.returncode, out[-6000:])
-        assert "rank %d: ok" % r in out, out[-6000:]
-    return outs
+        ctx = mp.spawn(_pg_worker.worker, args=(nranks, os.path.join(d, "store")), nprocs=nranks, join=False)
+        deadline = time.monotonic() + 480
+        while not ctx.join(timeout=5):  # raises if a rank failed
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                pytest.fail("the ranks did not finish within 480 s")
 
 
 # ---- library workspaces (CpuGroup): the hook and the thresholds ----------------
-
-from test_gather_cpu import run_ranks as _run_ranks  # noqa: E402  (ranks as threads)
-
-class ThreadAllGather:
-    """An all_gather_into_tensor over threads (a CpuGroup's ranks)."""
-
-    def __init__(self, nranks):
-        self.nranks = nranks
-        self.barrier = threading.Barrier(nranks)
-        self.slots = [None] * nranks
-        self.calls = []
-
-    def hook_for(self, rank):
-        def hook(out, inp):
-            self.calls.append((rank, tuple(out.shape), tuple(inp.shape)))
-            self.slots[rank] = inp.clone()
-            self.barrier.wait(30)
-            n = inp.shape[0]
-            for r in range(self.nranks):
-                out[r * n:(r + 1) * n] = self.slots[r]
-            self.barrier.wait(30)
-        return hook
-
-
-def _local(g, w, tokens, nranks, rank):
-    per = -(-tokens // nranks)
-    lo, hi = min(rank * per, tokens), min((rank + 1) * per, tokens)
-    lg = torch.zeros(per, K, H, dtype=BF16)
-    lw = torch.zeros(per, K)
-    lg[: hi - lo] = g.view(-1, K, H)[lo:hi]
-    lw[: hi - lo] = w[lo:hi]
-    return lg.view(per * K, H), lw
-
 
 def test_library_workspace_hook_takes_unfused(gen):
     """With the hook set, UNFUSED calls (asked for, or AUTO's choice after
     the thresholds were assigned) gather through it; the others do not."""
     nranks, tokens = 2, 7
-    g, w, residual, pw, nw = _data(gen, tokens)
-    want_h, want_n = _fused(g, w, residual, pw, nw)
+    g, w, residual, pw, nw = layer(gen, tokens, K, H)
+    want_h, want_n = fused(g, w, residual, pw, nw)
     ag = ThreadAllGather(nranks)
     with beammoe.CpuGroup(nranks) as grp:
         def body(r):
             with beammoe.Workspace.cpu(grp, r, 16, H) as ws:
                 assert ws.all_gather is None
                 ws.all_gather = ag.hook_for(r)
-                lg, lw = _local(g, w, tokens, nranks, r)
-                out = [_gather(ws, lg, lw, residual, pw, nw, strategy="unfused")]
-                n_unfused = len([c for c in ag.calls if c[0] == r])
-                out.append(_gather(ws, lg, lw, residual, pw, nw))  # AUTO: oneshot (64)
-                assert len([c for c in ag.calls if c[0] == r]) == n_unfused
+                lg, lw = local_rows(g, w, tokens, nranks, r, K, H, pad=0)
+                out = [gather(ws, lg, lw, residual, pw, nw, strategy="unfused")]
+                n_unfused = ag.count(r)
+                out.append(gather(ws, lg, lw, residual, pw, nw))  # AUTO: oneshot (64)
+                assert ag.count(r) == n_unfused
                 ws.moe_gather_oneshot_max_tokens = 0
                 ws.moe_gather_separate_norm_min_tokens = 5
                 assert ws.strategy_for(tokens) == "unfused"
-                out.append(_gather(ws, lg, lw, residual, pw, nw))  # AUTO: unfused, through the hook
-                assert len([c for c in ag.calls if c[0] == r]) == 2 * n_unfused
+                out.append(gather(ws, lg, lw, residual, pw, nw))  # AUTO: unfused, through the hook
+                assert ag.count(r) == 2 * n_unfused
                 ws.all_gather = None
-                out.append(_gather(ws, lg, lw, residual, pw, nw))  # the library's unfused
+                out.append(gather(ws, lg, lw, residual, pw, nw))  # the library's unfused
                 return out
 
-        results = _run_ranks(nranks, body)
+        results = run_ranks(nranks, body)
     # each hooked call: the signature row, then the rows
     assert sorted(c[1:] for c in ag.calls if c[0] == 0) == sorted([((2, H), (1, H)), ((8, H), (4, H))] * 2)
     for out in results:
@@ -265,25 +161,25 @@ def test_library_workspace_hook_takes_unfused(gen):
 def test_library_workspace_hook_rejected_rank(gen):
     """A rank that rejects its arguments on the hook's path: every rank raises."""
     nranks, tokens = 2, 4
-    g, w, residual, pw, nw = _data(gen, tokens)
+    g, w, residual, pw, nw = layer(gen, tokens, K, H)
     ag = ThreadAllGather(nranks)
     fn = "beam_moe_finalize_gather_norm_residual_norm"
     with beammoe.CpuGroup(nranks) as grp:
         def body(r):
             with beammoe.Workspace.cpu(grp, r, 16, H, timeout_ms=20000) as ws:
                 ws.all_gather = ag.hook_for(r)
-                lg, lw = _local(g, w, tokens, nranks, r)
+                lg, lw = local_rows(g, w, tokens, nranks, r, K, H, pad=0)
                 if r == 1:
                     with pytest.raises(TypeError, match=r"^%s: x.expert_weights must have dtype torch.float32" % fn):
-                        _gather(ws, lg, lw.double(), residual, pw, nw, strategy="unfused")
+                        gather(ws, lg, lw.double(), residual, pw, nw, strategy="unfused")
                 else:
                     with pytest.raises(beammoe.BeamArgumentError,
                                        match=r"^%s: rank 1 failed \(TypeError: .*x.expert_weights" % fn):
-                        _gather(ws, lg, lw, residual, pw, nw, strategy="unfused")
-                return _gather(ws, lg, lw, residual, pw, nw, strategy="unfused")
+                        gather(ws, lg, lw, residual, pw, nw, strategy="unfused")
+                return gather(ws, lg, lw, residual, pw, nw, strategy="unfused")
 
-        results = _run_ranks(nranks, body)
-    want_h, _ = _fused(g, w, residual, pw, nw)
+        results = run_ranks(nranks, body)
+    want_h, _ = fused(g, w, residual, pw, nw)
     for h, _ in results:
         assert_bits_equal(h, want_h)
 
@@ -299,18 +195,18 @@ def test_library_workspace_auto_follows_assigned_thresholds(gen, monkeypatch):
         return real(dev, ops, handle, *args)
 
     monkeypatch.setattr(_run, "gather", spy)
-    g, w, residual, pw, nw = _data(gen, 6)
-    want_h, _ = _fused(g, w, residual, pw, nw)
+    g, w, residual, pw, nw = layer(gen, 6, K, H)
+    want_h, _ = fused(g, w, residual, pw, nw)
     with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 16, H) as ws:
-        _gather(ws, g, w, residual, pw, nw)
+        gather(ws, g, w, residual, pw, nw)
         ws.moe_gather_oneshot_max_tokens = 2
-        _gather(ws, g, w, residual, pw, nw)
+        gather(ws, g, w, residual, pw, nw)
         ws.moe_gather_separate_norm_min_tokens = 6
-        _gather(ws, g, w, residual, pw, nw)
+        gather(ws, g, w, residual, pw, nw)
         ws.oneshot_max_tokens = 64  # the library's name
         ws.twoshot_max_tokens = 2 ** 63 - 1
         assert ws.moe_gather_separate_norm_min_tokens is None
-        h, _ = _gather(ws, g, w, residual, pw, nw)
+        h, _ = gather(ws, g, w, residual, pw, nw)
         with pytest.raises(TypeError, match=r"^beammoe.Workspace: moe_gather_oneshot_max_tokens must be an int, "
                                             r"got bool"):
             ws.moe_gather_oneshot_max_tokens = True
@@ -326,13 +222,103 @@ def test_library_workspace_auto_follows_assigned_thresholds(gen, monkeypatch):
 def test_cpu_workspace_under_torch_compile(gen, gloo1):
     """torch.compile(fullgraph=True): the gather operator takes the
     workspace's id and runs the gather in Python inside it."""
-    g, w, residual, pw, nw = _data(gen, 6)
-    want_h, want_n = _fused(g, w, residual, pw, nw)
+    g, w, residual, pw, nw = layer(gen, 6, K, H)
+    want_h, want_n = fused(g, w, residual, pw, nw)
     with beammoe.Workspace(None, 16, H, device="cpu") as ws:
         def f(g, w, residual):
-            return _gather(ws, g, w, residual, pw, nw)
+            return gather(ws, g, w, residual, pw, nw)
 
         torch._dynamo.reset()
         h, n = torch.compile(f, fullgraph=True)(g, w, residual)
     assert_bits_equal(h, want_h)
     assert_bits_equal(n, want_n)
+
+
+# ---- calls in flight and a failed hook: a one-rank gloo group, and a CpuGroup's workspace ----------
+
+FN = "beam_moe_finalize_gather_norm_residual_norm"
+
+
+def _case(tokens=3):
+    gen = torch.Generator().manual_seed(11)
+    g, w = random_case(gen, tokens, 2, 256)
+    return g, w, random_bf16(gen, tokens, 256)
+
+
+def _call(ws, g, w, residual, **kw):
+    return beammoe.beam_moe_finalize_gather_norm_residual_norm(
+        beammoe.MoEOutput(g, w), residual, None, 1e-6, None, 1e-6, None, ws, **kw)
+
+
+@needs_gloo
+def test_calls_in_flight_and_a_failed_hook(gloo1):
+    """A call, or close(), made from inside a call in flight (its hook) or
+    from another thread meanwhile is refused, nothing written; a hook that
+    raises leaves the workspace unusable: every later call and close()
+    raise BeamCommError naming it."""
+    g, w, residual = _case()
+    want, _ = beammoe.beam_moe_finalize_norm_residual_norm(
+        beammoe.MoEOutput(g, w), residual, None, 1e-6, None, 1e-6, None)
+    ws = beammoe.Workspace(None, 8, 256, device="cpu")
+    errors = []
+
+    def refused():
+        res = residual.clone()
+        try:
+            _call(ws, g, w, res, inplace=True)
+        except beammoe.BeamArgumentError as e:
+            errors.append(str(e))
+        assert torch.equal(res, residual)
+
+    def hook(out, inp):
+        t = threading.Thread(target=refused)
+        t.start()
+        t.join(10)
+        refused()
+        with pytest.raises(ValueError, match=r"^beammoe.Workspace.close: a call on this workspace is in progress on "
+                                             r"this thread .*nothing was closed; close it after that call returns"):
+            ws.close()
+        out.copy_(inp)
+
+    ws.all_gather = hook
+    h, _ = _call(ws, g, w, residual)
+    assert_bits_equal(h, want)
+    assert errors == ["%s: another call on this workspace is in progress on %s (calls on one workspace must not "
+                      "overlap)" % (FN, where) for where in ("another thread",
+                                                             "this thread (from inside its all_gather hook)")]
+
+    def broken(out, inp):
+        raise OSError("the hook's own failure")
+
+    ws.all_gather = broken
+    with pytest.raises(OSError, match=r"the hook's own failure"):
+        _call(ws, g, w, residual)
+    ws.all_gather = None
+    # the refused calls did not count: the hook's failure is call 2
+    named = r"an earlier call on this workspace failed \(rank 0, call 2: OSError: the hook's own failure\)"
+    res = residual.clone()
+    with pytest.raises(beammoe.BeamCommError, match=r"^%s: %s; the workspace is unusable, close it$" % (FN, named)):
+        _call(ws, g, w, res, inplace=True)
+    assert torch.equal(res, residual)
+    for _ in range(2):
+        with pytest.raises(beammoe.BeamCommError, match=r"^beammoe.Workspace.close: %s; the workspace is unusable "
+                                                        r"\(closed now\)$" % named):
+            ws.close()
+        assert ws.closed
+
+
+def test_library_workspace_unusable_after_a_failed_hook():
+    """A library workspace (CpuGroup) whose hook raised in an UNFUSED call:
+    its later calls, the library's strategies too, and close() raise; close()
+    destroys the library's workspace all the same (the group then closes)."""
+    g, w, residual = _case()
+    with beammoe.CpuGroup(1) as grp:
+        ws = beammoe.Workspace.cpu(grp, 0, 8, 256)
+        ws.all_gather = lambda out, inp: 1 / 0
+        with pytest.raises(ZeroDivisionError):
+            _call(ws, g, w, residual, strategy="unfused")
+        for strategy in ("oneshot", "unfused", None):
+            with pytest.raises(beammoe.BeamCommError, match=r"ZeroDivisionError.*; the workspace is unusable"):
+                _call(ws, g, w, residual, strategy=strategy)
+        with pytest.raises(beammoe.BeamCommError, match=r"\(closed now\)"):
+            ws.close()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import beammoe
-from reference import BF16, assert_bits_equal, random_bf16, random_case
+from reference import BF16, assert_bits_equal, layer, random_bf16, random_case
 
 T, K, H = 5, 8, 512
 
@@ -15,9 +15,7 @@ def _want(g, w, residual, pw, nw, scales=(0.5, 2.0)):
 
 
 def test_prepared_inplace_over_steps(gen):
-    g, w = random_case(gen, T, K, H, specials=True)
-    residual = random_bf16(gen, T, H)
-    pw, nw = random_bf16(gen, H), random_bf16(gen, H)
+    g, w, residual, pw, nw = layer(gen, T, K, H, scale=1.0)
     call = beammoe.prepare_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5,
                                                        (0.5, 2.0), 2.5)
     assert isinstance(call, beammoe.PreparedCall)

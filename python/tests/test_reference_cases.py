@@ -15,7 +15,7 @@ import torch
 
 import beammoe
 from beammoe import _lib
-from reference import BF16, assert_bits_equal, finalize_ref, fused_spec, random_bf16, random_case
+from reference import BF16, assert_bits_equal, finalize_ref, fused_spec, layer, random_bf16, random_case
 
 H, K = 512, 4
 _here = os.path.dirname(os.path.abspath(__file__))
@@ -90,9 +90,7 @@ def test_fused_weights_with_more_rows(gen):
 def test_parameter_norm_weights_outside_no_grad(gen):
     """The forward runs with the same bits; a backward through a result is
     refused with a clear message."""
-    g, w = random_case(gen, 5, K, H)
-    residual = random_bf16(gen, 5, H)
-    pw, nw = random_bf16(gen, H), random_bf16(gen, H)
+    g, w, residual, pw, nw = layer(gen, 5, K, H, scale=1.0, specials=False)
     ppw, pnw = torch.nn.Parameter(pw.clone()), torch.nn.Parameter(nw.clone())
     assert torch.is_grad_enabled()
 

@@ -9,15 +9,14 @@ import torch
 
 import beammoe
 from reference import BF16, assert_bits_equal, bits, fused_spec, nrn_spec, random_bf16, random_case
+from reference import layer as layer_data
 
 T, K, H = 6, 8, 512
 
 
 @pytest.fixture
 def layer(gen):
-    g, w = random_case(gen, T, K, H, specials=True)
-    residual = random_bf16(gen, T, H, scale=3.0)
-    pw, nw = random_bf16(gen, H), random_bf16(gen, H)
+    g, w, residual, pw, nw = layer_data(gen, T, K, H, scale=3.0)
     return beammoe.MoEOutput(g, w), residual, pw, nw
 
 

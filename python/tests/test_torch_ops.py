@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import beammoe
-from reference import BF16, assert_bits_equal, random_bf16, random_case
+from conftest import DEVICES, needs_cuda
+from reference import BF16, assert_bits_equal, layer, random_bf16, random_case
 
 pytestmark = pytest.mark.skipif(
     not beammoe.HAVE_TORCH_OPS,
@@ -18,20 +19,9 @@ pytestmark = pytest.mark.skipif(
 T, K, H = 9, 8, 512
 
 
-def _cuda_skip():
-    from conftest import cuda_backend_skip_reason
-
-    why = cuda_backend_skip_reason()
-    if why:
-        pytest.skip(why)
-
-
 @pytest.fixture
 def data(gen):
-    g, w = random_case(gen, T + 2, K, H, tokens=T, specials=True)
-    residual = random_bf16(gen, T, H, scale=3.0)
-    pw, nw = random_bf16(gen, H), random_bf16(gen, H)
-    return g, w, residual, pw, nw
+    return layer(gen, T, K, H, capacity=T + 2, scale=3.0)
 
 
 def test_operators_exist():
@@ -60,18 +50,22 @@ def _opcheck_cases(g, w, residual, pw, nw):
     ]
 
 
+def _to(dev, ts):
+    return [t.to(dev) for t in ts]
+
+
 @pytest.fixture
 def finite(gen):
     """Data without NaN: torch.library.opcheck compares results with
     assert_close, for which NaN != NaN."""
-    g, w = random_case(gen, T, K, H)
-    return g, w, random_bf16(gen, T, H, scale=3.0), random_bf16(gen, H), random_bf16(gen, H)
+    return layer(gen, T, K, H, scale=3.0, specials=False)
 
 
-def test_opcheck(finite):
+@pytest.mark.parametrize("dev", DEVICES)
+def test_opcheck(finite, dev):
     """torch.library.opcheck: schema (mutations as annotated, no aliasing),
     fake tensors, autograd registration, AOT dispatch with dynamic shapes."""
-    for op, args in _opcheck_cases(*finite):
+    for op, args in _opcheck_cases(*_to(dev, finite)):
         torch.library.opcheck(op, args)
 
 
@@ -130,10 +124,11 @@ def _compiled_equals_eager(module, args, inplace_arg=None):
         assert_bits_equal(a, b, "argument %d after the call" % i)
 
 
+@pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("inplace", [False, True])
 @pytest.mark.parametrize("strategy", [None, "unfused"])
-def test_compile_fullgraph_cpu(data, inplace, strategy):
-    g, w, residual, pw, nw = data
+def test_compile_fullgraph(data, dev, inplace, strategy):
+    g, w, residual, pw, nw = _to(dev, data)
     _compiled_equals_eager(Layer(pw, nw, inplace, strategy), (g, w, residual))
 
 
@@ -192,32 +187,12 @@ def test_backward_refused_through_operator(data):
 
 # ---- CUDA ---------------------------------------------------------------------
 
-def _to(dev, ts):
-    return [t.to(dev) for t in ts]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
-@pytest.mark.parametrize("inplace", [False, True])
-def test_compile_fullgraph_cuda(data, inplace):
-    _cuda_skip()
-    g, w, residual, pw, nw = _to("cuda", data)
-    _compiled_equals_eager(Layer(pw, nw, inplace), (g, w, residual))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
-def test_opcheck_cuda(finite):
-    _cuda_skip()
-    for op, args in _opcheck_cases(*_to("cuda", finite)):
-        torch.library.opcheck(op, args)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+@needs_cuda
 @pytest.mark.parametrize("inplace", [False, True])
 def test_cuda_graph_capture_and_replay(gen, inplace):
     """The functions called during a CUDA graph capture are recorded; each
     replay on new inputs (copied into the captured buffers) gives the eager
     CPU bits."""
-    _cuda_skip()
     dev = torch.device("cuda")
     pw, nw = random_bf16(gen, H).to(dev), random_bf16(gen, H).to(dev)
     g0, w0 = random_case(gen, T, K, H)
@@ -258,10 +233,9 @@ def test_cuda_graph_capture_and_replay(gen, inplace):
             assert_bits_equal(sr, r, "replay %d residual unchanged" % step)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch")
+@needs_cuda
 def test_compile_reduce_overhead_cuda(data):
     """torch.compile's CUDA graphs (mode="reduce-overhead") around the operators."""
-    _cuda_skip()
     g, w, residual, pw, nw = _to("cuda", data)
     m = Layer(pw, nw)
     want = m(g, w, residual)

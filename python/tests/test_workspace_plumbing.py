@@ -2,19 +2,18 @@
 so the Python plumbing runs on any host: the unique id broadcast over a
 torch.distributed group (gloo, one rank), ncclCommInitRank's arguments, the
 config handed to beam_workspace_create_nccl, and close()'s order (workspace,
-then communicator). The real NCCL path runs in test_cuda_gather.py."""
+then communicator). The real NCCL path runs in test_gather_process_group.py."""
 import contextlib
-import os
-import tempfile
-import time
 
 import pytest
 import torch
 
 import beammoe
 from beammoe import _lib, _nccl
+from conftest import needs_gloo, settle
 
 dist = pytest.importorskip("torch.distributed")
+pytestmark = needs_gloo
 
 
 class _CudaOps:
@@ -39,18 +38,8 @@ class _CudaOps:
         return self._real.workspace_destroy(h)
 
 
-def _settle():
-    """Let gloo's worker thread drop the tensors of its last broadcast before
-    a process group is destroyed: torch 2.4's ProcessGroupGloo destructor
-    joins that thread while holding the GIL, and the thread may still need
-    the GIL to free them (a hang seen once in this file with torch 2.4.1)."""
-    time.sleep(0.2)
-
-
 @pytest.fixture
-def stubbed(monkeypatch):
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
+def stubbed(monkeypatch, gloo1):
     calls = []
     grp = beammoe.CpuGroup(1)
     real = _lib.backend_ops
@@ -75,15 +64,9 @@ def stubbed(monkeypatch):
 
     monkeypatch.setattr(_nccl, "comm_init_rank", init)
     monkeypatch.setattr(_nccl, "comm_destroy", lambda c: calls.append(("comm_destroy", c)))
-    with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
-        try:
-            yield calls
-        finally:
-            _settle()
-            dist.destroy_process_group()
-            monkeypatch.undo()
-            grp.close()
+    yield calls
+    monkeypatch.undo()
+    grp.close()
 
 
 def test_workspace_collective_plumbing(stubbed):
@@ -115,7 +98,7 @@ def test_workspace_on_a_subgroup(stubbed):
         assert ws.moe_gather_separate_norm_min_tokens == 9 and ws.twoshot_max_tokens == 8
     # no override of the others: the backend's defaults
     assert stubbed[2][4] == (defaults.oneshot_max_tokens, 8, defaults.timeout_ms)
-    _settle()  # before the subgroup (also ws.device_group) is released
+    settle()  # before the subgroup (also ws.device_group) is released
 
 
 def test_workspace_argument_types(stubbed):
