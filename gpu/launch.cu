@@ -81,8 +81,15 @@ namespace bm_pick {
 enum { ANY = -1 };
 enum { FIN = 1, FUSED = 2, RES = 4, BARE = 8, SLOTS = FIN | FUSED, NOSLOTS = RES | BARE };
 enum { H1K = 1, H2K = 2, H4K = 4, H8K = 8 };
-/* 1 << bm_qf_of(kind): the forms of lib/quant_forms.def; QUANT any of them */
-enum { NOQ = 1 << BM_QF_NONE, FP8 = 1 << BM_QF_FP8, NVFP4 = 1 << BM_QF_NVFP4, QUANT = (1 << BM_QF_COUNT) - 2 };
+/* 1 << bm_qf_of(kind): the forms of lib/quant_forms.def; FP8 the E4M3
+ * forms (the FP8 kinds, and MXFP8, which takes their rows: the same bytes
+ * and arithmetic, not measured for it apart); QUANT any of them */
+enum {
+    NOQ = 1 << BM_QF_NONE,
+    FP8 = 1 << BM_QF_FP8 | 1 << BM_QF_MXFP8,
+    NVFP4 = 1 << BM_QF_NVFP4,
+    QUANT = (1 << BM_QF_COUNT) - 2
+};
 static_assert(BM_QF_COUNT <= 4, "a row's quant field holds four forms");
 constexpr int64_t MAXT = INT64_MAX;
 
