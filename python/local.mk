@@ -14,7 +14,7 @@ EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/setup.py python/
 	python/beammoe/_lib.py python/beammoe/_nccl.py python/beammoe/_run.py \
 	python/beammoe/_torch_ops.py python/beammoe/ops.py python/beammoe/workspace.py python/beammoe/audit.py \
 	python/beammoe/_pgather.py python/beammoe/_prepared.py python/beammoe/_calls.py python/beammoe/_checks.py \
-	python/beammoe/quant.py python/beammoe/fp8.py \
+	python/beammoe/quant.py python/beammoe/fp8.py python/beammoe/_forms.py \
 	python/tests/conftest.py python/tests/reference.py python/tests/_pg_worker.py \
 	python/tests/test_fused.py python/tests/test_errors.py \
 	python/tests/test_gather_cpu.py python/tests/test_workspace_plumbing.py \

@@ -7,7 +7,10 @@ and every other backend library the build made, libbeammoe_cuda.so.0 when
 the CUDA backend was built (".so.0": the
 ABI of configure.ac, whose copy in beammoe/_lib.py configure checks, and
 which this file reads from there), and the `beammoe` tool as
-beammoe/_libs/beammoe-tool, which beammoe.audit_file runs. The dispatcher
+beammoe/_libs/beammoe-tool, which beammoe.audit_file runs, and always (with
+BEAMMOE_BUNDLE=0 too) the source tree's lib/quant_forms.def, the C
+library's list of quantized forms from which the package derives their
+layouts (beammoe/_forms.py), as beammoe/_libs/quant_forms.def. The dispatcher
 finds its backends beside itself, so the installed package works from any
 directory with no environment variable. The wheel is tagged
 py3-none-PLATFORM: it carries native libraries for this platform but holds
@@ -46,6 +49,8 @@ SO_SUFFIX = _so_suffix()
 # the dispatcher and the CPU backend always; every other backend library
 # (libbeammoe_<name>, lib/backends.def) that the build made
 REQUIRED = ("libbeammoe" + SO_SUFFIX, "libbeammoe_cpu" + SO_SUFFIX)
+# the list of quantized forms, in the source tree above this directory
+FORMS = os.path.join(os.path.dirname(HERE), "lib", "quant_forms.def")
 
 
 def _tool(build):
@@ -84,18 +89,21 @@ def _libraries():
 
 
 class BuildPyWithLibraries(build_py):
-    """build_py, then the libraries into beammoe/_libs/ of the build directory
-    (never into the source tree)."""
+    """build_py, then the list of forms and the libraries into beammoe/_libs/
+    of the build directory (never into the source tree)."""
 
     def run(self):
         super().run()
         dest = os.path.join(self.build_lib, "beammoe", "_libs")
         if os.path.isdir(dest):
             shutil.rmtree(dest)  # no library left over from an earlier build
+        if not os.path.isfile(FORMS):
+            raise SystemExit("beammoe: %s not found: install the package from the source tree (its python/ "
+                             "directory), whose lib/quant_forms.def lists the quantized forms" % FORMS)
         libs = _libraries()
-        if not libs:
-            return
         os.makedirs(dest)
+        shutil.copyfile(FORMS, os.path.join(dest, "quant_forms.def"))
+        self.announce("beammoe: carrying %s as beammoe/_libs/quant_forms.def" % FORMS, level=2)
         for src, name in libs:
             shutil.copyfile(src, os.path.join(dest, name))
             os.chmod(os.path.join(dest, name), 0o755)

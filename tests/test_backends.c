@@ -428,7 +428,7 @@ static int g_copy(const grank *a, void *h, void *d, size_t n, int up)
 static size_t g_diff(const void *got, const void *want, size_t n, size_t size)
 {
     size_t i;
-    if (!memcmp(got, want, n * size)) return n;
+    if (n == 0 || !memcmp(got, want, n * size)) return n;
     for (i = 0; i < n && !memcmp((const char *)got + i * size, (const char *)want + i * size, size); i++) continue;
     return i;
 }

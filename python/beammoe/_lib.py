@@ -81,7 +81,7 @@ class BeamQuant(ctypes.Structure):
         ("values", ctypes.c_void_p),
         ("scales", ctypes.c_void_p),
         ("scale_ld", ctypes.c_int64),
-        ("block_scales", ctypes.c_void_p),  # NVFP4's E4M3 block scales; otherwise NULL
+        ("block_scales", ctypes.c_void_p),  # NVFP4's E4M3, MXFP8's E8M0 block scales; otherwise NULL
     ]
 
 

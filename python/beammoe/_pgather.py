@@ -24,12 +24,12 @@ The result is the composition that the library's fused operation equals by
 construction (docs/numerics.md), so every strategy and world size gives the
 bits of the one-process fused operation.
 
-The quantized form (beammoe.fp8: FP8Quant, NVFP4Quant) is the same call
-with the form's checks in step 1 (the caller's, then the library's own on
-zero rows: beam_moe_finalize_norm_residual_norm_q), its form in the
-signature (kind, group_size and UE8M0, and the scale, which the ranks must
-share as in the library's gather; where the scales lie and whether
-normalized is kept are each rank's own), and step 3 through the library's
+The quantized form (beammoe.quant: FP8Quant, NVFP4Quant, MXFP8Quant) is
+the same call with the form's checks in step 1 (the caller's, then the
+library's own on zero rows: beam_moe_finalize_norm_residual_norm_q), its
+form in the signature (kind, group_size and UE8M0, and the scale, which
+the ranks must share as in the library's gather; where the scales lie and
+whether normalized is kept are each rank's own), and step 3 through the library's
 norm_residual_norm_q with the form's beam_quant: the library quantizes the
 T gathered rows' normalized, so q and q_scales are the bits of the local
 _fp8 operation on all the tokens, as the library's gather writes them.
@@ -60,6 +60,7 @@ import struct
 import torch
 
 from . import _calls
+from . import _forms
 from . import _lib
 from . import _run
 from . import _checks as A
@@ -86,7 +87,6 @@ _STRATEGY = {0: "auto", 1: "fused", 2: "unfused", 3: "oneshot", 4: "twoshot"}
 _NAMES = '"auto", "oneshot", "twoshot" or "unfused"'
 assert _FIELD0 + len(CALL_FIELDS) <= _HEAD - 1
 _FUSED = "beam_moe_finalize_norm_residual_norm"
-_QUANT_KINDS = {1: "FP8 group", 2: "FP8 token", 3: "FP8 tensor", _run.NVFP4: "NVFP4"}
 
 
 def _f32_bits(v):
@@ -145,8 +145,7 @@ def _shown(kind, v):
     if kind == "quant":
         if v == 0:
             return "None"
-        return "%s (group_size %d%s)" % (_QUANT_KINDS.get(v & 0xFF, "kind %d" % (v & 0xFF)), (v >> 8) & 0xFFFF,
-                                         ", ue8m0" if v >> 24 else "")
+        return "%s (group_size %d%s)" % (_forms.name(v & 0xFF), (v >> 8) & 0xFFFF, ", ue8m0" if v >> 24 else "")
     return str(v)
 
 

@@ -14,15 +14,16 @@ each call that uses it. Zeros and NaN are not cached: 0.0 == -0.0 as keys,
 but a scale of -0.0 gives other bits than +0.0, and NaN is no key at all.
 
 The quantized output's tensors and its beam_quant struct (empty_outputs,
-struct; the FP8 kinds of docs/numerics.md#fp8 and NVFP4 of #nvfp4) are made
-here for the functions (quant.py), the torch operators (_torch_ops.py) and
-the gather run by Python alike: the same shapes, strides and dtype in a
-call, its fake implementation and a CUDA graph.
+struct; every form of lib/quant_forms.def, its layout from its line there:
+_forms.py) are made here for the functions (quant.py), the torch operators
+(_torch_ops.py) and the gather run by Python alike: the same shapes,
+strides and dtype in a call, its fake implementation and a CUDA graph.
 """
 import ctypes
 
 import torch
 
+from . import _forms
 from . import _lib
 from ._lib import BeamNorm, BeamQuant
 
@@ -199,62 +200,61 @@ def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale
     del keep_post, keep_next, keep_s
 
 
-# ---- the quantized output ----
+# ---- the quantized output: each form's layout from its line of lib/quant_forms.def (_forms) ----
 
-KINDS = {"group": 1, "token": 2, "tensor": 3}  # FP8Quant's kinds
-NVFP4 = 4  # BEAM_QUANT_NVFP4: NVFP4Quant's kind, not an FP8Quant kind
-NVFP4_BLOCK = 16  # values per E4M3 block scale (the library's group_size)
+KINDS = {"group": _forms.FP8_GROUP, "token": _forms.FP8_TOKEN, "tensor": _forms.FP8_TENSOR}  # FP8Quant's kinds
+NVFP4 = _forms.NVFP4  # NVFP4Quant's kind
+MXFP8 = _forms.MXFP8  # MXFP8Quant's kind
 UE8M0 = 1
 COL_MAJOR = 2
-# torch.float8_e4m3fn where torch has it (>= 2.1); uint8 bits otherwise
+# The dtypes where torch has them, uint8 bits otherwise: E4M3 values and
+# scales (torch.float8_e4m3fn, torch >= 2.1), two E2M1 values a byte
+# (torch.float4_e2m1fn_x2, newer), E8M0 scale codes (torch.float8_e8m0fnu)
 FP8 = getattr(torch, "float8_e4m3fn", None)
-# torch.float4_e2m1fn_x2 (two E2M1 values a byte) where torch has it (newer
-# than float8); uint8 bits otherwise
 FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
+E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
 def _bits(dtype):
     return dtype if dtype is not None else torch.uint8
 
 
-def nvfp4_outputs(tokens, hidden, device):
-    """(q, q_scales) of NVFP4, as vLLM's scaled_fp4_quant returns them: q
-    [tokens, hidden / 2] packed E2M1; q_scales [tokens rounded up to 128,
-    hidden / 16] E4M3, whose bytes are the 128 x 4 tiled layout
-    (BEAM_NVFP4_SCALE_BYTES of them; the rows past the last token's tile
-    row are padding the library does not write)."""
-    q = torch.empty(tokens, hidden // 2, dtype=_bits(FP4X2), device=device)
-    rows = (tokens + 127) // 128 * 128
-    return q, torch.empty(rows, hidden // NVFP4_BLOCK, dtype=_bits(FP8), device=device)
-
-
 def empty_outputs(kind, group_size, flags, scale, tokens, hidden, device):
-    """(q, q_scales) for tokens x hidden: q [tokens, hidden] FP8; q_scales
-    [tokens, hidden / group] (column-major: strides (1, ld), ld = tokens
-    rounded up to 4, DeepGEMM's layout), [tokens, 1] per token, or [1]
-    holding the static scale; NVFP4: nvfp4_outputs."""
-    if kind == NVFP4:
-        return nvfp4_outputs(tokens, hidden, device)
-    q = torch.empty(tokens, hidden, dtype=_bits(FP8), device=device)
-    if kind == KINDS["group"]:
-        groups = hidden // group_size
-        if flags & COL_MAJOR:
-            ld = (tokens + 3) // 4 * 4
-            scales = torch.empty_strided((tokens, groups), (1, ld), dtype=torch.float32, device=device)
-        else:
-            scales = torch.empty(tokens, groups, dtype=torch.float32, device=device)
-    elif kind == KINDS["token"]:
-        scales = torch.empty(tokens, 1, dtype=torch.float32, device=device)
-    else:
-        scales = torch.full((1,), scale, dtype=torch.float32, device=device)
-    return q, scales
+    """(q, q_scales) of form `kind` for tokens x hidden: q [tokens, hidden *
+    bits / 8], E4M3 (8 bits) or E2M1 pairs (4 bits); q_scales, by the
+    form's scales: block bytes [tokens rounded up to 128, hidden / group],
+    E8M0 codes or E4M3, whose bytes are the 128 x 4 tiled layout (the rows
+    past the last token's are padding the library does not write); FP32 [1]
+    holding the caller's static scale; [tokens, 1] per row; or [tokens,
+    hidden / group] (column-major: strides (1, ld), ld = tokens rounded up
+    to 4, DeepGEMM's layout)."""
+    f = _forms.form(kind)
+    q = torch.empty(tokens, hidden * f.bits // 8, dtype=_bits(FP4X2 if f.bits == 4 else FP8), device=device)
+    if f.blocks:
+        rows = (tokens + 127) // 128 * 128
+        return q, torch.empty(rows, hidden // f.group, dtype=_bits(E8M0 if f.scale == _forms.E8M0 else FP8),
+                              device=device)
+    if f.scale == _forms.STATIC:
+        return q, torch.full((1,), scale, dtype=torch.float32, device=device)
+    if f.group == _forms.ROW:
+        return q, torch.empty(tokens, 1, dtype=torch.float32, device=device)
+    group = f.group or group_size
+    groups = hidden // group if group > 0 else 0  # the library names a group_size it refuses
+    if flags & COL_MAJOR:
+        ld = (tokens + 3) // 4 * 4
+        return q, torch.empty_strided((tokens, groups), (1, ld), dtype=torch.float32, device=device)
+    return q, torch.empty(tokens, groups, dtype=torch.float32, device=device)
 
 
 def struct(kind, group_size, flags, scale, q, scales):
-    """The beam_quant of a call writing q and scales (keep it alive for the call)."""
-    if kind == NVFP4:  # the block scales in block_scales; the FP8 scales pointer stays NULL
-        return BeamQuant(kind, group_size, flags, scale, addr(q), None, 0, addr(scales))
-    tensor = kind == KINDS["tensor"]
-    ld = scales.stride(1) if kind == KINDS["group"] and flags & COL_MAJOR else 0
-    return BeamQuant(kind, group_size, flags, scale if tensor else 0.0, addr(q),
-                          None if tensor else addr(scales), ld)
+    """The beam_quant of a call writing q and scales (keep it alive for the
+    call): block scales in block_scales, FP32 ones in scales (NULL for a
+    static scale); the scale field the caller's where the form takes one."""
+    f = _forms.form(kind)
+    given = scale if f.scale in (_forms.STATIC, _forms.GLOBAL) else 0.0
+    if f.blocks:
+        return BeamQuant(kind, group_size, flags, given, addr(q), None, 0, addr(scales))
+    if f.scale == _forms.STATIC:
+        return BeamQuant(kind, group_size, flags, given, addr(q), None, 0)
+    ld = scales.stride(1) if f.group == 0 and flags & COL_MAJOR else 0
+    return BeamQuant(kind, group_size, flags, given, addr(q), addr(scales), ld)

@@ -24,8 +24,9 @@ on torch's current stream, with no host synchronization).
         -> (hidden, normalized, q, q_scales)
 
 The *_fp8 operators' kind, group_size, flags and scale are the library's
-beam_quant fields (FP8Quant.fields(), NVFP4Quant.fields(): kind 4 is NVFP4);
-q and q_scales are shaped as _run.empty_outputs makes them.
+beam_quant fields (FP8Quant.fields(), NVFP4Quant.fields(): kind 4 is NVFP4,
+MXFP8Quant.fields(): kind 5 is MXFP8); q and q_scales are shaped as
+_run.empty_outputs makes them, from the form's line of lib/quant_forms.def.
 
 `!` marks the tensor written in place; every other tensor is read only and
 every result is a new tensor. Without a next norm (next_eps None) the

@@ -1,4 +1,4 @@
-"""The next layer's quantized input, FP8 or NVFP4, in the same pass (docs/numerics.md#fp8, #nvfp4).
+"""The next layer's quantized input, FP8, NVFP4 or MXFP8, in the same pass (docs/numerics.md#fp8, #nvfp4, #mxfp8).
 
 The functions are named as the C calls (beam_*_q); beammoe.fp8 and the
 *_fp8 names, which this module kept as aliases, are their former names.
@@ -37,6 +37,20 @@ FP4 GEMMs, as vLLM's scaled_fp4_quant writes it:
       bytes in the 128 x 4 tiled layout the GEMM reads (swizzled, not row
       t, column b); the padding rows past the last token are not written
 
+or to MXFP8 (docs/numerics.md#mxfp8), the input of Blackwell's block-scaled
+FP8 GEMMs:
+
+  MXFP8Quant()
+      no arguments (its fields() are (5, 32, 0, 0.0)): q [tokens, hidden]
+      E4M3 (torch.float8_e4m3fn, or uint8); q_scales [tokens rounded up to
+      128, hidden / 32] an E8M0 code per 32 values, the power of two that
+      scales them (torch.float8_e8m0fnu where torch has it, else uint8), in
+      the same 128 x 4 tiled layout; the padding rows are not written
+
+Each form's layout (the values' bytes a row, FP32 scales or tiled block
+scale bytes, its group) follows from its line of lib/quant_forms.def, the
+C library's list of forms (_forms.py).
+
 q and q_scales equal quantizing the BF16 normalized output afterwards, bit
 for bit, on every backend. keep_normalized=False (the default) writes only
 the quantized form (normalized is None); True writes both. With torch >= 2.4
@@ -60,13 +74,14 @@ import ctypes
 
 import torch
 
+from . import _forms
 from . import _pgather
 from . import _run
 from . import _checks as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
 from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, operator_needed, route, scales_list
 from ._checks import FUSED, FUSED_NAMES, GATHER, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
-from ._run import COL_MAJOR, KINDS, NVFP4, NVFP4_BLOCK, UE8M0, empty_outputs, struct
+from ._run import COL_MAJOR, KINDS, MXFP8, NVFP4, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
 from .workspace import Workspace, check_workspace
 
@@ -128,7 +143,6 @@ class NVFP4Quant:
     __slots__ = ("global_scale",)
 
     kind = "nvfp4"
-    group_size = NVFP4_BLOCK
 
     def __init__(self, global_scale):
         g = A.number("NVFP4Quant", "global_scale", global_scale)
@@ -141,19 +155,46 @@ class NVFP4Quant:
     def __repr__(self):
         return "NVFP4Quant(%r)" % self.global_scale
 
+    @property
+    def group_size(self):
+        """Values per block scale: the form's group of lib/quant_forms.def (16)."""
+        return _forms.form(NVFP4).group
+
     def fields(self):
         """(kind, group_size, flags, scale): the library's encoding (the
         torch operators' arguments)."""
-        return NVFP4, NVFP4_BLOCK, 0, self.global_scale
+        return NVFP4, self.group_size, 0, self.global_scale
 
 
-QUANTS = (FP8Quant, NVFP4Quant)
+class MXFP8Quant:
+    """MXFP8 (docs/numerics.md#mxfp8): E4M3 values and an E8M0 scale per 32,
+    computed; no arguments (see the module's text)."""
+
+    __slots__ = ()
+
+    kind = "mxfp8"
+
+    def __repr__(self):
+        return "MXFP8Quant()"
+
+    @property
+    def group_size(self):
+        """Values per block scale: the form's group of lib/quant_forms.def (32)."""
+        return _forms.form(MXFP8).group
+
+    def fields(self):
+        """(kind, group_size, flags, scale): the library's encoding (the
+        torch operators' arguments)."""
+        return MXFP8, self.group_size, 0, 0.0
+
+
+QUANTS = (FP8Quant, NVFP4Quant, MXFP8Quant)
 
 
 def _flags_and_next(fn, quant, inplace, keep_normalized, ne):
     """The arguments the functions add to the plain ones; returns quant."""
     if not isinstance(quant, QUANTS):
-        raise TypeError("%s: quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got %s"
+        raise TypeError("%s: quant must be a beammoe.FP8Quant, beammoe.NVFP4Quant or beammoe.MXFP8Quant, got %s"
                         % (fn, type(quant).__name__))
     A.flag(fn, "inplace", inplace)
     A.flag(fn, "keep_normalized", keep_normalized)
@@ -201,7 +242,7 @@ def _check_fused_q(fn, x, residual, post_weight, post_eps, next_weight, next_eps
 
 def beam_norm_residual_norm_q(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
                               scales=None, *, quant, inplace=False, keep_normalized=False):
-    """beam_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4 (quant).
+    """beam_norm_residual_norm with the next norm's output also (or only) in FP8, NVFP4 or MXFP8 (quant).
 
     Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
     fn = NRN + "_q"
@@ -217,7 +258,7 @@ def beam_norm_residual_norm_q(x, residual, pre_weight=None, pre_eps=None, next_w
 def beam_moe_finalize_norm_residual_norm_q(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
                                            routed_scale=1.0, *, quant, strategy=None, inplace=False,
                                            keep_normalized=False):
-    """beam_moe_finalize_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4 (quant).
+    """beam_moe_finalize_norm_residual_norm with the next norm's output also (or only) in FP8, NVFP4 or MXFP8 (quant).
 
     Returns (hidden, normalized | None, q, q_scales); next_eps is required."""
     fn = FUSED + "_q"
@@ -234,7 +275,7 @@ def beam_moe_finalize_norm_residual_norm_q(x, residual, post_weight, post_eps, n
 def beam_moe_finalize_gather_norm_residual_norm_q(x, residual, post_weight, post_eps, next_weight, next_eps,
                                                   scales, workspace, routed_scale=1.0, *, quant, strategy=None,
                                                   inplace=False, keep_normalized=False):
-    """beam_moe_finalize_gather_norm_residual_norm with the next norm's output also (or only) in FP8 or NVFP4.
+    """beam_moe_finalize_gather_norm_residual_norm with the next norm's output also (or only) in FP8, NVFP4 or MXFP8.
 
     Collective, with the gather's rules: x holds this rank's tokens, residual
     all T = residual.shape[0]. Returns (hidden, normalized | None, q,

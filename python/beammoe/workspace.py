@@ -210,9 +210,9 @@ class Workspace:
       collectives on CPU tensors (gloo). The gather takes CPU tensors: each
       rank finalizes its own rows with the library, the rows are
       all-gathered over the group (or the all_gather hook), and the
-      residual add and norms run with the library on all rows (the FP8 and
-      NVFP4 forms: norm_residual_norm_q, the library quantizing them); every
-      strategy gives these same bits. Each rank's argument checks and a
+      residual add and norms run with the library on all rows (the
+      quantized forms: norm_residual_norm_q, the library quantizing them);
+      every strategy gives these same bits. Each rank's argument checks and a
       signature of its arguments travel first, so a rank that rejects its
       arguments, or ranks that disagree, make every rank raise.
 
@@ -535,7 +535,7 @@ class Workspace:
                     quant=None):
         """The library's gather with AUTO resolved from the attributes (the
         library's own rule while they are the values it was handed); quant:
-        the BeamQuant of its FP8 output, or None."""
+        the BeamQuant of its quantized output, or None."""
         handle, ops = self.handle, self._ops
 
         def run(strategy):

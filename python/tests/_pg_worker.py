@@ -13,7 +13,7 @@ bits       the gather against the one-process fused operation, the
            disagree (tokens, scales, eps, workspace sizes): every rank
            raises and the group stays usable; and last, a peer that never
            arrives: a BeamCommError within timeout_ms.
-quant      the quantized form: every FP8 form and NVFP4, every strategy,
+quant      the quantized form: every FP8 form, NVFP4 and MXFP8, every strategy,
            normalized kept or not, in place or not, over the group and
            through the hook, against the one-process local _fp8 operation
            on all the tokens, bit for bit; and ranks that differ in the
@@ -247,7 +247,8 @@ def quant(rank, nranks):
                       local_q(g, w, residual, pw, nw, mine), rank == 1, "own layout")
         fn = FN + "_q"
         for form in (beammoe.FP8Quant("token", ue8m0=rank == 1), beammoe.NVFP4Quant(1.0 + rank),
-                     beammoe.NVFP4Quant(1.0) if rank == 0 else beammoe.FP8Quant("tensor", scale=1.0)):
+                     beammoe.NVFP4Quant(1.0) if rank == 0 else beammoe.FP8Quant("tensor", scale=1.0),
+                     beammoe.MXFP8Quant() if rank == 0 else beammoe.NVFP4Quant(1.0)):
             res = residual.clone()
             expect(beammoe.BeamArgumentError, r"^%s: the ranks disagree on quant( scale)?: rank 0 has" % fn,
                    lambda: gather_q(ws, lg, lw, res, pw, nw, form, inplace=True))

@@ -32,7 +32,8 @@ from reference import BF16, assert_bits_equal, fused_spec  # noqa: E402
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
 needs_fp8 = pytest.mark.skipif(FP8 is None, reason="torch %s has no float8_e4m3fn" % torch.__version__)
-# every FP8Quant form (test_fp8.py checks them against torch's quantization), then NVFP4 (vLLM's g for amax 4)
+# every FP8Quant form (test_fp8.py checks them against torch's quantization), then the block forms: NVFP4
+# (vLLM's g for amax 4) and MXFP8 (test_fp8.py checks them against models of the docs)
 FORMS = [
     beammoe.FP8Quant("group", 128),
     beammoe.FP8Quant("group", 64, ue8m0=True),
@@ -42,7 +43,9 @@ FORMS = [
     beammoe.FP8Quant("token", ue8m0=True),
     beammoe.FP8Quant("tensor", scale=0.0125),
 ]
-QUANTS = FORMS + [beammoe.NVFP4Quant(672.0)]
+BLOCK_QUANTS = [beammoe.NVFP4Quant(672.0), beammoe.MXFP8Quant()]
+QUANTS = FORMS + BLOCK_QUANTS
+QUANT_TYPES = r"quant must be a beammoe.FP8Quant, beammoe.NVFP4Quant or beammoe.MXFP8Quant, got "  # quant=other
 STRATEGIES = (None, "oneshot", "twoshot", "unfused")  # the gather's
 K, H = 4, 512  # top_k and hidden of the gather tests' layer (gather, fused, gather_q, local_q)
 ARGS = dict(scales=(0.5, 1.5), routed=1.25)
@@ -177,8 +180,9 @@ def poison_outputs(setattr=setattr):
     scales NaN; a static scale is the caller's, not written), the local
     call's and the gather's alike (the functions' maker, and _run's, which
     the gather in Python takes), so that a byte not written shows, and
-    NVFP4's padding rows of q_scales (not written) keep 0xFF and compare
-    equal. Column-major padding is never compared (the view leaves it out)."""
+    the block forms' padding rows of q_scales (not written) keep 0xFF and
+    compare equal. Column-major padding is never compared (the view leaves
+    it out)."""
     empty = _run.empty_outputs
 
     def empty_outputs(*args):

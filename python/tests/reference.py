@@ -10,6 +10,13 @@ rmsnorm_hf is HF's RMSNorm (weight * (x.float() * rsqrt(var + eps)).to(bf16));
 its mean() reduction order is torch's, not the tree of docs/numerics.md#halving-tree, so results that pass
 through a norm are checked against the C library instead (and against
 rmsnorm_hf only to within one BF16 step).
+
+The quantized forms' models (docs/numerics.md#fp8, #nvfp4, #mxfp8) share
+the E4M3 table (E4M3_VALUES, nearest_code: rounding to a format is a search
+in the table of its values, not torch's conversion, so the models run on
+every torch the package supports, 1.13 without float8 dtypes included),
+pow2ceil and the block scales' tiled layout (block_scale_offsets);
+mxfp8_model is docs/numerics.md#mxfp8 written from its text.
 """
 import torch
 
@@ -141,3 +148,64 @@ def fused_spec(gemm2, weights, live, residual, post_weight, post_eps, next_weigh
     if post_eps is not None:
         f = rmsnorm_spec(f.float(), post_weight, post_eps)
     return nrn_spec(f, residual, None, None, scales, next_weight, next_eps)
+
+
+# ---- the quantized forms -----------------------------------------------------------------
+
+def e4m3_values():
+    """The non-negative finite E4M3 values, by code 0..0x7E: bias 7, 3
+    mantissa bits, subnormals on the grid of 2^-9 (0x7F is the NaN)."""
+    out = []
+    for code in range(0x7F):
+        e, m = code >> 3, code & 7
+        out.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+E4M3_VALUES = e4m3_values()
+
+
+def nearest_code(values, v):
+    """The code of the value in `values` (increasing, by code) nearest to v
+    (FP64 magnitudes >= 0, no NaN), ties to the even code; beyond the last,
+    the last. Exact: the midpoints of the tables' neighbours are FP64 numbers
+    and every FP32 is an FP64."""
+    hi = torch.searchsorted(values, v).clamp(max=len(values) - 1)
+    lo = (hi - 1).clamp(min=0)
+    mid = (values[lo] + values[hi]) / 2
+    even = torch.where(lo % 2 == 0, lo, hi)
+    return torch.where(v < mid, lo, torch.where(v > mid, hi, even))
+
+
+def pow2ceil(s):
+    """The smallest power of two >= s (s > 0), by frexp (exact)."""
+    m, e = torch.frexp(s)
+    return torch.where(m == 0.5, s, torch.ldexp(torch.ones_like(s), e))
+
+
+def block_scale_offsets(tokens, n):
+    """[tokens, n]: the byte of token t's block scale b in the 128 x 4 tiled
+    layout of n scales a row (the docs' formula, BEAM_BLOCK_SCALE_OFFSET)."""
+    t = torch.arange(tokens, dtype=torch.int64)[:, None]
+    b = torch.arange(n, dtype=torch.int64)[None, :]
+    return 512 * ((t // 128) * (n // 4) + b // 4) + 16 * (t % 32) + 4 * ((t % 128) // 32) + b % 4
+
+
+def mxfp8_model(normalized):
+    """(values [T, H] uint8, E8M0 codes [T, H / 32] int64) of BF16 rows, as
+    docs/numerics.md#mxfp8 writes them, for each group of 32 values x:
+    absmax = max(1e-10, |x|) (a NaN skipped), s = the smallest power of two
+    >= max(absmax / 448, 1e-10) (FP32 quotient), code = log2(s) + 127,
+    values e4m3(clamp(x / s)) (a NaN clamps to -448; signed zeros keep
+    their sign). For finite rows (an infinity has no power of two)."""
+    t, h = normalized.shape
+    x = normalized.cpu().float().view(t, h // 32, 32)
+    a = x.abs()
+    floor = torch.tensor(1e-10, dtype=F32)
+    absmax = torch.maximum(torch.where(torch.isnan(a), torch.zeros_like(a), a).amax(-1), floor)
+    s = pow2ceil(torch.maximum(absmax / torch.full_like(absmax, 448.0), floor))
+    _, e = torch.frexp(s)  # s = 2^(e - 1)
+    y = (x / s[..., None]).clamp(-448.0, 448.0)
+    y = torch.where(torch.isnan(y), torch.full_like(y, -448.0), y)
+    code = nearest_code(E4M3_VALUES, y.abs().double()) | torch.signbit(y).long() * 0x80
+    return code.to(torch.uint8).view(t, h), (e - 1 + 127).long()

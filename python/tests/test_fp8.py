@@ -1,6 +1,8 @@
 """The quantized output of normalized: FP8 (beammoe.FP8Quant) against
 torch's own quantization, NVFP4 (beammoe.NVFP4Quant) against a model of
-docs/numerics.md#nvfp4 written from its text.
+docs/numerics.md#nvfp4 written from its text, MXFP8 (beammoe.MXFP8Quant)
+against reference.mxfp8_model, docs/numerics.md#mxfp8 written from its
+text.
 
 The FP8 reference: the plain call's BF16 normalized, quantized with torch
 operations as docs/numerics.md#fp8 writes it (the group's or token's largest
@@ -15,30 +17,37 @@ g * (1 / value), each rounded to FP32 (0 for a zero scale); each value's E2M1 co
 nearest of the eight magnitudes with ties to the even code, saturating,
 signed, NaN -> 0x7; two codes a byte, element 2i low. The scale codes at
 the docs' tiled offsets. Rounding to a format is a search in the table of
-its values (nearest_code), not torch's conversion: the model runs on every
+its values (nearest_code), not torch's conversion: the models run on every
 torch the package supports (1.13 has no float8 dtypes), on the CPU.
 Every function (the local operations, the gather over a CPU group too,
-run by the library or in Python) against the model, bit for bit, on the
+run by the library or in Python) against the models, bit for bit, on the
 CPU and on CUDA where torch sees a device; q and q_scales poisoned before
 the call, so that a byte not written shows, and the padding rows of
 q_scales (not written, the docs say) keep the poison. Then the shapes and
-dtypes (uint8 where torch has no float4_e2m1fn_x2 / float8_e4m3fn),
-torch.compile and the fake implementations, and the argument errors.
+dtypes (uint8 where torch has no float4_e2m1fn_x2 / float8_e4m3fn /
+float8_e8m0fnu), torch.compile and the fake implementations, and the
+argument errors.
 """
 import ctypes
+import os
 import re
 
 import pytest
 import torch
 
 import beammoe
-from beammoe import _run
-from conftest import DEVICES, FORMS, FP8, ThreadAllGather, compiled_and_eager, local_rows, needs_fp8, run_ranks
+from beammoe import _forms, _run
+from conftest import (BLOCK_QUANTS, DEVICES, FORMS, FP8, QUANT_TYPES, ThreadAllGather, compiled_and_eager, local_rows,
+                      needs_fp8, run_ranks)
+from reference import E4M3_VALUES, block_scale_offsets, mxfp8_model, nearest_code, pow2ceil
 
 BF16 = torch.bfloat16
 K = 4
 FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
-POISON = 0xFF  # conftest.poisoned's: no scale code (never negative) is 0xFF; q bytes are compared whole anyway
+E8M0 = getattr(torch, "float8_e8m0fnu", None)
+# conftest.poisoned's: no scale code is 0xFF (E4M3's are never negative, E8M0's
+# of finite groups never 2^128); q bytes are compared whole anyway
+POISON = 0xFF
 
 FP8_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # vLLM's usual 448 * 6 / amax for amax 4; 1; so small that every block's
@@ -48,12 +57,6 @@ GLOBAL_SCALES = [2688.0 / 4, 1.0, 1e-30, 3e35, float.fromhex("0x1.fffffep117")]
 
 
 # ---- the FP8 reference ----------------------------------------------------------------
-
-def pow2ceil(s):
-    """The smallest power of two >= s (s > 0), by frexp (exact)."""
-    m, e = torch.frexp(s)
-    return torch.where(m == 0.5, s, torch.ldexp(torch.ones_like(s), e))
-
 
 def fp8_reference(normalized, quant):
     """(q, scales) of the BF16 rows, as docs/numerics.md#fp8 writes it."""
@@ -102,31 +105,6 @@ def check_fp8(quant, q, qs, normalized):
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
 
-def e4m3_values():
-    """The non-negative finite E4M3 values, by code 0..0x7E: bias 7, 3
-    mantissa bits, subnormals on the grid of 2^-9 (0x7F is the NaN)."""
-    out = []
-    for code in range(0x7F):
-        e, m = code >> 3, code & 7
-        out.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
-    return torch.tensor(out, dtype=torch.float64)
-
-
-E4M3_VALUES = e4m3_values()
-
-
-def nearest_code(values, v):
-    """The code of the value in `values` (increasing, by code) nearest to v
-    (FP64 magnitudes >= 0, no NaN), ties to the even code; beyond the last,
-    the last. Exact: the midpoints of the tables' neighbours are FP64 numbers
-    and every FP32 is an FP64."""
-    hi = torch.searchsorted(values, v).clamp(max=len(values) - 1)
-    lo = (hi - 1).clamp(min=0)
-    mid = (values[lo] + values[hi]) / 2
-    even = torch.where(lo % 2 == 0, lo, hi)
-    return torch.where(v < mid, lo, torch.where(v > mid, hi, even))
-
-
 def e2m1(p):
     """E2M1 codes of FP32 p: the nearest magnitude (saturating), p's sign
     bit as bit 3 (a zero keeps its sign); a NaN gives 0x7."""
@@ -134,14 +112,6 @@ def e2m1(p):
     mag = nearest_code(E2M1_VALUES, torch.where(nan, torch.zeros_like(p), p.abs()).double())
     sign = (torch.signbit(p) & ~nan).long() * 8
     return torch.where(nan, torch.full_like(mag, 7), mag | sign)
-
-
-def scale_offsets(tokens, hidden):
-    """[tokens, hidden / 16]: the byte of token t's block b in the tiled
-    layout (the docs' formula, BEAM_NVFP4_SCALE_OFFSET)."""
-    t = torch.arange(tokens, dtype=torch.int64)[:, None]
-    b = torch.arange(hidden // 16, dtype=torch.int64)[None, :]
-    return (512 * ((t // 128) * (hidden // 64) + b // 4) + 16 * (t % 32) + 4 * ((t % 128) // 32) + b % 4)
 
 
 def nvfp4_model(normalized, g):
@@ -173,11 +143,19 @@ def check_nvfp4(q, qs, normalized, g, poisoned=True):
     assert q.dtype == (FP4X2 if FP4X2 is not None else torch.uint8) and q.shape == (t, h // 2)
     assert qs.dtype == (FP8 if FP8 is not None else torch.uint8) and qs.shape == (rows, h // 16)
     assert q.is_contiguous() and qs.is_contiguous()
+    check_blocks(q, qs, want_q, want_sf, poisoned)
+
+
+def check_blocks(q, qs, want_q, want_sf, poisoned):
+    """q's bytes, and q_scales' bytes at the tiled layout's offsets
+    (BEAM_BLOCK_SCALE_BYTES of them), against the model's; the padding rows
+    keep the poison."""
     got_q = q.cpu().view(torch.uint8)
     assert torch.equal(got_q, want_q), "q: %d of %d bytes differ" % (int((got_q != want_q).sum()), got_q.numel())
     flat = qs.cpu().view(torch.uint8).reshape(-1)
-    assert flat.numel() == rows * (h // 16)  # BEAM_NVFP4_SCALE_BYTES
-    off = scale_offsets(t, h)
+    t, n = want_sf.shape
+    assert flat.numel() == (t + 127) // 128 * 128 * n  # BEAM_BLOCK_SCALE_BYTES
+    off = block_scale_offsets(t, n)
     got_sf = flat[off].long()
     assert torch.equal(got_sf, want_sf), "q_scales: %d of %d differ" % (int((got_sf != want_sf).sum()),
                                                                         got_sf.numel())
@@ -187,11 +165,33 @@ def check_nvfp4(q, qs, normalized, g, poisoned=True):
         assert bool((flat[pad] == POISON).all()), "q_scales: a padding byte was written"
 
 
+def check_mxfp8(q, qs, normalized, poisoned=True):
+    """q and q_scales of `normalized`'s rows in MXFP8: reference.mxfp8_model's
+    bits at the layout's bytes; the padding rows keep the poison."""
+    t, h = normalized.shape
+    want_q, want_codes = mxfp8_model(normalized)
+    assert q.dtype == (FP8 if FP8 is not None else torch.uint8) and q.shape == (t, h)
+    assert qs.dtype == (E8M0 if E8M0 is not None else torch.uint8) and qs.shape == ((t + 127) // 128 * 128, h // 32)
+    assert q.is_contiguous() and qs.is_contiguous()
+    check_blocks(q, qs, want_q, want_codes, poisoned)
+
+
+def check_block_form(quant, q, qs, normalized, poisoned=True):
+    """check_nvfp4 or check_mxfp8, by the form."""
+    if isinstance(quant, beammoe.NVFP4Quant):
+        check_nvfp4(q, qs, normalized, quant.global_scale, poisoned)
+    else:
+        check_mxfp8(q, qs, normalized, poisoned)
+
+
 def inputs(t, h, dev, seed, wild=False):
     """Random rows and a next norm weight near 1; wild: one whose blocks of 16
     span 2^-24 to 2^8 (blocks whose scale is 0, subnormal and saturating
     scales), with a few 0, -0, inf, -inf and NaN columns (zeros, infinities,
-    NaNs in normalized)."""
+    NaNs in normalized); wild="mxfp8": one whose groups of 32 span 2^-40
+    (below the scale's floor) to 2^110, one group of them zeros, with a few
+    0, -0 and NaN columns and no infinity (MXFP8's scale of a group with an
+    infinity is no power of two)."""
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(t, h, generator=gen) * 2).to(BF16)
     r = torch.randn(t, h, generator=gen).to(BF16)
@@ -199,12 +199,23 @@ def inputs(t, h, dev, seed, wild=False):
     w = torch.rand(t, K, generator=gen).softmax(-1)
     if not wild:
         return tuple(v.to(dev) for v in (x, r, g, w, (1 + 0.1 * torch.randn(h, generator=gen)).to(BF16)))
-    exps = torch.randint(-24, 9, (h // 16,), generator=gen).float().repeat_interleave(16)
+    mx = wild == "mxfp8"
+    n, lo, hi = (32, -40, 111) if mx else (16, -24, 9)
+    exps = torch.randint(lo, hi, (h // n,), generator=gen).float().repeat_interleave(n)
     nw = torch.randn(h, generator=gen) * torch.pow(2.0, exps)
     cols = torch.randperm(h, generator=gen)[:5]
-    nw[cols] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan")])
+    nw[cols] = torch.tensor([0.0, -0.0, float("nan"), 0.0, -0.0] if mx else
+                            [0.0, -0.0, float("inf"), float("-inf"), float("nan")])
+    if mx:
+        zeros = int(torch.randint(0, h // n, (1,), generator=gen)) * n
+        nw[zeros:zeros + n] = 0.0
     x[0, : h // 4] = 0.0  # a zero times an infinite weight: NaN
     return tuple(v.to(dev) for v in (x, r, g, w, nw.to(BF16)))
+
+
+def block_inputs(quant, t, h, seed, dev="cpu"):
+    """inputs(), wild as the block form asks."""
+    return inputs(t, h, dev, seed, wild="mxfp8" if isinstance(quant, beammoe.MXFP8Quant) else True)
 
 
 def same(a, b):
@@ -251,52 +262,60 @@ def test_fp8_fused(dev, strategy, form):
     check_fp8(quant, q, qs, want_n)
 
 
+# NVFP4 under each global scale, then MXFP8
+BLOCK_FORMS = [beammoe.NVFP4Quant(g) for g in GLOBAL_SCALES] + [beammoe.MXFP8Quant()]
+MX = len(BLOCK_FORMS) - 1
+
+
 @pytest.mark.parametrize("dev", DEVICES)
-@pytest.mark.parametrize("gi", range(len(GLOBAL_SCALES)))
+@pytest.mark.parametrize("fi", range(len(BLOCK_FORMS)))
 @pytest.mark.parametrize("t,h", [(1, 256), (7, 2048), (130, 7168)])
-def test_nvfp4_norm_residual_norm(poisoned, dev, gi, t, h):
-    g = GLOBAL_SCALES[gi]
-    x, r, _, _, nw = inputs(t, h, dev, 100 * gi + t, wild=True)
+def test_block_norm_residual_norm(poisoned, dev, fi, t, h):
+    quant = BLOCK_FORMS[fi]
+    x, r, _, _, nw = block_inputs(quant, t, h, 100 * fi + t, dev)
     want_h, want_n = beammoe.beam_norm_residual_norm(x, r, None, None, nw, 1e-6, (0.75, 1.25))
-    keep = (t + gi) % 2 == 0
+    keep = (t + fi) % 2 == 0
     hid, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, (0.75, 1.25),
-                                                        quant=beammoe.NVFP4Quant(g), keep_normalized=keep)
+                                                        quant=quant, keep_normalized=keep)
     assert same(hid, want_h)
     assert (n is None) != keep and (n is None or same(n, want_n))
-    check_nvfp4(q, qs, want_n, g)
+    if fi == MX:  # groups at the scale's floor (2^-33) and scales far above 1
+        codes = mxfp8_model(want_n)[1]
+        assert int(codes.min()) == 94 and int(codes.max()) > 127 + 64
+    check_block_form(quant, q, qs, want_n)
 
 
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("strategy", ["fused", "unfused"])
-@pytest.mark.parametrize("gi", [0, 1, 2])
+@pytest.mark.parametrize("fi", [0, 1, 2, MX])
 @pytest.mark.parametrize("t", [7, 130])
-def test_nvfp4_fused(poisoned, dev, strategy, gi, t):
-    g, h = GLOBAL_SCALES[gi], 2048
-    _, r, gm, w, nw = inputs(t, h, dev, 7 * gi + t, wild=True)
+def test_block_fused(poisoned, dev, strategy, fi, t):
+    quant, h = BLOCK_FORMS[fi], 2048
+    _, r, gm, w, nw = block_inputs(quant, t, h, 7 * fi + t, dev)
     x = beammoe.MoEOutput(gm, w)
     want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(x, r, nw, 1e-6, nw, 1e-6, None, 2.5,
                                                                    strategy=strategy)
-    inplace = (gi + t) % 2 == 1
+    inplace = (fi + t) % 2 == 1
     res = r.clone()
     hid, n, q, qs = beammoe.beam_moe_finalize_norm_residual_norm_fp8(x, res, nw, 1e-6, nw, 1e-6, None, 2.5,
-                                                                     quant=beammoe.NVFP4Quant(g), strategy=strategy,
-                                                                     inplace=inplace, keep_normalized=gi == 1)
-    assert same(hid, want_h) and (n is None) == (gi != 1)
+                                                                     quant=quant, strategy=strategy,
+                                                                     inplace=inplace, keep_normalized=fi == 1)
+    assert same(hid, want_h) and (n is None) == (fi != 1)
     assert (hid is res) == inplace and same(r if not inplace else want_h, res)
-    check_nvfp4(q, qs, want_n, g)
+    check_block_form(quant, q, qs, want_n)
 
 
+@pytest.mark.parametrize("quant", BLOCK_QUANTS, ids=repr)
 @pytest.mark.parametrize("nranks", [1, 2])
 @pytest.mark.parametrize("tokens", [0, 7, 130])
-def test_nvfp4_gather(poisoned, nranks, tokens):
+def test_block_gather(poisoned, quant, nranks, tokens):
     """Over a CPU group (ranks as threads): every rank's q and q_scales
     are the model of all the gathered rows, under every strategy."""
-    g, h = 672.0, 512
-    _, r, gm, w, nw = inputs(max(tokens, 1), h, "cpu", 50 + tokens, wild=True)
+    h = 512
+    _, r, gm, w, nw = block_inputs(quant, max(tokens, 1), h, 50 + tokens)
     r = r[:tokens]  # the expert rows keep a capacity of one at least
     _, want_n = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(gm, w), r, nw, 1e-6, nw, 1e-5,
                                                              None, 1.5)
-    quant = beammoe.NVFP4Quant(g)
 
     def body(grp, rank):
         lg, lw = local_rows(gm, w, tokens, nranks, rank, K, h)
@@ -310,19 +329,20 @@ def test_nvfp4_gather(poisoned, nranks, tokens):
     for out in results:
         for _, n, q, qs in out:
             assert n is None
-            check_nvfp4(q, qs, want_n, g)
+            check_block_form(quant, q, qs, want_n)
 
 
+@pytest.mark.parametrize("quant", BLOCK_QUANTS, ids=repr)
 @pytest.mark.parametrize("nranks", [1, 2, 3])
 @pytest.mark.parametrize("tokens", [7, 130])
-def test_nvfp4_gather_in_python(poisoned, nranks, tokens):
+def test_block_gather_in_python(poisoned, quant, nranks, tokens):
     """The gathers run in Python (_pgather.py: here the UNFUSED calls with
     the workspace's all_gather hook, over a CPU group) give the model of
     all the gathered rows too (the library quantizes them), normalized kept
     or not, in place or not; the process groups' in
     test_gather_process_group.py."""
-    g, h = 672.0, 512
-    _, r, gm, w, nw = inputs(tokens, h, "cpu", 70 + tokens, wild=True)
+    h = 512
+    _, r, gm, w, nw = block_inputs(quant, tokens, h, 70 + tokens)
     want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(gm, w), r, nw, 1e-6, nw, 1e-5,
                                                                    None, 1.5)
     ag = ThreadAllGather(nranks)
@@ -337,7 +357,7 @@ def test_nvfp4_gather_in_python(poisoned, nranks, tokens):
                     res = r.clone()
                     got = beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
                         beammoe.MoEOutput(lg, lw), res, nw, 1e-6, nw, 1e-5, None, ws, 1.5,
-                        quant=beammoe.NVFP4Quant(g), strategy="unfused", keep_normalized=keep, inplace=inplace)
+                        quant=quant, strategy="unfused", keep_normalized=keep, inplace=inplace)
                     assert (got[0] is res) == inplace and same(res, want_h if inplace else r)
                     out.append((keep, got))
         return out
@@ -348,20 +368,33 @@ def test_nvfp4_gather_in_python(poisoned, nranks, tokens):
     for out in results:
         for keep, (hid, n, q, qs) in out:
             assert same(hid, want_h) and (n is None) != keep and (n is None or same(n, want_n))
-            check_nvfp4(q, qs, want_n, g)
+            check_block_form(quant, q, qs, want_n)
 
 
-def test_nvfp4_gather_ranks_differ():
-    """Ranks passing different global scales all fail, naming the rule."""
+@pytest.mark.parametrize("hook", [False, True])
+def test_block_gather_ranks_differ(hook):
+    """Ranks passing different global scales, or NVFP4 beside MXFP8, all
+    fail, naming the rule: the library's gather, and Python's through the
+    hook (its message names both forms)."""
     h = 512
     _, r, gm, w, nw = inputs(5, h, "cpu", 60, wild=True)
+    ag = ThreadAllGather(2)
+    nv, mx = r"NVFP4 \(group_size 16\)", r"MXFP8 \(group_size 32\)"
 
     def body(grp, rank):
         lg, lw = local_rows(gm, w, 5, 2, rank, K, h)
-        with beammoe.Workspace.cpu(grp, rank, 8, h, timeout_ms=5000) as ws:
-            with pytest.raises(ValueError, match=r"rank 1 and rank 0 passed different quant"):
-                beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
-                    beammoe.MoEOutput(lg, lw), r, nw, 1e-6, nw, 1e-5, None, ws, quant=beammoe.NVFP4Quant(1.0 + rank))
+        with beammoe.Workspace.cpu(grp, rank, 8, h, timeout_ms=20000 if hook else 5000) as ws:
+            ws.all_gather = ag.hook_for(rank) if hook else None
+            for quant, shown in ((beammoe.NVFP4Quant(1.0 + rank), r" scale: rank 0 has 1.0, rank 1 has 2.0"),
+                                 (beammoe.MXFP8Quant() if rank else beammoe.NVFP4Quant(1.0),
+                                  r": rank 0 has %s, rank 1 has %s" % (nv, mx)),
+                                 (beammoe.NVFP4Quant(1.0) if rank else beammoe.MXFP8Quant(),
+                                  r": rank 0 has %s, rank 1 has %s" % (mx, nv))):
+                rule = "the ranks disagree on quant" + shown if hook else "rank 1 and rank 0 passed different quant"
+                with pytest.raises(ValueError, match=rule):
+                    beammoe.beam_moe_finalize_gather_norm_residual_norm_q(
+                        beammoe.MoEOutput(lg, lw), r, nw, 1e-6, nw, 1e-5, None, ws, quant=quant,
+                        strategy="unfused" if hook else None)
 
     with beammoe.CpuGroup(2) as grp:
         run_ranks(2, lambda rank: body(grp, rank))
@@ -371,16 +404,16 @@ def test_nvfp4_gather_ranks_differ():
 
 def test_offsets_are_the_blocked_layout():
     """The docs' offsets are torch's to_blocked layout of the [T rounded up
-    to 128, H / 16] scale matrix (the 128 x 4 tiles, each (4, 32, 4)
-    transposed to (32, 4, 4)), and each byte of it once."""
-    for t, h in ((1, 256), (130, 1024), (256, 7168)):
-        rows, cols = (t + 127) // 128 * 128, h // 16
+    to 128, H / 16 or H / 32] scale matrix (the 128 x 4 tiles, each (4, 32,
+    4) transposed to (32, 4, 4)), and each byte of it once."""
+    for t, cols in ((1, 256 // 16), (130, 1024 // 16), (256, 7168 // 16), (1, 256 // 32), (130, 7168 // 32)):
+        rows = (t + 127) // 128 * 128
         mat = torch.arange(rows * cols, dtype=torch.int64).view(rows, cols)
         blocked = (mat.view(rows // 128, 128, cols // 4, 4).permute(0, 2, 1, 3).reshape(-1, 4, 32, 4)
                    .transpose(1, 2).reshape(-1))
         where = torch.empty_like(blocked)
         where[blocked] = torch.arange(blocked.numel())
-        assert torch.equal(scale_offsets(t, h), where.view(rows, cols)[:t])
+        assert torch.equal(block_scale_offsets(t, cols), where.view(rows, cols)[:t])
 
 
 def test_model_edges():
@@ -396,6 +429,25 @@ def test_model_edges():
                                                   dtype=torch.float64)).tolist() == [0x7E, 0, 2, 0]
 
 
+def test_mxfp8_model_edges():
+    """The MXFP8 model on hand-checked groups: the scale rounds up to a
+    power of two (no value clamped), the floor of an all-zero group (2^-33,
+    code 94), NaN skipped by the maximum and clamped to -448, signed zeros,
+    ties to the even code."""
+    rows = torch.zeros(4, 64)
+    rows[0, :32] = 448.0  # s = 1: code 127, the values 448 (0x7E)
+    rows[0, 32] = 464.0  # s = 2: 464 / 2 = 232, halfway from 224 (0x76) to 240 (0x77): 0x76
+    rows[1, :32] = -0.0  # an all-zero group: s = 2^-33, -0 keeps its sign (0x80)
+    rows[1, 32:] = float("nan")  # no magnitude: the floor too; NaN -> -448 (0xFE)
+    rows[2, 0], rows[2, 1] = 3.0, -1.0 / 64  # s = 2^-7: 384 (0x7C), -2 (0xC0)
+    rows[3, 0], rows[3, 1] = 2.0 ** -30, 2.0 ** -42 * 2.5  # s = 2^-33: 8 (0x50); 2.5 * 2^-9, subnormal: 0x02
+    q, codes = mxfp8_model(rows.to(BF16))
+    assert codes.tolist() == [[127, 128], [94, 94], [120, 94], [94, 94]]
+    assert q[0, :2].tolist() == [0x7E, 0x7E] and q[0, 32:34].tolist() == [0x76, 0]
+    assert q[1, :2].tolist() == [0x80, 0x80] and q[1, 32:34].tolist() == [0xFE, 0xFE]
+    assert q[2, :3].tolist() == [0x7C, 0xC0, 0] and q[3, :2].tolist() == [0x50, 0x02]
+
+
 def test_without_float8_dtype_or_with():
     """The values' dtype: float8_e4m3fn where torch has it, else uint8 bits."""
     x, r, _, _, nw = inputs(2, 256, "cpu", 3)
@@ -406,11 +458,13 @@ def test_without_float8_dtype_or_with():
 
 @pytest.mark.parametrize("have", [False, True])
 def test_dtypes_without_float4_or_float8(poisoned, monkeypatch, have):
-    """Without torch.float4_e2m1fn_x2 and torch.float8_e4m3fn (an older
-    torch), q and q_scales are uint8 tensors of the same shapes and bits."""
+    """Without torch.float4_e2m1fn_x2, torch.float8_e4m3fn and
+    torch.float8_e8m0fnu (an older torch), q and q_scales are uint8 tensors
+    of the same shapes and bits."""
     if not have:
         monkeypatch.setattr(_run, "FP4X2", None)
         monkeypatch.setattr(_run, "FP8", None)
+        monkeypatch.setattr(_run, "E8M0", None)
     x, r, _, _, nw = inputs(3, 512, "cpu", 4, wild=True)
     _, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
                                                       quant=beammoe.NVFP4Quant(1.0), keep_normalized=True)
@@ -418,7 +472,44 @@ def test_dtypes_without_float4_or_float8(poisoned, monkeypatch, have):
     assert qs.dtype == (FP8 if have and FP8 is not None else torch.uint8)
     q, qs = q.view(torch.uint8), qs.view(torch.uint8)
     want_q, want_sf = nvfp4_model(n, 1.0)
-    assert torch.equal(q, want_q) and torch.equal(qs.reshape(-1)[scale_offsets(3, 512)].long(), want_sf)
+    assert torch.equal(q, want_q) and torch.equal(qs.reshape(-1)[block_scale_offsets(3, 512 // 16)].long(), want_sf)
+    x, r, _, _, nw = inputs(3, 512, "cpu", 4, wild="mxfp8")
+    _, n, q, qs = beammoe.beam_norm_residual_norm_q(x, r, None, None, nw, 1e-6, None, quant=beammoe.MXFP8Quant(),
+                                                    keep_normalized=True)
+    assert q.dtype == (FP8 if have and FP8 is not None else torch.uint8) and q.shape == (3, 512)
+    assert qs.dtype == (E8M0 if have and E8M0 is not None else torch.uint8) and qs.shape == (128, 512 // 32)
+    want_q, want_codes = mxfp8_model(n)
+    assert torch.equal(q.view(torch.uint8), want_q)
+    assert torch.equal(qs.view(torch.uint8).reshape(-1)[block_scale_offsets(3, 512 // 32)].long(), want_codes)
+
+
+def test_layouts_follow_the_list(monkeypatch, tmp_path):
+    """The forms, their fields and their outputs' layouts come from
+    lib/quant_forms.def (_forms.py): the file as the package finds it, an
+    edited copy (MXFP8 with groups of 64: its fields and scales follow), and
+    no file at all (a clear error at the first quantized call)."""
+    _forms.table()
+    assert _forms._path in _forms.PLACES and os.path.isfile(_forms._path)
+    assert {k: (f.bits, f.group, f.scale, f.blocks) for k, f in _forms.table().items()} == {
+        1: (8, 0, 0, 0), 2: (8, -1, 0, 0), 3: (8, -1, 1, 0), 4: (4, 16, 2, 1), 5: (8, 32, 3, 1)}
+    assert [_forms.name(k) for k in range(1, 7)] == ["FP8 group", "FP8 token", "FP8 tensor", "NVFP4", "MXFP8",
+                                                     "kind 6"]
+    with open(_forms._path, encoding="utf-8") as f:
+        text = f.read()
+    edited = tmp_path / "quant_forms.def"
+    edited.write_text(text.replace("BM_FORM(BEAM_QUANT_MXFP8, MXFP8, 8, 32, 3, 1)",
+                                   "BM_FORM(BEAM_QUANT_MXFP8, MXFP8, 8, 64, 3, 1)"))
+    monkeypatch.setattr(_forms, "_table", _forms.read(str(edited)))
+    assert beammoe.MXFP8Quant().fields() == (5, 64, 0, 0.0)
+    q, qs = _run.empty_outputs(*beammoe.MXFP8Quant().fields(), 130, 1024, "cpu")
+    assert q.shape == (130, 1024) and qs.shape == (256, 16)
+    monkeypatch.setattr(_forms, "_table", None)
+    monkeypatch.setattr(_forms, "PLACES", (str(tmp_path / "none" / "a.def"), str(tmp_path / "b.def")))
+    x, r, _, _, nw = inputs(2, 256, "cpu", 5)
+    with pytest.raises(RuntimeError, match=r"^beammoe: the list of quantized forms, quant_forms\.def, is in "
+                                           r"neither .*a\.def .* nor .*b\.def"):
+        beammoe.beam_norm_residual_norm_q(x, r, None, None, nw, 1e-6, None, quant=beammoe.FP8Quant("token"))
+    assert _forms.name(5) == "kind 5"  # a message naming a form shows its number without the list
 
 
 # ---- the quant description and the argument errors -------------------------------------
@@ -429,6 +520,18 @@ def test_quant_fields_and_repr():
     assert repr(quant) == "NVFP4Quant(672.0)" and eval(repr(quant), vars(beammoe)).fields() == quant.fields()
     assert beammoe.NVFP4Quant(torch.tensor(2.0)).global_scale == 2.0
     assert beammoe.NVFP4Quant(float.fromhex("0x1.fffffep117")).fields()[3] < 2.0 ** 118
+    quant = beammoe.MXFP8Quant()
+    assert quant.fields() == (5, 32, 0, 0.0) and quant.group_size == 32 and beammoe.NVFP4Quant(1.0).group_size == 16
+    assert repr(quant) == "MXFP8Quant()" and eval(repr(quant), vars(beammoe)).fields() == quant.fields()
+    from beammoe import fp8  # the former name of beammoe.quant
+    assert fp8.MXFP8Quant is beammoe.MXFP8Quant and "MXFP8Quant" in beammoe.__all__
+
+
+@pytest.mark.parametrize("args,kw", [((32,), {}), ((), dict(group_size=32)), ((1.0,), {}), ((), dict(scale=0.0))])
+def test_mxfp8_takes_no_arguments(args, kw):
+    """MXFP8's group (32), flags and scale are the form's: MXFP8Quant takes nothing."""
+    with pytest.raises(TypeError, match=r"takes 1 positional argument|unexpected keyword argument|takes no arguments"):
+        beammoe.MXFP8Quant(*args, **kw)
 
 
 @pytest.mark.parametrize("kw,err,msg", [
@@ -489,10 +592,12 @@ def test_bad_global_scale(g, err, msg):
 
 
 @pytest.mark.parametrize("quant,next_norm,err,msg", [
-    ({"kind": "group"}, True, TypeError, r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got dict"),
-    (1.0, True, TypeError, r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got float"),
+    ({"kind": "group"}, True, TypeError, QUANT_TYPES + "dict"),
+    (1.0, True, TypeError, QUANT_TYPES + "float"),
+    (beammoe.MXFP8Quant, True, TypeError, QUANT_TYPES + "type"),  # the class, not a form
     (beammoe.FP8Quant(), False, ValueError, r"next_eps must be given"),
     (beammoe.NVFP4Quant(1.0), False, ValueError, r"^beam_norm_residual_norm_q: next_eps must be given"),
+    (beammoe.MXFP8Quant(), False, ValueError, r"^beam_norm_residual_norm_q: next_eps must be given"),
 ])
 def test_bad_calls(quant, next_norm, err, msg):
     x, r, _, _, nw = inputs(2, 256, "cpu", 5, wild=isinstance(quant, (float, beammoe.NVFP4Quant)))
@@ -585,6 +690,9 @@ def test_inplace_not_compiled():
     ((4, 16, 1, 1.0), r"BEAM_QUANT_NVFP4 takes quant->group_size 16"),
     ((4, 16, 0, 0.0), r"quant->scale=0 \(the global scale\) must be > 0 and < 2\^118"),
     ((4, 16, 0, 2.0 ** 118), r"must be > 0 and < 2\^118"),
+    ((5, 16, 0, 0.0), r"BEAM_QUANT_MXFP8 takes quant->group_size 32"),
+    ((5, 32, 1, 0.0), r"BEAM_QUANT_MXFP8 takes quant->group_size 32"),
+    ((9, 32, 0, 0.0), r"quant kind=9 is none of the forms of .*quant_forms.def \(1: FP8 group, .* 5: MXFP8\)"),
 ])
 def test_operator_refuses_bad_encoding(fields, msg):
     """The operator takes the library's encoding; the library checks it."""
@@ -594,39 +702,42 @@ def test_operator_refuses_bad_encoding(fields, msg):
 
 
 @needs_ops
+@pytest.mark.parametrize("quant", BLOCK_QUANTS, ids=repr)
 @pytest.mark.parametrize("dev", DEVICES)
 @pytest.mark.parametrize("t", [7, 130])
-def test_nvfp4_compiled(dev, t):
+def test_block_compiled(quant, dev, t):
     """torch.compile(fullgraph=True) through torch.ops.beammoe.*_fp8: the
     model's bits, the eager call's shapes, strides and dtypes."""
-    x, r, g, w, nw = inputs(t, 512, dev, 40 + t, wild=True)
-    for ga, wa in compiled_and_eager(x, r, g, w, nw, beammoe.NVFP4Quant(672.0), keep_nrn=True):
+    x, r, g, w, nw = block_inputs(quant, t, 512, 40 + t, dev)
+    for ga, wa in compiled_and_eager(x, r, g, w, nw, quant, keep_nrn=True):
         assert same(ga[0], wa[0]) and same(ga[1], wa[1])
         for a, b in zip(ga[2:], wa[2:]):
             assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
-        check_nvfp4(ga[2], ga[3], wa[1], 672.0, poisoned=False)
+        check_block_form(quant, ga[2], ga[3], wa[1], poisoned=False)
 
 
 @needs_ops
 def test_meta_tensors():
     """Meta tensors take the operators' fake implementations: the eager
-    call's shapes, strides and dtypes (130 tokens: q_scales of 256 rows)."""
-    quant = beammoe.NVFP4Quant(1.0)
+    call's shapes, strides and dtypes (130 tokens: q_scales of 256 rows),
+    for NVFP4 and MXFP8."""
     x, r, g, w, nw = inputs(130, 1024, "cpu", 9, wild=True)
 
-    def calls(x, r, g, w, nw):
+    def calls(x, r, g, w, nw, quant):
         return (beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None, quant=quant),
                 beammoe.beam_moe_finalize_norm_residual_norm_fp8(beammoe.MoEOutput(g, w), r, nw, 1e-6, nw, 1e-6,
                                                                  None, quant=quant, keep_normalized=True))
 
-    want = calls(x, r, g, w, nw)
-    got = calls(*(t.to("meta") for t in (x, r, g, w, nw)))
-    for ga, wa in zip(got, want):
-        assert wa[3].shape == (256, 64)
-        for a, b in zip(ga, wa):
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert a.device.type == "meta" and (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
+    for quant in BLOCK_QUANTS:
+        want = calls(x, r, g, w, nw, quant)
+        got = calls(*(t.to("meta") for t in (x, r, g, w, nw)), quant)
+        for ga, wa in zip(got, want):
+            assert wa[3].shape == (256, 1024 // quant.group_size)
+            for a, b in zip(ga, wa):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert a.device.type == "meta"
+                    assert (a.shape, a.stride(), a.dtype) == (b.shape, b.stride(), b.dtype)
 
 
 @needs_ops

@@ -7,8 +7,8 @@ normalized it keeps equals the BF16 gather's; the scales' layout is each
 rank's own, ue8m0 is not. The gathers run in Python (_pgather.py: the
 UNFUSED calls with the workspace's all_gather hook, over ranks as threads;
 a CPU workspace over a one-rank gloo group; more ranks as processes in
-test_gather_process_group.py) give the same bits, for every FP8 form and
-NVFP4. Then the calls it refuses: argument errors before anything is
+test_gather_process_group.py) give the same bits, for every FP8 form,
+NVFP4 and MXFP8. Then the calls it refuses: argument errors before anything is
 written, the in-place call under torch.compile; and its torch operator
 (torch.compile, torch.library.opcheck, meta tensors, direct calls), with
 one rank."""
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import beammoe
-from conftest import FORMS, H, K, QUANTS, STRATEGIES, ThreadAllGather, assert_same_q, gather, gather_calls, gather_q
+from conftest import (BLOCK_QUANTS, FORMS, H, K, QUANT_TYPES, QUANTS, STRATEGIES, ThreadAllGather, assert_same_q,
+                      gather, gather_calls, gather_q)
 from conftest import local_q, local_rows, needs_fp8, needs_gloo, run_ranks
 from reference import assert_bits_equal, random_bf16, random_case
 
@@ -100,8 +101,7 @@ def test_single_rank_in_calling_thread(gen, poisoned):
 def test_argument_errors(gen):
     g, w, residual, pw, nw = data(gen, 5)
     with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 4, H) as ws:
-        refused(ws, TypeError, FN + r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got dict", g, w,
-                residual, pw, nw, quant={"kind": "token"})
+        refused(ws, TypeError, FN + QUANT_TYPES + "dict", g, w, residual, pw, nw, quant={"kind": "token"})
         refused(ws, TypeError, FN + r"keep_normalized", g, w, residual, pw, nw, keep_normalized=1)
         refused(ws, ValueError, r"tokens=5 must be <= max_tokens=4 of the workspace", g, w, residual, pw, nw)
         g4, w4, r4 = g[: 4 * K], w[:4], residual[:4]
@@ -123,7 +123,7 @@ def test_argument_errors(gen):
 def test_hook_gathers_in_python(gen, poisoned, nranks, tokens):
     """With the all_gather hook, the UNFUSED calls (asked for, and AUTO's
     choice once the thresholds say so) gather in Python, through the hook:
-    every FP8 form and NVFP4, normalized kept or not, in place or not, give
+    every FP8 form, NVFP4 and MXFP8, normalized kept or not, in place or not, give
     on every rank the local operation's bits on all the tokens."""
     g, w, residual, pw, nw = data(gen, tokens)
     wants = [local_q(g, w, residual, pw, nw, quant) for quant in QUANTS]
@@ -155,8 +155,9 @@ def test_each_rank_its_own_layout(gen, poisoned, hook):
     """Where the scales lie and whether normalized is kept are each rank's
     own (rank 0 column-major and keeping normalized, rank 1 row-major), in
     the library's gather and through the hook; ranks that differ in ue8m0
-    (through the hook also the static scale or the global scale, or a rank
-    that rejects its form) make every rank raise, with nothing written."""
+    (through the hook also the static scale, the global scale or the kind,
+    or a rank that rejects its form) make every rank raise, with nothing
+    written."""
     nranks, tokens = 2, 5
     forms = (beammoe.FP8Quant("group", 64, column_major=True), beammoe.FP8Quant("group", 64))
     g, w, residual, pw, nw = data(gen, tokens)
@@ -175,11 +176,11 @@ def test_each_rank_its_own_layout(gen, poisoned, hook):
                         beammoe.FP8Quant("group", 64, ue8m0=r == 1))
                 return got
             for quant in (beammoe.FP8Quant("group", 64, ue8m0=r == 1), beammoe.FP8Quant("tensor", scale=1.0 + r),
-                          beammoe.NVFP4Quant(1.0 + r), beammoe.FP8Quant("token") if r else beammoe.NVFP4Quant(1.0)):
+                          beammoe.NVFP4Quant(1.0 + r), beammoe.FP8Quant("token") if r else beammoe.NVFP4Quant(1.0),
+                          beammoe.MXFP8Quant() if r else beammoe.FP8Quant("group", 128)):
                 refused(ws, ValueError, disagree, lg, lw, residual, pw, nw, quant, **kw)
             if r == 1:
-                refused(ws, TypeError, FN + r"quant must be a beammoe.FP8Quant or beammoe.NVFP4Quant, got dict", lg,
-                        lw, residual, pw, nw, {}, **kw)
+                refused(ws, TypeError, FN + QUANT_TYPES + "dict", lg, lw, residual, pw, nw, {}, **kw)
             else:
                 refused(ws, ValueError, r"^%srank 1 failed \(TypeError: %squant must be" % (FN, FN[1:]), lg, lw,
                         residual, pw, nw, **kw)
@@ -212,17 +213,18 @@ def test_process_group_workspace(gen, poisoned, gloo1):
 @pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS, reason="torch.compile of the operators needs torch >= 2.4")
 def test_process_group_workspace_compiled(gen, poisoned, gloo1):
     """torch.compile(fullgraph=True): the operator runs the gather in Python
-    and the library quantizes, for an FP8 form and NVFP4."""
+    and the library quantizes, for an FP8 form, NVFP4 and MXFP8."""
     g, w, residual, pw, nw = data(gen, 6)
     with beammoe.Workspace(None, 16, H, device="cpu") as ws:
         def f(g, w, residual):
-            return (gather_q(ws, g, w, residual, pw, nw, QUANTS[2], keep_normalized=True),
-                    gather_q(ws, g, w, residual, pw, nw, QUANTS[-1]))
+            return ((gather_q(ws, g, w, residual, pw, nw, QUANTS[2], keep_normalized=True),)
+                    + tuple(gather_q(ws, g, w, residual, pw, nw, quant) for quant in BLOCK_QUANTS))
 
         torch._dynamo.reset()
         got = torch.compile(f, fullgraph=True)(g, w, residual)
     assert_same_q(got[0], local_q(g, w, residual, pw, nw, QUANTS[2]), True, "compiled FP8")
-    assert_same_q(got[1], local_q(g, w, residual, pw, nw, QUANTS[-1]), False, "compiled NVFP4")
+    for quant, res in zip(BLOCK_QUANTS, got[1:]):
+        assert_same_q(res, local_q(g, w, residual, pw, nw, quant), False, "compiled %r" % quant)
 
 
 # ---- the torch operator -----------------------------------------------------------

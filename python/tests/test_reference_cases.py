@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 import pytest
 import torch
@@ -201,7 +202,8 @@ _SETUP = os.path.join(os.path.dirname(_here), "setup.py")
 def test_wheel_is_tagged_py3_none_platform():
     """The wheel carries native libraries but no extension module:
     py3-none-<platform>, not cpXY-cpXY-<platform>. Built from a copy of
-    python/ with stand-in libraries (nothing is written into the tree)."""
+    python/ with stand-in libraries (nothing is written into the tree);
+    the list of quantized forms travels in it, as beammoe/_libs/quant_forms.def."""
     src = os.path.dirname(_SETUP)
     with tempfile.TemporaryDirectory() as d:
         pkg = os.path.join(d, "pkg")
@@ -210,6 +212,8 @@ def test_wheel_is_tagged_py3_none_platform():
             shutil.copy(os.path.join(src, name), pkg)
         shutil.copytree(os.path.join(src, "beammoe"), os.path.join(pkg, "beammoe"),
                         ignore=shutil.ignore_patterns("__pycache__", "_libs"))
+        os.makedirs(os.path.join(d, "lib"))  # the copy's source tree: pkg/../lib
+        shutil.copy(os.path.join(os.path.dirname(src), "lib", "quant_forms.def"), os.path.join(d, "lib"))
         build = os.path.join(d, "build", ".libs")
         os.makedirs(build)
         for name in ("libbeammoe" + _lib.SO_SUFFIX, "libbeammoe_cpu" + _lib.SO_SUFFIX):
@@ -224,6 +228,8 @@ def test_wheel_is_tagged_py3_none_platform():
         parts = wheels[0][:-4].split("-")
         assert parts[2:4] == ["py3", "none"], wheels[0]
         assert parts[4] != "any", wheels[0]
+        with zipfile.ZipFile(os.path.join(d, "dist", wheels[0])) as z:
+            assert "beammoe/_libs/quant_forms.def" in z.namelist(), z.namelist()
 
 
 # ---- NumPy's bool_ ----------------------------------------------------------------------
