@@ -81,15 +81,9 @@ namespace bm_pick {
 enum { ANY = -1 };
 enum { FIN = 1, FUSED = 2, RES = 4, BARE = 8, SLOTS = FIN | FUSED, NOSLOTS = RES | BARE };
 enum { H1K = 1, H2K = 2, H4K = 4, H8K = 8 };
-/* 1 << bm_qf_of(kind): the forms of lib/quant_forms.def; FP8 the E4M3
- * forms (the FP8 kinds, and MXFP8, which takes their rows: the same bytes
- * and arithmetic, not measured for it apart); QUANT any of them */
-enum {
-    NOQ = 1 << BM_QF_NONE,
-    FP8 = 1 << BM_QF_FP8 | 1 << BM_QF_MXFP8,
-    NVFP4 = 1 << BM_QF_NVFP4,
-    QUANT = (1 << BM_QF_COUNT) - 2
-};
+/* 1 << bm_shape_form(bm_qf_of(kind)): the forms of lib/quant_forms.def
+ * whose rows these are (a form may take a like form's); QUANT any of them */
+enum { NOQ = 1 << BM_QF_NONE, FP8 = 1 << BM_QF_FP8, NVFP4 = 1 << BM_QF_NVFP4, QUANT = (1 << BM_QF_COUNT) - 2 };
 static_assert(BM_QF_COUNT <= 4, "a row's quant field holds four forms");
 constexpr int64_t MAXT = INT64_MAX;
 
@@ -142,7 +136,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
     const int64_t t = p.rows > 0 ? p.rows : 0; /* rows <= 0 launch nothing */
     const int kind = p.experts ? (p.residual ? FUSED : FIN) : (p.residual ? RES : BARE);
     const int width = n2 >= 1024 ? H8K : n2 == 512 ? H4K : n2 == 256 ? H2K : H1K;
-    const int q = 1 << bm_qf_of(quant); /* NOQ, FP8, NVFP4 */
+    const int q = 1 << bm_shape_form(bm_qf_of(quant));
     const uint32_t c = conds(kind, width, q, p.normA != 0, p.has_scales != 0, shared != 0);
     /* the first row that takes the call; the last takes every call. A
      * decode row whose cluster shrinks, on a device with few

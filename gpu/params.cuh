@@ -68,7 +68,7 @@ struct bm_row_params_q : bm_row_params {
  * that list. */
 enum {
     BM_QF_NONE,
-#define BM_QF(qf) BM_QF_##qf,
+#define BM_QF(qf, shapes) BM_QF_##qf,
 #include "quant_forms.def"
     BM_QF_COUNT
 };
@@ -78,6 +78,14 @@ constexpr int bm_qf_of(int kind)
     return
 #include "quant_forms.def"
         BM_QF_NONE;
+}
+/* the qf whose rows of gpu/shapes.def the kernels of qf take */
+constexpr int bm_shape_form(int qf)
+{
+#define BM_QF(q, shapes) qf == BM_QF_##q ? BM_QF_##shapes:
+    return
+#include "quant_forms.def"
+        qf;
 }
 constexpr int bm_value_bits(int kind)
 {
@@ -118,7 +126,7 @@ template <class F>
 inline auto bm_with_form(int kind, F &&f) -> decltype(f(bm_qf_t<BM_QF_NONE>()))
 {
     switch (bm_qf_of(kind)) {
-#define BM_QF(qf) \
+#define BM_QF(qf, shapes) \
     case BM_QF_##qf: return f(bm_qf_t<BM_QF_##qf>());
 #include "quant_forms.def"
     }
@@ -128,7 +136,7 @@ template <class F>
 inline void bm_each_form(F &&f)
 {
     f(bm_qf_t<BM_QF_NONE>());
-#define BM_QF(qf) f(bm_qf_t<BM_QF_##qf>());
+#define BM_QF(qf, shapes) f(bm_qf_t<BM_QF_##qf>());
 #include "quant_forms.def"
 }
 template <int Q, class Plain, class WithQ>

@@ -162,7 +162,8 @@ beam_status bm_check_strategy(const char *fn, beam_strategy s, int gather)
     return BEAM_OK;
 }
 
-/* One line of lib/quant_forms.def. */
+/* One line of lib/quant_forms.def; its scale column's codes. */
+enum { BM_SCALE_COMPUTED = 0, BM_SCALE_STATIC = 1, BM_SCALE_GLOBAL = 2, BM_SCALE_E8M0 = 3 };
 typedef struct bm_form_row {
     int kind;
     const char *name;
@@ -236,7 +237,7 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
     if (!f->blocks && quant->block_scales)
         return bm_fail(BAD, "%s: quant->block_scales must be NULL but for %s", fn,
                        bm_form_list(list, sizeof list, 1));
-    if ((f->scale == 0 || f->scale == 3) && quant->scale != 0.0f)
+    if ((f->scale == BM_SCALE_COMPUTED || f->scale == BM_SCALE_E8M0) && quant->scale != 0.0f)
         return bm_fail(BAD, "%s: quant->scale=%g must be 0 for the dynamic kinds (their scales are computed)",
                        fn, (double)quant->scale);
     if (f->blocks) {
@@ -244,7 +245,7 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         if (quant->group_size != f->group || quant->flags != 0 || quant->scale_ld != 0 || quant->scales)
             return bm_fail(BAD, "%s: %s takes quant->group_size %d,%s quant->values and quant->block_scales "
                            "(quant->flags, quant->scale_ld must be 0, quant->scales NULL)", fn, f->name, f->group,
-                           (f->scale == 1 || f->scale == 2) ? " quant->scale," : "");
+                           (f->scale == BM_SCALE_STATIC || f->scale == BM_SCALE_GLOBAL) ? " quant->scale," : "");
         out->group = f->group;
         out->block_scales = quant->block_scales;
         p[1].name = "quant->block_scales";
@@ -299,12 +300,12 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         break;
     }
     switch (f->scale) {
-    case 1:
+    case BM_SCALE_STATIC:
         if (!(quant->scale > 0.0f) || !(quant->scale <= FLT_MAX))
             return bm_fail(BAD, "%s: quant->scale=%g must be > 0 and finite", fn, (double)quant->scale);
         out->scale = quant->scale;
         break;
-    case 2:
+    case BM_SCALE_GLOBAL:
         /* os = g * (1 / sf) must stay finite for the smallest scale, 2^-9 */
         if (!(quant->scale > 0.0f) || !(quant->scale < 0x1p118f))
             return bm_fail(BAD, "%s: quant->scale=%g (the global scale) must be > 0 and < 2^118", fn,
@@ -313,7 +314,7 @@ beam_status bm_check_quant(const char *fn, const beam_quant *quant, int next_on,
         break;
     }
     out->kind = quant->kind;
-    out->ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0 || f->scale == 3;
+    out->ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0 || f->scale == BM_SCALE_E8M0;
     out->values = quant->values;
     out->scales = quant->scales;
     p[0].ptr = quant->values;
