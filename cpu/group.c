@@ -340,13 +340,14 @@ static void bm_post(bm_slot *s, const bm_args *a, beam_strategy strategy, beam_s
     bm_agree_words(a, (int)strategy, s->w);
 }
 
-/* The first collective argument on which slot s differs from slot 0. */
-static const char *bm_disagree(const bm_slot *s, const bm_slot *s0)
+/* The first collective argument on which slot s differs from slot 0, or
+ * -1 when they agree. */
+static int bm_disagree(const bm_slot *s, const bm_slot *s0)
 {
     int i;
     for (i = 0; i < BM_AGREE_N; i++)
-        if (s->w[i] != s0->w[i]) return bm_agree_names[i];
-    return NULL;
+        if (s->w[i] != s0->w[i]) return i;
+    return -1;
 }
 
 static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn,
@@ -421,7 +422,6 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
     beam_cpu_group *g = impl->g;
     const int32_t R = ws->nranks;
     bm_slot *bank = g->slots + (size_t)(impl->calls++ & 1u) * (size_t)R;
-    const char *what = NULL;
     bm_scratch scr = {NULL, NULL, 0, 0};
     bm_args b = *a;
     uint16_t *tmp = NULL;
@@ -438,11 +438,15 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
                            "no rank wrote anything (see that rank's message)", fn, (int)r);
         }
     }
-    for (r = 1; r < R && !what && st == BEAM_OK; r++) {
-        what = bm_disagree(&bank[r], &bank[0]);
-        if (what)
-            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s: "
-                         "every rank must pass the same", fn, (int)r, what);
+    for (r = 1; r < R && st == BEAM_OK; r++) {
+        const int i = bm_disagree(&bank[r], &bank[0]);
+        if (i >= 0) {
+            char mine[96], first[96];
+            const char *name = bm_agree_text(i, bank[r].w[i], mine, sizeof mine);
+            bm_agree_text(i, bank[0].w[i], first, sizeof first);
+            st = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s (%s and %s): "
+                         "every rank must pass the same", fn, (int)r, name, mine, first);
+        }
     }
     if (st == BEAM_OK && a->tokens > 0) {
         /* the stages' rows without the quantized output (a TWOSHOT rank's

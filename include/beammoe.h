@@ -30,6 +30,7 @@
 #ifndef BEAMMOE_H
 #define BEAMMOE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -300,6 +301,26 @@ typedef beam_status beam_moe_finalize_gather_norm_residual_norm_q_fn(
     uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant,
     beam_strategy strategy, void *stream);
 BEAM_API beam_moe_finalize_gather_norm_residual_norm_q_fn beam_moe_finalize_gather_norm_residual_norm_q;
+
+/* What the ranks of a gather must pass alike, as BEAM_AGREEMENT_WORDS words:
+ * the same words exactly when two ranks' tokens, top_k, hidden, routed_scale,
+ * norms (present, weight given, eps), scales and quant (kind, group_size,
+ * BEAM_QUANT_UE8M0, scale) are the same, with the strategy asked for. The
+ * library's own groups compare these words; a gather built over another
+ * transport (the Python package's process groups) exchanges them. It checks
+ * nothing but words != NULL: the call itself checks its arguments. Any
+ * backend's, and without one. */
+#define BEAM_AGREEMENT_WORDS 9
+BEAM_API beam_status beam_gather_agreement(int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
+                                           const beam_norm *post_norm, const float *scales,
+                                           const beam_norm *next_norm, const beam_quant *quant,
+                                           beam_strategy strategy, uint64_t *words);
+
+/* Word i's argument name ("tokens", "routed_scale", ..., "quant"; NULL for i
+ * outside [0, BEAM_AGREEMENT_WORDS)), and in text (size >= 1) the value a
+ * word stands for, as a message shows it ("6", "0.5", "eps 1e-06 with
+ * weight", "ONESHOT", "BEAM_QUANT_FP8_GROUP group_size 128"). */
+BEAM_API const char *beam_gather_agreement_text(int32_t i, uint64_t word, char *text, size_t size);
 
 /* ---- a backend's table -------------------------------------------------- */
 

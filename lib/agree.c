@@ -1,22 +1,69 @@
 /*
  * agree.c - the arguments every rank of a gather must pass alike
- * (lib/agree.h).
+ * (lib/agree.h), and their public form (beam_gather_agreement), which the
+ * dispatching library serves too: it needs no backend.
  */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "agree.h"
+#include "check.h"
+#include "error.h"
 
 #define BM_AGREE_NONE 0xFFFFFFFFFFFFFFFFull /* a part that does not apply */
 
 const char *const bm_agree_names[BM_AGREE_N] = {
-    "tokens", "top_k", "hidden", "strategy", "routed_scale", "scales", "post_norm", "next_norm",
-    "quant (kind, group_size, BEAM_QUANT_UE8M0, scale)"};
+    "tokens", "top_k", "hidden", "strategy", "routed_scale", "scales", "post_norm", "next_norm", "quant"};
+
+const char *bm_strategy_name(beam_strategy s)
+{
+    switch (s) {
+    case BEAM_STRATEGY_AUTO: return "AUTO";
+    case BEAM_STRATEGY_FUSED: return "FUSED";
+    case BEAM_STRATEGY_UNFUSED: return "UNFUSED";
+    case BEAM_STRATEGY_ONESHOT: return "ONESHOT";
+    case BEAM_STRATEGY_TWOSHOT: return "TWOSHOT";
+    }
+    return "?";
+}
+
+static const char *bm_kind_name(int kind)
+{
+    switch (kind) {
+#define BM_FORM(kind, qf, bits, group, scale, blocks) \
+    case kind: return #kind;
+#include "quant_forms.def"
+    }
+    return "unknown kind";
+}
 
 static uint64_t bm_bits(float v)
 {
     uint32_t u;
     memcpy(&u, &v, sizeof u);
     return u;
+}
+
+static double bm_float(uint64_t w)
+{
+    float v;
+    uint32_t u = (uint32_t)w;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+/* The shortest of 6 to 9 digits that reads back as the same float. */
+static const char *bm_float_text(uint64_t w, char *buf, size_t size)
+{
+    const double v = bm_float(w);
+    int digits;
+    for (digits = 6; digits < 9; digits++) {
+        snprintf(buf, size, "%.*g", digits, v);
+        if ((float)strtod(buf, NULL) == (float)v) return buf;
+    }
+    snprintf(buf, size, "%.9g", v);
+    return buf;
 }
 
 /* present, weight present, eps */
@@ -39,4 +86,79 @@ void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N])
     words[8] = a->q.kind ? (uint64_t)(uint32_t)a->q.kind | (uint64_t)(a->q.group & 0xFFFF) << 8 |
                                (uint64_t)(a->q.ue8m0 != 0) << 24 | (scaled ? bm_bits(a->q.scale) << 32 : 0)
                          : 0;
+}
+
+static bm_norm bm_norm_from(const beam_norm *n)
+{
+    bm_norm out = {0, NULL, 0.0f};
+    if (n) {
+        out.on = 1;
+        out.weight = n->weight;
+        out.eps = n->eps;
+    }
+    return out;
+}
+
+BEAM_API beam_status beam_gather_agreement(int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
+                                           const beam_norm *post_norm, const float *scales,
+                                           const beam_norm *next_norm, const beam_quant *quant,
+                                           beam_strategy strategy, uint64_t *words)
+{
+    bm_args a;
+    if (!words) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_gather_agreement: words must not be NULL");
+    memset(&a, 0, sizeof a);
+    a.tokens = tokens;
+    a.top_k = top_k;
+    a.hidden = hidden;
+    a.routed_scale = routed_scale;
+    a.post = bm_norm_from(post_norm);
+    a.next = bm_norm_from(next_norm);
+    a.has_scales = scales != NULL;
+    if (scales) {
+        a.scale_x = scales[0];
+        a.scale_r = scales[1];
+    }
+    if (quant) {
+        /* as the checks make them: group_size 0 is the whole row */
+        a.q.kind = quant->kind;
+        a.q.group = quant->group_size ? quant->group_size : hidden;
+        a.q.ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0;
+        a.q.scale = quant->scale;
+    }
+    bm_agree_words(&a, (int)strategy, words);
+    return BEAM_OK;
+}
+
+const char *bm_agree_text(int i, uint64_t w, char *text, size_t size)
+{
+    char a[32], b[32];
+    if (i < 0 || i >= BM_AGREE_N) return NULL;
+    if (!text || size == 0) return bm_agree_names[i];
+    if (w == BM_AGREE_NONE || (i == 8 && w == 0)) {
+        snprintf(text, size, "none");
+        return bm_agree_names[i];
+    }
+    switch (i) {
+    case 3: snprintf(text, size, "%s", bm_strategy_name((beam_strategy)(uint32_t)w)); break;
+    case 4: bm_float_text(w, text, size); break;
+    case 5:
+        snprintf(text, size, "(%s, %s)", bm_float_text(w >> 32, a, sizeof a), bm_float_text(w, b, sizeof b));
+        break;
+    case 6:
+    case 7:
+        snprintf(text, size, "eps %s %s weight", bm_float_text(w, a, sizeof a), w >> 32 ? "with" : "without");
+        break;
+    case 8:
+        snprintf(text, size, "%s group %d%s%s%s", bm_kind_name((int)(w & 0xFF)), (int)(w >> 8 & 0xFFFF),
+                 w >> 24 & 1 ? " UE8M0" : "", w >> 32 ? " scale " : "",
+                 w >> 32 ? bm_float_text(w >> 32, a, sizeof a) : "");
+        break;
+    default: snprintf(text, size, "%lld", (long long)w); break;
+    }
+    return bm_agree_names[i];
+}
+
+BEAM_API const char *beam_gather_agreement_text(int32_t i, uint64_t word, char *text, size_t size)
+{
+    return bm_agree_text(i, word, text, size);
 }

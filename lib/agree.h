@@ -5,6 +5,9 @@
  * group compares the words rank by rank (cpu/group.c); the CUDA backend
  * hashes them into the signature its kernels compare (bm_tp_signature).
  *
+ * beam_gather_agreement (include/beammoe.h) gives the words of a call's
+ * public arguments, for a gather over another transport.
+ *
  * A part that does not apply is one fixed word: a norm's eps without the
  * norm, the scales without scales, the quantized form's scale where its
  * kind has none.
@@ -20,7 +23,7 @@
 extern "C" {
 #endif
 
-enum { BM_AGREE_N = 9 };
+enum { BM_AGREE_N = BEAM_AGREEMENT_WORDS };
 
 /* The names of the words, in order: tokens, top_k, hidden, strategy,
  * routed_scale, scales, post_norm, next_norm, quant. */
@@ -28,6 +31,9 @@ extern const char *const bm_agree_names[BM_AGREE_N];
 
 /* The agreement of a checked call with strategy (after AUTO's choice). */
 void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N]);
+
+/* Word i's name, and its value in text (beam_gather_agreement_text). */
+const char *bm_agree_text(int i, uint64_t w, char *text, size_t size);
 
 #ifdef __cplusplus
 }

@@ -267,6 +267,60 @@ static void test_small_stack(void)
     if (rest) fprintf(stderr, "  first call on a %.*s-byte stack: %s\n", (int)(rest - out), out, rest + 1);
 }
 
+/* The gather's agreement words (beam_gather_agreement): a call's own words
+ * again for the same arguments, and each argument changed alone changes its
+ * word only, which beam_gather_agreement_text names and shows. */
+static void test_agreement(void)
+{
+    static const uint16_t wt[1] = {0x3F80};
+    beam_norm post = {NULL, 1e-6f}, next = {wt, 1e-5f}, other_eps = {wt, 2e-5f}, no_weight = {NULL, 1e-5f};
+    float scales[2] = {0.75f, 1.25f}, scales2[2] = {0.75f, 1.5f};
+    beam_quant q = {BEAM_QUANT_FP8_GROUP, 128, BEAM_QUANT_UE8M0, 0.0f, NULL, NULL, 0, NULL};
+    beam_quant q64 = q, token = {BEAM_QUANT_FP8_TOKEN, 0, 0, 0.0f, NULL, NULL, 0, NULL};
+    uint64_t base[BEAM_AGREEMENT_WORDS], w[BEAM_AGREEMENT_WORDS];
+    struct {
+        int word;
+        const char *text;
+    } const want[] = {{0, "6"},
+                      {1, "4"},
+                      {2, "2048"},
+                      {3, "TWOSHOT"},
+                      {4, "0.5"},
+                      {5, "(0.75, 1.5)"},
+                      {6, "none"},
+                      {7, "eps 2e-05 with weight"},
+                      {7, "eps 1e-05 without weight"},
+                      {8, "BEAM_QUANT_FP8_GROUP group 64 UE8M0"},
+                      {8, "BEAM_QUANT_FP8_TOKEN group 7168"},
+                      {8, "none"}};
+    char text[128];
+    int c, i;
+    q64.group_size = 64;
+    CU_ASSERT_EQUAL(beam_gather_agreement(5, 8, 7168, 2.5f, &post, scales, &next, &q, BEAM_STRATEGY_ONESHOT, base),
+                    BEAM_OK);
+    CU_ASSERT_STRING_EQUAL(beam_gather_agreement_text(8, base[8], text, sizeof text), "quant");
+    CU_ASSERT_STRING_EQUAL(text, "BEAM_QUANT_FP8_GROUP group 128 UE8M0");
+    for (c = 0; c < (int)(sizeof want / sizeof want[0]); c++) {
+        CU_ASSERT_EQUAL(beam_gather_agreement(c == 0 ? 6 : 5, c == 1 ? 4 : 8, c == 2 ? 2048 : 7168,
+                                              c == 4 ? 0.5f : 2.5f, c == 6 ? NULL : &post,
+                                              c == 5 ? scales2 : scales,
+                                              c == 7 ? &other_eps : c == 8 ? &no_weight : &next,
+                                              c == 9 ? &q64 : c == 10 ? &token : c == 11 ? NULL : &q,
+                                              c == 3 ? BEAM_STRATEGY_TWOSHOT : BEAM_STRATEGY_ONESHOT, w),
+                        BEAM_OK);
+        for (i = 0; i < BEAM_AGREEMENT_WORDS; i++)
+            CU_ASSERT_EQUAL(w[i] != base[i], i == want[c].word);
+        beam_gather_agreement_text(want[c].word, w[want[c].word], text, sizeof text);
+        if (strcmp(text, want[c].text) != 0) fprintf(stderr, "  word %d: \"%s\", want \"%s\"\n", want[c].word, text,
+                                                     want[c].text);
+        CU_ASSERT_STRING_EQUAL(text, want[c].text);
+    }
+    CU_ASSERT_PTR_NULL(beam_gather_agreement_text(BEAM_AGREEMENT_WORDS, 0, text, sizeof text));
+    CU_ASSERT_EQUAL(beam_gather_agreement(5, 8, 7168, 2.5f, NULL, NULL, NULL, NULL, BEAM_STRATEGY_AUTO, NULL),
+                    BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_gather_agreement: words must not be NULL"));
+}
+
 int main(int argc, char **argv)
 {
     static const suite_test tests[] = {{"version", test_version},
@@ -277,6 +331,7 @@ int main(int argc, char **argv)
                                     {"auto", test_auto},
                                     {"BEAM_BACKEND", test_env},
                                     {"first call on a small stack", test_small_stack},
+                                    {"the gather's agreement words", test_agreement},
                                     {NULL, NULL}};
     if (argc > 1 && strcmp(argv[1], "--print-backend") == 0) {
         const char *n = beam_backend_name();

@@ -146,6 +146,8 @@ _PROTOTYPES = {
     "beam_backend_name": (ctypes.c_char_p, []),
     "beam_set_backend": (_ST, [ctypes.c_char_p]),
     "beam_backend_ops": (ctypes.POINTER(BeamOps), [ctypes.c_char_p, ctypes.c_uint32]),
+    "beam_gather_agreement": (_ST, [_I64, _I32, _I32, _F, _P, _P, _P, _P, _ST, _P]),
+    "beam_gather_agreement_text": (ctypes.c_char_p, [_I32, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()

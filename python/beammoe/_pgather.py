@@ -9,9 +9,10 @@ the UNFUSED strategy. Each rank:
    finalizes its own rows [r*L, min((r+1)*L, T)) with the library (post norm
    included) into an [L, hidden] buffer;
 2. exchanges a fixed-size signature with every rank: its status, the first
-   bytes of its error message, and the arguments that must agree (tokens,
-   hidden, top_k, strategy, routed_scale, the norms' eps and whether they
-   have a weight, the scales). Its size does not depend on the arguments,
+   bytes of its error message, and the arguments that must agree, as the
+   library's words for them (beam_gather_agreement: what its own groups
+   compare; tokens, top_k, hidden, strategy, routed_scale, the norms, the
+   scales, the quantized form). Its size does not depend on the arguments,
    so ranks that disagree on tokens still meet in it. If any rank failed,
    or the ranks disagree, every rank raises (the failing rank its own
    error, the others a BeamArgumentError naming that rank and its message)
@@ -60,7 +61,6 @@ import struct
 import torch
 
 from . import _calls
-from . import _forms
 from . import _lib
 from . import _run
 from . import _checks as A
@@ -73,34 +73,22 @@ _MSG_BYTES = (WORDS - _HEAD) * 8
 _MAGIC = 0x42454D32  # "BEM2"
 _FIELD0 = 5  # the header's words: magic, status, kind, workspace, call, the fields, ..., the message's length
 CREATE, CONFIRM, CALL = 1, 2, 3  # the kinds of exchange (a message's round: kind, workspace, call)
-_NONE = 1 << 40  # an absent float (no norm, no scales)
 _OTHER = 6  # status of a failure that is no library status (e.g. a hook's exception)
 
-# The header's fields after (magic, status), and how a mismatch names them.
-CALL_FIELDS = (("tokens", "int"), ("hidden", "int"), ("top_k", "int"), ("strategy", "strategy"),
-               ("routed_scale", "float"), ("post_eps", "float"), ("post_weight", "given"),
-               ("next_eps", "float"), ("next_weight", "given"), ("scales[0]", "float"), ("scales[1]", "float"),
-               ("quant", "quant"), ("quant scale", "float"))
-CREATE_FIELDS = (("max_tokens", "int"), ("hidden_size", "int"), ("moe_gather_oneshot_max_tokens", "int"),
-                 ("twoshot_max_tokens", "int"), ("timeout_ms", "int"))
-_STRATEGY = {0: "auto", 1: "fused", 2: "unfused", 3: "oneshot", 4: "twoshot"}
+# A creation's fields: (name, ...) after (magic, status); a call's are the
+# library's agreement words (beam_gather_agreement), named and shown by it.
+CREATE_FIELDS = ("max_tokens", "hidden_size", "moe_gather_oneshot_max_tokens", "twoshot_max_tokens", "timeout_ms")
 _NAMES = '"auto", "oneshot", "twoshot" or "unfused"'
-assert _FIELD0 + len(CALL_FIELDS) <= _HEAD - 1
+assert _FIELD0 + max(len(CREATE_FIELDS), _run.AGREEMENT_WORDS) <= _HEAD - 1
 _FUSED = "beam_moe_finalize_norm_residual_norm"
 
 
-def _f32_bits(v):
-    return _NONE if v is None else struct.unpack("<i", struct.pack("<f", v))[0]
+def create_field(i, v):
+    return CREATE_FIELDS[i], str(v)
 
 
-def _quant_word(fields):
-    """The quantized form's part that every rank must share (the library's
-    gather compares the same): kind, group_size and BEAM_QUANT_UE8M0 in one
-    word; 0 without a quantized form."""
-    if fields is None:
-        return 0
-    kind, group, flags, _ = fields
-    return (kind & 0xFF) | (group & 0xFFFF) << 8 | (flags & _run.UE8M0) << 24
+def call_field(i, v):
+    return _run.agreement_text(i, v)
 
 
 def _status(e):
@@ -135,20 +123,6 @@ def _message(row):
     return raw[:max(0, min(n, _MSG_BYTES))].decode("utf-8", "replace")
 
 
-def _shown(kind, v):
-    if kind == "float":
-        return "None" if v == _NONE else repr(struct.unpack("<f", struct.pack("<i", v))[0])
-    if kind == "given":
-        return "given" if v else "None"
-    if kind == "strategy":
-        return _STRATEGY.get(v, str(v))
-    if kind == "quant":
-        if v == 0:
-            return "None"
-        return "%s (group_size %d%s)" % (_forms.name(v & 0xFF), (v >> 8) & 0xFFFF, ", ue8m0" if v >> 24 else "")
-    return str(v)
-
-
 def _round(row):
     """What a message is: its kind, workspace and call (a header's words)."""
     if row[0] != _MAGIC:
@@ -178,9 +152,10 @@ def in_step(fn, rank, table, rnd):
     return rows
 
 
-def settle(fn, rank, rows, err, fields):
+def settle(fn, rank, rows, err, fields, n):
     """Raise on every rank when any rank failed or the ranks disagree (the
-    exchanged signatures, in step); this rank's own error first."""
+    exchanged signatures, in step); this rank's own error first. fields(i,
+    v) names header field i of n and shows its value v."""
     if err is not None:
         raise err
     for r, row in enumerate(rows):
@@ -188,15 +163,16 @@ def settle(fn, rank, rows, err, fields):
             raise_for_status(row[1] if 1 <= row[1] <= 5 else _OTHER,
                              "%s: rank %d failed (%s); every rank fails and nothing was written"
                              % (fn, r, _message(row)))
-    for i, (name, kind) in enumerate(fields):
+    for i in range(n):
         want = rows[0][_FIELD0 + i]
         for r in range(1, len(rows)):
             got = rows[r][_FIELD0 + i]
             if got != want:
+                name, shown = fields(i, want)
                 raise BeamArgumentError("%s: the ranks disagree on %s: rank 0 has %s, rank %d has %s (every rank "
                                         "must pass the same %s); nothing was written"
-                                        % (fn, name, _shown(kind, want), r, _shown(kind, got),
-                                           ", ".join(f[0] for f in fields)))
+                                        % (fn, name, shown, r, fields(i, got)[1],
+                                           ", ".join(fields(j, 0)[0] for j in range(n))))
 
 
 def _wait(work, fn, rank, timeout_ms):
@@ -368,15 +344,13 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
         if owned < per:
             fin[owned:].zero_()  # padding rows: sent, never read
         _run.finalize(dev, g, w, capacity, owned, top_k, hidden, scale, pw, pe, fin)
-        head = (tokens, hidden, top_k, st, _f32_bits(scale), _f32_bits(pe), int(pw is not None), _f32_bits(ne),
-                int(nw is not None), _f32_bits(s[0] if s is not None else None),
-                _f32_bits(s[1] if s is not None else None), _quant_word(qf),
-                _f32_bits(qf[3] if qf is not None else None))
+        head = _run.agreement(tokens, top_k, hidden, scale, pw, pe, s, nw, ne, qf, st)
     except Exception as e:  # carried to every rank below
         err = e
     ws._call_no += 1
     call = (CALL, ws._ident, ws._call_no)
-    settle(fn, rank, ws._collective(lambda: exchange(ws, fn, err, head, call)), err, CALL_FIELDS)
+    settle(fn, rank, ws._collective(lambda: exchange(ws, fn, err, head, call)), err, call_field,
+           _run.AGREEMENT_WORDS)
 
     def compute(h, n):
         # The round's second exchange: the rows, or with no rows its

@@ -246,15 +246,44 @@ def empty_outputs(kind, group_size, flags, scale, tokens, hidden, device):
     return q, torch.empty(tokens, groups, dtype=torch.float32, device=device)
 
 
+def _given(f, scale):
+    return scale if f.scale in (_forms.STATIC, _forms.GLOBAL) else 0.0
+
+
 def struct(kind, group_size, flags, scale, q, scales):
     """The beam_quant of a call writing q and scales (keep it alive for the
     call): block scales in block_scales, FP32 ones in scales (NULL for a
     static scale); the scale field the caller's where the form takes one."""
     f = _forms.form(kind)
-    given = scale if f.scale in (_forms.STATIC, _forms.GLOBAL) else 0.0
+    given = _given(f, scale)
     if f.blocks:
         return BeamQuant(kind, group_size, flags, given, addr(q), None, 0, addr(scales))
     if f.scale == _forms.STATIC:
         return BeamQuant(kind, group_size, flags, given, addr(q), None, 0)
     ld = scales.stride(1) if f.group == 0 and flags & COL_MAJOR else 0
     return BeamQuant(kind, group_size, flags, given, addr(q), addr(scales), ld)
+
+
+AGREEMENT_WORDS = 9  # BEAM_AGREEMENT_WORDS
+
+
+def agreement(tokens, top_k, hidden, routed_scale, pw, pe, s, nw, ne, qf, strategy):
+    """The words a gather call's collective arguments come to
+    (beam_gather_agreement: what the library's own groups compare), as
+    int64 values; qf: None or the form's (kind, group_size, flags, scale)."""
+    post, next_, sc = _norm(pw, pe), _norm(nw, ne), _scales_ref(s)
+    q = None
+    if qf is not None:
+        q = BeamQuant(qf[0], qf[1], qf[2], _given(_forms.form(qf[0]), qf[3]))
+    words = (ctypes.c_uint64 * AGREEMENT_WORDS)()
+    _lib.check(_lib.library().beam_gather_agreement(tokens, top_k, hidden, routed_scale, post[1], sc[1], next_[1],
+                                                    ctypes.byref(q) if q is not None else None, strategy, words),
+               "beam_gather_agreement")
+    return tuple(w - (1 << 64) if w >= 1 << 63 else w for w in words)
+
+
+def agreement_text(i, word):
+    """(name, value as text) of agreement word i (beam_gather_agreement_text)."""
+    buf = ctypes.create_string_buffer(128)
+    name = _lib.library().beam_gather_agreement_text(i, word & ((1 << 64) - 1), buf, len(buf))
+    return name.decode(), buf.value.decode()

@@ -316,7 +316,7 @@ class Workspace:
         # up (and finds their abandoned signatures) never gets.
         rows = _pgather.exchange(self, fn, err, head, (_pgather.CREATE, _pgather.draw(), 0),
                                  cfg.timeout_ms if err is None else 30000)
-        _pgather.settle(fn, self.rank, rows, err, _pgather.CREATE_FIELDS)
+        _pgather.settle(fn, self.rank, rows, err, _pgather.create_field, len(_pgather.CREATE_FIELDS))
         _pgather.exchange(self, fn, None, (), (_pgather.CONFIRM, rows[0][3], 0))
         self._ident = rows[0][3]
         self._handle = id(self)
