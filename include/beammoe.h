@@ -307,9 +307,10 @@ BEAM_API beam_moe_finalize_gather_norm_residual_norm_q_fn beam_moe_finalize_gath
  * norms (present, weight given, eps), scales and quant (kind, group_size,
  * BEAM_QUANT_UE8M0, scale) are the same, with the strategy asked for. The
  * library's own groups compare these words; a gather built over another
- * transport (the Python package's process groups) exchanges them. It checks
- * nothing but words != NULL: the call itself checks its arguments. Any
- * backend's, and without one. */
+ * transport (the Python package's process groups) exchanges them. It
+ * checks quant as the gather does (quant needs next_norm), and words !=
+ * NULL; the call itself checks the rest. Any library serves it, the
+ * dispatcher with or without a backend. */
 #define BEAM_AGREEMENT_WORDS 9
 BEAM_API beam_status beam_gather_agreement(int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
                                            const beam_norm *post_norm, const float *scales,

@@ -1,7 +1,7 @@
 /*
  * agree.c - the arguments every rank of a gather must pass alike
  * (lib/agree.h), and their public form (beam_gather_agreement), which the
- * dispatching library serves too: it needs no backend.
+ * dispatching library serves too: it needs no backend, only lib/check.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,12 +118,20 @@ BEAM_API beam_status beam_gather_agreement(int64_t tokens, int32_t top_k, int32_
         a.scale_x = scales[0];
         a.scale_r = scales[1];
     }
-    if (quant) {
-        /* as the checks make them: group_size 0 is the whole row */
-        a.q.kind = quant->kind;
-        a.q.group = quant->group_size ? quant->group_size : hidden;
-        a.q.ue8m0 = (quant->flags & BEAM_QUANT_UE8M0) != 0;
-        a.q.scale = quant->scale;
+    {
+        /* the form as the call's check makes it, without what is each
+         * rank's own (where its scales lie) and its pointers */
+        bm_ptr unused[2];
+        beam_quant form;
+        beam_status st;
+        if (quant) {
+            form = *quant;
+            form.flags &= ~BEAM_QUANT_COL_MAJOR;
+            form.scale_ld = 0;
+        }
+        st = bm_check_quant("beam_gather_agreement", quant ? &form : NULL, next_norm != NULL, tokens, hidden, &a.q,
+                            unused);
+        if (st != BEAM_OK) return st;
     }
     bm_agree_words(&a, (int)strategy, words);
     return BEAM_OK;

@@ -319,6 +319,10 @@ static void test_agreement(void)
     CU_ASSERT_EQUAL(beam_gather_agreement(5, 8, 7168, 2.5f, NULL, NULL, NULL, NULL, BEAM_STRATEGY_AUTO, NULL),
                     BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_gather_agreement: words must not be NULL"));
+    /* the form as the gather checks it */
+    CU_ASSERT_EQUAL(beam_gather_agreement(5, 8, 7168, 2.5f, NULL, NULL, NULL, &q, BEAM_STRATEGY_AUTO, w),
+                    BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "beam_gather_agreement: quant needs next_norm"));
 }
 
 int main(int argc, char **argv)

@@ -1,55 +1,43 @@
 """One rank of the gather over a torch.distributed process group.
 
-`python _pg_worker.py RANK NRANKS INIT_FILE MODE` (conftest.run_workers:
-one process per rank, gloo over a file store, a hard timeout) runs one
-mode; each step checks its own results and raises on a mismatch (the
-process then exits 1 with the traceback), and a rank prints "rank R: ok"
-last. The last rank is the one that misbehaves. Modes:
+`python _pg_worker.py RANK NRANKS INIT_FILE MODE` (conftest.run_workers: one
+process per rank, gloo over a file store, a hard timeout) runs one mode; each
+step raises on a mismatch (the process then exits 1), and a rank prints
+"rank R: ok" last. The last rank is the one that misbehaves. Modes:
 
-bits       the gather against the one-process fused operation, the
-           CpuGroup gather (threads) and the torch-written reference, bit
-           for bit, for every strategy; the all_gather hook; threshold
-           assignment; a rank that rejects its arguments, ranks that
-           disagree (tokens, scales, eps, workspace sizes): every rank
-           raises and the group stays usable; and last, a peer that never
-           arrives: a BeamCommError within timeout_ms.
-quant      the quantized form: every FP8 form, NVFP4 and MXFP8, every strategy,
-           normalized kept or not, in place or not, over the group and
-           through the hook, against the one-process local _fp8 operation
-           on all the tokens, bit for bit; and ranks that differ in the
-           form (every rank raises, nothing written).
-threads    two threads of every rank call the gather on the rank's one
-           workspace at once: a call either is refused (the overlap error,
-           nothing written) or returns the one-process fused operation's
-           bits; calls made from inside a call in flight (another thread's,
-           this thread's, close()) are refused.
-late       the last rank comes late to a call: every other rank raises
-           within timeout_ms, the late one too (its peers never send the
-           call's rows); every later call and close() raise, on every rank,
-           at once, naming the failure.
-late_rows  the last rank stalls between a call's signatures and its rows:
-           the others raise within timeout_ms; the late one returns the
-           call's exact bits (its peers' rows were sent) or raises, and its
-           next call raises; then every call and close() raise everywhere.
-create     the last rank comes late to the workspace's creation. First the
-           others give up and try again at once: every rank's creation
-           fails. Then they give up and do nothing more: the late rank's
-           creation fails too (within timeout_ms of its arrival).
+bits       the gather against the one-process fused operation, the CpuGroup
+           gather and the torch-written reference, bit for bit, every
+           strategy; the all_gather hook; threshold assignment; a rank that
+           rejects its arguments, ranks that disagree (tokens, scales, eps,
+           workspace sizes): every rank raises and the group stays usable;
+           last, a peer that never arrives: a BeamCommError within timeout_ms.
+quant      every FP8 form, NVFP4 and MXFP8, every strategy, normalized kept or
+           not, in place or not, over the group and through the hook, against
+           the local _fp8 operation on all the tokens; ranks that differ in
+           the form (every rank raises, nothing written).
+threads    two threads of every rank call on the rank's one workspace at once:
+           a call is refused (the overlap error, nothing written) or gives the
+           fused bits; calls from inside a call in flight are refused.
+late       the last rank comes late to a call: every rank raises within
+           timeout_ms; every later call and close() raise at once, naming it.
+late_rows  the last rank stalls between a call's signatures and its rows: the
+           others raise within timeout_ms; the late one returns the exact bits
+           or raises, and its next call raises; then everything raises.
+create     the last rank comes late to the workspace's creation: the others
+           give up and try again at once (every creation fails), then give up
+           (the late rank's creation fails within timeout_ms of its arrival).
 kill_signature, kill_rows
-           the last rank dies inside a call (os._exit before its signature
-           is sent; SIGKILL after the signatures, before the rows): the
-           others raise within timeout_ms, later calls and close() raise,
-           and no rank hangs or aborts.
+           the last rank dies inside a call (os._exit before its signature;
+           SIGKILL after the signatures, before the rows): the others raise
+           within timeout_ms, later calls and close() raise, none hangs or aborts.
 
-`worker` is one rank of the CUDA gather (test_gather_process_group.py
-runs it with torch.multiprocessing.spawn): GPU `rank`, an NCCL process
-group, a beammoe.Workspace over it (its own NCCL communicator), the gather
-for several token counts and every strategy against the CPU backend's
-local fused operation on all tokens; a second workspace over a gloo
-subgroup checks that the unique id may travel over any process group.
+`worker` is one rank of the CUDA gather (test_gather_process_group.py spawns
+it): GPU `rank`, an NCCL process group, a beammoe.Workspace over it, the
+gather for several token counts and every strategy against the CPU backend's
+local fused operation on all tokens; a second workspace over a gloo subgroup
+checks that the unique id may travel over any process group.
 """
 import os
-import re
 import signal
 import sys
 import threading
@@ -57,9 +45,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import ARGS, H, K, QUANTS, STRATEGIES, assert_same_q, check_gather, dist_all_gather, fused  # noqa: E402
-from conftest import gather, gather_calls, gather_q, local_q, poison_outputs  # noqa: E402
-from conftest import local_rows as _local_rows  # noqa: E402
+from conftest import gather, gather_calls, gather_q, local_q, local_rows, poison_outputs  # noqa: E402
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -74,24 +62,15 @@ FN = "beam_moe_finalize_gather_norm_residual_norm"
 
 
 def expect(exc, pattern, call):
-    try:
+    """call() raises exc, its message matching pattern (re.search): the exception."""
+    with pytest.raises(exc, match=pattern) as ei:
         call()
-    except exc as e:
-        if not re.search(pattern, str(e)):
-            raise AssertionError("%s raised %r, which does not match %r" % (call, e, pattern))
-        return e
-    except Exception as e:
-        raise AssertionError("%s raised %r, not %s" % (call, e, exc.__name__))
-    raise AssertionError("%s did not raise %s" % (call, exc.__name__))
+    return ei.value
 
 
 def case(tokens, seed=7, top_k=K, hidden=H):
     """The same data on every rank."""
     return layer(torch.Generator().manual_seed(seed + tokens), tokens, top_k, hidden)
-
-
-def local_rows(g, w, tokens, nranks, rank, top_k=K, hidden=H):
-    return _local_rows(g, w, tokens, nranks, rank, top_k, hidden)
 
 
 def check_hook(ws, rank, nranks):
@@ -114,8 +93,7 @@ def check_hook(ws, rank, nranks):
         ws.all_gather = None
     per = -(-tokens // nranks)
     assert calls == [((nranks * per, H), (per, H), BF16)], calls
-    assert_bits_equal(h, want_h, "hook hidden")
-    assert_bits_equal(n, want_n, "hook normalized")
+    assert_bits_equal((h, n), (want_h, want_n), "hook")
     expect(TypeError, r"all_gather must be None or a callable", lambda: setattr(ws, "all_gather", 3))
 
 
@@ -165,10 +143,10 @@ def check_rejections(ws, rank, nranks):
            lambda: gather(ws, lg2, lw2, r2, pw, nw))
 
     # Scales and strategies differ.
-    expect(beammoe.BeamArgumentError, r"the ranks disagree on scales\[1\]: rank 0 has 1.5, rank 1 has 2.0",
+    expect(beammoe.BeamArgumentError, r"the ranks disagree on scales: rank 0 has \(0.5, 1.5\), rank 1 has \(0.5, 2\)",
            lambda: beammoe.beam_moe_finalize_gather_norm_residual_norm(
                beammoe.MoEOutput(lg, lw), residual, pw, 1e-6, nw, 1e-5, (0.5, 1.5 + 0.5 * rank), ws))
-    expect(beammoe.BeamArgumentError, r"the ranks disagree on strategy: rank 0 has oneshot, rank 1 has unfused",
+    expect(beammoe.BeamArgumentError, r"the ranks disagree on strategy: rank 0 has ONESHOT, rank 1 has UNFUSED",
            lambda: gather(ws, lg, lw, residual, pw, nw, strategy="oneshot" if rank == 0 else "unfused"))
 
     # Every rank over max_tokens: the library's wording, on every rank.
@@ -250,7 +228,7 @@ def quant(rank, nranks):
                      beammoe.NVFP4Quant(1.0) if rank == 0 else beammoe.FP8Quant("tensor", scale=1.0),
                      beammoe.MXFP8Quant() if rank == 0 else beammoe.NVFP4Quant(1.0)):
             res = residual.clone()
-            expect(beammoe.BeamArgumentError, r"^%s: the ranks disagree on quant( scale)?: rank 0 has" % fn,
+            expect(beammoe.BeamArgumentError, r"^%s: the ranks disagree on quant: rank 0 has" % fn,
                    lambda: gather_q(ws, lg, lw, res, pw, nw, form, inplace=True))
             assert_bits_equal(res, residual, "residual after a failed in-place call")
         res = residual.clone()
@@ -291,11 +269,6 @@ def inputs(tokens, rank, nranks):
     g, w, residual, pw, nw = case(tokens)
     lg, lw = local_rows(g, w, tokens, nranks, rank)
     return lg, lw, residual, pw, nw, fused(g, w, residual, pw, nw)
-
-
-def same(got, want, what):
-    assert_bits_equal(got[0], want[0], what + " hidden")
-    assert_bits_equal(got[1], want[1], what + " normalized")
 
 
 def all_unusable(ws, rank, nranks, failure):
@@ -352,7 +325,7 @@ def threads(rank, nranks):
         inner(out, inp)
 
     ws.all_gather = hook
-    same(gather(ws, lg, lw, residual, pw, nw), want, "the call in flight")
+    assert_bits_equal(gather(ws, lg, lw, residual, pw, nw), want, "the call in flight")
     ws.all_gather = None
     assert seen == ["another thread", r"this thread \(from inside its all_gather hook\)"], seen
 
@@ -382,7 +355,7 @@ def threads(rank, nranks):
                     time.sleep(0.0005)
                     continue
                 assert got[0] is res
-                same(got, want, "a concurrent call")
+                assert_bits_equal(got, want, "a concurrent call")
                 with lock:
                     count["ok"] += 1
         except BaseException as e:  # noqa: B902  (reported by the main thread)
@@ -397,7 +370,7 @@ def threads(rank, nranks):
         raise errors[0]
     assert count["ok"] == calls, count
     print("rank %d: %d calls, %d refused" % (rank, count["ok"], count["refused"]), flush=True)
-    same(gather(ws, lg, lw, residual, pw, nw), want, "a call after the concurrent ones")
+    assert_bits_equal(gather(ws, lg, lw, residual, pw, nw), want, "a call after the concurrent ones")
     ws.close()
 
 
@@ -406,7 +379,7 @@ def first_call(rank, nranks):
     makes in time; every rank meets after it. (ws, the inputs of a call)."""
     ws = beammoe.Workspace(None, 64, H, device="cpu", timeout_ms=TMO)
     lg, lw, residual, pw, nw, want = inputs(7, rank, nranks)
-    same(gather(ws, lg, lw, residual, pw, nw), want, "call 1")
+    assert_bits_equal(gather(ws, lg, lw, residual, pw, nw), want, "call 1")
     sync("call1", rank, nranks)
     return ws, (lg, lw, residual, pw, nw, want)
 
@@ -436,7 +409,7 @@ def late_rows(rank, nranks):
         except beammoe.BeamCommError:
             pass  # a peer's rows came too late: a timeout here too
         else:
-            same(got, want, "the late rank's call")  # never other bits
+            assert_bits_equal(got, want, "the late rank's call")  # never other bits
         _pgather._all_gather_rows = rows
         bounded("the late rank's next call", TMO / 1000 + SLACK, lambda: gather(ws, lg, lw, residual, pw, nw),
                 pattern=r"rank %d: .*timeout_ms=%d" % (rank, TMO))

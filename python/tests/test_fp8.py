@@ -1,36 +1,25 @@
-"""The quantized output of normalized: FP8 (beammoe.FP8Quant) against
-torch's own quantization, NVFP4 (beammoe.NVFP4Quant) against a model of
-docs/numerics.md#nvfp4 written from its text, MXFP8 (beammoe.MXFP8Quant)
-against reference.mxfp8_model, docs/numerics.md#mxfp8 written from its
-text.
-
-The FP8 reference: the plain call's BF16 normalized, quantized with torch
-operations as docs/numerics.md#fp8 writes it (the group's or token's largest
-magnitude, the FP32 scale, the clamp, torch's conversion to float8_e4m3fn,
-which rounds to nearest even). Every form, both operations, normalized kept
-or not, in place or not, on the CPU (and CUDA where torch sees a device).
-
-The NVFP4 model (nvfp4_model): the plain call's BF16 normalized, in FP32 blocks
-of 16; the block maximum skipping NaNs; the scale code, the nearest E4M3
-value (ties to the even code) of min(g * (m * RN(1/6)), 448); os =
-g * (1 / value), each rounded to FP32 (0 for a zero scale); each value's E2M1 code, the
-nearest of the eight magnitudes with ties to the even code, saturating,
-signed, NaN -> 0x7; two codes a byte, element 2i low. The scale codes at
-the docs' tiled offsets. Rounding to a format is a search in the table of
-its values (nearest_code), not torch's conversion: the models run on every
-torch the package supports (1.13 has no float8 dtypes), on the CPU.
-Every function (the local operations, the gather over a CPU group too,
-run by the library or in Python) against the models, bit for bit, on the
-CPU and on CUDA where torch sees a device; q and q_scales poisoned before
-the call, so that a byte not written shows, and the padding rows of
-q_scales (not written, the docs say) keep the poison. Then the shapes and
-dtypes (uint8 where torch has no float4_e2m1fn_x2 / float8_e4m3fn /
-float8_e8m0fnu), torch.compile and the fake implementations, and the
-argument errors.
+"""The quantized output of normalized, on the CPU and on CUDA where torch
+sees a device: FP8 (beammoe.FP8Quant) against torch's own quantization of
+the plain call's BF16 normalized as docs/numerics.md#fp8 writes it (the
+group's or token's largest magnitude, the FP32 scale, the clamp, torch's
+conversion to float8_e4m3fn); NVFP4 (beammoe.NVFP4Quant) against
+nvfp4_model and MXFP8 (beammoe.MXFP8Quant) against reference.mxfp8_model,
+docs/numerics.md#nvfp4 and #mxfp8 written from their text (rounding to a
+format is a search in the table of its values, so the models run on every
+torch the package supports, 1.13 without float8 dtypes too). Every function
+(the local operations, the gather over a CPU group, run by the library or in
+Python) bit for bit, q and q_scales poisoned before the call, so that a byte
+not written shows, and the padding rows of q_scales (not written) keep the
+poison. Then the shapes and dtypes (uint8 where torch has no
+float4_e2m1fn_x2 / float8_e4m3fn / float8_e8m0fnu), torch.compile and the
+fake implementations, the argument errors, and bench/fp8_compare.py's own
+check of every configuration.
 """
 import ctypes
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -134,26 +123,24 @@ def nvfp4_model(normalized, g):
     return packed.view(t, h // 2), sf
 
 
-def check_nvfp4(q, qs, normalized, g, poisoned=True):
-    """q and q_scales of `normalized`'s rows under global scale g: the model's
-    bits at the layout's bytes; the padding rows keep the poison."""
+def check_block_form(quant, q, qs, normalized, poisoned=True, dtypes=True):
+    """q and q_scales of `normalized`'s rows in the block form: the model's
+    bits (nvfp4_model under the global scale, or mxfp8_model) at the
+    layout's bytes (q_scales' at the tiled layout's offsets,
+    BEAM_BLOCK_SCALE_BYTES of them); the padding rows keep the poison. The
+    dtypes torch's where it has them (dtypes), else uint8."""
     t, h = normalized.shape
-    want_q, want_sf = nvfp4_model(normalized, g)
-    rows = (t + 127) // 128 * 128
-    assert q.dtype == (FP4X2 if FP4X2 is not None else torch.uint8) and q.shape == (t, h // 2)
-    assert qs.dtype == (FP8 if FP8 is not None else torch.uint8) and qs.shape == (rows, h // 16)
+    nv = isinstance(quant, beammoe.NVFP4Quant)
+    want_q, want_sf = nvfp4_model(normalized, quant.global_scale) if nv else mxfp8_model(normalized)
+    qt, st = ((FP4X2, FP8) if nv else (FP8, E8M0)) if dtypes else (None, None)
+    assert q.dtype == (qt if qt is not None else torch.uint8) and q.shape == (t, h // 2 if nv else h)
+    assert qs.dtype == (st if st is not None else torch.uint8)
+    assert qs.shape == ((t + 127) // 128 * 128, h // quant.group_size)
     assert q.is_contiguous() and qs.is_contiguous()
-    check_blocks(q, qs, want_q, want_sf, poisoned)
-
-
-def check_blocks(q, qs, want_q, want_sf, poisoned):
-    """q's bytes, and q_scales' bytes at the tiled layout's offsets
-    (BEAM_BLOCK_SCALE_BYTES of them), against the model's; the padding rows
-    keep the poison."""
     got_q = q.cpu().view(torch.uint8)
     assert torch.equal(got_q, want_q), "q: %d of %d bytes differ" % (int((got_q != want_q).sum()), got_q.numel())
     flat = qs.cpu().view(torch.uint8).reshape(-1)
-    t, n = want_sf.shape
+    n = want_sf.shape[1]
     assert flat.numel() == (t + 127) // 128 * 128 * n  # BEAM_BLOCK_SCALE_BYTES
     off = block_scale_offsets(t, n)
     got_sf = flat[off].long()
@@ -163,25 +150,6 @@ def check_blocks(q, qs, want_q, want_sf, poisoned):
         pad = torch.ones(flat.numel(), dtype=torch.bool)
         pad[off.reshape(-1)] = False
         assert bool((flat[pad] == POISON).all()), "q_scales: a padding byte was written"
-
-
-def check_mxfp8(q, qs, normalized, poisoned=True):
-    """q and q_scales of `normalized`'s rows in MXFP8: reference.mxfp8_model's
-    bits at the layout's bytes; the padding rows keep the poison."""
-    t, h = normalized.shape
-    want_q, want_codes = mxfp8_model(normalized)
-    assert q.dtype == (FP8 if FP8 is not None else torch.uint8) and q.shape == (t, h)
-    assert qs.dtype == (E8M0 if E8M0 is not None else torch.uint8) and qs.shape == ((t + 127) // 128 * 128, h // 32)
-    assert q.is_contiguous() and qs.is_contiguous()
-    check_blocks(q, qs, want_q, want_codes, poisoned)
-
-
-def check_block_form(quant, q, qs, normalized, poisoned=True):
-    """check_nvfp4 or check_mxfp8, by the form."""
-    if isinstance(quant, beammoe.NVFP4Quant):
-        check_nvfp4(q, qs, normalized, quant.global_scale, poisoned)
-    else:
-        check_mxfp8(q, qs, normalized, poisoned)
 
 
 def inputs(t, h, dev, seed, wild=False):
@@ -318,7 +286,7 @@ def test_block_gather(poisoned, quant, nranks, tokens):
                                                              None, 1.5)
 
     def body(grp, rank):
-        lg, lw = local_rows(gm, w, tokens, nranks, rank, K, h)
+        lg, lw = local_rows(gm, w, tokens, nranks, rank)
         with beammoe.Workspace.cpu(grp, rank, 256, h, moe_gather_oneshot_max_tokens=4) as ws:
             return [beammoe.beam_moe_finalize_gather_norm_residual_norm_fp8(
                 beammoe.MoEOutput(lg, lw), r, nw, 1e-6, nw, 1e-5, None, ws, 1.5, quant=quant, strategy=s)
@@ -348,7 +316,7 @@ def test_block_gather_in_python(poisoned, quant, nranks, tokens):
     ag = ThreadAllGather(nranks)
 
     def body(grp, rank):
-        lg, lw = local_rows(gm, w, tokens, nranks, rank, K, h)
+        lg, lw = local_rows(gm, w, tokens, nranks, rank)
         out = []
         with beammoe.Workspace.cpu(grp, rank, 256, h) as ws:
             ws.all_gather = ag.hook_for(rank)
@@ -379,18 +347,18 @@ def test_block_gather_ranks_differ(hook):
     h = 512
     _, r, gm, w, nw = inputs(5, h, "cpu", 60, wild=True)
     ag = ThreadAllGather(2)
-    nv, mx = r"NVFP4 \(group_size 16\)", r"MXFP8 \(group_size 32\)"
+    nv, mx = "BEAM_QUANT_NVFP4 group 16 scale ", "BEAM_QUANT_MXFP8 group 32 UE8M0"
 
     def body(grp, rank):
-        lg, lw = local_rows(gm, w, 5, 2, rank, K, h)
+        lg, lw = local_rows(gm, w, 5, 2, rank)
         with beammoe.Workspace.cpu(grp, rank, 8, h, timeout_ms=20000 if hook else 5000) as ws:
             ws.all_gather = ag.hook_for(rank) if hook else None
-            for quant, shown in ((beammoe.NVFP4Quant(1.0 + rank), r" scale: rank 0 has 1.0, rank 1 has 2.0"),
-                                 (beammoe.MXFP8Quant() if rank else beammoe.NVFP4Quant(1.0),
-                                  r": rank 0 has %s, rank 1 has %s" % (nv, mx)),
-                                 (beammoe.NVFP4Quant(1.0) if rank else beammoe.MXFP8Quant(),
-                                  r": rank 0 has %s, rank 1 has %s" % (mx, nv))):
-                rule = "the ranks disagree on quant" + shown if hook else "rank 1 and rank 0 passed different quant"
+            # the library's words for each rank's form (beam_gather_agreement_text)
+            for quant, (q0, q1) in ((beammoe.NVFP4Quant(1.0 + rank), (nv + "1", nv + "2")),
+                                    (beammoe.MXFP8Quant() if rank else beammoe.NVFP4Quant(1.0), (nv + "1", mx)),
+                                    (beammoe.NVFP4Quant(1.0) if rank else beammoe.MXFP8Quant(), (mx, nv + "1"))):
+                rule = re.escape("the ranks disagree on quant: rank 0 has %s, rank 1 has %s" % (q0, q1) if hook else
+                                 "rank 1 and rank 0 passed different quant (%s and %s)" % (q1, q0))
                 with pytest.raises(ValueError, match=rule):
                     beammoe.beam_moe_finalize_gather_norm_residual_norm_q(
                         beammoe.MoEOutput(lg, lw), r, nw, 1e-6, nw, 1e-5, None, ws, quant=quant,
@@ -448,39 +416,24 @@ def test_mxfp8_model_edges():
     assert q[2, :3].tolist() == [0x7C, 0xC0, 0] and q[3, :2].tolist() == [0x50, 0x02]
 
 
-def test_without_float8_dtype_or_with():
-    """The values' dtype: float8_e4m3fn where torch has it, else uint8 bits."""
-    x, r, _, _, nw = inputs(2, 256, "cpu", 3)
-    _, _, q, _ = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
-                                                     quant=beammoe.FP8Quant("token"))
-    assert q.dtype == (FP8 if FP8 is not None else torch.uint8)
-
-
 @pytest.mark.parametrize("have", [False, True])
 def test_dtypes_without_float4_or_float8(poisoned, monkeypatch, have):
     """Without torch.float4_e2m1fn_x2, torch.float8_e4m3fn and
     torch.float8_e8m0fnu (an older torch), q and q_scales are uint8 tensors
-    of the same shapes and bits."""
+    of the same shapes and bits; FP8's values float8_e4m3fn where torch has
+    it, else uint8 bits."""
+    x, r, _, _, nw = inputs(2, 256, "cpu", 3)
+    _, _, q, _ = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
+                                                     quant=beammoe.FP8Quant("token"))
+    assert q.dtype == (FP8 if FP8 is not None else torch.uint8)
     if not have:
-        monkeypatch.setattr(_run, "FP4X2", None)
-        monkeypatch.setattr(_run, "FP8", None)
-        monkeypatch.setattr(_run, "E8M0", None)
-    x, r, _, _, nw = inputs(3, 512, "cpu", 4, wild=True)
-    _, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
-                                                      quant=beammoe.NVFP4Quant(1.0), keep_normalized=True)
-    assert q.dtype == (FP4X2 if have and FP4X2 is not None else torch.uint8)
-    assert qs.dtype == (FP8 if have and FP8 is not None else torch.uint8)
-    q, qs = q.view(torch.uint8), qs.view(torch.uint8)
-    want_q, want_sf = nvfp4_model(n, 1.0)
-    assert torch.equal(q, want_q) and torch.equal(qs.reshape(-1)[block_scale_offsets(3, 512 // 16)].long(), want_sf)
-    x, r, _, _, nw = inputs(3, 512, "cpu", 4, wild="mxfp8")
-    _, n, q, qs = beammoe.beam_norm_residual_norm_q(x, r, None, None, nw, 1e-6, None, quant=beammoe.MXFP8Quant(),
-                                                    keep_normalized=True)
-    assert q.dtype == (FP8 if have and FP8 is not None else torch.uint8) and q.shape == (3, 512)
-    assert qs.dtype == (E8M0 if have and E8M0 is not None else torch.uint8) and qs.shape == (128, 512 // 32)
-    want_q, want_codes = mxfp8_model(n)
-    assert torch.equal(q.view(torch.uint8), want_q)
-    assert torch.equal(qs.view(torch.uint8).reshape(-1)[block_scale_offsets(3, 512 // 32)].long(), want_codes)
+        for name in ("FP4X2", "FP8", "E8M0"):
+            monkeypatch.setattr(_run, name, None)
+    for quant, fn in ((beammoe.NVFP4Quant(1.0), beammoe.beam_norm_residual_norm_fp8),
+                      (beammoe.MXFP8Quant(), beammoe.beam_norm_residual_norm_q)):
+        x, r, _, _, nw = block_inputs(quant, 3, 512, 4)
+        _, n, q, qs = fn(x, r, None, None, nw, 1e-6, None, quant=quant, keep_normalized=True)
+        check_block_form(quant, q, qs, n, dtypes=have)
 
 
 def test_layouts_follow_the_list(monkeypatch, tmp_path):
@@ -754,3 +707,27 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.beammoe.moe_finalize_norm_residual_norm_fp8.default,
                               (g, w, r, nw, 1e-6, nw, 1e-6, [0.5, 2.0], 2.5, 0) + beammoe.NVFP4Quant(1.0).fields()
                               + (keep,))
+
+
+# ---- bench/fp8_compare.py: its bit check (each operation's quantized form against the BF16 operation and a
+# torch.compile'd quantization from vLLM's formulas) agrees for every configuration with a next norm, the
+# group-128 and NVFP4 forms, at one small shape on the CPU; and the benchmark still works against the package
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SCRIPT = os.path.join(_ROOT, "bench", "fp8_compare.py")
+
+@pytest.mark.skipif(FP8 is None or not hasattr(torch, "compile"),
+                    reason="torch %s has no float8_e4m3fn or torch.compile" % torch.__version__)
+def test_bench_every_configuration_agrees_on_cpu():
+    cmd = [sys.executable, _SCRIPT, "--device", "cpu", "--ops", "all", "--forms", "group128,nvfp4",
+           "--shapes", "4:2048", "--iters", "2", "--threads", "1"]
+    run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:]
+    rows = re.findall(r"^(\S+) (\S+) T=4 H=2048 wall \[(\w+)\]", run.stdout, re.M)
+    # torch_compare's configurations with a next norm: five of the fused op, five of nrn
+    ops = {op for op, _, _ in rows}
+    assert len(ops) == 10, run.stdout[-4000:]
+    assert {form for _, form, _ in rows} == {"group128", "nvfp4"}
+    assert len(rows) == 20
+    assert all(check == "agree" for _, _, check in rows), [r for r in rows if r[2] != "agree"]

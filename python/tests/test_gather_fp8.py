@@ -1,17 +1,9 @@
-"""The gather's FP8 output (beam_moe_finalize_gather_norm_residual_norm_fp8)
-over a CPU group: R ranks as threads of this process, each holding its own
-tokens. On every rank (hidden, normalized, q, q_scales) equal, bit for bit,
-the local beam_moe_finalize_norm_residual_norm_fp8 on all the tokens, for
-every FP8Quant form of test_fp8.py and every strategy of the gather; the
-normalized it keeps equals the BF16 gather's; the scales' layout is each
-rank's own, ue8m0 is not. The gathers run in Python (_pgather.py: the
-UNFUSED calls with the workspace's all_gather hook, over ranks as threads;
-a CPU workspace over a one-rank gloo group; more ranks as processes in
-test_gather_process_group.py) give the same bits, for every FP8 form,
-NVFP4 and MXFP8. Then the calls it refuses: argument errors before anything is
-written, the in-place call under torch.compile; and its torch operator
-(torch.compile, torch.library.opcheck, meta tensors, direct calls), with
-one rank."""
+"""The gather's quantized output (beam_moe_finalize_gather_norm_residual_norm_fp8)
+over a CPU group (R ranks as threads, each holding its own tokens): on every
+rank, bit for bit, the local _fp8 operation on all the tokens, every form and
+strategy; the scales' layout is each rank's own, ue8m0 is not. The gathers
+run in Python (the hook over threads, a one-rank gloo group) too; the calls it
+refuses (nothing written); its torch operator, with one rank."""
 import pytest
 import torch
 
@@ -56,7 +48,7 @@ def rank_calls(grp, r, nranks, tokens, g, w, residual, pw, nw, quant):
     ws = beammoe.Workspace.cpu(grp, r, 32, H, moe_gather_oneshot_max_tokens=4,
                                moe_gather_separate_norm_min_tokens=17)
     try:
-        lg, lw = local_rows(g, w, tokens, nranks, r, K, H)
+        lg, lw = local_rows(g, w, tokens, nranks, r)
         out = []
         for strategy in STRATEGIES:
             out += gather_calls(ws, lg, lw, residual, pw, nw, quant, (strategy,), CALLS)
@@ -130,7 +122,7 @@ def test_hook_gathers_in_python(gen, poisoned, nranks, tokens):
     ag = ThreadAllGather(nranks)
 
     def body(grp, r):
-        lg, lw = local_rows(g, w, tokens, nranks, r, K, H)
+        lg, lw = local_rows(g, w, tokens, nranks, r)
         out = []
         with beammoe.Workspace.cpu(grp, r, 256, H, moe_gather_oneshot_max_tokens=0,
                                    moe_gather_separate_norm_min_tokens=1) as ws:
@@ -163,13 +155,13 @@ def test_each_rank_its_own_layout(gen, poisoned, hook):
     g, w, residual, pw, nw = data(gen, tokens)
     wants = [local_q(g, w, residual, pw, nw, q, keep_normalized=r == 0) for r, q in enumerate(forms)]
     ag = ThreadAllGather(nranks)
-    disagree = r"^%sthe ranks disagree on quant( scale)?: rank 0 has .*, rank 1 has " % FN
+    disagree = r"^%sthe ranks disagree on quant: rank 0 has .*, rank 1 has " % FN
     kw = dict(strategy="unfused") if hook else {}
 
     def body(grp, r):
         with beammoe.Workspace.cpu(grp, r, 8, H, timeout_ms=20000 if hook else 5000) as ws:
             ws.all_gather = ag.hook_for(r) if hook else None
-            lg, lw = local_rows(g, w, tokens, nranks, r, K, H)
+            lg, lw = local_rows(g, w, tokens, nranks, r)
             got = gather_q(ws, lg, lw, residual, pw, nw, forms[r], keep_normalized=r == 0, **kw)
             if not hook:
                 refused(ws, ValueError, r"passed different quant", lg, lw, residual, pw, nw,

@@ -1,31 +1,23 @@
-"""python/beammoe/_lib.py's ctypes declarations against include/beammoe.h.
+"""python/beammoe/_lib.py's ctypes declarations against include/beammoe.h
+(ctypes takes whatever _lib.py says: a parameter too few, an int32_t for an
+int64_t or struct fields out of order load, run and pass wrong bits). The
+header is read (BEAM_API declarations, function types, typedefs, enums,
+#define'd numbers, in its own style) and _lib.py checked against it: BeamOps
+mirrors struct beam_ops field by field, each function member a CFUNCTYPE of
+the header's parameters and result, of the same kinds (int64_t: c_int64, an
+enum: c_int, a struct by value: its Structure, a pointer: c_void_p or a
+POINTER of the pointee's kind, const char *: c_char_p); every other exported
+function has a prototype in _lib._PROTOTYPES, which declares nothing else
+(beam_last_error excepted: each library keeps its own message); the other
+Structures have the header's fields in order; the constants its values.
+_lib.py is loaded without the package's __init__; the header is the source
+tree's (python/tests/../../include): those tests skip without it.
 
-ctypes takes whatever _lib.py says: a prototype with a parameter too few, an
-int32_t declared where the header has int64_t or a field of a struct out of
-order loads and runs, and passes wrong bits to the library. This test reads
-the header (its BEAM_API declarations, function types, typedefs, enums and
-#define'd numbers, in the header's own style) and checks _lib.py against it:
-
-- the operations are the members of struct beam_ops, which _lib.BeamOps
-  mirrors field by field, in order: each function member a CFUNCTYPE with
-  the header's number of parameters and, for each parameter and the result,
-  a ctypes type of the same kind (int64_t: c_int64, an enum: c_int, a struct
-  by value: its ctypes.Structure, a pointer: c_void_p or a POINTER of the
-  pointee's kind, const char *: c_char_p); _lib.BEAM_OPS_VERSION is the
-  header's BEAM_OPS_VERSION;
-- every other exported function (the dispatcher's own: version, status
-  strings, backend choice, the tables) has a prototype in _lib._PROTOTYPES
-  of the same kinds, and _PROTOTYPES declares nothing else: an exported
-  beam_X that is the table's member X is declared once, as the member
-  (beam_last_error excepted: each library keeps its own message);
-- the other ctypes Structures have the header's fields, in its order; the
-  status and strategy constants have the header's values.
-
-Pure Python, no torch: _lib.py (and _errors.py, which it imports) is loaded
-without the package's __init__ (which imports torch). The header is the one
-of the source tree around this file (python/tests/../../include); the test
-skips when the tests run without the source tree.
+Then where the libraries come from: the operations call the same copy of
+each backend library that the dispatcher loaded (one file per library in
+the process), and an installed package uses the libraries it carries.
 """
+import ast
 import ctypes
 import importlib
 import importlib.util
@@ -35,6 +27,10 @@ import sys
 import types
 
 import pytest
+import torch
+
+import beammoe
+from beammoe import _lib
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HEADER = os.path.normpath(os.path.join(_HERE, "..", "..", "include", "beammoe.h"))
@@ -42,6 +38,8 @@ _HEADER = os.path.normpath(os.path.join(_HERE, "..", "..", "include", "beammoe.h
 # The C types of the header that are values (not pointers), and their ctypes.
 _SCALARS = {
     "int64_t": ctypes.c_int64,
+    "uint64_t": ctypes.c_uint64,
+    "size_t": ctypes.c_size_t,
     "int32_t": ctypes.c_int32,
     "uint32_t": ctypes.c_uint32,
     "uint16_t": ctypes.c_uint16,
@@ -51,11 +49,6 @@ _SCALARS = {
     "int": ctypes.c_int,
     "char": ctypes.c_char,
 }
-
-pytestmark = pytest.mark.skipif(not os.path.exists(_HEADER),
-                                reason="%s not found: the tests run without beammoe's source tree (the header "
-                                       "is not installed with the package)" % _HEADER)
-
 
 # ---- the header ---------------------------------------------------------------------------------
 
@@ -184,7 +177,7 @@ def _show(header, ctype):
 
 
 _CTYPES_NAMES = {}
-for _n in ("c_int64", "c_int32", "c_uint32", "c_uint16", "c_float", "c_double", "c_char", "c_void_p", "c_char_p"):
+for _n in ("c_int64", "c_uint64", "c_int32", "c_uint32", "c_uint16", "c_float", "c_double", "c_char", "c_void_p", "c_char_p"):
     _CTYPES_NAMES.setdefault(getattr(ctypes, _n), _n)  # c_int32 is c_int, c_int64 c_long: the header's names
 
 # ctypes.CFUNCTYPE's prototypes: their class, and their flags (cdecl, the GIL
@@ -317,6 +310,9 @@ def _load_lib():
 
 @pytest.fixture(scope="module")
 def header():
+    if not os.path.exists(_HEADER):
+        pytest.skip("%s not found: the tests run without beammoe's source tree (the header is not installed with "
+                    "the package)" % _HEADER)
     with open(_HEADER, encoding="utf-8") as f:
         return Header(f.read())
 
@@ -475,3 +471,102 @@ def test_the_header_style_is_read():
     }
     with pytest.raises(AssertionError, match="a typedef this test cannot read"):
         Header("typedef int (*beam_cb)(void);")
+
+
+# ---- where the libraries come from ----------------------------------------------------------------
+
+def _mapped():
+    """{library file name: set of paths} of the beammoe libraries mapped now."""
+    out = {}
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            name = os.path.basename(path)
+            if name.startswith("libbeammoe"):
+                out.setdefault(name.split(".so")[0], set()).add(os.path.realpath(path))
+    return out
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps (Linux)")
+def test_one_copy_of_each_library():
+    g = torch.zeros(2 * 8, 256, dtype=torch.bfloat16)
+    beammoe.beam_moe_finalize(g, torch.zeros(2, 8), torch.empty(2, 256, dtype=torch.bfloat16))
+    maps = _mapped()
+    assert "libbeammoe_cpu" in maps and "libbeammoe" in maps, maps
+    for name, paths in maps.items():
+        assert len(paths) == 1, "%s is mapped from %s" % (name, sorted(paths))
+    here = os.path.dirname(os.path.realpath(beammoe.library_path()))
+    assert os.path.dirname(next(iter(maps["libbeammoe_cpu"]))) == here, "the backend is not beside the dispatcher"
+
+
+def test_backend_table_is_the_backends():
+    """The CPU table comes from libbeammoe_cpu itself, in the layout that
+    _lib.BeamOps mirrors (the same build: the very size of struct beam_ops)."""
+    ops = _lib.backend_ops("cpu")
+    assert ops is _lib.backend_ops("cpu")  # read once
+    assert ops.name == "cpu" and not ops.device_memory
+    assert ops.table.version == _lib.BEAM_OPS_VERSION
+    assert ops.table.size == ctypes.sizeof(_lib.BeamOps)
+    # the calls run the backend's code, with no forwarding by the dispatcher
+    path = _dl_file(ctypes.cast(ops.moe_finalize, ctypes.c_void_p).value)
+    assert os.path.basename(path).startswith("libbeammoe_cpu."), path
+
+
+def _dl_file(address):
+    """The file of the shared object that holds `address` (dladdr)."""
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+    dladdr = getattr(ctypes.CDLL(None), "dladdr", None)
+    if dladdr is None:
+        pytest.skip("dladdr is not in the process's global namespace")
+    info = DlInfo()
+    assert dladdr(ctypes.c_void_p(address), ctypes.byref(info)), hex(address)
+    return os.fsdecode(info.dli_fname)
+
+
+@pytest.mark.skipif(not os.path.exists(os.path.join(_lib._BUNDLED, "libbeammoe" + _lib.SO_SUFFIX)),
+                    reason="the package carries no libraries (not installed with pip install ./python)")
+@pytest.mark.skipif(bool(os.environ.get("BEAMMOE_LIBRARY")), reason="BEAMMOE_LIBRARY chooses the library")
+def test_installed_package_uses_its_libraries():
+    path = os.path.realpath(beammoe.library_path())
+    assert os.path.dirname(path) == os.path.realpath(_lib._BUNDLED), path
+    assert os.path.exists(os.path.join(_lib._BUNDLED, "libbeammoe_cpu" + _lib.SO_SUFFIX))
+
+
+def test_oldest_torch():
+    assert beammoe.MIN_TORCH == (1, 13)
+    assert beammoe._torch_release(torch.__version__) >= beammoe.MIN_TORCH
+    for v, want in (("1.13.0a0", (1, 13)), ("2.15.0+cu132", (2, 15)), ("2.4.1", (2, 4)), ("junk", (0, 0))):
+        assert beammoe._torch_release(v) == want
+    assert beammoe.HAVE_TORCH_OPS == (hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake"))
+
+
+def test_imports_go_one_way():
+    """No module of the package imports, at its top or inside a function, a
+    module that imports it back (directly or around a longer circle): a
+    circle works only while every module in it defers an import or imports
+    in a lucky order."""
+    pkg = os.path.dirname(os.path.abspath(beammoe.__file__))
+    graph = {}
+    for f in sorted(os.listdir(pkg)):
+        if f.endswith(".py"):
+            with open(os.path.join(pkg, f), encoding="utf-8") as src:
+                tree = ast.parse(src.read(), f)
+            deps = graph.setdefault(f[:-3], set())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 1:
+                    deps.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+    assert {"ops", "_torch_ops", "_calls", "_checks"} <= set(graph), sorted(graph)
+
+    def circle(m, path):
+        for d in sorted(graph.get(m, ())):
+            if d in path:
+                return path[path.index(d):] + [d]
+            found = circle(d, path + [d])
+            if found:
+                return found
+        return None
+    for m in sorted(graph):
+        found = circle(m, [m])
+        assert found is None, "an import circle: " + " -> ".join(found)
