@@ -171,4 +171,64 @@ beam_status hc_lib(const hc_case *c, hc_op op, beam_strategy strategy, uint16_t 
 /* The reference's live rows, the same way. */
 void hc_ref(const hc_case *c, hc_op op, uint16_t *hidden, uint16_t *normalized);
 
+/* ---- exhaustive checks of a rounding conversion (tests/test_fp8.c, test_fp4.c) ----
+ * hc_code_intervals: the intervals [lo[k], lo[k+1]) of magnitude patterns
+ * of the codes k < n of model (hu_code_starts; lo[n] just past +infinity),
+ * each checked at both ends and just before it; the number of wrong ends
+ * (inline: those tests link no library that case.c needs).
+ * HC_CODE_SWEEP(name, code) defines `static long name(lo, n, sign, nan,
+ * what)`: code(u) on every FP32 pattern u, against the intervals for both
+ * signs (sign or'ed into the negative ones' codes), and nan on every NaN;
+ * the number of intervals that miss, the first five printed. Its count has
+ * no branch and code must inline, so that the compiler vectorizes it
+ * (cloned on x86-64 GCC for the instruction sets of cpu/quant.c's loops):
+ * a few seconds for all 2^32 patterns. */
+static inline long hc_code_intervals(unsigned (*model)(uint32_t), int n, uint32_t *lo)
+{
+    long bad = 0;
+    int k;
+    hu_code_starts(model, n, 0x7F800000u, lo);
+    lo[n] = 0x7F800001u;
+    for (k = 0; k < n; k++) {
+        bad += model(lo[k]) != (unsigned)k || model(lo[k + 1] - 1) != (unsigned)k || lo[k + 1] <= lo[k];
+        if (k > 0) bad += model(lo[k] - 1) != (unsigned)k - 1;
+    }
+    return bad;
+}
+#if defined(__GNUC__) && __GNUC__ >= 11 && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define HC_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define HC_CLONES
+#endif
+#define HC_CODE_SWEEP(name, code)                                                                  \
+    HC_CLONES static long name##_misses(uint32_t u, uint32_t hi, uint8_t c)                        \
+    {                                                                                              \
+        long bad = 0;                                                                              \
+        for (;;) { /* blocks of 2^16: the loop's count and misses are ints */                      \
+            const uint32_t end = hi - u > 0xFFFFu ? u + 0xFFFFu : hi;                              \
+            const int n = (int)(end - u) + 1;                                                      \
+            int i, nb = 0;                                                                         \
+            for (i = 0; i < n; i++) nb += code(u + (uint32_t)i) != c;                              \
+            bad += nb;                                                                             \
+            if (end == hi) return bad;                                                             \
+            u = end + 1;                                                                           \
+        }                                                                                          \
+    }                                                                                              \
+    static long name(const uint32_t *lo, int n, unsigned sign, unsigned nan, const char *what)     \
+    {                                                                                              \
+        long bad = 0, m;                                                                           \
+        int k, neg;                                                                                \
+        for (neg = 0; neg < 2; neg++) {                                                            \
+            const uint32_t s = neg ? 0x80000000u : 0u;                                             \
+            for (k = 0; k < n; k++) {                                                              \
+                const unsigned c = (unsigned)k | (neg ? sign : 0u);                                \
+                if ((m = name##_misses(s | lo[k], s | (lo[k + 1] - 1), (uint8_t)c)) && bad++ < 5)  \
+                    fprintf(stderr, "  %s: code 0x%02x, %ld patterns miss\n", what, c, m);         \
+            }                                                                                      \
+            if (name##_misses(s | 0x7F800001u, s | 0x7FFFFFFFu, (uint8_t)nan) && bad++ < 5)        \
+                fprintf(stderr, "  %s: a NaN (sign %d) is not 0x%02x\n", what, neg, nan);          \
+        }                                                                                          \
+        return bad;                                                                                \
+    }
+
 #endif

@@ -9,19 +9,17 @@
 # docs/python.md).
 
 TESTS += python/run-pytest.sh
-EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/setup.py python/README.md \
-	python/beammoe/__init__.py python/beammoe/__main__.py python/beammoe/_errors.py \
-	python/beammoe/_lib.py python/beammoe/_nccl.py python/beammoe/_run.py \
-	python/beammoe/_torch_ops.py python/beammoe/ops.py python/beammoe/workspace.py python/beammoe/audit.py \
-	python/beammoe/_pgather.py python/beammoe/_prepared.py python/beammoe/_calls.py python/beammoe/_checks.py \
-	python/beammoe/quant.py python/beammoe/fp8.py python/beammoe/_forms.py \
-	python/tests/conftest.py python/tests/reference.py python/tests/_pg_worker.py \
-	python/tests/test_fused.py python/tests/test_errors.py \
-	python/tests/test_gather_cpu.py python/tests/test_workspace_plumbing.py \
-	python/tests/test_cuda.py python/tests/test_audit_file.py \
-	python/tests/test_reference_semantics.py python/tests/test_arguments.py python/tests/test_torch_ops.py \
-	python/tests/test_loading.py python/tests/test_gather_process_group.py python/tests/test_reference_cases.py \
-	python/tests/test_prepared.py python/tests/test_prototypes.py python/tests/test_fp8.py \
-	python/tests/test_gather_fp8.py python/tests/test_bench_fp8_compare.py \
+EXTRA_DIST += python/run-pytest.sh python/pyproject.toml python/setup.py python/build_backend.py python/README.md \
+	python/beammoe/__init__.py python/beammoe/__main__.py python/beammoe/_calls.py \
+	python/beammoe/_checks.py python/beammoe/_errors.py python/beammoe/_forms.py \
+	python/beammoe/_lib.py python/beammoe/_nccl.py python/beammoe/_pgather.py \
+	python/beammoe/_prepared.py python/beammoe/_run.py python/beammoe/_torch_ops.py \
+	python/beammoe/audit.py python/beammoe/fp8.py python/beammoe/ops.py python/beammoe/quant.py \
+	python/beammoe/workspace.py \
+	python/tests/_pg_worker.py python/tests/conftest.py python/tests/reference.py \
+	python/tests/test_audit_file.py python/tests/test_cuda.py python/tests/test_errors.py \
+	python/tests/test_fp8.py python/tests/test_fused.py python/tests/test_gather_fp8.py \
+	python/tests/test_gather_process_group.py python/tests/test_prototypes.py \
+	python/tests/test_reference_semantics.py python/tests/test_torch_ops.py \
 	bench/python_overhead.py bench/torch_compare.py bench/fp8_compare.py bench/gemm_pair.py \
 	bench/fp8_vllm_diff.py

@@ -165,62 +165,25 @@ static unsigned model_bits(uint32_t a)
     return model_e4m3((double)bm_fp8_clamp(v));
 }
 
-/* Patterns u in [lo, hi] where bm_e4m3_clamp_sel misses code c: a loop
- * without branches, vectorized; on x86-64 GCC for the same instruction sets
- * as cpu/quant.c's loops (and 2-3x faster than with SSE2 alone). */
-#if defined(__GNUC__) && __GNUC__ >= 11 && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-__attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#endif
-static long sel_misses(uint32_t lo, uint32_t hi, uint8_t c)
-{
-    long bad = 0;
-    uint32_t u = lo;
-    for (;;) {
-        /* blocks of 2^16: the loop's count and misses are ints */
-        const uint32_t end = hi - u > 0xFFFFu ? u + 0xFFFFu : hi;
-        const int n = (int)(end - u) + 1;
-        int i, nb = 0; /* 32-bit lanes */
-        for (i = 0; i < n; i++) nb += bm_e4m3_clamp_sel(bm_fp8_float(u + (uint32_t)i)) != c;
-        bad += nb;
-        if (end == hi) return bad;
-        u = end + 1;
-    }
-}
+/* bm_e4m3_clamp_sel of every pattern of a code's interval */
+#define SEL_CODE(u) bm_e4m3_clamp_sel(bm_fp8_float(u))
+HC_CODE_SWEEP(sel_sweep, SEL_CODE)
 
 static void test_select(void)
 {
     uint32_t lo[128];
-    long bad = 0, misses = 0;
+    long bad = 0;
     int k, sign;
     /* lo[k]: the first magnitude pattern whose code is >= k; the code of
-     * +infinity (0x7F800000) is 0x7E */
-    hu_code_starts(model_bits, 127, 0x7F800000u, lo);
-    lo[127] = 0x7F800001u;
-    /* every code is taken, and the ends are right */
-    for (k = 0; k < 127; k++) {
-        bad += (int)model_bits(lo[k]) != k || (int)model_bits(lo[k + 1] - 1) != k;
-        if (k > 0) bad += (int)model_bits(lo[k] - 1) != k - 1;
-        bad += lo[k + 1] <= lo[k];
-    }
-    CU_ASSERT_EQUAL(bad, 0);
+     * +infinity (0x7F800000) is 0x7E. Every code is taken, and the ends are
+     * right. */
+    CU_ASSERT_EQUAL(hc_code_intervals(model_bits, 127, lo), 0);
     CU_ASSERT_EQUAL(lo[126], 0x43D80000u); /* 432, halfway from 416: ties to 448 (even) */
-    /* bm_e4m3_clamp_sel on every pattern of both signs */
-    for (sign = 0; sign < 2; sign++) {
-        const uint32_t s = sign ? 0x80000000u : 0u;
-        for (k = 0; k < 127; k++) {
-            const uint8_t c = (uint8_t)(k | (sign ? 0x80 : 0));
-            const long m = sel_misses(s | lo[k], s | (lo[k + 1] - 1), c);
-            if (m && misses++ < 5) fprintf(stderr, "  select: code 0x%02x, %ld patterns miss\n", c, m);
-        }
-        /* every NaN */
-        if (sel_misses(s | 0x7F800001u, s | 0x7FFFFFFFu, 0xFE) && misses++ < 5)
-            fprintf(stderr, "  select: a NaN (sign %d) is not 0xFE\n", sign);
-    }
-    CU_ASSERT_EQUAL(misses, 0);
+    /* bm_e4m3_clamp_sel on every pattern of both signs, 0xFE on every NaN */
+    CU_ASSERT_EQUAL(sel_sweep(lo, 127, 0x80, 0xFE, "select"), 0);
     /* bm_e4m3_sel (the same code without the NaN case) against bm_e4m3:
      * 64 patterns around each interval's start, every 61st pattern, both
      * signs, to infinity */
-    bad = 0;
     for (sign = 0; sign < 2; sign++) {
         const uint32_t s = sign ? 0x80000000u : 0u;
         uint32_t a;

@@ -6,8 +6,8 @@
  * the naive reference); the cases here are the harness's
  * (hc_make_gather), with +-0 made +-1 (no_zeros).
  *
- * One pthread per rank, a beam_cpu_group, a workspace per rank
- * (beam_workspace_create_cpu, collective). Rank r owns L = ceil(T/R)
+ * Each rank's call on a pthread of its own, a beam_cpu_group, a workspace
+ * per rank (beam_workspace_create_cpu, collective). Rank r owns L = ceil(T/R)
  * tokens and passes the case's expert rows from row r*L (capacity past L,
  * NaN past its live rows); residual, hidden_out and normalized are full
  * [T, H] arrays on every rank.
@@ -51,207 +51,16 @@
 #define MAXR 8
 #define GUARD 2
 
+/* CU_ASSERT(cond), and printf's arguments on standard error when it fails:
+ * CUnit's report names the line only, not the rank or the message. */
+#define CHECK_MSG(cond, ...)                                                             \
+    do {                                                                                 \
+        const int check_ok_ = (cond) ? 1 : 0;                                            \
+        CU_assertImplementation(check_ok_, __LINE__, #cond, __FILE__, "", CU_FALSE);     \
+        if (!check_ok_) fprintf(stderr, __VA_ARGS__);                                    \
+    } while (0)
+
 static uint64_t g_seed;
-
-typedef enum job_kind { JOB_CREATE, JOB_GATHER, JOB_INFO, JOB_DESTROY, JOB_QUIT } job_kind;
-
-/* What every rank does next, and what it got. */
-typedef struct job {
-    job_kind kind;
-    /* create */
-    int64_t max_tokens;
-    int32_t ws_hidden;
-    const beam_workspace_config *cfg;
-    /* gather */
-    int64_t T;
-    int32_t K, H;
-    float rs;
-    const beam_norm *post, *next;
-    const float *scales;
-    beam_strategy strategy;
-    int null_ws;
-    int absent_rank; /* this rank skips the gather (timeout test); -1: none */
-    const uint16_t *ex[MAXR];
-    const float *wt[MAXR];
-    int64_t cap[MAXR];
-    const uint16_t *res[MAXR];
-    uint16_t *hid[MAXR], *nrm[MAXR];
-    /* use_q: the _q entry, with quant[r] (may be NULL) */
-    int use_q;
-    const beam_quant *quant[MAXR];
-    /* results */
-    beam_status st[MAXR];
-    char msg[MAXR][256];
-    int32_t info_rank[MAXR], info_n[MAXR];
-} job;
-typedef struct group {
-    int R;
-    beam_cpu_group *g;
-    beam_workspace *ws[MAXR];
-    pthread_t th[MAXR];
-    pthread_barrier_t start, done;
-    job j;
-} group;
-
-typedef struct rank_arg {
-    group *grp;
-    int r;
-} rank_arg;
-
-/* Rank 0 may be told to disagree with its peers on a collective argument
- * (set by run_disagree, read by the rank threads between barriers). */
-typedef struct odd_rank {
-    int active;
-    beam_strategy strategy;
-    int64_t T;
-    const float *scales;
-} odd_rank;
-static odd_rank g_odd;
-
-static void *rank_main(void *p)
-{
-    rank_arg *a = (rank_arg *)p;
-    group *G = a->grp;
-    int r = a->r;
-    for (;;) {
-        job *j = &G->j;
-        beam_status st = BEAM_OK;
-        pthread_barrier_wait(&G->start);
-        if (j->kind == JOB_QUIT)
-            break;
-        switch (j->kind) {
-        case JOB_CREATE:
-            st = beam_workspace_create_cpu(G->g, r, j->max_tokens, j->ws_hidden, j->cfg,
-                                           &G->ws[r]);
-            break;
-        case JOB_GATHER: {
-            /* rank 0 may be told to disagree with the others (odd_rank) */
-            int odd = r == 0 && g_odd.active;
-            if (r == j->absent_rank)
-                break;
-            if (j->use_q)
-                st = beam_moe_finalize_gather_norm_residual_norm_q(
-                    j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r],
-                    odd ? g_odd.T : j->T, j->K, j->H, j->rs, j->post, j->res[r],
-                    odd ? g_odd.scales : j->scales, j->next, j->hid[r], j->nrm[r], j->quant[r],
-                    odd ? g_odd.strategy : j->strategy, NULL);
-            else
-                st = beam_moe_finalize_gather_norm_residual_norm(
-                    j->null_ws ? NULL : G->ws[r], j->ex[r], j->wt[r], j->cap[r],
-                    odd ? g_odd.T : j->T, j->K, j->H, j->rs, j->post, j->res[r],
-                    odd ? g_odd.scales : j->scales, j->next, j->hid[r], j->nrm[r],
-                    odd ? g_odd.strategy : j->strategy, NULL);
-            break;
-        }
-        case JOB_INFO:
-            st = beam_workspace_info(G->ws[r], &j->info_rank[r], &j->info_n[r]);
-            break;
-        case JOB_DESTROY:
-            st = beam_workspace_destroy(G->ws[r]);
-            G->ws[r] = NULL;
-            break;
-        case JOB_QUIT:
-            break;
-        }
-        j->st[r] = st;
-        snprintf(j->msg[r], sizeof j->msg[r], "%s", st == BEAM_OK ? "" : beam_last_error());
-        pthread_barrier_wait(&G->done);
-    }
-    return NULL;
-}
-
-static rank_arg g_args[MAXR];
-
-/* Run the current job on every rank and wait for all of them. */
-static void run_job(group *G)
-{
-    pthread_barrier_wait(&G->start);
-    pthread_barrier_wait(&G->done);
-}
-
-static int group_start(group *G, int R)
-{
-    int r;
-    memset(G, 0, sizeof *G);
-    G->R = R;
-    if (beam_cpu_group_create(R, &G->g) != BEAM_OK) {
-        fprintf(stderr, "beam_cpu_group_create(%d): %s\n", R, beam_last_error());
-        return 0;
-    }
-    pthread_barrier_init(&G->start, NULL, (unsigned)R + 1);
-    pthread_barrier_init(&G->done, NULL, (unsigned)R + 1);
-    for (r = 0; r < R; r++) {
-        g_args[r].grp = G;
-        g_args[r].r = r;
-        pthread_create(&G->th[r], NULL, rank_main, &g_args[r]);
-    }
-    return 1;
-}
-
-static void group_stop(group *G)
-{
-    int r;
-    G->j.kind = JOB_QUIT;
-    pthread_barrier_wait(&G->start);
-    for (r = 0; r < G->R; r++)
-        pthread_join(G->th[r], NULL);
-    pthread_barrier_destroy(&G->start);
-    pthread_barrier_destroy(&G->done);
-    CU_ASSERT_EQUAL(beam_cpu_group_destroy(G->g), BEAM_OK);
-}
-
-static int ws_create(group *G, int64_t max_tokens, int32_t H, const beam_workspace_config *cfg)
-{
-    int r, ok = 1;
-    G->j.kind = JOB_CREATE;
-    G->j.max_tokens = max_tokens;
-    G->j.ws_hidden = H;
-    G->j.cfg = cfg;
-    run_job(G);
-    for (r = 0; r < G->R; r++)
-        if (G->j.st[r] != BEAM_OK) {
-            fprintf(stderr, "workspace_create_cpu R=%d rank %d: %s\n", G->R, r, G->j.msg[r]);
-            ok = 0;
-        }
-    CU_ASSERT(ok);
-    if (!ok)
-        return 0;
-    G->j.kind = JOB_INFO;
-    run_job(G);
-    for (r = 0; r < G->R; r++) {
-        CU_ASSERT_EQUAL(G->j.st[r], BEAM_OK);
-        CU_ASSERT_EQUAL(G->j.info_rank[r], r);
-        CU_ASSERT_EQUAL(G->j.info_n[r], G->R);
-    }
-    return 1;
-}
-
-/* A group of R ranks with a workspace each (max_tokens, hidden H, the
- * timeout); 0 when either could not be made (the failure is recorded,
- * nothing is left running). */
-static int group_ws(group *G, int R, int64_t max_tokens, int32_t H, int32_t timeout_ms)
-{
-    beam_workspace_config cfg = beam_workspace_config_default();
-    cfg.timeout_ms = timeout_ms;
-    if (!group_start(G, R)) {
-        CU_FAIL("group create");
-        return 0;
-    }
-    if (!ws_create(G, max_tokens, H, &cfg)) {
-        group_stop(G);
-        return 0;
-    }
-    return 1;
-}
-
-static void ws_destroy(group *G)
-{
-    int r;
-    G->j.kind = JOB_DESTROY;
-    run_job(G);
-    for (r = 0; r < G->R; r++)
-        CU_ASSERT_EQUAL(G->j.st[r], BEAM_OK);
-}
 
 /* ---- one gather case ---------------------------------------------------- */
 
@@ -274,9 +83,7 @@ static hc_spec spec_small(int64_t T)
 typedef struct gdata {
     hc_case c;
     int R;
-    int64_t L, cap; /* rows a rank owns, its capacity */
-    const uint16_t *ex[MAXR]; /* rank r's expert rows: the case's from r * L */
-    const float *wt[MAXR];
+    int64_t L, cap; /* rows a rank owns (rank r's from row r * L), its capacity */
     beam_norm post, next;
     uint16_t *want_h, *want_n;
     uint16_t *res[MAXR], *hid[MAXR], *nrm[MAXR];
@@ -291,6 +98,18 @@ static void no_zeros(uint16_t *p, size_t n)
     for (i = 0; i < n; i++)
         if ((p[i] & 0x7FFFu) == 0)
             p[i] = (uint16_t)(p[i] | 0x3F80u);
+}
+
+/* Rank r's outputs as before any call: poison (in place, hidden_out the
+ * residual and poison past it). */
+static void gdata_reset(gdata *d, int r)
+{
+    const size_t TH = (size_t)d->c.s.T * (size_t)d->c.s.H, ob = 2 * (TH + GUARD * (size_t)d->c.s.H);
+    hu_poison(d->hid[r], ob);
+    if (d->nrm[r])
+        hu_poison(d->nrm[r], ob);
+    if (d->c.s.inplace)
+        memcpy(d->hid[r], d->c.residual, 2 * TH);
 }
 
 /* The case of spec s for R ranks from seed; rs > 0: its routed_scale. */
@@ -313,16 +132,11 @@ static void gdata_make(gdata *d, const hc_spec *s, int R, uint64_t seed, float r
     d->want_n = (uint16_t *)hu_alloc(2 * TH, 0);
     hc_gather_ref(&d->c, R, s->T, d->want_h, d->want_n);
     for (r = 0; r < R; r++) {
-        d->ex[r] = d->c.experts + (size_t)(r * d->L) * (size_t)s->K * (size_t)s->H;
-        d->wt[r] = d->c.weights + (size_t)(r * d->L) * (size_t)s->K;
         d->hid[r] = (uint16_t *)hu_alloc(ob, 0);
-        hu_poison(d->hid[r], ob);
-        if (s->next) {
-            d->nrm[r] = (uint16_t *)hu_alloc(ob, 0);
-            hu_poison(d->nrm[r], ob);
-        }
+        d->nrm[r] = s->next ? (uint16_t *)hu_alloc(ob, 0) : NULL;
         d->res[r] = s->inplace ? d->hid[r] : (uint16_t *)hu_alloc(2 * TH, 0);
         memcpy(d->res[r], d->c.residual, 2 * TH);
+        gdata_reset(d, r);
     }
 }
 
@@ -338,44 +152,6 @@ static void gdata_free(gdata *d)
     hu_free(d->want_h);
     hu_free(d->want_n);
     hc_free(&d->c);
-}
-
-/* Rank r's call of case d under strategy s through the plain entry. */
-static beam_status gdata_call(beam_workspace *ws, gdata *d, int r, beam_strategy s)
-{
-    const hc_spec *c = &d->c.s;
-    return beam_moe_finalize_gather_norm_residual_norm(ws, d->ex[r], d->wt[r], d->cap, c->T, c->K, c->H, d->c.rs,
-                                                       c->post ? &d->post : NULL, d->res[r],
-                                                       c->scales ? d->c.scales : NULL, c->next ? &d->next : NULL,
-                                                       d->hid[r], d->nrm[r], s, NULL);
-}
-
-static void job_from(group *G, gdata *d, beam_strategy s)
-{
-    job *j = &G->j;
-    const hc_spec *c = &d->c.s;
-    int r;
-    j->kind = JOB_GATHER;
-    j->T = c->T;
-    j->K = c->K;
-    j->H = c->H;
-    j->rs = d->c.rs;
-    j->post = c->post ? &d->post : NULL;
-    j->next = c->next ? &d->next : NULL;
-    j->scales = c->scales ? d->c.scales : NULL;
-    j->strategy = s;
-    j->null_ws = 0;
-    j->absent_rank = -1;
-    j->use_q = 0;
-    for (r = 0; r < G->R; r++) {
-        j->quant[r] = NULL;
-        j->ex[r] = d->ex[r];
-        j->wt[r] = d->wt[r];
-        j->cap[r] = d->cap;
-        j->res[r] = d->res[r];
-        j->hid[r] = d->hid[r];
-        j->nrm[r] = d->nrm[r];
-    }
 }
 
 /* Rank r's outputs: every byte poison (after a refused call; in place,
@@ -396,6 +172,211 @@ static int outputs_exact(const gdata *d, int r)
            (!d->c.s.next || (memcmp(d->nrm[r], d->want_n, 2 * TH) == 0 && hu_is_poison(d->nrm[r] + TH, gb)));
 }
 
+/* ---- one call of one rank, on a thread of its own ----------------------- */
+
+typedef enum call_kind { C_CREATE, C_GATHER, C_INFO, C_DESTROY } call_kind;
+
+/* Each rank's call holds every argument of its own, so that a test makes
+ * one rank differ from its peers by changing that rank's copy. CUnit
+ * asserts run on the main thread only: the call just records what it got. */
+typedef struct rcall {
+    call_kind kind;
+    beam_workspace *ws; /* create: the one made; else the one passed (may be NULL) */
+    /* create */
+    beam_cpu_group *g;
+    int32_t rank, hidden;
+    int64_t max_tokens;
+    const beam_workspace_config *cfg;
+    int null_out; /* pass NULL as the out-parameter */
+    /* gather: the plain entry, or (use_q) the _q entry with quant (may be NULL) */
+    const uint16_t *ex, *res;
+    const float *wt, *scales;
+    int64_t cap, T;
+    int32_t K, H;
+    float rs;
+    const beam_norm *post, *next;
+    uint16_t *hid, *nrm;
+    const beam_quant *quant;
+    beam_strategy s;
+    int use_q, absent; /* absent: this rank never calls (the timeout test) */
+    /* results */
+    beam_status st;
+    char msg[256];
+    int32_t info_rank, info_n;
+    int done;
+} rcall;
+
+static void *call_main(void *p)
+{
+    rcall *c = (rcall *)p;
+    switch (c->kind) {
+    case C_CREATE:
+        c->st = beam_workspace_create_cpu(c->g, c->rank, c->max_tokens, c->hidden, c->cfg,
+                                          c->null_out ? NULL : &c->ws);
+        break;
+    case C_GATHER:
+        c->st = c->use_q ? beam_moe_finalize_gather_norm_residual_norm_q(
+                               c->ws, c->ex, c->wt, c->cap, c->T, c->K, c->H, c->rs, c->post, c->res, c->scales,
+                               c->next, c->hid, c->nrm, c->quant, c->s, NULL)
+                         : beam_moe_finalize_gather_norm_residual_norm(c->ws, c->ex, c->wt, c->cap, c->T, c->K, c->H,
+                                                                       c->rs, c->post, c->res, c->scales, c->next,
+                                                                       c->hid, c->nrm, c->s, NULL);
+        break;
+    case C_INFO:
+        c->st = beam_workspace_info(c->ws, &c->info_rank, &c->info_n);
+        break;
+    case C_DESTROY:
+        c->st = beam_workspace_destroy(c->ws);
+        break;
+    }
+    snprintf(c->msg, sizeof c->msg, "%s", c->st == BEAM_OK ? "" : beam_last_error());
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* Rank r's gather of case d on ws under strategy s, through the plain entry. */
+static void call_gather(rcall *c, beam_workspace *ws, gdata *d, int r, beam_strategy s)
+{
+    const hc_spec *p = &d->c.s;
+    const size_t r0 = (size_t)(r * d->L);
+    const rcall g = {.kind = C_GATHER, .ws = ws, .ex = d->c.experts + r0 * (size_t)p->K * (size_t)p->H,
+                     .res = d->res[r], .wt = d->c.weights + r0 * (size_t)p->K,
+                     .scales = p->scales ? d->c.scales : NULL, .cap = d->cap, .T = p->T, .K = p->K, .H = p->H,
+                     .rs = d->c.rs, .post = p->post ? &d->post : NULL, .next = p->next ? &d->next : NULL,
+                     .hid = d->hid[r], .nrm = d->nrm[r], .s = s};
+    *c = g;
+}
+
+/* That call, made now on this thread. */
+static beam_status gdata_call(beam_workspace *ws, gdata *d, int r, beam_strategy s)
+{
+    rcall c;
+    call_gather(&c, ws, d, r, s);
+    call_main(&c);
+    return c.st;
+}
+
+/* A creation of rank on g: max_tokens x hidden, cfg. */
+static void call_create(rcall *c, beam_cpu_group *g, int32_t rank, int64_t max_tokens, int32_t hidden,
+                        const beam_workspace_config *cfg)
+{
+    const rcall m = {.kind = C_CREATE, .g = g, .rank = rank, .max_tokens = max_tokens, .hidden = hidden, .cfg = cfg};
+    *c = m;
+}
+
+/* The calls c[0..n) (but the absent), each on a thread of its own; done
+ * when all returned. */
+static void run_calls(rcall *c, int n)
+{
+    pthread_t th[MAXR];
+    int k;
+    for (k = 0; k < n; k++)
+        if (!c[k].absent) pthread_create(&th[k], NULL, call_main, &c[k]);
+    for (k = 0; k < n; k++)
+        if (!c[k].absent) pthread_join(th[k], NULL);
+}
+
+/* The calls c[0] and c[1] of one rank at once, on threads th[0] and th[1]:
+ * the one that returns first (waiting up to 10 s) is the one refused, at
+ * once, with a message that names fn and the rule; its index (1 when
+ * neither returns: the other checks fail then too). */
+static int race(rcall *c, pthread_t *th, const char *fn)
+{
+    int k, t, lose = -1;
+    for (k = 0; k < 2; k++)
+        pthread_create(&th[k], NULL, call_main, &c[k]);
+    for (t = 0; t < 10000 && lose < 0; t++) {
+        struct timespec ts = {0, 1000000L};
+        for (k = 0; k < 2 && lose < 0; k++)
+            if (__atomic_load_n(&c[k].done, __ATOMIC_ACQUIRE))
+                lose = k;
+        if (lose < 0)
+            nanosleep(&ts, NULL);
+    }
+    CU_ASSERT(lose >= 0);
+    if (lose < 0) {
+        fprintf(stderr, "%s: neither of two calls of one rank returned within 10 s\n", fn);
+        lose = 1; /* the rest of the test lets the waiting ones end */
+    }
+    CU_ASSERT_EQUAL(c[lose].st, BEAM_ERR_INVALID_ARGUMENT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(c[lose].msg, fn));
+    CHECK_MSG(strstr(c[lose].msg, "in progress on another thread") != NULL, "%s refused: status %d: %s\n", fn,
+              (int)c[lose].st, c[lose].msg);
+    return lose;
+}
+
+/* ---- a group of R ranks, a workspace each ------------------------------- */
+
+typedef struct group {
+    int R;
+    beam_cpu_group *g;
+    beam_workspace *ws[MAXR];
+    rcall c[MAXR]; /* every rank's next call */
+} group;
+
+/* A group of R ranks with a workspace each (max_tokens, hidden H, the
+ * timeout) that reports its rank and size; 0 when either could not be made
+ * (the failure is recorded, the group destroyed). */
+static int group_ws(group *G, int R, int64_t max_tokens, int32_t H, int32_t timeout_ms)
+{
+    beam_workspace_config cfg = beam_workspace_config_default();
+    int r, ok = 1;
+    cfg.timeout_ms = timeout_ms;
+    memset(G, 0, sizeof *G);
+    G->R = R;
+    if (beam_cpu_group_create(R, &G->g) != BEAM_OK) {
+        fprintf(stderr, "beam_cpu_group_create(%d): %s\n", R, beam_last_error());
+        CU_FAIL("group create");
+        return 0;
+    }
+    for (r = 0; r < R; r++)
+        call_create(&G->c[r], G->g, r, max_tokens, H, &cfg);
+    run_calls(G->c, R);
+    for (r = 0; r < R; r++) {
+        G->ws[r] = G->c[r].ws;
+        G->c[r].kind = C_INFO;
+        if (G->c[r].st != BEAM_OK) {
+            fprintf(stderr, "workspace_create_cpu R=%d rank %d: %s\n", R, r, G->c[r].msg);
+            ok = 0;
+        }
+    }
+    CU_ASSERT(ok);
+    if (!ok) {
+        CU_ASSERT_EQUAL(beam_cpu_group_destroy(G->g), BEAM_OK);
+        return 0;
+    }
+    run_calls(G->c, R);
+    for (r = 0; r < R; r++) {
+        CU_ASSERT_EQUAL(G->c[r].st, BEAM_OK);
+        CU_ASSERT_EQUAL(G->c[r].info_rank, r);
+        CU_ASSERT_EQUAL(G->c[r].info_n, R);
+    }
+    return 1;
+}
+
+/* Every rank's workspace destroyed, then the group. */
+static void group_end(group *G)
+{
+    int r;
+    for (r = 0; r < G->R; r++) {
+        memset(&G->c[r], 0, sizeof G->c[r]);
+        G->c[r].kind = C_DESTROY;
+        G->c[r].ws = G->ws[r];
+    }
+    run_calls(G->c, G->R);
+    for (r = 0; r < G->R; r++)
+        CU_ASSERT_EQUAL(G->c[r].st, BEAM_OK);
+    CU_ASSERT_EQUAL(beam_cpu_group_destroy(G->g), BEAM_OK);
+}
+
+/* Every rank's gather of case d under strategy s on its workspace. */
+static void job_from(group *G, gdata *d, beam_strategy s)
+{
+    int r;
+    for (r = 0; r < G->R; r++)
+        call_gather(&G->c[r], G->ws[r], d, r, s);
+}
+
 /* One valid gather of spec s on every rank under strategy st: every
  * rank's outputs the reference's. */
 static void run_valid(group *G, const hc_spec *s, beam_strategy st, uint64_t seed)
@@ -404,12 +385,12 @@ static void run_valid(group *G, const hc_spec *s, beam_strategy st, uint64_t see
     int r;
     gdata_make(&d, s, G->R, seed, 0.0f);
     job_from(G, &d, st);
-    run_job(G);
+    run_calls(G->c, G->R);
     for (r = 0; r < G->R; r++) {
-        if (G->j.st[r] != BEAM_OK || !outputs_exact(&d, r))
+        if (G->c[r].st != BEAM_OK || !outputs_exact(&d, r))
             fprintf(stderr, "FAIL seed=%llu R=%d rank=%d strategy %d: status %d: %s\n", (unsigned long long)seed,
-                    G->R, r, (int)st, (int)G->j.st[r], G->j.msg[r]);
-        CU_ASSERT_EQUAL(G->j.st[r], BEAM_OK);
+                    G->R, r, (int)st, (int)G->c[r].st, G->c[r].msg);
+        CU_ASSERT_EQUAL(G->c[r].st, BEAM_OK);
         CU_ASSERT(outputs_exact(&d, r));
     }
     gdata_free(&d);
@@ -421,40 +402,18 @@ static void run_valid(group *G, const hc_spec *s, beam_strategy st, uint64_t see
 static void expect_all_fail(group *G, gdata *d, const char *what, const char *arg)
 {
     int r;
-    run_job(G);
+    run_calls(G->c, G->R);
     for (r = 0; r < G->R; r++) {
-        if (G->j.st[r] == BEAM_OK)
-            fprintf(stderr, "FAIL invalid gather '%s' R=%d rank %d returned OK\n", what, G->R,
-                    r);
         /* an argument error, found before any wait: not a peer timeout */
-        CU_ASSERT_EQUAL(G->j.st[r], BEAM_ERR_INVALID_ARGUMENT);
-        if (G->j.st[r] != BEAM_OK && G->j.st[r] != BEAM_ERR_INVALID_ARGUMENT)
-            fprintf(stderr, "invalid gather '%s' R=%d rank %d: status %d (%s)\n", what, G->R, r,
-                    (int)G->j.st[r], G->j.msg[r]);
-        if (arg && G->j.st[r] == BEAM_ERR_INVALID_ARGUMENT) {
-            CU_ASSERT_PTR_NOT_NULL(strstr(G->j.msg[r], "beam_moe_finalize_gather_norm_residual_norm"));
-            CU_ASSERT_PTR_NOT_NULL(strstr(G->j.msg[r], arg));
-            if (!strstr(G->j.msg[r], arg))
-                fprintf(stderr, "message for '%s' does not name %s: %s\n", what, arg,
-                        G->j.msg[r]);
+        CHECK_MSG(G->c[r].st == BEAM_ERR_INVALID_ARGUMENT, "FAIL invalid gather '%s' R=%d rank %d: status %d (%s)\n",
+                  what, G->R, r, (int)G->c[r].st, G->c[r].msg);
+        if (arg && G->c[r].st == BEAM_ERR_INVALID_ARGUMENT) {
+            CU_ASSERT_PTR_NOT_NULL(strstr(G->c[r].msg, "beam_moe_finalize_gather_norm_residual_norm"));
+            CHECK_MSG(strstr(G->c[r].msg, arg) != NULL, "message for '%s' does not name %s: %s\n", what, arg,
+                      G->c[r].msg);
         }
-        CU_ASSERT(outputs_untouched(d, r));
-        if (!outputs_untouched(d, r))
-            fprintf(stderr, "FAIL invalid gather '%s' R=%d rank %d wrote its outputs\n", what, G->R, r);
+        CHECK_MSG(outputs_untouched(d, r), "FAIL invalid gather '%s' R=%d rank %d wrote its outputs\n", what, G->R, r);
     }
-}
-
-/* Rank 0 calls with (s, T, scales), the others with the job's values:
- * every rank must refuse. */
-static void run_disagree(group *G, gdata *d, const char *what, beam_strategy s, int64_t T,
-                         const float *scales)
-{
-    g_odd.active = 1;
-    g_odd.strategy = s;
-    g_odd.T = T;
-    g_odd.scales = scales;
-    expect_all_fail(G, d, what, NULL);
-    g_odd.active = 0;
 }
 
 static void test_invalid(void)
@@ -484,28 +443,32 @@ static void test_invalid(void)
         /* capacity < ceil(T/R) on every rank */
         job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
         for (r = 0; r < R; r++)
-            G.j.cap[r] = d.L - 1;
+            G.c[r].cap = d.L - 1;
         expect_all_fail(&G, &d, "capacity < ceil(T/R)", "capacity");
         /* ... and on one rank only: its peers must learn it too (no rank
          * writes anything, and nobody waits for a timeout) */
         if (R > 1) {
             static float other[2] = {1.0f, 1.0f};
             job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
-            G.j.cap[R - 1] = d.L - 1;
+            G.c[R - 1].cap = d.L - 1;
             expect_all_fail(&G, &d, "capacity < ceil(T/R) on the last rank", NULL);
             job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
-            G.j.cap[0] = d.L - 1;
+            G.c[0].cap = d.L - 1;
             expect_all_fail(&G, &d, "capacity < ceil(T/R) on rank 0", NULL);
             job_from(&G, &d, BEAM_STRATEGY_UNFUSED);
-            G.j.cap[R - 1] = -1;
+            G.c[R - 1].cap = -1;
             expect_all_fail(&G, &d, "capacity -1 on the last rank", NULL);
-            /* ranks that disagree on a collective argument */
+            /* ranks that disagree on a collective argument: rank 0's
+             * strategy, tokens, scales differ from its peers' */
             job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
-            run_disagree(&G, &d, "strategy", BEAM_STRATEGY_TWOSHOT, c.T, G.j.scales);
+            G.c[0].s = BEAM_STRATEGY_TWOSHOT;
+            expect_all_fail(&G, &d, "strategy", NULL);
             job_from(&G, &d, BEAM_STRATEGY_TWOSHOT);
-            run_disagree(&G, &d, "tokens", BEAM_STRATEGY_TWOSHOT, c.T - 1, G.j.scales);
+            G.c[0].T = c.T - 1;
+            expect_all_fail(&G, &d, "tokens", NULL);
             job_from(&G, &d, BEAM_STRATEGY_UNFUSED);
-            run_disagree(&G, &d, "scales", BEAM_STRATEGY_UNFUSED, c.T, other);
+            G.c[0].scales = other;
+            expect_all_fail(&G, &d, "scales", NULL);
         }
 
         /* strategies the gather does not take; a NULL workspace */
@@ -514,7 +477,8 @@ static void test_invalid(void)
             expect_all_fail(&G, &d, bad_names[k], "strategy");
         }
         job_from(&G, &d, BEAM_STRATEGY_AUTO);
-        G.j.null_ws = 1;
+        for (r = 0; r < R; r++)
+            G.c[r].ws = NULL;
         expect_all_fail(&G, &d, "NULL workspace", "workspace");
         gdata_free(&d);
         gdata_free(&db);
@@ -523,8 +487,7 @@ static void test_invalid(void)
         /* the workspace still works after all that */
         run_valid(&G, &c, BEAM_STRATEGY_AUTO, g_seed + 10);
         run_valid(&G, &c, BEAM_STRATEGY_TWOSHOT, g_seed + 11);
-        ws_destroy(&G);
-        group_stop(&G);
+        group_end(&G);
     }
 }
 
@@ -545,22 +508,19 @@ static void test_timeout(void)
     gdata_make(&d, &c, 3, g_seed + 99, 0.0f);
     ob = 2 * ((size_t)c.T * (size_t)c.H + GUARD * (size_t)c.H);
     job_from(&G, &d, BEAM_STRATEGY_ONESHOT);
-    G.j.absent_rank = 2;
+    G.c[2].absent = 1;
     t0 = hu_now();
-    run_job(&G);
+    run_calls(G.c, G.R);
     secs = hu_now() - t0;
     for (r = 0; r < 2; r++) {
-        CU_ASSERT_EQUAL(G.j.st[r], BEAM_ERR_COMM);
-        if (G.j.st[r] != BEAM_ERR_COMM)
-            fprintf(stderr, "timeout: rank %d status %d (%s)\n", r, (int)G.j.st[r], G.j.msg[r]);
+        CHECK_MSG(G.c[r].st == BEAM_ERR_COMM, "timeout: rank %d status %d (%s)\n", r, (int)G.c[r].st, G.c[r].msg);
         CU_ASSERT(hu_is_poison(d.hid[r], ob));
         CU_ASSERT(hu_is_poison(d.nrm[r], ob));
     }
     fprintf(stderr, "  (peer absent: returned after %.2f s, timeout 1 s)\n", secs);
     CU_ASSERT(secs < 10.0);
     gdata_free(&d);
-    ws_destroy(&G);
-    group_stop(&G);
+    group_end(&G);
 }
 
 /* ---- invalid quantized outputs (_q) ------------------------------------- */
@@ -613,11 +573,9 @@ static void qout_free(qout *o)
 /* Fresh poison in every rank's outputs, quantized ones included. */
 static void q_poison_outputs(gdata *d, qout *o)
 {
-    size_t ob = 2 * ((size_t)d->c.s.T + GUARD) * (size_t)d->c.s.H;
     int r;
     for (r = 0; r < d->R; r++) {
-        hu_poison(d->hid[r], ob);
-        hu_poison(d->nrm[r], ob);
+        gdata_reset(d, r);
         memset(o->vals[r], QPOISON8, o->nv);
         memset(o->sc[r], 0xFF, 4 * o->ns);
     }
@@ -628,8 +586,18 @@ static void q_job(group *G, gdata *d, qout *o, beam_strategy s)
 {
     int r;
     job_from(G, d, s);
-    G->j.use_q = 1;
-    for (r = 0; r < G->R; r++) G->j.quant[r] = &o->q[r];
+    for (r = 0; r < G->R; r++) {
+        G->c[r].use_q = 1;
+        G->c[r].quant = &o->q[r];
+    }
+}
+
+/* Rank r's quant made odd's copy (for the caller to change). */
+static beam_quant *odd_of(group *G, int r, beam_quant *odd)
+{
+    *odd = *G->c[r].quant;
+    G->c[r].quant = odd;
+    return odd;
 }
 
 /* Every rank fails with BEAM_ERR_INVALID_ARGUMENT and writes nothing,
@@ -647,13 +615,10 @@ static void q_expect_all_fail(group *G, gdata *d, qout *o, int bad, const char *
             untouched &= o->vals[r][i] == QPOISON8;
         for (i = 0; i < 4 * o->ns; i++)
             untouched &= ((const uint8_t *)o->sc[r])[i] == 0xFF;
-        CU_ASSERT(untouched);
-        if (!untouched)
-            fprintf(stderr, "FAIL invalid _q gather '%s' R=%d rank %d wrote its quantized output\n", what,
-                    G->R, r);
-        if ((bad < 0 || r == bad) && !strstr(G->j.msg[r], arg)) {
+        CHECK_MSG(untouched, "FAIL invalid _q gather '%s' R=%d rank %d wrote its quantized output\n", what, G->R, r);
+        if ((bad < 0 || r == bad) && !strstr(G->c[r].msg, arg)) {
             fprintf(stderr, "invalid _q gather '%s' R=%d rank %d: message does not name %s: %s\n", what,
-                    G->R, r, arg, G->j.msg[r]);
+                    G->R, r, arg, G->c[r].msg);
             CU_FAIL("message");
         }
     }
@@ -673,7 +638,7 @@ static void test_quant_invalid(void)
         group G;
         gdata d;
         qout o;
-        beam_quant form, token, odd;
+        beam_quant form, odd;
         if (!group_ws(&G, R, 16, 512, 5000))
             continue;
         gdata_make(&d, &c, R, g_seed + 4711u + (uint64_t)R, 0.0f);
@@ -684,42 +649,37 @@ static void test_quant_invalid(void)
 
         /* group_size 96 on the last rank */
         q_job(&G, &d, &o, BEAM_STRATEGY_ONESHOT);
-        odd = o.q[last];
-        odd.group_size = 96;
-        G.j.quant[last] = &odd;
+        odd_of(&G, last, &odd)->group_size = 96;
         q_expect_all_fail(&G, &d, &o, last, "quant->group_size=96", "group_size 96 on the last rank");
 
         /* scales NULL on rank 0 */
         q_job(&G, &d, &o, BEAM_STRATEGY_TWOSHOT);
-        odd = o.q[0];
-        odd.scales = NULL;
-        G.j.quant[0] = &odd;
+        odd_of(&G, 0, &odd)->scales = NULL;
         q_expect_all_fail(&G, &d, &o, 0, "quant->scales must not be NULL", "scales NULL on rank 0");
 
         /* normalized NULL without a quant on the last rank */
         q_job(&G, &d, &o, BEAM_STRATEGY_UNFUSED);
-        G.j.quant[last] = NULL;
-        G.j.nrm[last] = NULL;
+        G.c[last].quant = NULL;
+        G.c[last].nrm = NULL;
         q_expect_all_fail(&G, &d, &o, last, "normalized must not be NULL",
                           "normalized NULL without a quant on the last rank");
 
         if (R > 1) {
             /* rank 0 quantizes per token, the others per group */
-            token = o.q[0];
-            token.kind = BEAM_QUANT_FP8_TOKEN;
-            token.group_size = 0;
             q_job(&G, &d, &o, BEAM_STRATEGY_ONESHOT);
-            G.j.quant[0] = &token;
+            odd_of(&G, 0, &odd)->kind = BEAM_QUANT_FP8_TOKEN;
+            odd.group_size = 0;
             q_expect_all_fail(&G, &d, &o, -1, "passed different quant", "rank 0 per token, the others per group");
             /* the last rank without a quant (normalized kept), the others with */
             q_job(&G, &d, &o, BEAM_STRATEGY_TWOSHOT);
-            G.j.quant[last] = NULL;
+            G.c[last].quant = NULL;
             q_expect_all_fail(&G, &d, &o, -1, "passed different quant", "the last rank without a quant");
         }
 
         /* NULL workspace: the _q entry's own message */
         q_job(&G, &d, &o, BEAM_STRATEGY_AUTO);
-        G.j.null_ws = 1;
+        for (r = 0; r < R; r++)
+            G.c[r].ws = NULL;
         q_expect_all_fail(&G, &d, &o, -1, "beam_moe_finalize_gather_norm_residual_norm_q: workspace must not be NULL",
                           "NULL workspace");
 
@@ -737,16 +697,12 @@ static void test_quant_invalid(void)
                 qm_label(&forms[f], label, sizeof label);
                 qout_make(&ob, &forms[f], R, c.T, c.H, d.want_n);
                 q_job(&G, &d, &ob, BEAM_STRATEGY_ONESHOT);
-                odd = ob.q[last];
-                odd.block_scales = NULL;
-                G.j.quant[last] = &odd;
+                odd_of(&G, last, &odd)->block_scales = NULL;
                 snprintf(what, sizeof what, "%s block_scales NULL on the last rank", label);
                 q_expect_all_fail(&G, &d, &ob, last, "quant->block_scales", what);
                 if (R > 1 && qm_global(&forms[f])) {
                     q_job(&G, &d, &ob, BEAM_STRATEGY_TWOSHOT);
-                    odd = ob.q[0];
-                    odd.scale = forms[f].scale == 1.0f ? 2.0f : 1.0f;
-                    G.j.quant[0] = &odd;
+                    odd_of(&G, 0, &odd)->scale = forms[f].scale == 1.0f ? 2.0f : 1.0f;
                     snprintf(what, sizeof what, "%s rank 0's global scale %g, the others' %g", label,
                              (double)odd.scale, (double)forms[f].scale);
                     q_expect_all_fail(&G, &d, &ob, -1, "passed different quant", what);
@@ -758,20 +714,18 @@ static void test_quant_invalid(void)
         /* the workspace still works after all that (normalized NULL) */
         q_poison_outputs(&d, &o);
         q_job(&G, &d, &o, BEAM_STRATEGY_AUTO);
-        for (r = 0; r < R; r++) G.j.nrm[r] = NULL;
-        run_job(&G);
+        for (r = 0; r < R; r++) G.c[r].nrm = NULL;
+        run_calls(G.c, G.R);
         for (r = 0; r < R; r++) {
-            CU_ASSERT_EQUAL(G.j.st[r], BEAM_OK);
+            CHECK_MSG(G.c[r].st == BEAM_OK, "quant after the failures, rank %d: status %d: %s\n", r, (int)G.c[r].st,
+                      G.c[r].msg);
             CU_ASSERT(!memcmp(d.hid[r], d.want_h, 2 * TH) && hu_is_poison(d.hid[r] + TH, 2 * GUARD * (size_t)c.H));
             CU_ASSERT(hu_is_poison(d.nrm[r], 2 * (TH + GUARD * (size_t)c.H)));
             CU_ASSERT(!memcmp(o.vals[r], o.want_v, o.nv) && !memcmp(o.sc[r], o.want_s, 4 * o.ns));
-            if (G.j.st[r] != BEAM_OK)
-                fprintf(stderr, "quant after the failures, rank %d: status %d: %s\n", r, (int)G.j.st[r], G.j.msg[r]);
         }
         qout_free(&o);
         gdata_free(&d);
-        ws_destroy(&G);
-        group_stop(&G);
+        group_end(&G);
     }
 }
 /* ---- two caller threads per rank ---------------------------------------- */
@@ -835,8 +789,6 @@ static void *tt_main(void *p)
         hu_rng rng;
         hc_spec c;
         gdata d;
-        size_t ob;
-        uint16_t *keep;
         int si = (i + a->p) % TT_STRATS, tries;
         beam_status st;
         hu_rng_init(&rng, a->seed + 0x9E3779B97F4A7C15ull * (key + 1));
@@ -851,23 +803,16 @@ static void *tt_main(void *p)
         c.pad = hu_below(&rng, 2);
         /* routed_scale unique per logical call and exact: 1 + k/8192, k < 8192 */
         gdata_make(&d, &c, 2, hu_next(&rng), 1.0f + (float)(key + 1) * (1.0f / 8192.0f));
-        ob = 2 * ((size_t)c.T + GUARD) * (size_t)c.H;
-        /* what a call that fails must leave in hidden_out (poison, or the
-         * residual when in place); normalized stays poison */
-        keep = (uint16_t *)hu_alloc(ob, 0);
-        memcpy(keep, d.hid[r], ob);
         for (tries = 0;; tries++) {
             struct timespec ts = {0, 0};
             int refused;
             st = gdata_call(a->ws, &d, r, TT_STRAT[si]);
             if (st == BEAM_OK)
                 break;
-            if (memcmp(keep, d.hid[r], ob) != 0 || (d.nrm[r] && !hu_is_poison(d.nrm[r], ob))) {
+            if (!outputs_untouched(&d, r)) {
                 a->s.n[TT_WROTE]++;
                 tt_note(a, "a failed call wrote its outputs", i, st);
-                memcpy(d.hid[r], keep, ob);
-                if (d.nrm[r])
-                    hu_poison(d.nrm[r], ob);
+                gdata_reset(&d, r);
             }
             refused = strstr(beam_last_error(), "another call on this workspace is in progress") != NULL;
             if (st != BEAM_ERR_INVALID_ARGUMENT ||
@@ -898,7 +843,6 @@ static void *tt_main(void *p)
                 tt_note(a, "BEAM_OK with wrong bits", i, st);
             }
         }
-        hu_free(keep);
         gdata_free(&d);
         if (st != BEAM_OK)
             break;
@@ -950,92 +894,9 @@ static void test_two_callers(void)
     /* every logical call succeeded in the end, on both ranks (each one is
      * counted once per rank) */
     CU_ASSERT_EQUAL(sum.n[0] + sum.n[1] + sum.n[2], 2 * TT_THREADS * args[0].n);
-    ws_destroy(&G);
-    group_stop(&G);
+    group_end(&G);
 }
 /* ---- refusals and creation failures ------------------------------------- */
-
-/* One beam_workspace_create_cpu call on its own thread. */
-typedef struct mk_call {
-    beam_cpu_group *g;
-    int32_t rank, hidden;
-    int64_t max_tokens;
-    const beam_workspace_config *cfg;
-    int null_out; /* pass NULL as the out-parameter */
-    beam_workspace *ws;
-    beam_status st;
-    char msg[256];
-    int done;
-} mk_call;
-
-static void *mk_main(void *p)
-{
-    mk_call *c = (mk_call *)p;
-    c->st = beam_workspace_create_cpu(c->g, c->rank, c->max_tokens, c->hidden, c->cfg,
-                                      c->null_out ? NULL : &c->ws);
-    snprintf(c->msg, sizeof c->msg, "%s", c->st == BEAM_OK ? "" : beam_last_error());
-    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
-    return NULL;
-}
-
-/* A creation of rank on g: max_tokens x hidden, cfg. */
-static void mk_set(mk_call *c, beam_cpu_group *g, int32_t rank, int64_t max_tokens, int32_t hidden,
-                   const beam_workspace_config *cfg)
-{
-    memset(c, 0, sizeof *c);
-    c->g = g;
-    c->rank = rank;
-    c->max_tokens = max_tokens;
-    c->hidden = hidden;
-    c->cfg = cfg;
-}
-
-/* The creations mk[0] and mk[1], each on its own thread; done when both
- * returned. */
-static void mk_both(mk_call *mk)
-{
-    pthread_t th[2];
-    int k;
-    for (k = 0; k < 2; k++)
-        pthread_create(&th[k], NULL, mk_main, &mk[k]);
-    for (k = 0; k < 2; k++)
-        pthread_join(th[k], NULL);
-}
-
-/* One gather of rank r of case d on its own thread, into its own outputs. */
-typedef struct ga_call {
-    beam_workspace *ws;
-    gdata *d;
-    int r;
-    beam_strategy s;
-    beam_status st;
-    char msg[256];
-    int done;
-} ga_call;
-
-static void *ga_main(void *p)
-{
-    ga_call *c = (ga_call *)p;
-    c->st = gdata_call(c->ws, c->d, c->r, c->s);
-    snprintf(c->msg, sizeof c->msg, "%s", c->st == BEAM_OK ? "" : beam_last_error());
-    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
-    return NULL;
-}
-
-/* Index of the first of n calls whose done flag is set, waiting up to 10 s;
- * -1 if none. */
-static int first_done(int *const *done, int n)
-{
-    int k, t;
-    for (t = 0; t < 10000; t++) {
-        struct timespec ts = {0, 1000000L};
-        for (k = 0; k < n; k++)
-            if (__atomic_load_n(done[k], __ATOMIC_ACQUIRE))
-                return k;
-        nanosleep(&ts, NULL);
-    }
-    return -1;
-}
 
 /* Two threads call the gather on rank 0's workspace while rank 1 has not
  * called yet: one of them waits for rank 1, the other is refused at once
@@ -1050,9 +911,8 @@ static void test_refusal(void)
     group G;
     const hc_spec c = spec(7, 3, 256, HC_NORM_WEIGHT, HC_NORM_WEIGHT, 1);
     gdata d[3]; /* the same case three times: two callers on rank 0, one more */
-    ga_call call[2];
+    rcall call[2];
     pthread_t th[2];
-    int *done[2];
     int k, win, lose;
     int32_t rk = -1, nr = -1;
     beam_status st;
@@ -1060,31 +920,15 @@ static void test_refusal(void)
         return;
     for (k = 0; k < 3; k++)
         gdata_make(&d[k], &c, 2, g_seed + 777, 0.0f);
-    for (k = 0; k < 2; k++) {
-        memset(&call[k], 0, sizeof call[k]);
-        call[k].ws = G.ws[0];
-        call[k].d = &d[k];
-        call[k].r = 0;
-        call[k].s = BEAM_STRATEGY_TWOSHOT;
-        done[k] = &call[k].done;
-        pthread_create(&th[k], NULL, ga_main, &call[k]);
-    }
-    lose = first_done(done, 2);
-    CU_ASSERT(lose >= 0);
-    if (lose < 0) {
-        fprintf(stderr, "refusal: neither caller on rank 0 returned within 10 s\n");
-        lose = 1; /* rank 1's call below lets the waiting ones end */
-    }
+    for (k = 0; k < 2; k++)
+        call_gather(&call[k], G.ws[0], &d[k], 0, BEAM_STRATEGY_TWOSHOT);
+    lose = race(call, th, fn); /* rank 1's call below lets a waiting one end */
     win = 1 - lose;
-    CU_ASSERT_EQUAL(call[lose].st, BEAM_ERR_INVALID_ARGUMENT);
-    CU_ASSERT_PTR_NOT_NULL(strstr(call[lose].msg, fn));
-    CU_ASSERT_PTR_NOT_NULL(strstr(call[lose].msg, rule));
-    CU_ASSERT_PTR_NOT_NULL(strstr(call[lose].msg, "in progress on another thread"));
-    if (!strstr(call[lose].msg, rule))
-        fprintf(stderr, "refusal message: status %d: %s\n", (int)call[lose].st, call[lose].msg);
+    CHECK_MSG(strstr(call[lose].msg, rule) != NULL, "refusal message: status %d: %s\n", (int)call[lose].st,
+              call[lose].msg);
     CU_ASSERT(outputs_untouched(&d[lose], 0));
     /* the winner still waits for rank 1: this thread is a third caller */
-    CU_ASSERT_FALSE(__atomic_load_n(done[win], __ATOMIC_ACQUIRE));
+    CU_ASSERT_FALSE(__atomic_load_n(&call[win].done, __ATOMIC_ACQUIRE));
     st = gdata_call(G.ws[0], &d[2], 0, BEAM_STRATEGY_TWOSHOT);
     CU_ASSERT_EQUAL(st, BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), rule));
@@ -1100,14 +944,10 @@ static void test_refusal(void)
     CU_ASSERT_EQUAL(nr, 2);
     /* rank 1 meets the waiting call */
     st = gdata_call(G.ws[1], &d[win], 1, BEAM_STRATEGY_TWOSHOT);
-    if (st != BEAM_OK)
-        fprintf(stderr, "refusal: rank 1: status %d: %s\n", (int)st, beam_last_error());
-    CU_ASSERT_EQUAL(st, BEAM_OK);
+    CHECK_MSG(st == BEAM_OK, "refusal: rank 1: status %d: %s\n", (int)st, beam_last_error());
     for (k = 0; k < 2; k++)
         pthread_join(th[k], NULL);
-    CU_ASSERT_EQUAL(call[win].st, BEAM_OK);
-    if (call[win].st != BEAM_OK)
-        fprintf(stderr, "refusal: the waiting call: status %d: %s\n", (int)call[win].st, call[win].msg);
+    CHECK_MSG(call[win].st == BEAM_OK, "refusal: the waiting call: status %d: %s\n", (int)call[win].st, call[win].msg);
     CU_ASSERT(outputs_exact(&d[win], 0));
     CU_ASSERT(outputs_exact(&d[win], 1));
     CU_ASSERT(outputs_untouched(&d[lose], 0));
@@ -1115,15 +955,14 @@ static void test_refusal(void)
     gdata_free(&d[2]);
     gdata_make(&d[2], &c, 2, g_seed + 778, 0.0f);
     job_from(&G, &d[2], BEAM_STRATEGY_ONESHOT);
-    run_job(&G);
+    run_calls(G.c, G.R);
     for (k = 0; k < 2; k++) {
-        CU_ASSERT_EQUAL(G.j.st[k], BEAM_OK);
+        CU_ASSERT_EQUAL(G.c[k].st, BEAM_OK);
         CU_ASSERT(outputs_exact(&d[2], k));
     }
     for (k = 0; k < 3; k++)
         gdata_free(&d[k]);
-    ws_destroy(&G);
-    group_stop(&G);
+    group_end(&G);
 }
 
 /* Two threads create rank 0's workspace at once: one is refused without
@@ -1133,32 +972,19 @@ static void test_create_refusal(void)
 {
     beam_cpu_group *g = NULL;
     beam_workspace_config cfg = beam_workspace_config_default();
-    mk_call mk[3];
+    rcall mk[3];
     pthread_t th[2];
-    int *done[2];
     int k, win, lose;
     cfg.timeout_ms = 20000;
     CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
     for (k = 0; k < 3; k++)
-        mk_set(&mk[k], g, k == 2 ? 1 : 0, 8, 256, &cfg);
-    for (k = 0; k < 2; k++) {
-        done[k] = &mk[k].done;
-        pthread_create(&th[k], NULL, mk_main, &mk[k]);
-    }
-    lose = first_done(done, 2);
-    CU_ASSERT(lose >= 0);
-    if (lose < 0)
-        lose = 1;
+        call_create(&mk[k], g, k == 2 ? 1 : 0, 8, 256, &cfg);
+    lose = race(mk, th, "beam_workspace_create_cpu");
     win = 1 - lose;
-    CU_ASSERT_EQUAL(mk[lose].st, BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NULL(mk[lose].ws);
-    CU_ASSERT_PTR_NOT_NULL(strstr(mk[lose].msg, "beam_workspace_create_cpu"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(mk[lose].msg, "in progress on another thread"));
-    if (!strstr(mk[lose].msg, "in progress on another thread"))
-        fprintf(stderr, "create refusal: status %d: %s\n", (int)mk[lose].st, mk[lose].msg);
     CU_ASSERT_EQUAL(beam_cpu_group_destroy(g), BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NOT_NULL(strstr(beam_last_error(), "in progress"));
-    mk_main(&mk[2]); /* rank 1, on this thread */
+    call_main(&mk[2]); /* rank 1, on this thread */
     for (k = 0; k < 2; k++)
         pthread_join(th[k], NULL);
     CU_ASSERT_EQUAL(mk[2].st, BEAM_OK);
@@ -1187,18 +1013,18 @@ static void test_create_failures(void)
                {"NULL workspace", 8, 256, 1000, 1, "workspace must not be NULL"}};
     beam_cpu_group *g = NULL;
     beam_workspace_config bcfg = beam_workspace_config_default();
-    mk_call mk[2];
+    rcall mk[2];
     double t0;
     double secs;
     size_t b;
     CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
     for (b = 0; b < sizeof bad / sizeof bad[0]; b++) {
         bcfg.timeout_ms = bad[b].timeout_ms;
-        mk_set(&mk[0], g, 0, 8, 256, NULL); /* rank 0: the defaults, 30 s */
-        mk_set(&mk[1], g, 1, bad[b].max_tokens, bad[b].hidden, &bcfg);
+        call_create(&mk[0], g, 0, 8, 256, NULL); /* rank 0: the defaults, 30 s */
+        call_create(&mk[1], g, 1, bad[b].max_tokens, bad[b].hidden, &bcfg);
         mk[1].null_out = bad[b].null_out;
         t0 = hu_now();
-        mk_both(mk);
+        run_calls(mk, 2);
         secs = hu_now() - t0;
         CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_INVALID_ARGUMENT);
         CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, bad[b].arg));
@@ -1217,9 +1043,9 @@ static void test_create_failures(void)
     /* rank out of range: the peer has nobody to meet and times out */
     CU_ASSERT_EQUAL_FATAL(beam_cpu_group_create(2, &g), BEAM_OK);
     bcfg.timeout_ms = 300;
-    mk_set(&mk[0], g, 0, 8, 256, &bcfg);
-    mk_set(&mk[1], g, 2, 8, 256, &bcfg);
-    mk_both(mk);
+    call_create(&mk[0], g, 0, 8, 256, &bcfg);
+    call_create(&mk[1], g, 2, 8, 256, &bcfg);
+    run_calls(mk, 2);
     CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "rank=2 must be in [0, 2)"));
     CU_ASSERT_EQUAL(mk[0].st, BEAM_ERR_COMM);
@@ -1231,19 +1057,12 @@ static void test_create_failures(void)
  * return the reference's bits. */
 static int gather_both(beam_workspace *const *ws, gdata *d)
 {
-    ga_call ga[2];
-    pthread_t th[2];
+    rcall ga[2];
     int k, ok = 1;
+    for (k = 0; k < 2; k++)
+        call_gather(&ga[k], ws[k], d, k, BEAM_STRATEGY_AUTO);
+    run_calls(ga, 2);
     for (k = 0; k < 2; k++) {
-        memset(&ga[k], 0, sizeof ga[k]);
-        ga[k].ws = ws[k];
-        ga[k].d = d;
-        ga[k].r = k;
-        ga[k].s = BEAM_STRATEGY_AUTO;
-        pthread_create(&th[k], NULL, ga_main, &ga[k]);
-    }
-    for (k = 0; k < 2; k++) {
-        pthread_join(th[k], NULL);
         if (ga[k].st != BEAM_OK || !outputs_exact(d, k)) {
             fprintf(stderr, "gather after a refused creation, rank %d: status %d %s\n", k, (int)ga[k].st,
                     ga[k].msg);
@@ -1257,10 +1076,10 @@ static int gather_both(beam_workspace *const *ws, gdata *d)
  * thread: 1 when both succeed. */
 static int make_both(beam_cpu_group *g, const beam_workspace_config *cfg, beam_workspace **ws)
 {
-    mk_call mk[2];
-    mk_set(&mk[0], g, 0, 8, 512, cfg);
-    mk_set(&mk[1], g, 1, 8, 512, cfg);
-    mk_both(mk);
+    rcall mk[2];
+    call_create(&mk[0], g, 0, 8, 512, cfg);
+    call_create(&mk[1], g, 1, 8, 512, cfg);
+    run_calls(mk, 2);
     ws[0] = mk[0].ws;
     ws[1] = mk[1].ws;
     return mk[0].st == BEAM_OK && mk[1].st == BEAM_OK;
@@ -1276,7 +1095,7 @@ static void test_create_repeated(void)
     beam_cpu_group *g = NULL;
     beam_workspace_config cfg = beam_workspace_config_default();
     beam_workspace *ws[2] = {NULL, NULL};
-    mk_call mk[2], again;
+    rcall mk[2], again;
     pthread_t th[2];
     double t0;
     const hc_spec c = spec_small(5);
@@ -1288,9 +1107,9 @@ static void test_create_repeated(void)
     CU_ASSERT_FATAL(make_both(g, &cfg, ws));
 
     /* rank 0 again, alone, with the default 30 s timeout: at once */
-    mk_set(&again, g, 0, 8, 512, NULL);
+    call_create(&again, g, 0, 8, 512, NULL);
     t0 = hu_now();
-    mk_main(&again);
+    call_main(&again);
     CU_ASSERT(hu_now() - t0 < 0.2);
     CU_ASSERT_EQUAL(again.st, BEAM_ERR_INVALID_ARGUMENT);
     CU_ASSERT_PTR_NULL(again.ws);
@@ -1300,27 +1119,26 @@ static void test_create_repeated(void)
     /* rank 1 creates anew (30 s) and waits; rank 0's repeated creation
      * ends that wait at once, with the reason */
     CU_ASSERT_EQUAL(beam_workspace_destroy(ws[1]), BEAM_OK);
-    mk_set(&mk[1], g, 1, 8, 512, NULL);
+    call_create(&mk[1], g, 1, 8, 512, NULL);
     t0 = hu_now();
-    pthread_create(&th[1], NULL, mk_main, &mk[1]);
+    pthread_create(&th[1], NULL, call_main, &mk[1]);
     {
         struct timespec nap = {0, 100000000L};
         nanosleep(&nap, NULL); /* rank 1 is waiting by now (or soon: then it times out, below) */
     }
     again.ws = NULL;
-    mk_main(&again);
+    call_main(&again);
     CU_ASSERT_EQUAL(again.st, BEAM_ERR_INVALID_ARGUMENT);
     pthread_join(th[1], NULL);
     CU_ASSERT(hu_now() - t0 < 5.0);
-    CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_INVALID_ARGUMENT);
+    CHECK_MSG(mk[1].st == BEAM_ERR_INVALID_ARGUMENT, "rank 1 beside a refused creation: status %d: %s\n",
+              (int)mk[1].st, mk[1].msg);
     CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "rank 0 already holds a workspace on this group"));
-    if (mk[1].st != BEAM_ERR_INVALID_ARGUMENT)
-        fprintf(stderr, "rank 1 beside a refused creation: status %d: %s\n", (int)mk[1].st, mk[1].msg);
 
     /* rank 1 alone (400 ms): its own timeout, and the group is not broken */
     mk[1].cfg = &cfg;
     t0 = hu_now();
-    mk_main(&mk[1]);
+    call_main(&mk[1]);
     CU_ASSERT(hu_now() - t0 < 2.0);
     CU_ASSERT_EQUAL(mk[1].st, BEAM_ERR_COMM);
     CU_ASSERT_PTR_NOT_NULL(strstr(mk[1].msg, "timeout_ms=400; nothing was done"));
@@ -1328,10 +1146,8 @@ static void test_create_repeated(void)
     /* both anew: a working pair again */
     CU_ASSERT_EQUAL(beam_workspace_destroy(ws[0]), BEAM_OK);
     CU_ASSERT_FATAL(make_both(g, &cfg, ws));
-    for (k = 0; k < 2; k++) {
-        hu_poison(d.hid[k], 2 * ((size_t)c.T + GUARD) * (size_t)c.H);
-        hu_poison(d.nrm[k], 2 * ((size_t)c.T + GUARD) * (size_t)c.H);
-    }
+    for (k = 0; k < 2; k++)
+        gdata_reset(&d, k);
     CU_ASSERT(gather_both(ws, &d));
     for (k = 0; k < 2; k++)
         CU_ASSERT_EQUAL(beam_workspace_destroy(ws[k]), BEAM_OK);

@@ -22,7 +22,7 @@ The package's imports go one way: this module imports _torch_ops.py (which
 registers the operators); both import workspace.py, _pgather.py, _calls.py
 (how a call runs: the short path or the operator, the autograd guards) and
 _checks.py (the argument rules), none of which imports either of them back
-(python/tests/test_loading.py checks that no import comes back around).
+(python/tests/test_prototypes.py checks that no import comes back around).
 """
 import torch
 

@@ -42,6 +42,12 @@ def bits(t):
 
 
 def assert_bits_equal(got, want, what=""):
+    """Bit for bit; tuples (hidden, normalized, ...) element by element."""
+    if isinstance(want, (tuple, list)):
+        assert len(got) == len(want), "%s: %d results, not %d" % (what, len(got), len(want))
+        for i, (a, b) in enumerate(zip(got, want)):
+            assert_bits_equal(a, b, "%s [%d]" % (what, i))
+        return
     gb, wb = bits(got.cpu()), bits(want.cpu())
     assert gb.shape == wb.shape, "%s: shape %s != %s" % (what, tuple(gb.shape), tuple(wb.shape))
     diff = (gb != wb)

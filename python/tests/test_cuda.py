@@ -44,8 +44,7 @@ def test_fused_cuda_vs_cpu(gen, tokens, strategy, scales, inplace):
     assert (h is rc) == inplace and n.device == rc.device and h.device == rc.device
     if not inplace:
         assert_bits_equal(rc, residual, "residual left unchanged")
-    assert_bits_equal(h, want_h, "cuda hidden")
-    assert_bits_equal(n, want_n, "cuda normalized")
+    assert_bits_equal((h, n), (want_h, want_n), "cuda")
 
 
 def test_norm_residual_norm_cuda_vs_cpu(gen):
@@ -53,8 +52,7 @@ def test_norm_residual_norm_cuda_vs_cpu(gen):
     prw, nw = random_bf16(gen, 1024), random_bf16(gen, 1024)
     want = beammoe.beam_norm_residual_norm(x, r, prw, 1e-6, nw, 1e-6, (1.5, 0.5))
     got = beammoe.beam_norm_residual_norm(*_cuda(x, r, prw), 1e-6, nw.cuda(), 1e-6, (1.5, 0.5))
-    assert_bits_equal(got[0], want[0])
-    assert_bits_equal(got[1], want[1])
+    assert_bits_equal(got, want)
 
 
 def test_side_stream(gen):
@@ -84,8 +82,7 @@ def test_cpu_after_cuda(gen):
     a = beammoe.beam_moe_finalize(g.cuda(), w.cuda(), torch.empty(8, 256, dtype=BF16, device="cuda"))
     b = beammoe.beam_moe_finalize(g, w, torch.empty(8, 256, dtype=BF16))
     c = beammoe.beam_moe_finalize(g.cuda(), w.cuda(), torch.empty(8, 256, dtype=BF16, device="cuda"))
-    assert_bits_equal(a, b)
-    assert_bits_equal(c, b)
+    assert_bits_equal((a, c), (b, b))
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -136,8 +133,7 @@ def test_prepared_call_cuda_vs_cpu(gen, inplace):
                                                        (0.5, 2.0), 1.25, inplace=inplace)
     h, n = call()
     assert (h is rc) == inplace and h.device == rc.device
-    assert_bits_equal(h, want_h, "prepared cuda hidden")
-    assert_bits_equal(n, want_n, "prepared cuda normalized")
+    assert_bits_equal((h, n), (want_h, want_n), "prepared cuda")
     if not inplace:
         h2, _ = call()
         assert h2 is h

@@ -1,6 +1,10 @@
-"""Error mapping: Python-level TypeError/ValueError with our own messages for
-what only Python sees; the library's message for every rule it checks
-(BEAM_ERR_INVALID_ARGUMENT -> ValueError); other statuses -> BeamError."""
+"""Argument errors and the error mapping. Strict argument types: ctypes
+would wrap an integer to its C type, read a string as a sequence, take a
+bool for 1; every such argument is a TypeError (wrong kind) or a ValueError
+(out of range), never a converted value. Python's own messages for what only
+Python sees; the library's for every rule it checks
+(BEAM_ERR_INVALID_ARGUMENT -> ValueError); other statuses -> BeamError.
+Nothing is written by a refused call."""
 import threading
 
 import pytest
@@ -10,6 +14,8 @@ import beammoe
 from beammoe import _errors, _lib
 from reference import BF16, random_case
 
+FUSED = beammoe.beam_moe_finalize_norm_residual_norm
+
 
 @pytest.fixture
 def case(gen):
@@ -17,9 +23,186 @@ def case(gen):
     return g, w, torch.full((4, 256), 2.0, dtype=BF16)
 
 
-def _untouched(out):
-    assert torch.equal(out, torch.full_like(out, 2.0)), "an output was written by a failing call"
+@pytest.fixture
+def xr(case):
+    """(MoEOutput, residual) of the case."""
+    return beammoe.MoEOutput(*case[:2]), case[2]
 
+
+def _untouched(t):
+    assert torch.equal(t, torch.full_like(t, 2.0)), "a failing call wrote a tensor"
+
+# ---- integers ---------------------------------------------------------------
+
+@pytest.mark.parametrize("n,exc,msg", [
+    (2 ** 32 + 1, ValueError, r"nranks=4294967297 is out of range \[-2147483648, 2147483647\]"),
+    (-(2 ** 31) - 1, ValueError, r"nranks=-2147483649 is out of range"),
+    (True, TypeError, r"nranks must be an int, got bool"),
+    ("2", TypeError, r"nranks must be an int, got str"),
+    (2.0, TypeError, r"nranks must be an int, got float"),
+    # a tensor is not an int, even one that operator.index takes
+    (torch.tensor([2]), TypeError, r"nranks must be an int, got a tensor"),
+    (torch.tensor(2), TypeError, r"nranks must be an int, got a tensor"),
+    (torch.tensor(True), TypeError, r"nranks must be an int, got bool"),
+    (300, ValueError, r"^beam_cpu_group_create: nranks=300 must be in \[1, 256\]"),  # the library's rules
+    (0, ValueError, r"^beam_cpu_group_create: .*nranks"),
+])
+def test_cpu_group_size(n, exc, msg):
+    with pytest.raises(exc, match=msg if msg[0] == "^" else r"^beammoe.CpuGroup: " + msg):
+        beammoe.CpuGroup(n)
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(rank=2 ** 32), ValueError, r"rank=4294967296 is out of range"),
+    (dict(rank=True), TypeError, r"rank must be an int, got bool"),
+    (dict(rank=torch.tensor(0)), TypeError, r"rank must be an int, got a tensor"),
+    (dict(max_tokens=torch.tensor([8])), TypeError, r"max_tokens must be an int, got a tensor"),
+    (dict(max_tokens=2 ** 63), ValueError, r"max_tokens=9223372036854775808 is out of range"),
+    (dict(max_tokens="8"), TypeError, r"max_tokens must be an int, got str"),
+    (dict(hidden_size=2 ** 32 + 256), ValueError, r"hidden_size=4294967552 is out of range"),
+    (dict(timeout_ms=2 ** 31), ValueError, r"timeout_ms=2147483648 is out of range"),
+    (dict(timeout_ms=False), TypeError, r"timeout_ms must be an int, got bool"),
+    (dict(moe_gather_oneshot_max_tokens=1.5), TypeError, r"moe_gather_oneshot_max_tokens must be an int"),
+    (dict(moe_gather_separate_norm_min_tokens=-1), ValueError, r"moe_gather_separate_norm_min_tokens=-1 must be >= 0"),
+    (dict(moe_gather_separate_norm_min_tokens="9"), TypeError, r"moe_gather_separate_norm_min_tokens must be an int"),
+    (dict(moe_gather_oneshot_max_tokens=-1), ValueError, r"^beam_workspace_create_cpu: .*oneshot_max_tokens=-1"),
+])
+def test_workspace_cpu_integers(kw, exc, msg):
+    args = dict(rank=0, max_tokens=8, hidden_size=256)
+    args.update(kw)
+    with beammoe.CpuGroup(1) as grp:
+        with pytest.raises(exc, match=msg if msg[0] == "^" else r"^beammoe.Workspace.cpu: " + msg):
+            beammoe.Workspace.cpu(grp, args.pop("rank"), args.pop("max_tokens"), args.pop("hidden_size"), **args)
+
+
+def test_workspace_tokens_and_tensors():
+    """strategy_for takes a token count (>= 0, as every token count); a
+    tensor is no int for the workspace's integers either."""
+    with beammoe.CpuGroup(1) as grp:
+        with beammoe.Workspace.cpu(grp, 0, 8, 256) as ws:
+            for t in (-1, -(2 ** 63)):
+                with pytest.raises(ValueError, match=r"^beammoe.Workspace.strategy_for: tokens=%d must be >= 0" % t):
+                    ws.strategy_for(t)
+            with pytest.raises(TypeError, match=r"^beammoe.Workspace.strategy_for: tokens must be an int, got a "
+                                                r"tensor"):
+                ws.strategy_for(torch.tensor(3))
+            with pytest.raises(TypeError, match=r"^beammoe.Workspace: moe_gather_oneshot_max_tokens must be an int, "
+                                                r"got a tensor"):
+                ws.moe_gather_oneshot_max_tokens = torch.tensor(4)
+            assert [ws.strategy_for(t) for t in (0, 64, 65)] == ["oneshot", "oneshot", "twoshot"]
+
+
+def test_live_tokens_is_not_read(xr):
+    """As in the reference, the token count is residual.shape[0]: a
+    producer's live_tokens, whatever it holds, is not read."""
+    x, r = xr
+    want, _ = FUSED(beammoe.MoEOutput(x.gemm2_permuted, x.expert_weights), r, None, None, None, None, None)
+    for live in (True, 2 ** 64, "4", 3, 9):
+        got, _ = FUSED(beammoe.MoEOutput(x.gemm2_permuted, x.expert_weights, live), r, None, None, None, None, None)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), live
+    _untouched(r)
+
+
+# ---- floats -----------------------------------------------------------------
+
+@pytest.mark.parametrize("value,exc,msg", [
+    ("2", TypeError, r"routed_scale must be a float, got str"),
+    (True, TypeError, r"routed_scale must be a float, got bool"),
+    (None, TypeError, r"routed_scale must be a float, got NoneType"),
+    (1e39, ValueError, r"routed_scale=1e\+39 is out of the float32 range"),
+    (torch.tensor([1.0, 2.0]), TypeError, r"routed_scale must be a float, got a tensor of shape \(2,\)"),
+    (torch.tensor(True), TypeError, r"routed_scale must be a float, got a tensor of shape \(\) and dtype torch.bool"),
+])
+def test_routed_scale(xr, value, exc, msg):
+    x, r = xr
+    with pytest.raises(exc, match=r"^beam_moe_finalize_norm_residual_norm: " + msg):
+        FUSED(x, r, None, None, None, None, None, value)
+    out = torch.full((4, 256), 2.0, dtype=BF16)
+    with pytest.raises(exc, match=r"^beam_moe_finalize: " + msg):
+        beammoe.beam_moe_finalize(x.gemm2_permuted, x.expert_weights, out, value)
+    _untouched(r)
+    _untouched(out)
+
+
+def test_numbers_that_are_floats(xr):
+    """int, a NumPy float and a one-element tensor are real numbers."""
+    x, r = xr
+    want, _ = FUSED(x, r, None, None, None, None, None, 2.0)
+    for v in (2, torch.tensor(2.0), torch.tensor([2.0])):
+        h, _ = FUSED(x, r, None, None, None, None, None, v)
+        assert torch.equal(h, want)
+    np = pytest.importorskip("numpy")
+    h, _ = FUSED(x, r, None, None, None, None, None, np.float32(2.0))
+    assert torch.equal(h, want)
+
+
+@pytest.mark.parametrize("eps,exc,msg", [
+    ("1e-6", TypeError, r"next_eps must be a float, got str"),
+    (True, TypeError, r"next_eps must be a float, got bool"),
+    (1e40, ValueError, r"next_eps=1e\+40 is out of the float32 range"),
+])
+def test_eps(xr, eps, exc, msg):
+    x, r = xr
+    with pytest.raises(exc, match=msg):
+        FUSED(x, r, None, None, None, eps, None)
+    with pytest.raises(exc, match=msg.replace("next_eps", "pre_eps")):
+        beammoe.beam_norm_residual_norm(r, r, None, eps)
+    _untouched(r)
+
+
+# ---- pairs ------------------------------------------------------------------
+
+@pytest.mark.parametrize("scales,exc,msg", [
+    ("12", TypeError, r"scales must be a pair of floats or None, got str"),
+    (b"12", TypeError, r"scales must be a pair of floats or None, got bytes"),
+    (1.0, TypeError, r"scales must be a pair of floats or None, got float"),
+    ({1.0: 2.0, 3.0: 4.0}, TypeError, r"scales must be a pair of floats or None, got dict"),
+    ((1.0, "2"), TypeError, r"scales\[1\] must be a float, got str"),
+    ((True, 1.0), TypeError, r"scales\[0\] must be a float, got bool"),
+    ((1.0, 2.0, 3.0), ValueError, r"scales must be a pair of floats or None, got 3 values"),
+    ((1.0,), ValueError, r"scales must be a pair of floats or None, got 1 values"),
+    (torch.tensor([1.0, 2.0, 3.0]), TypeError, r"scales must be a pair of floats or None, got a tensor of shape \(3,\)"),
+    ((1.0, 1e39), ValueError, r"scales\[1\]=1e\+39 is out of the float32 range"),
+])
+def test_scales(xr, scales, exc, msg):
+    x, r = xr
+    with pytest.raises(exc, match=r"^beam_moe_finalize_norm_residual_norm: " + msg):
+        FUSED(x, r, None, None, None, None, scales)
+    with pytest.raises(exc, match=r"^beam_norm_residual_norm: " + msg):
+        beammoe.beam_norm_residual_norm(r, r, None, None, None, None, scales)
+    _untouched(r)
+
+
+def test_scales_accepted_forms(xr):
+    x, r = xr
+    want, _ = FUSED(x, r, None, None, None, None, (0.5, 2.0))
+    for s in ([0.5, 2.0], (0.5, 2), torch.tensor([0.5, 2.0])):
+        h, _ = FUSED(x, r, None, None, None, None, s)
+        assert torch.equal(h, want)
+
+
+# ---- the rest ---------------------------------------------------------------
+
+@pytest.mark.parametrize("kw,msg", [(dict(strategy=1), r"strategy must be a string or None, got int"),
+                                    (dict(strategy=True), r"strategy must be a string or None, got bool"),
+                                    (dict(inplace=None), r"inplace must be True or False, got NoneType")])
+def test_strategy_and_flags(xr, kw, msg):
+    x, r = xr
+    with pytest.raises(TypeError, match=msg):
+        FUSED(x, r, None, None, None, None, None, **kw)
+    _untouched(r)
+
+
+def test_tensor_like_objects_rejected(xr):
+    x, r = xr
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=r"residual must be a torch.Tensor, got ndarray"):
+        FUSED(x, np.zeros((4, 256)), None, None, None, None, None)
+    with pytest.raises(TypeError, match=r"next_weight must be a torch.Tensor, got list"):
+        FUSED(x, r, None, None, [1.0] * 256, 1e-6, None)
+
+
+# ---- the error mapping ------------------------------------------------------
 
 def _fused(g, w, r, *args, **kw):
     return beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w), r, *(args or (None,) * 5), **kw)
@@ -28,7 +211,7 @@ def _fused(g, w, r, *args, **kw):
 F, ONES = beammoe.beam_moe_finalize, torch.ones(256, dtype=BF16)
 
 # calls on the case's (g, w, out); out is left as it was. Python's own checks (our messages), then rules the
-# library checks (its own message). The strategy's type and three scales: test_arguments.py
+# library checks (its own message). The strategy's type and three scales: above
 REFUSED = [
     (lambda g, w, o: F([1, 2], w, o), TypeError, r"beam_moe_finalize: expert_outputs must be a torch.Tensor, got list"),
     (lambda g, w, o: F(g.half(), w, o), TypeError, r"expert_outputs must have dtype torch.bfloat16, got torch.float16"),
@@ -57,6 +240,8 @@ REFUSED = [
      r"^beam_moe_finalize_norm_residual_norm: scales\[1\]=inf must be finite"),
     (lambda g, w, o: _fused(g, w, o, None, None, None, 1e-6, None, strategy="oneshot"), ValueError,
      r"^beam_moe_finalize_norm_residual_norm: strategy=ONESHOT: unknown strategy for this operation"),
+    (lambda g, w, o: F(torch.zeros(33, 256, dtype=BF16), torch.rand(1, 33), o[:1]), ValueError,
+     r"^beam_moe_finalize: top_k=33 must be in \[1, 32\]"),
 ]
 
 
@@ -80,12 +265,6 @@ def test_library_hidden_rule(gen):
     assert torch.equal(out, torch.full_like(out, 2.0))
 
 
-def test_library_top_k_rule():
-    g = torch.zeros(33, 256, dtype=BF16)
-    with pytest.raises(ValueError, match=r"^beam_moe_finalize: top_k=33 must be in \[1, 32\]"):
-        beammoe.beam_moe_finalize(g, torch.rand(1, 33), torch.empty(1, 256, dtype=BF16))
-
-
 def test_library_capacity_rule(case):
     g, w, _ = case
     out = torch.full((5, 256), 2.0, dtype=BF16)
@@ -102,11 +281,6 @@ def test_library_overlap_rule(case):
     out = buf[4 * 256: 8 * 256].view(4, 256)  # inside the expert outputs
     with pytest.raises(ValueError, match=r"^beam_moe_finalize: output overlaps input expert_outputs"):
         beammoe.beam_moe_finalize(g2, w, out)
-
-
-def test_library_cpu_group_rule():
-    with pytest.raises(ValueError, match=r"^beam_cpu_group_create: .*nranks"):
-        beammoe.CpuGroup(0)
 
 
 # ---- other statuses ---------------------------------------------------------

@@ -4,8 +4,14 @@ process; one process per rank (_pg_worker.py, whose text says what each
 mode checks), each mode under a hard timeout: every rank that should live
 exits 0 having printed "rank R: ok", the rank made to die dies so, none by
 gloo's abort (SIGABRT); one process per GPU (torch.multiprocessing, spawn,
-NCCL), skipped with fewer GPUs than ranks. The hook and thresholds of
-library workspaces, and calls in flight, over a CpuGroup (threads)."""
+NCCL), skipped with fewer GPUs than ranks. The gather over a CpuGroup
+(R ranks as threads, each with its own tokens: the local fused operation's
+bits), its hook and thresholds, and calls in flight. Workspace(group, ...)
+without a GPU: the NCCL and CUDA pieces stubbed, so that the Python plumbing
+runs on any host: the unique id broadcast over a (one-rank gloo) group,
+ncclCommInitRank's arguments, the config handed to beam_workspace_create_nccl,
+and close()'s order (workspace, then communicator)."""
+import contextlib
 import os
 import signal
 import tempfile
@@ -16,10 +22,10 @@ import pytest
 import torch
 
 import beammoe
-from beammoe import _run
+from beammoe import _lib, _nccl, _run
 from conftest import H, K, ThreadAllGather, check_gather, cuda_backend_skip_reason, fused, gather, local_rows
-from conftest import needs_gloo, run_ranks, run_workers
-from reference import assert_bits_equal, layer, random_bf16, random_case
+from conftest import needs_gloo, run_ranks, run_workers, settle
+from reference import BF16, assert_bits_equal, layer, random_bf16, random_case
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -60,8 +66,7 @@ def test_cpu_workspace_hook_and_autograd(gen, gloo1):
         ws.all_gather = hook
         h, n = gather(ws, g, w, residual, pw, nw)
         assert calls == [((5, H), (5, H))]
-        assert_bits_equal(h, want_h)
-        assert_bits_equal(n, want_n)
+        assert_bits_equal((h, n), (want_h, want_n))
         # A norm weight that requires grad: the forward runs, a backward is refused.
         ppw = torch.nn.Parameter(pw.clone())
         h, n = gather(ws, g, w, residual, ppw, nw)
@@ -71,15 +76,14 @@ def test_cpu_workspace_hook_and_autograd(gen, gloo1):
 
 
 @needs_gloo
-def test_cpu_workspace_arguments(gloo1):
-    with pytest.raises(ValueError, match=r"^beammoe.Workspace: hidden=300 must be a multiple of 256"):
-        beammoe.Workspace(None, 8, 300, device="cpu")
-    with pytest.raises(ValueError, match=r"^beammoe.Workspace: timeout_ms=0 must be >= 1"):
-        beammoe.Workspace(None, 8, 256, device="cpu", timeout_ms=0)
-    with pytest.raises(ValueError, match=r"device=meta: only cpu and cuda workspaces exist"):
-        beammoe.Workspace(None, 8, 256, device="meta")
-    with pytest.raises(TypeError, match=r"device must be None, a string or a torch.device, got int"):
-        beammoe.Workspace(None, 8, 256, device=0)
+@pytest.mark.parametrize("hidden,kw,exc,msg", [
+    (300, dict(device="cpu"), ValueError, r"^beammoe.Workspace: hidden=300 must be a multiple of 256"),
+    (256, dict(device="cpu", timeout_ms=0), ValueError, r"^beammoe.Workspace: timeout_ms=0 must be >= 1"),
+    (256, dict(device="meta"), ValueError, r"device=meta: only cpu and cuda workspaces exist"),
+    (256, dict(device=0), TypeError, r"device must be None, a string or a torch.device, got int")])
+def test_cpu_workspace_arguments(gloo1, hidden, kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        beammoe.Workspace(None, 8, hidden, **kw)
     with beammoe.Workspace(None, 8, 256, device=torch.device("cpu"), moe_gather_oneshot_max_tokens=0,
                            moe_gather_separate_norm_min_tokens=0) as ws:
         assert ws.moe_gather_separate_norm_min_tokens == 0
@@ -135,7 +139,7 @@ def test_library_workspace_hook_takes_unfused(gen):
             with beammoe.Workspace.cpu(grp, r, 16, H) as ws:
                 assert ws.all_gather is None
                 ws.all_gather = ag.hook_for(r)
-                lg, lw = local_rows(g, w, tokens, nranks, r, K, H, pad=0)
+                lg, lw = local_rows(g, w, tokens, nranks, r, pad=0)
                 out = [gather(ws, lg, lw, residual, pw, nw, strategy="unfused")]
                 n_unfused = ag.count(r)
                 out.append(gather(ws, lg, lw, residual, pw, nw))  # AUTO: oneshot (64)
@@ -154,8 +158,7 @@ def test_library_workspace_hook_takes_unfused(gen):
     assert sorted(c[1:] for c in ag.calls if c[0] == 0) == sorted([((2, H), (1, H)), ((8, H), (4, H))] * 2)
     for out in results:
         for h, n in out:
-            assert_bits_equal(h, want_h)
-            assert_bits_equal(n, want_n)
+            assert_bits_equal((h, n), (want_h, want_n))
 
 
 def test_library_workspace_hook_rejected_rank(gen):
@@ -168,7 +171,7 @@ def test_library_workspace_hook_rejected_rank(gen):
         def body(r):
             with beammoe.Workspace.cpu(grp, r, 16, H, timeout_ms=20000) as ws:
                 ws.all_gather = ag.hook_for(r)
-                lg, lw = local_rows(g, w, tokens, nranks, r, K, H, pad=0)
+                lg, lw = local_rows(g, w, tokens, nranks, r, pad=0)
                 if r == 1:
                     with pytest.raises(TypeError, match=r"^%s: x.expert_weights must have dtype torch.float32" % fn):
                         gather(ws, lg, lw.double(), residual, pw, nw, strategy="unfused")
@@ -230,8 +233,7 @@ def test_cpu_workspace_under_torch_compile(gen, gloo1):
 
         torch._dynamo.reset()
         h, n = torch.compile(f, fullgraph=True)(g, w, residual)
-    assert_bits_equal(h, want_h)
-    assert_bits_equal(n, want_n)
+    assert_bits_equal((h, n), (want_h, want_n))
 
 
 # ---- calls in flight and a failed hook: a one-rank gloo group, and a CpuGroup's workspace ----------
@@ -322,3 +324,181 @@ def test_library_workspace_unusable_after_a_failed_hook():
                 _call(ws, g, w, residual, strategy=strategy)
         with pytest.raises(beammoe.BeamCommError, match=r"\(closed now\)"):
             ws.close()
+
+
+# ---- the gather over a CpuGroup (threads) ----------------------------------------
+
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("tokens", [0, 1, 7, 24])
+def test_gather_matches_local_fused(gen, nranks, tokens):
+    data = layer(gen, tokens, K, H)
+    with beammoe.CpuGroup(nranks) as grp:
+        def body(r):
+            with beammoe.Workspace.cpu(grp, r, 32, H, moe_gather_oneshot_max_tokens=4,
+                                       moe_gather_separate_norm_min_tokens=17) as ws:
+                assert (ws.rank, ws.world_size, ws.nranks) == (r, nranks, nranks)
+                assert (ws.oneshot_max_tokens, ws.twoshot_max_tokens) == (4, 16)
+                check_gather(ws, r, nranks, lambda t: data, (tokens,))
+
+        run_ranks(nranks, body)
+
+
+def test_gather_without_norms(gen):
+    nranks, tokens, top_k, hidden = 2, 5, 2, 256
+    g, w = random_case(gen, tokens, top_k, hidden)
+    residual = random_bf16(gen, tokens, hidden)
+    want_h, _ = beammoe.beam_moe_finalize_norm_residual_norm(
+        beammoe.MoEOutput(g, w), residual.clone(), None, None, None, None, None)
+    with beammoe.CpuGroup(nranks) as grp:
+        def body(r):
+            with beammoe.Workspace.cpu(grp, r, 8, hidden) as ws:
+                lg, lw = local_rows(g, w, tokens, nranks, r, top_k, hidden, pad=0)
+                return beammoe.beam_moe_finalize_gather_norm_residual_norm(
+                    beammoe.MoEOutput(lg, lw), residual.clone(), None, None, None, None, None, ws)
+
+        for h, n in run_ranks(nranks, body):
+            assert n is None
+            assert_bits_equal(h, want_h)
+
+
+def test_gather_errors(gen):
+    nranks, hidden = 2, 256
+    with beammoe.CpuGroup(nranks) as grp:
+        def body(r):
+            g, w = random_case(gen, 3, 2, hidden)
+
+            def call(tokens, ws, **kw):
+                return beammoe.beam_moe_finalize_gather_norm_residual_norm(
+                    beammoe.MoEOutput(g, w), torch.zeros(tokens, hidden, dtype=BF16), None, None, None, None,
+                    None, ws, **kw)
+            with beammoe.Workspace.cpu(grp, r, 4, hidden, timeout_ms=5000) as ws:
+                # Every rank breaks the same rule: tokens above max_tokens.
+                with pytest.raises(ValueError, match=r"tokens=5 must be <= max_tokens=4 of the workspace"):
+                    call(5, ws)
+                with pytest.raises(ValueError, match=r"strategy=FUSED: unknown strategy for this operation"):
+                    call(4, ws, strategy="fused")
+                with pytest.raises(TypeError, match=r"workspace must be a beammoe.Workspace"):
+                    call(4, None)
+            with pytest.raises(ValueError, match=r"the workspace is closed"):
+                call(4, ws)
+
+        run_ranks(nranks, body)
+
+
+def test_single_rank_group(gen):
+    """R = 1 in the calling thread: the gather is the local fused op."""
+    tokens, top_k, hidden = 6, 3, 256
+    g, w = random_case(gen, tokens, top_k, hidden)
+    residual = random_bf16(gen, tokens, hidden)
+    want_h, want_n = beammoe.beam_moe_finalize_norm_residual_norm(
+        beammoe.MoEOutput(g, w), residual.clone(), None, 1e-6, None, 1e-6, (1.0, 0.5))
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 8, hidden) as ws:
+        assert (ws.rank, ws.nranks, ws.device) == (0, 1, torch.device("cpu"))
+        h, n = beammoe.beam_moe_finalize_gather_norm_residual_norm(
+            beammoe.MoEOutput(g, w), residual.clone(), None, 1e-6, None, 1e-6, (1.0, 0.5), ws)
+    assert ws.closed
+    assert_bits_equal((h, n), (want_h, want_n))
+
+
+# ---- Workspace(group, ...) with NCCL and CUDA stubbed -------------------------------
+
+class _CudaOps:
+    """The CUDA backend's table as the workspace uses it: the CPU backend's
+    real table, with create_nccl/destroy of a CPU workspace (a real handle,
+    so workspace_info works) standing in for the NCCL ones."""
+
+    def __init__(self, real, group, calls):
+        self._real, self._group, self._calls = real, group, calls
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def workspace_create_nccl(self, comm, max_tokens, hidden, cfg, out):
+        c = cfg._obj  # ctypes.byref(config)
+        self._calls.append(("create", comm, max_tokens, hidden,
+                            (c.oneshot_max_tokens, c.twoshot_max_tokens, c.timeout_ms)))
+        return self._real.workspace_create_cpu(self._group.handle, 0, max_tokens, hidden, cfg, out)
+
+    def workspace_destroy(self, h):
+        self._calls.append(("destroy",))
+        return self._real.workspace_destroy(h)
+
+
+@pytest.fixture
+def stubbed(monkeypatch, gloo1):
+    calls = []
+    grp = beammoe.CpuGroup(1)
+    real = _lib.backend_ops
+    cuda = _CudaOps(real("cpu"), grp, calls)
+
+    def backend_ops(name):
+        if name != "cuda":
+            return real(name)
+        calls.append(("backend", name))
+        return cuda
+
+    monkeypatch.setattr(_lib, "backend_ops", backend_ops)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    uid = bytes(range(128))
+    monkeypatch.setattr(_nccl, "unique_id", lambda: uid)
+
+    def init(nranks, u, rank):
+        calls.append(("comm_init", nranks, u == uid, rank))
+        return 0xC0FFEE
+
+    monkeypatch.setattr(_nccl, "comm_init_rank", init)
+    monkeypatch.setattr(_nccl, "comm_destroy", lambda c: calls.append(("comm_destroy", c)))
+    yield calls
+    monkeypatch.undo()
+    grp.close()
+
+
+@needs_gloo
+def test_workspace_collective_plumbing(stubbed):
+    calls = stubbed
+    with beammoe.Workspace(None, 64, 512, moe_gather_oneshot_max_tokens=3, timeout_ms=1234) as ws:
+        assert (ws.rank, ws.world_size, ws.max_tokens, ws.hidden_size) == (0, 1, 64, 512)
+        assert (ws.nranks, ws.hidden) == (1, 512)  # the library's names
+        assert ws.device == torch.device("cuda", 0)
+        assert ws.device_group is dist.group.WORLD
+        assert ws.moe_gather_oneshot_max_tokens == 3 and ws.timeout_ms == 1234
+        assert ws.moe_gather_separate_norm_min_tokens is None  # never unfused (the default)
+    assert ws.closed
+    defaults = _lib.backend_ops("cpu").workspace_config_default()  # the stand-in's
+    names = [c[0] for c in calls]
+    assert names == ["backend", "comm_init", "create", "destroy", "comm_destroy"], calls
+    assert calls[1] == ("comm_init", 1, True, 0)
+    assert calls[2][1:4] == (0xC0FFEE, 64, 512)
+    assert calls[2][4][0] == 3 and calls[2][4][2] == 1234
+    assert calls[2][4][1] == defaults.twoshot_max_tokens
+    assert calls[4] == ("comm_destroy", 0xC0FFEE)
+    ws.close()  # idempotent
+
+
+@needs_gloo
+def test_workspace_on_a_subgroup(stubbed):
+    sub = dist.new_group(ranks=[0], backend="gloo")
+    defaults = _lib.backend_ops("cpu").workspace_config_default()
+    with beammoe.Workspace(sub, 16, 256, moe_gather_separate_norm_min_tokens=9) as ws:
+        assert ws.world_size == 1 and ws.device_group is sub
+        assert ws.moe_gather_separate_norm_min_tokens == 9 and ws.twoshot_max_tokens == 8
+    # no override of the others: the backend's defaults
+    assert stubbed[2][4] == (defaults.oneshot_max_tokens, 8, defaults.timeout_ms)
+    settle()  # before the subgroup (also ws.device_group) is released
+
+
+@needs_gloo
+@pytest.mark.parametrize("args,kw,exc,msg", [
+    ((16, 256), dict(timeout_ms=1.5), TypeError, r"beammoe.Workspace: timeout_ms must be an int, got float"),
+    ((True, 256), {}, TypeError, r"beammoe.Workspace: max_tokens must be an int, got bool"),
+    ((16, 2 ** 32 + 256), {}, ValueError, r"beammoe.Workspace: hidden_size=4294967552 is out of range"),
+    ((16, 256), dict(timeout_ms=2 ** 32 + 1000), ValueError, r"timeout_ms=4294968296 is out of range"),
+    ((16, 256), dict(moe_gather_oneshot_max_tokens="8"), TypeError,
+     r"moe_gather_oneshot_max_tokens must be an int, got str"),
+    ((16, 256), dict(moe_gather_separate_norm_min_tokens=8, twoshot_max_tokens=7), TypeError, r"not both")])
+def test_workspace_argument_types(stubbed, args, kw, exc, msg):
+    with pytest.raises(exc, match=msg):
+        beammoe.Workspace(None, *args, **kw)
+    assert stubbed == []  # rejected before anything collective

@@ -118,10 +118,8 @@ def _compiled_equals_eager(module, args, inplace_arg=None):
     want = module(*eager_args)
     torch._dynamo.reset()
     got = torch.compile(copy.deepcopy(module), fullgraph=True)(*comp_args)
-    for i, (a, b) in enumerate(zip(got, want)):
-        assert_bits_equal(a, b, "compiled output %d" % i)
-    for i, (a, b) in enumerate(zip(comp_args, eager_args)):
-        assert_bits_equal(a, b, "argument %d after the call" % i)
+    assert_bits_equal(got, want, "compiled output")
+    assert_bits_equal(comp_args, eager_args, "arguments after the call")
 
 
 @pytest.mark.parametrize("dev", DEVICES)
@@ -142,8 +140,7 @@ def test_compile_dynamic_tokens(gen, data):
         r = random_bf16(gen, tokens, H)
         got = m(g, w, r)
         want = Layer(pw, nw)(g, w, r)
-        for a, b in zip(got, want):
-            assert_bits_equal(a, b, "tokens=%d" % tokens)
+        assert_bits_equal(got, want, "tokens=%d" % tokens)
 
 
 def test_compile_finalize_and_gather(data):
@@ -160,8 +157,7 @@ def test_compile_finalize_and_gather(data):
         want = f(g, w, residual)
         torch._dynamo.reset()
         got = torch.compile(f, fullgraph=True)(g, w, residual)
-        for a, b in zip(got, want):
-            assert_bits_equal(a, b)
+        assert_bits_equal(got, want)
 
 
 def test_meta_tensors(data):
@@ -223,10 +219,8 @@ def test_cuda_graph_capture_and_replay(gen, inplace):
                                                               (0.5, 2.0), 2.5)
         wf = beammoe.beam_moe_finalize(g, w, torch.empty(T, H, dtype=BF16), 2.5, pwc, 1e-6)
         wh2, wn2 = beammoe.beam_norm_residual_norm(wf, wn, None, None, nwc, 1e-6, None)
-        assert_bits_equal(h, wh, "replay %d hidden" % step)
-        assert_bits_equal(n, wn, "replay %d normalized" % step)
-        assert_bits_equal(h2, wh2, "replay %d norm_residual_norm hidden" % step)
-        assert_bits_equal(n2, wn2, "replay %d norm_residual_norm normalized" % step)
+        assert_bits_equal((h, n), (wh, wn), "replay %d" % step)
+        assert_bits_equal((h2, n2), (wh2, wn2), "replay %d norm_residual_norm" % step)
         if inplace:
             assert_bits_equal(sr, wh, "replay %d residual updated in place" % step)
         else:
@@ -243,8 +237,7 @@ def test_compile_reduce_overhead_cuda(data):
     cm = torch.compile(Layer(pw, nw), mode="reduce-overhead", fullgraph=True)
     for _ in range(3):
         got = cm(g, w, residual)
-        for a, b in zip(got, want):
-            assert_bits_equal(a, b)
+        assert_bits_equal(got, want)
 
 
 def test_parameters_take_the_short_path(data):
@@ -262,8 +255,7 @@ def test_parameters_take_the_short_path(data):
         assert _calls.placement("f", names, (g, w, residual, ppw, pnw)) == (torch.device("cpu"), True)
         got = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w, T), residual, ppw, 1e-6, pnw,
                                                            1e-6, None)
-    for a, b in zip(got, want):
-        assert_bits_equal(a, b)
+    assert_bits_equal(got, want)
     assert _calls.placement("f", names, (g, w, residual, ppw, pnw)) == (torch.device("cpu"), False)
     got = beammoe.beam_moe_finalize_norm_residual_norm(beammoe.MoEOutput(g, w, T), residual, ppw, 1e-6, pnw, 1e-6,
                                                        None)
