@@ -71,6 +71,12 @@ def table():
     return _table
 
 
+try:  # now, not at a first use inside a torch.compile trace (which cannot stat a file)
+    table()
+except RuntimeError:
+    pass  # said again at the first use
+
+
 def form(kind):
     """The Form of beam_quant kind `kind`; a ValueError for a kind the list lacks."""
     f = (_table or table()).get(kind)

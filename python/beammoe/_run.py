@@ -207,12 +207,12 @@ NVFP4 = _forms.NVFP4  # NVFP4Quant's kind
 MXFP8 = _forms.MXFP8  # MXFP8Quant's kind
 UE8M0 = 1
 COL_MAJOR = 2
-# The dtypes where torch has them, uint8 bits otherwise: E4M3 values and
-# scales (torch.float8_e4m3fn, torch >= 2.1), two E2M1 values a byte
-# (torch.float4_e2m1fn_x2, newer), E8M0 scale codes (torch.float8_e8m0fnu)
+# The dtypes the consuming GEMMs take (docs/python.md): E4M3 values and
+# scales torch.float8_e4m3fn (torch >= 2.1; uint8 bits on an older torch);
+# NVFP4's value pairs and MXFP8's E8M0 codes uint8, as vLLM's
+# scaled_fp4_quant and FlashInfer's fp4_quantize / mxfp8_quantize give them
+# (views as torch.float4_e2m1fn_x2 / torch.float8_e8m0fnu where torch has them).
 FP8 = getattr(torch, "float8_e4m3fn", None)
-FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
-E8M0 = getattr(torch, "float8_e8m0fnu", None)
 
 
 def _bits(dtype):
@@ -229,10 +229,10 @@ def empty_outputs(kind, group_size, flags, scale, tokens, hidden, device):
     hidden / group] (column-major: strides (1, ld), ld = tokens rounded up
     to 4, DeepGEMM's layout)."""
     f = _forms.form(kind)
-    q = torch.empty(tokens, hidden * f.bits // 8, dtype=_bits(FP4X2 if f.bits == 4 else FP8), device=device)
+    q = torch.empty(tokens, hidden * f.bits // 8, dtype=_bits(None if f.bits == 4 else FP8), device=device)
     if f.blocks:
         rows = (tokens + 127) // 128 * 128
-        return q, torch.empty(rows, hidden // f.group, dtype=_bits(E8M0 if f.scale == _forms.E8M0 else FP8),
+        return q, torch.empty(rows, hidden // f.group, dtype=_bits(None if f.scale == _forms.E8M0 else FP8),
                               device=device)
     if f.scale == _forms.STATIC:
         return q, torch.full((1,), scale, dtype=torch.float32, device=device)

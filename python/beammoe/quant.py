@@ -31,8 +31,9 @@ FP4 GEMMs, as vLLM's scaled_fp4_quant writes it:
   NVFP4Quant(global_scale)
       g = global_scale (vLLM's input_global_scale, usually 448 * 6 / amax;
       0 < g < 2^118 as an FP32): q [tokens, hidden / 2] two E2M1 values a
-      byte, element 2i in the low four bits (torch.float4_e2m1fn_x2; uint8
-      on a torch without it); q_scales [tokens rounded up to 128, hidden /
+      byte, element 2i in the low four bits (torch.uint8, as vLLM's and
+      FlashInfer's FP4 GEMMs take it; q.view(torch.float4_e2m1fn_x2) where
+      torch has that dtype); q_scales [tokens rounded up to 128, hidden /
       16] an E4M3 scale per 16 values (torch.float8_e4m3fn, or uint8), its
       bytes in the 128 x 4 tiled layout the GEMM reads (swizzled, not row
       t, column b); the padding rows past the last token are not written
@@ -44,7 +45,8 @@ FP8 GEMMs:
       no arguments (its fields() are (5, 32, 0, 0.0)): q [tokens, hidden]
       E4M3 (torch.float8_e4m3fn, or uint8); q_scales [tokens rounded up to
       128, hidden / 32] an E8M0 code per 32 values, the power of two that
-      scales them (torch.float8_e8m0fnu where torch has it, else uint8), in
+      scales them (torch.uint8, as FlashInfer's mxfp8_quantize gives them;
+      q_scales.view(torch.float8_e8m0fnu) where torch has that dtype), in
       the same 128 x 4 tiled layout; the padding rows are not written
 
 Each form's layout (the values' bytes a row, FP32 scales or tiled block

@@ -10,8 +10,9 @@ torch the package supports, 1.13 without float8 dtypes too). Every function
 (the local operations, the gather over a CPU group, run by the library or in
 Python) bit for bit, q and q_scales poisoned before the call, so that a byte
 not written shows, and the padding rows of q_scales (not written) keep the
-poison. Then the shapes and dtypes (uint8 where torch has no
-float4_e2m1fn_x2 / float8_e4m3fn / float8_e8m0fnu), torch.compile and the
+poison. Then the shapes and dtypes (NVFP4's values and MXFP8's codes
+uint8, E4M3 float8_e4m3fn or uint8 on a torch without it), the FP8 output
+through torch._scaled_mm, torch.compile and the
 fake implementations, the argument errors, and bench/fp8_compare.py's own
 check of every configuration.
 """
@@ -32,8 +33,6 @@ from reference import E4M3_VALUES, block_scale_offsets, mxfp8_model, nearest_cod
 
 BF16 = torch.bfloat16
 K = 4
-FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
-E8M0 = getattr(torch, "float8_e8m0fnu", None)
 # conftest.poisoned's: no scale code is 0xFF (E4M3's are never negative, E8M0's
 # of finite groups never 2^128); q bytes are compared whole anyway
 POISON = 0xFF
@@ -132,7 +131,7 @@ def check_block_form(quant, q, qs, normalized, poisoned=True, dtypes=True):
     t, h = normalized.shape
     nv = isinstance(quant, beammoe.NVFP4Quant)
     want_q, want_sf = nvfp4_model(normalized, quant.global_scale) if nv else mxfp8_model(normalized)
-    qt, st = ((FP4X2, FP8) if nv else (FP8, E8M0)) if dtypes else (None, None)
+    qt, st = ((None, FP8) if nv else (FP8, None)) if dtypes else (None, None)
     assert q.dtype == (qt if qt is not None else torch.uint8) and q.shape == (t, h // 2 if nv else h)
     assert qs.dtype == (st if st is not None else torch.uint8)
     assert qs.shape == ((t + 127) // 128 * 128, h // quant.group_size)
@@ -417,18 +416,16 @@ def test_mxfp8_model_edges():
 
 
 @pytest.mark.parametrize("have", [False, True])
-def test_dtypes_without_float4_or_float8(poisoned, monkeypatch, have):
-    """Without torch.float4_e2m1fn_x2, torch.float8_e4m3fn and
-    torch.float8_e8m0fnu (an older torch), q and q_scales are uint8 tensors
-    of the same shapes and bits; FP8's values float8_e4m3fn where torch has
-    it, else uint8 bits."""
+def test_dtypes_without_float8(poisoned, monkeypatch, have):
+    """NVFP4's values and MXFP8's codes are uint8 (as vLLM's and FlashInfer's
+    GEMMs take them); E4M3 values and scales float8_e4m3fn, or without it
+    (an older torch) uint8 tensors of the same shapes and bits."""
     x, r, _, _, nw = inputs(2, 256, "cpu", 3)
     _, _, q, _ = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
                                                      quant=beammoe.FP8Quant("token"))
     assert q.dtype == (FP8 if FP8 is not None else torch.uint8)
     if not have:
-        for name in ("FP4X2", "FP8", "E8M0"):
-            monkeypatch.setattr(_run, name, None)
+        monkeypatch.setattr(_run, "FP8", None)
     for quant, fn in ((beammoe.NVFP4Quant(1.0), beammoe.beam_norm_residual_norm_fp8),
                       (beammoe.MXFP8Quant(), beammoe.beam_norm_residual_norm_q)):
         x, r, _, _, nw = block_inputs(quant, 3, 512, 4)
@@ -560,19 +557,27 @@ def test_bad_calls(quant, next_norm, err, msg):
 
 
 @needs_fp8
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch._scaled_mm needs a CUDA device")
-def test_scaled_mm():
-    """The next layer's FP8 GEMM on the quantized output equals the GEMM on
-    the eager quantization of normalized (per-token scales, row-wise)."""
+@pytest.mark.parametrize("dev", FP8_DEVICES)
+@pytest.mark.parametrize("form", [beammoe.FP8Quant("token"), beammoe.FP8Quant("tensor", scale=0.05)], ids=repr)
+def test_scaled_mm(dev, form):
+    """q and q_scales feed torch._scaled_mm as they are (as vLLM's and
+    FlashInfer's FP8 GEMMs take them: q [T, H] float8_e4m3fn row-major, its
+    FP32 scale [T, 1] row-wise or one for the tensor): the GEMM equals the
+    GEMM on the eager quantization of normalized, bit for bit."""
     t, h, n_out = 32, 2048, 256
-    x, r, _, _, nw = inputs(t, h, "cuda", 11)
-    hid, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None,
-                                                        quant=beammoe.FP8Quant("token"), keep_normalized=True)
-    want_q, want_s = fp8_reference(n, beammoe.FP8Quant("token"))
-    wgt = torch.randn(n_out, h, device="cuda").to(FP8)
-    w_s = torch.ones(1, n_out, device="cuda")
-    got = torch._scaled_mm(q, wgt.t(), scale_a=qs, scale_b=w_s, out_dtype=BF16)
-    want = torch._scaled_mm(want_q, wgt.t(), scale_a=want_s.reshape(-1, 1), scale_b=w_s, out_dtype=BF16)
+    x, r, _, _, nw = inputs(t, h, dev, 11)
+    hid, n, q, qs = beammoe.beam_norm_residual_norm_fp8(x, r, None, None, nw, 1e-6, None, quant=form,
+                                                        keep_normalized=True)
+    want_q, want_s = fp8_reference(n, form)
+    wgt = torch.randn(n_out, h, generator=torch.Generator().manual_seed(3)).to(FP8).to(dev)
+    rowwise = form.kind == "token"
+    w_s = torch.ones(1, n_out, device=dev) if rowwise else torch.ones((), device=dev)
+    shape = (-1, 1) if rowwise else ()
+    try:
+        got = torch._scaled_mm(q, wgt.t(), scale_a=qs.reshape(shape), scale_b=w_s, out_dtype=BF16)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip("this torch's _scaled_mm does not take %r on %s: %s" % (form, dev, e))
+    want = torch._scaled_mm(want_q, wgt.t(), scale_a=want_s.reshape(shape), scale_b=w_s, out_dtype=BF16)
     assert torch.equal(got, want)
 
 
