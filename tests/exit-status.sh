@@ -119,11 +119,23 @@ expect 2 "--eps applies to a norm" $RUN --op finalize --tokens 4 --top-k 2 --hid
 expect 0 "" $RUN --op nrn --tokens 4 --hidden 256 --pre-norm --eps 1e-5
 expect 0 "" $RUN --op nrn --tokens 4 --hidden 256
 expect 2 "unexpected argument 'extra'" run --help extra
+# ---- run: --json, --input (the file holds the case: the options that shape
+# or seed generated inputs are errors with it, never silently unused) ----
+expect 0 "" $RUN --tokens 4 --top-k 2 --hidden 256 --json
+expect 2 "--json given twice" $RUN --tokens 4 --top-k 2 --hidden 256 --json --json
+expect 2 "--tokens is required (or --input FILE)" $RUN --top-k 2 --hidden 256
+expect 2 "--tokens applies to generated inputs, not to --input" $RUN --input x.safetensors --tokens 4
+expect 2 "--seed applies to generated inputs, not to --input" $RUN --input x.safetensors --seed 2
+expect 2 "--next-norm applies to generated inputs, not to --input" $RUN --input x.safetensors --next-norm
+expect 2 "--input given twice" $RUN --input a.safetensors --input b.safetensors
+expect 2 "cannot open\|without json-c" $RUN --input "${TMPDIR:-/tmp}/beammoe-absent-$$.safetensors"
 # ---- run: a backend that is not available here ----
 if "$tool" $RUN --tokens 1 --top-k 1 --hidden 256 --backend cuda >/dev/null 2>&1; then
     echo "note: the cuda backend runs here: its not-available case was not tried"
 else
-    expect 2 "--backend cuda" $RUN --tokens 4 --top-k 2 --hidden 256 --backend cuda
+    # in plain words ("not available (no NVIDIA driver on this host)"), not
+    # the CUDA runtime's "driver version is insufficient"
+    expect 2 "--backend cuda: not available (" $RUN --tokens 4 --top-k 2 --hidden 256 --backend cuda
     expect_env cuda
 fi
 expect_env tpu
@@ -147,6 +159,8 @@ expect 2 "--seed given twice" audit --seed 1 --seed 1
 expect 2 "--quick given twice" audit --quick --quick
 expect 2 "--help given twice" audit -h --help
 expect 2 "unexpected argument 'extra'" audit --help extra
+expect 2 "--verbose given twice" audit --verbose --quick --verbose
+expect 2 "--json given twice" audit --json --json
 
 # ---- bench (its errors only: the bench itself takes minutes) ----
 expect 2 "must be in \[1, 4096\]" bench --threads 0
@@ -159,6 +173,7 @@ expect 2 "--threads given twice" bench --threads 1 --threads 2
 expect 2 "--tokens given twice" bench --tokens 1 --tokens 64
 expect 2 "--config given twice" bench --config 1 --config 2
 expect 2 "--hot given twice" bench --hot --hot
+expect 2 "--json given twice" bench --json --json
 expect 2 "unexpected argument 'extra'" bench --help extra
 
 echo "$checks checks, $fail failed"

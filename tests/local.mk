@@ -46,7 +46,7 @@
 #                      on the AVX-512 (no BF16), AVX2 and portable kernels
 #   st_fuzz            the safetensors reader, fuzzed
 #   audit-quick.sh, safetensors-test.sh, exit-status.sh, output-safety.sh,
-#   input-special.sh, tool-stdout.sh, tool-signals.sh
+#   input-special.sh, tool-stdout.sh, tool-signals.sh, tool-json.sh
 #                      the `beammoe` tool (tools/beammoe), at the end below
 #   perf-report.sh     docs/PERF.md's generated tables are current (python3)
 
@@ -216,12 +216,14 @@ tests_st_fuzz_LDADD = harness/libharness.la
 #   tool-stdout.sh       a report that cannot be written is exit 1, a message
 #   tool-signals.sh      a signal during `run --output F` leaves F as it was
 #                        and no temporary file; the exit status is the signal's
+#   tool-json.sh         the --json documents of run, audit and bench; the
+#                        timing spread; bench's rows and progress as it runs
 #   perf-report.sh       docs/PERF.md's and README.md's tables and docs/perf/'s
 #                        plots match docs/perf/*.json (scripts/perf-report.py)
 # (safetensors-test.sh and tool-signals.sh exit 77 without json-c,
-# perf-report.sh without python3)
+# perf-report.sh and tool-json.sh without python3)
 BEAM_TOOL_TESTS = tests/audit-quick.sh tests/safetensors-test.sh tests/exit-status.sh \
 	tests/output-safety.sh tests/input-special.sh tests/tool-stdout.sh tests/tool-signals.sh \
-	tests/perf-report.sh
+	tests/tool-json.sh tests/perf-report.sh
 TESTS += $(BEAM_TOOL_TESTS)
 EXTRA_DIST += $(BEAM_TOOL_TESTS) scripts/perf-report.py

@@ -54,6 +54,7 @@ run_out() {
         sed 's/^/    /' "$tmp/err"
         fails=$((fails + 1))
     fi
+    sed -n 's/^checksum: *//p' "$tmp/out" >"$tmp/$name.sum"
 }
 run_out rt-fused.safetensors --tokens 9 --top-k 8 --hidden 512 --post-norm --next-norm \
     --scales 0.5,2 --routed-scale 2.5 --eps 1e-5
@@ -65,6 +66,44 @@ expect 0 "$tmp/rt-fused.safetensors"
 expect 0 "$tmp/rt-plain.safetensors"
 expect 0 "$tmp/rt-final.safetensors"
 expect 0 "$tmp/rt-empty.safetensors"
+# ---- run --input: the case a file holds, run again: the same checksum as
+# the run that wrote it, on every op the file can hold ----
+for f in rt-fused rt-plain rt-final rt-empty; do
+    checks=$((checks + 1))
+    "$tool" run --iters 2 --input "$tmp/$f.safetensors" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    got=$(sed -n 's/^checksum: *//p' "$tmp/out")
+    if [ "$rc" = 0 ] && [ -n "$got" ] && [ "$got" = "$(cat "$tmp/$f.safetensors.sum")" ] &&
+        grep -q "^input: *$tmp/$f.safetensors$" "$tmp/out"; then
+        echo "ok:   run --input $f.safetensors: checksum $got, as written"
+    else
+        echo "FAIL: run --input $f.safetensors: exit $rc, checksum '$got', written $(cat "$tmp/$f.safetensors.sum")"
+        sed 's/^/    /' "$tmp/err" "$tmp/out" | head -8
+        fails=$((fails + 1))
+    fi
+done
+# --strategy needs the fused op: a finalize file says which op it holds
+checks=$((checks + 1))
+"$tool" run --iters 1 --strategy unfused --input "$tmp/rt-final.safetensors" >/dev/null 2>"$tmp/err"
+if [ $? = 2 ] && grep -q "holds a finalize case" "$tmp/err"; then
+    echo "ok:   run --input (finalize) --strategy: exit 2, $(head -1 "$tmp/err")"
+else
+    echo "FAIL: run --input of a finalize file with --strategy is not a usage error"
+    fails=$((fails + 1))
+fi
+# the whole file name in the report, however long (it was cut to what the
+# case column left over: 12 characters for a fused case with every option)
+long="$tmp/a-file-name-of-more-than-twelve-characters-rt-fused.safetensors"
+cp "$tmp/rt-fused.safetensors" "$long"
+checks=$((checks + 1))
+if "$tool" audit --quick --input "$long" >"$tmp/out" 2>"$tmp/err" && grep -qF "input $long," "$tmp/out"; then
+    echo "ok:   audit --input: the whole file name is shown"
+else
+    echo "FAIL: audit --input: the file name is not shown whole:"
+    head -2 "$tmp/out" | sed 's/^/    /'
+    fails=$((fails + 1))
+fi
+rm -f "$long"
 # --output with an op it cannot hold is a usage error
 checks=$((checks + 1))
 "$tool" run --op nrn --tokens 1 --hidden 256 --output "$tmp/nrn.st" >/dev/null 2>"$tmp/err"

@@ -48,14 +48,18 @@ for how in full closed; do
     expect $how run --help
     expect $how bench --help
     expect $how $RUN
+    expect $how $RUN --json
     expect $how audit --quick
+    expect $how audit --quick --json
 done
 
-# an --input audit: the table is the output
+# an --input audit, and run --input: the report is the output
 "$tool" $RUN --output "$tmp/case.safetensors" >/dev/null 2>"$tmp/err"
 if [ $? = 0 ]; then
     [ -c /dev/full ] && expect full audit --input "$tmp/case.safetensors" --quick
     expect closed audit --input "$tmp/case.safetensors" --quick
+    [ -c /dev/full ] && expect full run --iters 1 --input "$tmp/case.safetensors"
+    expect closed run --iters 1 --input "$tmp/case.safetensors" --json
 elif grep -q "built without json-c" "$tmp/err"; then
     echo "note: built without json-c: the --input and --output cases were not tried"
 else

@@ -31,10 +31,14 @@ static void tool_usage(FILE *f)
             "Commands:\n"
             "  audit   every backend and strategy against the CPU ground truth, and the\n"
             "          CPU backend against an independent scalar reference\n"
-            "  run     one case: backend, median time, GB/s, checksum of the outputs\n"
+            "  run     one case (generated, or a safetensors file's): backend, min /\n"
+            "          median / max time, GB/s, checksum of the outputs\n"
             "  bench   CPU backend throughput as a fraction of memcpy bandwidth\n"
             "\n"
-            "'beammoe <command> --help' describes a command's options.\n"
+            "'beammoe <command> --help' describes a command's options; docs/tool.md\n"
+            "describes every option, column, JSON field and message.\n"
+            "Every command takes --json: one JSON document on stdout instead of the\n"
+            "text (messages and progress stay on stderr).\n"
             "Environment: BEAM_BACKEND (%s or auto) picks the backend of 'run' when\n"
             "--backend is not given.\n"
             "\n"
@@ -92,5 +96,8 @@ int main(int argc, char **argv)
 {
     /* a report that cannot be written fails the run (streams.c) */
     if (tool_streams_open()) return TOOL_EXIT_FAIL;
+    /* a line reaches a pipe (`beammoe bench | tee log`) when it is done,
+     * not when a 4 KiB buffer fills or the command ends */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     return tool_streams_close(command(argc, argv));
 }

@@ -6,6 +6,12 @@
  * counts read plus written too, so the fraction is a like-for-like ratio.
  * Buffers are filled in parallel with the same static split the copy uses
  * (first touch), so on NUMA hosts pages sit near the threads that use them.
+ *
+ * A row is printed as soon as it is timed (with --repeat, after the last
+ * pass), in text or as a row of the JSON document of --json; a line per
+ * row on stderr says how far the bench is. The text rows keep the columns
+ * scripts/perf-report.py --import-cpu-bench reads; the spread of each
+ * row's calls (min, max) follows the table.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -15,15 +21,17 @@
 #include "omp_shim.h"
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
+#include "bench_host.h"
 #include "cpu_isa.h"
+#include "json_out.h"
 
 #define BENCH_K 8
 #define BENCH_H 7168
 #define BENCH_TMAX 8192
-#define COPY_BYTES ((size_t)1 << 30)
-#define COPY_REPS 5
+#define MAXT 16 /* values of --tokens */
 
 /* The operations of the table. */
 enum { BENCH_OP_FINALIZE, BENCH_OP_NRN, BENCH_OP_FUSED };
@@ -79,14 +87,17 @@ static void bench_usage(FILE *f)
     int i;
     fprintf(f,
             "Usage: beammoe bench [--threads N] [--min-time S] [--repeat N] [--tokens LIST]\n"
-            "                     [--config LIST] [--hot]\n"
+            "                     [--config LIST] [--hot] [--json]\n"
             "\n"
             "CPU backend throughput of every configuration below, K=8, H=7168, as a\n"
             "fraction of this machine's memcpy bandwidth measured right before and right\n"
             "after each row's timed calls (1 GiB copies with the same OpenMP threads,\n"
             "best of %d each time; the larger figure is used). Bytes per call:\n"
             "docs/PERF.md (read plus written). The path column names the row kernels\n"
-            "the library runs for that configuration here (lib/cpu_isa.h).\n"
+            "the library runs for that configuration here (lib/cpu_isa.h). Each row is\n"
+            "printed when it is timed (with --repeat: after the last pass); a table of\n"
+            "each row's fastest and slowest call follows; stderr says how far the bench\n"
+            "is, a line per row (docs/tool.md).\n"
             "\n"
             "Configurations (fused = beam_moe_finalize_norm_residual_norm, strategy\n"
             "FUSED; nrn = beam_norm_residual_norm; post, pre and next norms have a\n"
@@ -108,6 +119,8 @@ static void bench_usage(FILE *f)
             "  --hot          every call on the same rows (cache-warm for small T); by\n"
             "                 default each call takes the next T rows of 8192, so its\n"
             "                 inputs come from memory, not from the last call's cache\n"
+            "  --json         one JSON document on stdout instead of the text\n"
+            "                 (docs/tool.md)\n"
             "  -h, --help     this text\n");
 }
 
@@ -124,111 +137,6 @@ static void par_fill_bf16(uint16_t *p, size_t n, float lo, float hi)
     long long i;
     TOOL_OMP(omp parallel for schedule(static))
     for (i = 0; i < (long long)n; i++) p[i] = hashed_bf16((uint64_t)i, lo, hi);
-}
-
-/* memcpy bandwidth: each thread copies its contiguous share of the 1 GiB
- * buffers (allocated and first touched once, by the same split); best of
- * COPY_REPS, counted as read plus written. */
-static double copy_gbs(int threads, char *src, char *dst)
-{
-    double best = 0.0;
-    int rep;
-    (void)threads; /* used by the pragmas only */
-    for (rep = 0; rep < COPY_REPS; rep++) {
-        double t0 = hu_now(), dt, gbs;
-        TOOL_OMP(omp parallel num_threads(threads))
-        {
-            int t = omp_get_thread_num(), n = omp_get_num_threads();
-            size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-            size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
-            memcpy(dst + lo, src + lo, hi - lo);
-        }
-        dt = hu_now() - t0;
-        gbs = 2.0 * (double)COPY_BYTES / dt * 1e-9;
-        if (gbs > best) best = gbs;
-    }
-    return best;
-}
-
-static void copy_touch(int threads, char *src, char *dst)
-{
-    (void)threads;
-    TOOL_OMP(omp parallel num_threads(threads))
-    {
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-        size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-        size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
-        memset(src + lo, 1 + t, hi - lo);
-        memset(dst + lo, 0, hi - lo);
-    }
-}
-
-/* Read-only stream over 1 GiB (no stores), for context: glibc's memcpy of
- * large blocks uses streaming stores and fast string moves that plain loads
- * do not match on every host. memchr for a byte that is not there is
- * glibc's own vectorized load loop, so no compiler flag decides the figure. */
-static double read_gbs(int threads)
-{
-    (void)threads;
-    char *src = hu_malloc(COPY_BYTES);
-    double best = 0.0;
-    int rep, found = 0;
-    if (!src) return 0.0;
-    TOOL_OMP(omp parallel num_threads(threads))
-    {
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-        size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-        size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
-        memset(src + lo, 0, hi - lo);
-    }
-    for (rep = 0; rep < COPY_REPS; rep++) {
-        double t0 = hu_now(), dt, gbs;
-        TOOL_OMP(omp parallel num_threads(threads) reduction(+ : found))
-        {
-            int t = omp_get_thread_num(), n = omp_get_num_threads();
-            size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-            size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
-            found += memchr(src + lo, 0x5A, hi - lo) != NULL;
-        }
-        dt = hu_now() - t0;
-        gbs = (double)COPY_BYTES / dt * 1e-9;
-        if (gbs > best) best = gbs;
-    }
-    free(src);
-    return found ? -1.0 : best; /* found is always 0; using it keeps the loads */
-}
-
-/* Bandwidth figures are only as good as the machine is quiet: say when
- * other processes were running as the bench started. */
-static void load_warning(int threads)
-{
-    FILE *f = fopen("/proc/loadavg", "r");
-    double l1 = 0.0;
-    if (!f) return;
-    if (fscanf(f, "%lf", &l1) == 1 && l1 > 0.5)
-        fprintf(stderr,
-                "beammoe bench: warning: load average %.2f before the bench (%d threads): other "
-                "work competes for cores and memory, figures may be low\n",
-                l1, threads);
-    fclose(f);
-}
-
-static void cpu_model(char *buf, size_t n)
-{
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    snprintf(buf, n, "unknown");
-    if (!f) return;
-    while (fgets(line, sizeof line, f)) {
-        char *c = strchr(line, ':');
-        if (!strncmp(line, "model name", 10) && c) {
-            c += 2;
-            c[strcspn(c, "\n")] = 0;
-            snprintf(buf, n, "%s", c);
-            break;
-        }
-    }
-    fclose(f);
 }
 
 /* The CPU backend's table: every timed call goes through it. */
@@ -288,12 +196,12 @@ static double cfg_bytes(const bench_cfg *c, int64_t T)
     return bytes_finalize(T, BENCH_K, BENCH_H, c->pre);
 }
 
-/* Time one configuration; returns the median seconds or -1 after printing
- * the error. Cold (the default): call i works on the i-th slice of T rows of
+/* Time one configuration into *t (min, median, max seconds of its timed
+ * calls); 0, or -1 after printing the error. Cold (the default): call i works on the i-th slice of T rows of
  * the 8192-row buffers, wrapping around, so a call finds its inputs in
  * memory, not in a cache the previous call warmed (1.3 GB of rows against
  * caches of a few hundred MB at most). Hot: always the first T rows. */
-static double time_op(const bench_bufs *b, const bench_cfg *c, int64_t T, double min_time, int hot)
+static int time_op(const bench_bufs *b, const bench_cfg *c, int64_t T, double min_time, int hot, tool_times *t)
 {
     double times[2000], start;
     int64_t slices = BENCH_TMAX / T;
@@ -306,7 +214,7 @@ static double time_op(const bench_bufs *b, const bench_cfg *c, int64_t T, double
         st = call_op(b, c, hot ? 0 : (cursor++ % slices) * T, T);
     if (st != BEAM_OK) {
         report_lib_error(g_cpu, "bench", op_fn(c), st);
-        return -1.0;
+        return -1;
     }
     start = hu_now();
     while (n < 2000 && (n < 5 || hu_now() - start < min_time)) {
@@ -315,7 +223,8 @@ static double time_op(const bench_bufs *b, const bench_cfg *c, int64_t T, double
         call_op(b, c, first, T);
         times[n++] = hu_now() - t0;
     }
-    return hu_median(times, n);
+    tool_times_of(times, n, t);
+    return 0;
 }
 
 /* "1,64,1024" -> values in [lo, hi]; returns the count, or -1. */
@@ -332,27 +241,104 @@ static int parse_list(const char *s, int64_t lo, int64_t hi, int64_t *out, int m
     return n ? n : -1;
 }
 
+/* Where the rows go: text, or the JSON document w; progress on stderr. */
+typedef struct bench_out {
+    jw *w;
+    int isa, hot;
+    int done, total;  /* rows timed so far (every pass), and in all */
+    int quiet_rows;   /* the rows themselves show the progress (stdout and
+                         stderr on one terminal, rows printed as timed) */
+    double start;
+} bench_out;
+
+static void bench_row(const bench_out *o, int cfg, int64_t T, const tool_times *t, double copy)
+{
+    const bench_cfg *c = &CFGS[cfg - 1];
+    const double bytes = cfg_bytes(c, T), gbs = bytes / t->median * 1e-9;
+    char path[160];
+    bench_path_text(o->isa, c->op, c->pre, c->next, c->fp8, path, sizeof path);
+    if (!o->w) {
+        printf("%6lld  %-24s %10.1f %8.2f %8.2f %8.1f%%  %s\n", (long long)T, c->name, t->median * 1e6, gbs, copy,
+               100.0 * gbs / copy, path);
+        return;
+    }
+    /* the keys of scripts/perf-report.py's records, and the spread */
+    jw_begin_row(o->w, NULL);
+    jw_str(o->w, "op", c->op == BENCH_OP_FUSED ? "fused" : c->op == BENCH_OP_NRN ? "nrn" : "finalize");
+    jw_str(o->w, "config", c->name);
+    jw_int(o->w, "config_number", cfg);
+    jw_int(o->w, "T", T);
+    jw_int(o->w, "K", BENCH_K);
+    jw_int(o->w, "H", BENCH_H);
+    jw_str(o->w, "mode", o->hot ? "hot" : "cold");
+    jw_int(o->w, "calls", t->n);
+    jw_num(o->w, "us_min", t->min * 1e6);
+    jw_num(o->w, "us", t->median * 1e6);
+    jw_num(o->w, "us_max", t->max * 1e6);
+    jw_num(o->w, "bytes", bytes);
+    jw_num(o->w, "gbs", gbs);
+    jw_num(o->w, "memcpy_gbs", copy);
+    jw_num(o->w, "floor_pct", 100.0 * gbs / copy);
+    jw_str(o->w, "path", path);
+    jw_end(o->w);
+}
+
+static void bench_table_head(const bench_out *o)
+{
+    if (o->w)
+        jw_begin_arr(o->w, "rows");
+    else
+        printf("%6s  %-24s %10s %8s %8s %9s  %s\n", "T", "configuration", "median us", "GB/s", "memcpy",
+               "of memcpy", "path");
+}
+
+/* After each timed row: "beammoe bench: row 3 of 36 (T=1024 fused next),
+ * median 80.1 us (min 78.2, max 95.0), 9 s so far, about 99 s left". */
+static void bench_progress(bench_out *o, int cfg, int64_t T, const tool_times *t)
+{
+    const double spent = hu_now() - o->start;
+    o->done++;
+    if (o->quiet_rows) return;
+    fprintf(stderr,
+            "beammoe bench: row %d of %d (T=%lld %s), median %.1f us (min %.1f, max %.1f), %.0f s so far, "
+            "about %.0f s left\n",
+            o->done, o->total, (long long)T, CFGS[cfg - 1].name, t->median * 1e6, t->min * 1e6, t->max * 1e6,
+            spent, spent / o->done * (o->total - o->done));
+}
+
+/* The fastest and slowest call of each row, in text after the table. */
+static void bench_spread(const int64_t *cfgs, int ncfg, const int64_t *Ts, int nT, tool_times (*best)[MAXT])
+{
+    int ci, i;
+    printf("\nspread of each row's timed calls (us per call):\n%6s  %-24s %7s %10s %10s %10s\n", "T",
+           "configuration", "calls", "min", "median", "max");
+    for (ci = 0; ci < ncfg; ci++)
+        for (i = 0; i < nT; i++)
+            printf("%6lld  %-24s %7d %10.1f %10.1f %10.1f\n", (long long)Ts[i], CFGS[cfgs[ci] - 1].name,
+                   best[ci][i].n, best[ci][i].min * 1e6, best[ci][i].median * 1e6, best[ci][i].max * 1e6);
+}
+
 int cmd_bench(int argc, char **argv)
 {
-    enum { MAXT = 16 };
     static const struct option longopts[] = {{"threads", required_argument, NULL, 't'},
                                              {"hot", no_argument, NULL, 'H'},
                                              {"min-time", required_argument, NULL, 'm'},
                                              {"repeat", required_argument, NULL, 'r'},
                                              {"tokens", required_argument, NULL, 'T'},
-                                             {"config", required_argument, NULL, 'c'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
+                                             {"config", required_argument, NULL, 'c'}, TOOL_OPTIONS_END};
     int64_t Ts[MAXT] = {1, 64, 1024, 8192}, cfgs[NCFG], repeat64 = 1;
     int nT = 4, ncfg = NCFG;
     int32_t threads = 0;
     float min_time = 1.0f;
-    int opt, i, ci, rep, rc = TOOL_EXIT_OK, hot = 0, isa, help = 0;
+    int opt, i, ci, rep, rc = TOOL_EXIT_OK, hot = 0, help = 0, json = 0;
     unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     bench_bufs b;
     size_t rowsH = (size_t)BENCH_TMAX * BENCH_H;
-    double rd, best[NCFG][MAXT], best_copy[NCFG][MAXT];
+    double rd, copy, best_copy[NCFG][MAXT];
+    tool_times best[NCFG][MAXT];
     char model[256], *csrc = NULL, *cdst = NULL;
+    bench_out o;
+    jw w;
 
     for (i = 0; i < NCFG; i++) cfgs[i] = i + 1;
     optind = 1;
@@ -364,6 +350,9 @@ int cmd_bench(int argc, char **argv)
             break;
         case 'H':
             hot = 1;
+            break;
+        case 'j':
+            json = 1;
             break;
         case 'm':
             if (parse_f32("bench", "--min-time", optarg, &min_time)) return TOOL_EXIT_USAGE;
@@ -397,13 +386,32 @@ int cmd_bench(int argc, char **argv)
     if (!g_cpu) return report_lib_error(NULL, "bench", "beam_backend_ops(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     if (threads) omp_set_num_threads(threads);
     threads = omp_get_max_threads();
-    isa = bm_cpu_pick_isa();
+    memset(&o, 0, sizeof o);
+    o.isa = bm_cpu_pick_isa();
+    o.hot = hot;
+    o.total = ncfg * nT * (int)repeat64;
+    o.quiet_rows = !json && repeat64 == 1 && isatty(1) && isatty(2);
+    if (json) {
+        o.w = &w;
+        jw_init(&w, stdout);
+    }
 
     cpu_model(model, sizeof model);
-    load_warning(threads);
-    printf("beammoe bench: library %s, backend %s, %d OpenMP threads, %d cores online\n",
-           beam_version(), beam_backend_name(), (int)threads, omp_get_num_procs());
-    printf("cpu: %s; row kernels: %s\n", model, bm_isa_name(isa));
+    warn_load("bench", threads);
+    if (o.w) {
+        jw_begin_obj(&w, NULL);
+        jw_str(&w, "format", "beammoe-bench/1");
+        jw_str(&w, "library", beam_version());
+        jw_str(&w, "backend", beam_backend_name());
+        jw_int(&w, "openmp_threads", threads);
+        jw_int(&w, "cores_online", omp_get_num_procs());
+        jw_str(&w, "cpu", model);
+        jw_str(&w, "row_kernels", bm_isa_name(o.isa));
+    } else {
+        printf("beammoe bench: library %s, backend %s, %d OpenMP threads, %d cores online\n", beam_version(),
+               beam_backend_name(), (int)threads, omp_get_num_procs());
+        printf("cpu: %s; row kernels: %s\n", model, bm_isa_name(o.isa));
+    }
 
     memset(&b, 0, sizeof b);
     csrc = hu_malloc(COPY_BYTES);
@@ -424,10 +432,19 @@ int cmd_bench(int argc, char **argv)
         rc = TOOL_EXIT_FAIL;
         goto out;
     }
+    /* the copies and fills take seconds before the first row */
+    fprintf(stderr, "beammoe bench: measuring memcpy and filling %.1f GB of inputs\n",
+            (2.0 * COPY_BYTES + (double)rowsH * (BENCH_K * 2 + 11)) * 1e-9);
     copy_touch(threads, csrc, cdst);
     rd = read_gbs(threads);
-    printf("memcpy: %.2f GB/s now (1 GiB buffers, read + written, best of %d); read-only stream: "
-           "%.2f GB/s (plain loads, for context)\n", copy_gbs(threads, csrc, cdst), COPY_REPS, rd);
+    copy = copy_gbs(threads, csrc, cdst);
+    if (o.w) {
+        jw_num(&w, "memcpy_gbs", copy);
+        jw_num(&w, "read_gbs", rd);
+    } else {
+        printf("memcpy: %.2f GB/s now (1 GiB buffers, read + written, best of %d); read-only stream: "
+               "%.2f GB/s (plain loads, for context)\n", copy, COPY_REPS, rd);
+    }
     par_fill_bf16(b.experts, rowsH * BENCH_K, -3.0f, 3.0f);
     par_fill_bf16(b.x, rowsH, -3.0f, 3.0f);
     par_fill_bf16(b.residual, rowsH, -10.0f, 10.0f);
@@ -439,10 +456,18 @@ int cmd_bench(int argc, char **argv)
     memset(b.scales, 0, rowsH / BENCH_GROUP * 4);
     for (i = 0; i < BENCH_TMAX * BENCH_K; i++) b.weights[i] = nr_f(hashed_bf16((uint64_t)i, 0.0f, 0.25f));
 
-    printf("inputs: %s; each row: memcpy right before and after its timed calls (the larger is "
-           "used)%s\n\n",
-           hot ? "hot (the same T rows every call)" : "cold (each call the next T rows of 8192)",
-           repeat64 > 1 ? "; each row: the fastest of the --repeat passes" : "");
+    if (o.w) {
+        jw_str(&w, "inputs", hot ? "hot" : "cold");
+        jw_float(&w, "min_time_s", min_time);
+        jw_int(&w, "repeat", repeat64);
+    } else {
+        printf("inputs: %s; each row: memcpy right before and after its timed calls (the larger is "
+               "used)%s\n\n",
+               hot ? "hot (the same T rows every call)" : "cold (each call the next T rows of 8192)",
+               repeat64 > 1 ? "; each row: the fastest of the --repeat passes" : "");
+    }
+    o.start = hu_now();
+    if (repeat64 == 1) bench_table_head(&o);
     /* The repetitions go over the whole table, so that a row's windows
      * are minutes apart on a long table: another process's burst spoils
      * one of them, not all. */
@@ -451,32 +476,35 @@ int cmd_bench(int argc, char **argv)
         for (ci = 0; ci < ncfg; ci++)
             for (i = 0; i < nT; i++) {
                 const double c1 = copy_gbs(threads, csrc, cdst);
-                const double sec = time_op(&b, &CFGS[cfgs[ci] - 1], Ts[i], min_time, hot);
+                tool_times t;
                 double c2;
-                if (sec < 0) {
+                if (time_op(&b, &CFGS[cfgs[ci] - 1], Ts[i], min_time, hot, &t)) {
                     rc = TOOL_EXIT_FAIL;
                     goto out;
                 }
                 c2 = copy_gbs(threads, csrc, cdst);
-                if (rep == 0 || sec < best[ci][i]) {
-                    best[ci][i] = sec;
+                if (rep == 0 || t.median < best[ci][i].median) {
+                    best[ci][i] = t;
                     best_copy[ci][i] = c1 > c2 ? c1 : c2;
                 }
+                bench_progress(&o, (int)cfgs[ci], Ts[i], &t);
+                if (repeat64 == 1) bench_row(&o, (int)cfgs[ci], Ts[i], &best[ci][i], best_copy[ci][i]);
             }
     }
-    printf("%6s  %-24s %10s %8s %8s %9s  %s\n", "T", "configuration", "median us", "GB/s", "memcpy",
-           "of memcpy", "path");
-    for (ci = 0; ci < ncfg; ci++) {
-        const bench_cfg *c = &CFGS[cfgs[ci] - 1];
-        char path[160];
-        bench_path_text(isa, c->op, c->pre, c->next, c->fp8, path, sizeof path);
-        for (i = 0; i < nT; i++) {
-            const double gbs = cfg_bytes(c, Ts[i]) / best[ci][i] * 1e-9;
-            printf("%6lld  %-24s %10.1f %8.2f %8.2f %8.1f%%  %s\n", (long long)Ts[i], c->name,
-                   best[ci][i] * 1e6, gbs, best_copy[ci][i], 100.0 * gbs / best_copy[ci][i], path);
-        }
+    if (repeat64 > 1) {
+        bench_table_head(&o);
+        for (ci = 0; ci < ncfg; ci++)
+            for (i = 0; i < nT; i++) bench_row(&o, (int)cfgs[ci], Ts[i], &best[ci][i], best_copy[ci][i]);
     }
+    if (!o.w) bench_spread(cfgs, ncfg, Ts, nT, best);
 out:
+    if (o.w && o.w->depth) {
+        /* one whole document even when a row failed: its rows so far, and
+         * the failure (the message is on stderr) */
+        if (o.w->depth > 1) jw_end(o.w);
+        if (rc != TOOL_EXIT_OK) jw_str(o.w, "error", "the bench stopped early (stderr says why)");
+        jw_end(o.w);
+    }
     free(csrc);
     free(cdst);
     free(b.experts);

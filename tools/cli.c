@@ -7,8 +7,10 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
+#include "text.h"
 
 /* ---- option parsing ----
  * A number is the whole option value: no leading or trailing space, no
@@ -150,6 +152,83 @@ int report_lib_error(const beam_ops *ops, const char *cmd, const char *what, bea
     fprintf(stderr, "beammoe %s: %s failed: %s: %s\n", cmd, what, beam_status_string(st),
             ops ? ops->last_error() : beam_last_error());
     return TOOL_EXIT_FAIL;
+}
+
+/* ---- --input FILE.safetensors ---- */
+
+int load_input_case(const char *cmd, const char *path, st_file *f, hc_case *p, hc_op *op, st_stored *s)
+{
+    char err[512], shown[1024];
+    if (!st_available()) {
+        fprintf(stderr, "beammoe %s: --input: %s\n", cmd, ST_NO_JSON_C);
+        return TOOL_EXIT_USAGE;
+    }
+    /* the path as printed: a file name may hold escape sequences too */
+    hu_escape(shown, sizeof shown, path, 0);
+    if (st_open(f, path, err, sizeof err)) {
+        fprintf(stderr, "beammoe %s: %s: %s\n", cmd, shown, err);
+        return TOOL_EXIT_USAGE;
+    }
+    if (st_case_load(f, p, op, s, err, sizeof err)) {
+        fprintf(stderr, "beammoe %s: %s: %s\n", cmd, shown, err);
+        st_close(f);
+        return TOOL_EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* ---- timing ---- */
+
+void tool_times_of(double *v, int n, tool_times *t)
+{
+    t->n = n;
+    t->median = hu_median(v, n); /* sorts v */
+    t->min = n > 0 ? v[0] : 0.0;
+    t->max = n > 0 ? v[n - 1] : 0.0;
+}
+
+void warn_load(const char *cmd, int threads)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    double l1 = 0.0;
+    if (!f) return;
+    if (fscanf(f, "%lf", &l1) == 1 && l1 > 0.5)
+        fprintf(stderr,
+                "beammoe %s: warning: load average %.2f as the timing starts (%d threads): other work "
+                "competes for cores and memory, times may be high and spread\n",
+                cmd, l1, threads);
+    fclose(f);
+}
+
+/* ---- backends that cannot be used here ---- */
+
+void backend_unavailable(const char *name, const char *lib_msg, char *out, size_t n)
+{
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    const char *why = strstr(lib_msg, "cannot run here: ");
+    char lib[64];
+    snprintf(lib, sizeof lib, "libbeammoe_%s", name);
+    /* The CUDA runtime says "driver version is insufficient" when it finds
+     * no driver at all (cudaErrorInsufficientDriver): a host without the
+     * NVIDIA kernel driver has no /proc/driver/nvidia. */
+    if (strstr(lib_msg, "driver version is insufficient"))
+        snprintf(out, n, "not available (%s)",
+                 access("/proc/driver/nvidia/version", F_OK) != 0
+                     ? "no NVIDIA driver on this host"
+                     : "the NVIDIA driver on this host is older than the CUDA runtime of this build needs");
+    else if (strstr(lib_msg, "no CUDA-capable device") || strstr(lib_msg, "device count is 0"))
+        snprintf(out, n, "not available (no NVIDIA GPU visible%s%s%s)", env ? ": CUDA_VISIBLE_DEVICES='" : "",
+                 env ? env : "", env ? "'" : "");
+    else if (strstr(lib_msg, "compute capability"))
+        snprintf(out, n, "not available (the GPU is older than compute capability 9.0, which the kernels need)");
+    else if (strstr(lib_msg, "did not load") && strstr(lib_msg, lib) &&
+             strstr(lib_msg, "cannot open shared object file"))
+        snprintf(out, n, "not available (not in this build: %s is not built or not installed)", lib);
+    else if (strstr(lib_msg, "did not load: "))
+        snprintf(out, n, "not available (its library does not load: %s)",
+                 strstr(lib_msg, "did not load: ") + strlen("did not load: "));
+    else
+        snprintf(out, n, "not available (%s)", why ? why + strlen("cannot run here: ") : lib_msg);
 }
 
 /* ---- byte counts (read plus written) ---- */

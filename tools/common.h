@@ -15,6 +15,7 @@
 
 #include "beammoe.h"
 #include "case.h"
+#include "st_case.h"
 
 /* ---- exit statuses shared by every subcommand ----
  * One rule (beammoe --help, README): 2 for what the user gave wrong, 1 for
@@ -58,6 +59,10 @@ int parse_u64(const char *cmd, const char *opt, const char *s, uint64_t *out);
  * seen[] has one zeroed slot per entry of longopts. 0, or prints
  * "beammoe <cmd>: --<name> given twice; ..." and returns -1. */
 struct option;
+/* The end of every command's option table: the options they all take
+ * (--json: a JSON document on stdout instead of the text; --help). */
+#define TOOL_OPTIONS_END                                                                           \
+    {"json", no_argument, NULL, 'j'}, {"help", no_argument, NULL, 'h'}, { NULL, 0, NULL, 0 }
 int option_once(const char *cmd, const struct option *longopts, int li, int opt, unsigned char *seen);
 /* Arguments left after the options: 0 when there are none, else prints
  * "beammoe <cmd>: unexpected argument '<arg>'" and returns -1. */
@@ -83,6 +88,37 @@ int report_lib_error(const beam_ops *ops, const char *cmd, const char *what, bea
  * invalid argument or unsupported (the caller's input, or a backend that is
  * not available) 2, any other error 1. */
 int tool_exit_status(beam_status st);
+
+/* ---- --input FILE.safetensors (audit, run) ---- */
+/* The case of the file at path: 0 with *p, *op and the stored results *s
+ * (they point into f: st_close(f) after them), or the exit status after a
+ * message "beammoe <cmd>: <path>: <why>" on stderr: 2 for a build without
+ * json-c or a file that cannot be used. */
+int load_input_case(const char *cmd, const char *path, st_file *f, hc_case *p, hc_op *op, st_stored *s);
+
+/* ---- timing (run, bench) ---- */
+/* The spread of n timed calls: min, median and max seconds. A median far
+ * above the min, or a max far above the median, says other work shared
+ * the host (docs/tool.md). */
+typedef struct tool_times {
+    double min, median, max;
+    int n;
+} tool_times;
+/* v[0..n) seconds, sorted in place, into *t. */
+void tool_times_of(double *v, int n, tool_times *t);
+/* A warning on stderr when the 1-minute load average is above 0.5 as cmd
+ * starts timing with `threads` threads: other work competes for the cores
+ * and memory, so times may be high and spread. */
+void warn_load(const char *cmd, int threads);
+
+/* ---- backends that cannot be used here ---- */
+/* In plain words, into out: "not available (no NVIDIA driver on this
+ * host)" and the like, from the library's message lib_msg (the
+ * beam_last_error() of a failed beam_backend_ops or beam_set_backend for
+ * backend `name`), which names the CUDA runtime's error and reads as a
+ * version problem on a host that simply has no GPU. An unknown message is
+ * kept: "not available (<lib_msg>)". */
+void backend_unavailable(const char *name, const char *lib_msg, char *out, size_t n);
 
 /* ---- bytes per call, read plus written ---- */
 double bytes_finalize(int64_t T, int32_t K, int32_t H, int post_weight);
