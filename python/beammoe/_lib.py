@@ -12,6 +12,13 @@ libbeammoe (the run-time dispatcher) is found, in order:
 4. ``pkg-config --variable=libdir beammoe`` (an installed library);
 5. ``ctypes.util.find_library("beammoe")`` (the loader's own search).
 
+The libraries installed with the package find each other and what the
+wheel carries beside them (libgomp) through RUNPATH $ORIGIN. What
+libbeammoe_cuda needs from outside, the CUDA runtime and NCCL, is loaded
+first by path from the CUDA wheels PyTorch installs (``nvidia/*/lib/``,
+``torch/lib/`` on ``sys.path``) where the loader would not find it (a
+library already loaded under a soname satisfies that soname).
+
 The dispatcher finds its backends (libbeammoe_cpu.so.0, libbeammoe_cuda.so.0)
 in ``$BEAM_BACKEND_DIR``, beside itself, in its configured libdir, or through
 the loader. Every operation is read from a backend's table, struct beam_ops
@@ -27,8 +34,11 @@ the tables) are plain prototypes (``_PROTOTYPES``).
 """
 import ctypes
 import ctypes.util
+import glob
 import os
+import re
 import subprocess
+import sys
 import threading
 
 from ._errors import raise_for_status
@@ -199,6 +209,38 @@ def _candidates():
     return paths, False
 
 
+def _wheel_dirs(soname):
+    """Where the CUDA wheels (nvidia-*) or torch keep soname, on sys.path."""
+    for d in sys.path:
+        for pattern in ("nvidia/*/lib", "nvidia/*/*/lib", "torch/lib"):
+            for lib in glob.glob(os.path.join(d, pattern, soname)):
+                yield lib
+
+
+def _preload_cuda():
+    """Load by path the CUDA runtime and NCCL that the bundled libbeammoe_cuda
+    names (in its dynamic strings, near the file's start) where the loader
+    would not find them (above)."""
+    cuda = os.path.join(_BUNDLED, "libbeammoe_cuda" + SO_SUFFIX)
+    if not os.path.exists(cuda):
+        return
+    with open(cuda, "rb") as f:
+        wanted = sorted(set(m.decode() for m in re.findall(rb"lib(?:cudart|nccl)\.so\.\d+", f.read(1 << 20))))
+    for soname in wanted:
+        try:
+            ctypes.CDLL(soname)
+            continue
+        except OSError:
+            pass
+        for path in _wheel_dirs(soname):
+            try:
+                ctypes.CDLL(path)
+                break
+            except OSError:
+                continue
+        # not found: libbeammoe_cuda does not load, and the CPU backend runs
+
+
 def _declare(lib, prototypes):
     for name, (res, args) in prototypes.items():
         fn = getattr(lib, name)
@@ -216,6 +258,8 @@ def library():
             return _lib
         paths, explicit = _candidates()
         errors = []
+        if paths and os.path.dirname(os.path.abspath(paths[0])) == _BUNDLED:
+            _preload_cuda()
         for p in paths:
             try:
                 lib = ctypes.CDLL(p)
