@@ -19,13 +19,15 @@ adds to the model's time. Every layer of the graph uses its own buffers
 (cold: the sets together exceed 3x the L2), as consecutive layers do.
 
     python3 bench/gemm_pair.py [--tokens 1,8,64] [--hidden 7168] [--inter 2048]
-                               [--layers 32] [--iters 30]
+                               [--layers 32] [--iters 30] [--json]
 
 GEMM: [T*K, inter] x [inter, hidden] BF16 (K = 8; DeepSeek-V3's expert
 intermediate size 2048 by default; a dense stand-in for the grouped GEMM,
 same output bytes).
 """
 import argparse
+import json
+import sys
 
 import _bench as bench  # the package, PyTorch, the graph timing
 import torch_compare as tc  # the reference, the step's inputs
@@ -50,16 +52,21 @@ def main():
     ap.add_argument("--inter", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json", action="store_true", help="one JSON document on stdout instead of the table "
+                    "(rows: tokens, then min / median / max us per layer of each step)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         bench.die("needs a CUDA device")
     dev = torch.device("cuda")
     h = args.hidden
     beam = STEP.beam(None)  # the package's default strategy
-    print("device: %s, torch %s, beammoe %s; GEMM [T*%d, %d] x [%d, %d] BF16, %d layers per graph" % (
+    head = "device: %s, torch %s, beammoe %s; GEMM [T*%d, %d] x [%d, %d] BF16, %d layers per graph" % (
         torch.cuda.get_device_name(dev), torch.__version__, beammoe.version(), K, args.inter, args.inter, h,
-        args.layers))
-    print("%6s  %12s  %12s  %12s  %14s  %14s" % ("T", "GEMM alone", "+ beammoe", "+ compiled", "beammoe step",
+        args.layers)
+    say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print  # progress on stderr
+    rows = []
+    say(head)
+    say("%6s  %12s  %12s  %12s  %14s  %14s" % ("T", "GEMM alone", "+ beammoe", "+ compiled", "beammoe step",
                                                   "compiled step"))
     with torch.inference_mode():
         for t in [int(v) for v in args.tokens.split(",") if v]:
@@ -76,14 +83,19 @@ def main():
             def with_compiled(a, b, w, r, pw, nw):
                 return compiled(torch.mm(a, b), w, r, pw, nw)
 
-            res = {}
+            res, spread = {}, {}
             for name, fn in (("none", gemm_only), ("beammoe", with_beam), ("compiled", with_compiled)):
-                res[name] = bench.graph_stats_us(fn, sets, args.layers, args.iters)[0]
-            print("%6d  %9.2f us  %9.2f us  %9.2f us  %11.2f us  %11.2f us" % (
+                med, low, high = bench.graph_stats_us(fn, sets, args.layers, args.iters)
+                res[name], spread[name] = med, {"us_min": round(low, 3), "us": round(med, 3), "us_max": round(high, 3)}
+            rows.append(dict(tokens=t, **spread))
+            say("%6d  %9.2f us  %9.2f us  %9.2f us  %11.2f us  %11.2f us" % (
                 t, res["none"], res["beammoe"], res["compiled"], res["beammoe"] - res["none"],
                 res["compiled"] - res["none"]), flush=True)
             del sets
             torch.cuda.empty_cache()
+    if args.json:
+        json.dump({"format": "beammoe-gemm-pair/1", "run": head, "rows": rows}, sys.stdout, indent=1)
+        print()
 
 
 if __name__ == "__main__":

@@ -13,13 +13,15 @@ synchronization at the end; at tokens = 1 the kernel takes a few microseconds,
 so the loop's rate is the host's.
 
     python3 bench/python_overhead.py [--device cpu|cuda] [--tokens 0,1] [--hidden 7168]
-                                     [--iters 20000] [--repeats 7]
+                                     [--iters 20000] [--repeats 7] [--json]
 
 Run from a build tree with PYTHONPATH=python (and, if the package is not
 installed, nothing else: it finds ../.libs), or with the installed package.
 """
 import argparse
+import json
 import statistics
+import sys
 import time
 
 import _bench as bench  # the package (the source tree's when none is installed), PyTorch
@@ -27,8 +29,8 @@ from _bench import beammoe, torch
 
 
 def per_call_us(fn, iters, repeats, sync):
-    """(median, min) over `repeats` of the mean time of one call in a loop of
-    `iters` (the minimum is the better figure on a busy host)."""
+    """(min, median, max) over `repeats` of the mean time of one call in a
+    loop of `iters` (the minimum is the better figure on a busy host)."""
     for _ in range(max(10, iters // 20)):
         fn()
     sync()
@@ -39,7 +41,7 @@ def per_call_us(fn, iters, repeats, sync):
             fn()
         sync()
         times.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(times), min(times)
+    return min(times), statistics.median(times), max(times)
 
 
 def c_call(g, w, T, K, H, residual, pw, nw):
@@ -79,15 +81,18 @@ def main():
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--json", action="store_true",
+                    help="one JSON document on stdout instead of the table (rows: tokens, call, min, median, max us)")
     args = ap.parse_args()
 
     dev = torch.device(bench.device(args.device))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     K, H = args.top_k, args.hidden
-    print("python_overhead: torch %s, beammoe %s (%s), device %s, K=%d H=%d, %d iterations x %d"
-          % (torch.__version__, beammoe.version(), beammoe.library_path(), dev, K, H, args.iters,
-             args.repeats))
-    print("%-6s %-44s %10s %10s" % ("tokens", "call", "median us", "min us"))
+    head = ("python_overhead: torch %s, beammoe %s (%s), device %s, K=%d H=%d, %d iterations x %d"
+            % (torch.__version__, beammoe.version(), beammoe.library_path(), dev, K, H, args.iters, args.repeats))
+    say = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print  # progress on stderr
+    say(head)
+    say("%-6s %-44s %10s %10s %10s" % ("tokens", "call", "min us", "median us", "max us"))
     rows = []
     with torch.inference_mode():
         for T in [int(t) for t in args.tokens.split(",")]:
@@ -125,18 +130,24 @@ def main():
                 ("torch.empty_like(residual)", lambda: torch.empty_like(residual)),
             ]
             for name, fn in cases:
-                med, low = per_call_us(fn, args.iters, args.repeats, sync)
-                rows.append((T, name, med))
-                print("%-6d %-44s %10.2f %10.2f" % (T, name, med, low), flush=True)
-    by = {(t, n): us for t, n, us in rows}
+                low, med, high = per_call_us(fn, args.iters, args.repeats, sync)
+                rows.append((T, name.strip(), low, med, high))
+                say("%-6d %-44s %10.2f %10.2f %10.2f" % (T, name, low, med, high), flush=True)
+    if args.json:
+        json.dump({"format": "beammoe-python-overhead/1", "run": head, "device": str(dev), "top_k": K, "hidden": H,
+                   "rows": [{"tokens": t, "call": n, "us_min": round(lo, 3), "us": round(m, 3),
+                             "us_max": round(hi, 3)} for t, n, lo, m, hi in rows]}, sys.stdout, indent=1)
+        print()
+        return
+    by = {(t, n): us for t, n, _, us, _ in rows}
     print()
-    for T in sorted({t for t, _, _ in rows}):
+    for T in sorted({r[0] for r in rows}):
         f = by[(T, "beam_moe_finalize_norm_residual_norm")]
         a = by[(T, "torch.add(residual, residual)")]
-        c = by.get((T, "  the C call alone (ctypes, arguments ready)"))
+        c = by.get((T, "the C call alone (ctypes, arguments ready)"))
         print("tokens=%d, medians: fused op %.2f us per call%s, torch.add %.2f us: %.2fx"
               % (T, f, "" if c is None else " (Python side %.2f us, library %.2f us)" % (f - c, c), a, f / a))
-        p = by.get((T, "  prepared call (inplace, outputs reused)"))
+        p = by.get((T, "prepared call (inplace, outputs reused)"))
         if p is not None:
             print("tokens=%d, medians: prepared call %.2f us per call%s, torch.add %.2f us: %.2fx"
                   % (T, p, "" if c is None else " (Python side %.2f us)" % (p - c), a, p / a))
