@@ -16,18 +16,6 @@
 const char *const bm_agree_names[BM_AGREE_N] = {
     "tokens", "top_k", "hidden", "strategy", "routed_scale", "scales", "post_norm", "next_norm", "quant"};
 
-const char *bm_strategy_name(beam_strategy s)
-{
-    switch (s) {
-    case BEAM_STRATEGY_AUTO: return "AUTO";
-    case BEAM_STRATEGY_FUSED: return "FUSED";
-    case BEAM_STRATEGY_UNFUSED: return "UNFUSED";
-    case BEAM_STRATEGY_ONESHOT: return "ONESHOT";
-    case BEAM_STRATEGY_TWOSHOT: return "TWOSHOT";
-    }
-    return "?";
-}
-
 static const char *bm_kind_name(int kind)
 {
     switch (kind) {

@@ -131,6 +131,18 @@ beam_status bm_check_pointers(const char *fn, const bm_ptr *p, int n)
     return BEAM_OK;
 }
 
+const char *bm_strategy_name(beam_strategy s)
+{
+    switch (s) {
+    case BEAM_STRATEGY_AUTO: return "AUTO";
+    case BEAM_STRATEGY_FUSED: return "FUSED";
+    case BEAM_STRATEGY_UNFUSED: return "UNFUSED";
+    case BEAM_STRATEGY_ONESHOT: return "ONESHOT";
+    case BEAM_STRATEGY_TWOSHOT: return "TWOSHOT";
+    }
+    return "?";
+}
+
 beam_status bm_check_strategy(const char *fn, beam_strategy s, int gather)
 {
     int ok;

@@ -1,7 +1,8 @@
 /*
  * audit.h - what `beammoe audit`'s built-in sweep (audit.c) and its audit
  * of a file (audit_input.c) share: the backends' tables, the rows of one
- * case, the backends line.
+ * case, the backends line; and the two entries its command (audit_cmd.c)
+ * takes.
  */
 #ifndef BEAMMOE_TOOLS_AUDIT_H
 #define BEAMMOE_TOOLS_AUDIT_H
@@ -43,6 +44,10 @@ void audit_begin(jw *w, const audit_view *v, const char *input, uint64_t seed, i
  * (-1: not counted), the seconds; closes the JSON document. Returns the
  * exit status (0 every row matches, 1 a mismatch or an error row). */
 int audit_end(jw *w, tally *t, int cases, const char *what, int64_t ties, double seconds);
+
+/* The built-in sweep (audit.c): the exit status (0 all match, 1 a mismatch
+ * or library error). */
+int audit_sweep(const audit_view *v, int quick, uint64_t seed);
 
 /* `beammoe audit --input path`: the exit status (0 all match, 1 a
  * mismatch or library error, 2 the file cannot be used). */

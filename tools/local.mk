@@ -6,7 +6,7 @@
 # reference, the runner, device memory, safetensors files).
 bin_PROGRAMS += tools/beammoe
 tools_beammoe_SOURCES = \
-	tools/beammoe.c tools/audit.c tools/audit_fp8.c tools/audit_input.c tools/audit_rows.c tools/gather.c \
+	tools/beammoe.c tools/audit.c tools/audit_cmd.c tools/audit_fp8.c tools/audit_input.c tools/audit_rows.c tools/gather.c \
 	tools/run.c tools/bench.c tools/bench_host.c tools/cli.c tools/json_out.c tools/streams.c \
 	tools/audit.h tools/audit_fp8.h tools/audit_rows.h tools/bench_host.h tools/common.h tools/gather.h tools/json_out.h \
 	tools/omp_shim.h
