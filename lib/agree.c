@@ -63,17 +63,18 @@ static uint64_t bm_norm_word(const bm_norm *n)
 void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N])
 {
     const int scaled = a->q.scale != 0.0f; /* the kinds that take quant->scale (lib/quant_forms.def) */
-    words[0] = (uint64_t)a->tokens;
-    words[1] = (uint64_t)(uint32_t)a->top_k;
-    words[2] = (uint64_t)(uint32_t)a->hidden;
-    words[3] = (uint64_t)(uint32_t)strategy;
-    words[4] = bm_bits(a->routed_scale);
-    words[5] = a->has_scales ? bm_bits(a->scale_x) << 32 | bm_bits(a->scale_r) : BM_AGREE_NONE;
-    words[6] = bm_norm_word(&a->post);
-    words[7] = bm_norm_word(&a->next);
-    words[8] = a->q.kind ? (uint64_t)(uint32_t)a->q.kind | (uint64_t)(a->q.group & 0xFFFF) << 8 |
-                               (uint64_t)(a->q.ue8m0 != 0) << 24 | (scaled ? bm_bits(a->q.scale) << 32 : 0)
-                         : 0;
+    words[BM_AGREE_TOKENS] = (uint64_t)a->tokens;
+    words[BM_AGREE_TOP_K] = (uint64_t)(uint32_t)a->top_k;
+    words[BM_AGREE_HIDDEN] = (uint64_t)(uint32_t)a->hidden;
+    words[BM_AGREE_STRATEGY] = (uint64_t)(uint32_t)strategy;
+    words[BM_AGREE_ROUTED_SCALE] = bm_bits(a->routed_scale);
+    words[BM_AGREE_SCALES] = a->has_scales ? bm_bits(a->scale_x) << 32 | bm_bits(a->scale_r) : BM_AGREE_NONE;
+    words[BM_AGREE_POST_NORM] = bm_norm_word(&a->post);
+    words[BM_AGREE_NEXT_NORM] = bm_norm_word(&a->next);
+    words[BM_AGREE_QUANT] = a->q.kind ? (uint64_t)(a->q.kind & 0xFF) | (uint64_t)(a->q.group & 0xFFFF) << 8 |
+                                            (uint64_t)(a->q.ue8m0 != 0) << 24 |
+                                            (scaled ? bm_bits(a->q.scale) << 32 : 0)
+                                      : 0;
 }
 
 static bm_norm bm_norm_from(const beam_norm *n)
@@ -130,21 +131,21 @@ const char *bm_agree_text(int i, uint64_t w, char *text, size_t size)
     char a[32], b[32];
     if (i < 0 || i >= BM_AGREE_N) return NULL;
     if (!text || size == 0) return bm_agree_names[i];
-    if (w == BM_AGREE_NONE || (i == 8 && w == 0)) {
+    if (w == BM_AGREE_NONE || (i == BM_AGREE_QUANT && w == 0)) {
         snprintf(text, size, "none");
         return bm_agree_names[i];
     }
     switch (i) {
-    case 3: snprintf(text, size, "%s", bm_strategy_name((beam_strategy)(uint32_t)w)); break;
-    case 4: bm_float_text(w, text, size); break;
-    case 5:
+    case BM_AGREE_STRATEGY: snprintf(text, size, "%s", bm_strategy_name((beam_strategy)(uint32_t)w)); break;
+    case BM_AGREE_ROUTED_SCALE: bm_float_text(w, text, size); break;
+    case BM_AGREE_SCALES:
         snprintf(text, size, "(%s, %s)", bm_float_text(w >> 32, a, sizeof a), bm_float_text(w, b, sizeof b));
         break;
-    case 6:
-    case 7:
+    case BM_AGREE_POST_NORM:
+    case BM_AGREE_NEXT_NORM:
         snprintf(text, size, "eps %s %s weight", bm_float_text(w, a, sizeof a), w >> 32 ? "with" : "without");
         break;
-    case 8:
+    case BM_AGREE_QUANT:
         snprintf(text, size, "%s group %d%s%s%s", bm_kind_name((int)(w & 0xFF)), (int)(w >> 8 & 0xFFFF),
                  w >> 24 & 1 ? " UE8M0" : "", w >> 32 ? " scale " : "",
                  w >> 32 ? bm_float_text(w >> 32, a, sizeof a) : "");

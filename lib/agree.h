@@ -23,10 +23,22 @@
 extern "C" {
 #endif
 
-enum { BM_AGREE_N = BEAM_AGREEMENT_WORDS };
+/* The words, in order. */
+enum {
+    BM_AGREE_TOKENS,
+    BM_AGREE_TOP_K,
+    BM_AGREE_HIDDEN,
+    BM_AGREE_STRATEGY,
+    BM_AGREE_ROUTED_SCALE,
+    BM_AGREE_SCALES,
+    BM_AGREE_POST_NORM,
+    BM_AGREE_NEXT_NORM,
+    BM_AGREE_QUANT,
+    BM_AGREE_N
+};
+typedef char bm_agree_n_is_public[BM_AGREE_N == BEAM_AGREEMENT_WORDS ? 1 : -1];
 
-/* The names of the words, in order: tokens, top_k, hidden, strategy,
- * routed_scale, scales, post_norm, next_norm, quant. */
+/* The names of the words, in order. */
 extern const char *const bm_agree_names[BM_AGREE_N];
 
 /* The agreement of a checked call with strategy (after AUTO's choice). */
