@@ -149,8 +149,10 @@ else:
         r = subprocess.run([sys.executable, importer, "--import-cpu-bench", text, "--json",
                             os.path.join(tmp, "bench.json")], stderr=subprocess.PIPE, universal_newlines=True)
         recs = json.load(open(os.path.join(tmp, "bench.json")))["records"] if r.returncode == 0 else []
+        # the path column names the row kernels that ran ("... next-norm",
+        # "portable loops" with -DBEAM_SCALAR_ROWS): read whole, not parsed
         check([(x["config"], x["T"]) for x in recs] == [("fused next", 1), ("finalize", 1)]
-              and recs[0]["path"].endswith("next-norm"),
+              and all(x["path"] for x in recs),
               "bench: its text rows still read with perf-report.py --import-cpu-bench", r.stderr)
     d, rc = doc("bench", "--min-time", "0", "--tokens", "1", "--config", "9")
     if d is not None:
