@@ -5,7 +5,7 @@
  *   shape_sweep check   the hardware BF16 conversion against the integer
  *                       formula for every FP32 value, the quantized
  *                       output's arithmetic (fp8_check.cuh), then every compiled
- *                       launch shape (gpu/launch.cu BM_SHAPES, BM_PIPES,
+ *                       launch shape (gpu/launch_shapes.h BM_SHAPES, BM_PIPES,
  *                       BM_NRNS)
  *                       against harness/naive_ref.c, bit for bit, on random
  *                       cases (special values, NaN padding rows, misaligned

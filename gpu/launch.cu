@@ -1,52 +1,15 @@
 /*
- * launch.cu - the compiled launch shapes of the row kernels, the choice
- * among them, and the one helper that launches any of them (internal).
+ * launch.cu - the choice among the row kernels' compiled shapes
+ * (launch_shapes.h, gpu/shapes.def) and the one helper that launches any of
+ * them through its family's launcher (launch_row.cu, launch_pipe.cu,
+ * launch_nrn.cu) (internal).
  */
 #include <limits.h>
 
 #include <atomic>
 
-#include "launch.h"
-#include "nrn_kernel.cuh"
-#include "pipe_kernel.cuh"
-#include "row_kernel.cuh"
+#include "launch_shapes.h"
 #include "tp_shape.h"
-
-/* Every row-kernel shape (NT, J, U, CS) instantiated, each in a vector and a
- * scalar version: the shapes bm_pick_shape returns (decode: one chunk per
- * thread, clusters of 1 to 8; prefill with hidden <= 4096) and the
- * row-kernel twins of the pipelined and nrn shapes (bases not 16-byte
- * aligned). Compiled into bench/shape_sweep, beside these: the candidates
- * it times against them (bench/sweep_launch.cu, BM_SWEEP_*). */
-#ifndef BM_SWEEP_SHAPES
-#define BM_SWEEP_SHAPES(X)
-#define BM_SWEEP_PIPES(X)
-#define BM_SWEEP_NRNS(X)
-#endif
-#define BM_SHAPES(X)                                                          \
-    X(32, 1, 8, 1) X(64, 1, 8, 1) X(128, 1, 8, 1) X(256, 1, 8, 1)              \
-    X(64, 1, 8, 2) X(64, 1, 8, 4) X(64, 1, 8, 8) X(128, 1, 8, 2)               \
-    X(128, 1, 8, 4) X(128, 1, 8, 8) X(256, 1, 8, 2) X(256, 1, 8, 4)            \
-    X(512, 1, 8, 2)                                                            \
-    X(128, 2, 4, 1) X(256, 2, 4, 1) X(256, 4, 2, 1) X(512, 2, 2, 1)            \
-    X(128, 4, 2, 1) BM_SWEEP_SHAPES(X)
-
-/* Pipelined shapes (NT, J, D, MB): prefill, vector path; MB resident blocks
- * per multiprocessor asked of the compiler (__launch_bounds__), 1: none. */
-#define BM_PIPES(X)                                                           \
-    X(256, 4, 2, 1) X(256, 4, 3, 1) X(256, 4, 4, 1) X(512, 2, 3, 1)            \
-    X(512, 2, 4, 3) X(128, 4, 4, 1) X(256, 2, 4, 1) X(128, 2, 4, 1)            \
-    X(128, 2, 4, 8) BM_SWEEP_PIPES(X)
-
-/* norm_residual_norm's prefill shapes (NT, J, MB, HINT, PK, PF): MB
- * resident blocks per multiprocessor asked of the compiler; HINT the L2
- * policy of the row loads; PK 1: the row held as packed BF16 bits; PF 1:
- * the block's next row of the grid-stride loop requested into L2 at the
- * row's start (none with a grid of one block per row: nrn_kernel.cuh). */
-#define BM_NRNS(X)                                                            \
-    X(512, 2, 2, 2, 0, 0) X(256, 2, 4, 1, 0, 0) X(128, 2, 8, 1, 0, 0)          \
-    X(128, 2, 8, 2, 0, 0) X(128, 8, 4, 2, 1, 0) X(128, 4, 8, 1, 1, 0)          \
-    X(128, 8, 4, 1, 1, 1) BM_SWEEP_NRNS(X)
 
 static int next_pow2(int c)
 {
@@ -58,7 +21,7 @@ static int next_pow2(int c)
 
 /* Multiprocessors of the current device, asked once per device (a host-side
  * attribute query, legal during graph capture). */
-static int bm_device_sms(void)
+int bm_device_sms(void)
 {
     enum { MAX_DEV = 64 };
     static std::atomic<int> sms[MAX_DEV];
@@ -233,66 +196,6 @@ int bm_params_vec_ok(const bm_row_params &p, const bm_quant *q)
     return 1;
 }
 
-/* The pipelined kernel: its dynamic shared memory limit raised once per
- * device, and a persistent grid of one wave (multiprocessors x resident
- * blocks from the occupancy API), both cached per device (host-side
- * attribute calls, not stream work: legal during graph capture). */
-template <int NT, int J, int D, int MB, bool FIN, int Q>
-static cudaError_t bm_go_pipe(const typename bm_kparams<Q>::type &p, int pdl, cudaStream_t stream)
-{
-    enum { MAX_DEV = 64 };
-    static std::atomic<int> wave[MAX_DEV];
-    const size_t smem = (size_t)D * J * NT * 16;
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return e;
-    if (dev < 0 || dev >= MAX_DEV)
-        return cudaErrorInvalidDevice;
-    int w = wave[dev].load(std::memory_order_relaxed);
-    if (w == 0) {
-        int per_sm = 0;
-        e = cudaFuncSetAttribute(bm_pipe_kernel<NT, J, D, MB, FIN, Q>,
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bm_pipe_kernel<NT, J, D, MB, FIN, Q>,
-                                                              NT, smem);
-        if (e != cudaSuccess)
-            return e;
-        w = bm_device_sms() * (per_sm > 0 ? per_sm : 1);
-        wave[dev].store(w, std::memory_order_relaxed);
-    }
-    const int64_t grid = p.rows < (int64_t)w ? p.rows : (int64_t)w;
-    return bm_launch(bm_pipe_kernel<NT, J, D, MB, FIN, Q>, p, (unsigned)grid, NT, 1, smem, pdl, stream);
-}
-
-/* ... finalize or not, with the kernels of the call's form */
-template <int NT, int J, int D, int MB>
-static cudaError_t bm_go_pipe_fin(const bm_row_params_q &pq, int pdl, cudaStream_t stream)
-{
-    return bm_with_form(pq.q.kind, [&](auto qf) {
-        constexpr int Q = decltype(qf)::value;
-        return pq.experts ? bm_go_pipe<NT, J, D, MB, true, Q>(bm_kp<Q>(static_cast<const bm_row_params &>(pq), pq), pdl, stream)
-                          : bm_go_pipe<NT, J, D, MB, false, Q>(bm_kp<Q>(static_cast<const bm_row_params &>(pq), pq), pdl, stream);
-    });
-}
-
-/* The row kernel of one shape: vector or scalar path, finalize or not,
- * the kernels of the call's form. */
-template <int NT, int J, int U, int CS>
-static cudaError_t bm_go_row(const bm_row_params_q &pq, unsigned blocks, int pdl, int vec, cudaStream_t stream)
-{
-    return bm_with_form(pq.q.kind, [&](auto qf) {
-        constexpr int Q = decltype(qf)::value;
-        const typename bm_kparams<Q>::type &p = bm_kp<Q>(static_cast<const bm_row_params &>(pq), pq);
-        if (p.experts)
-            return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, true, Q>, p, blocks, NT, CS, 0, pdl, stream)
-                       : bm_launch(bm_row_kernel<NT, J, U, CS, false, true, Q>, p, blocks, NT, CS, 0, pdl, stream);
-        return vec ? bm_launch(bm_row_kernel<NT, J, U, CS, true, false, Q>, p, blocks, NT, CS, 0, pdl, stream)
-                   : bm_launch(bm_row_kernel<NT, J, U, CS, false, false, Q>, p, blocks, NT, CS, 0, pdl, stream);
-    });
-}
-
 cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
                            cudaStream_t stream, const bm_quant *q)
 {
@@ -307,37 +210,17 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
         /* one row per block; rows beyond the grid: a grid-stride loop */
         const int64_t cap = (int64_t)(INT_MAX / 8);
         const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap);
-#define BM_SGO(NT, J, MB, HINT, PK, PF)                                                             \
-        if (s.nt == NT && s.j == J && s.mb == MB && s.st == bm_nrn_st(HINT, PK, PF))                  \
-            return bm_with_form(pq.q.kind, [&](auto qf) {                                             \
-                constexpr int Q = decltype(qf)::value;                                                \
-                return bm_launch(bm_nrn_kernel<NT, J, MB, HINT, Q, PK, PF>, bm_kp<Q>(p, pq), blocks, NT, 1, 0, \
-                                 s.pdl, stream);                                                      \
-            });
-        BM_NRNS(BM_SGO)
-#undef BM_SGO
-        return cudaErrorInvalidConfiguration;
+        return bm_launch_nrn_family(pq, s, blocks, stream);
     }
-    if (s.d > 0 && vec && s.cs == 1) {
-#define BM_PGO(NT, J, D, MB)                                                      \
-        if (s.nt == NT && s.j == J && s.d == D && s.mb == MB)                     \
-            return bm_go_pipe_fin<NT, J, D, MB>(pq, s.pdl, stream);
-        BM_PIPES(BM_PGO)
-#undef BM_PGO
-        return cudaErrorInvalidConfiguration;
-    }
+    if (s.d > 0 && vec && s.cs == 1)
+        return bm_launch_pipe_family(pq, s, stream);
     if (s.d > 0 || s.st > 0)
         s = bm_row_twin(s); /* a base not 16-byte aligned, or rows the nrn kernel does not take */
     /* One row (or one cluster per row) per block; rows beyond the grid are
      * taken by a grid-stride loop. */
     const int64_t cap = (int64_t)(INT_MAX / 8);
     const unsigned blocks = (unsigned)(p.rows < cap ? p.rows : cap) * (unsigned)s.cs;
-#define BM_GO(NT, J, U, CS)                                                       \
-    if (s.nt == NT && s.j == J && s.u == U && s.cs == CS)                         \
-        return bm_go_row<NT, J, U, CS>(pq, blocks, s.pdl, vec, stream);
-    BM_SHAPES(BM_GO)
-#undef BM_GO
-    return cudaErrorInvalidConfiguration;
+    return bm_launch_row_family(pq, s, blocks, vec, stream);
 }
 
 /* Load every row kernel now. Under CUDA's lazy module loading (the default
@@ -348,29 +231,8 @@ cudaError_t bm_launch_rows(const bm_row_params &p, bm_shape s, int vec,
  * (cudaFuncGetAttributes loads a function). */
 cudaError_t bm_preload_rows(void)
 {
-    cudaError_t e = cudaSuccess;
-    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
-#define BM_PRE_ROW(NT, J, U, CS)                                                      \
-    bm_each_form([&](auto qf) {                                                       \
-        constexpr int Q = decltype(qf)::value;                                        \
-        pre(bm_row_kernel<NT, J, U, CS, true, true, Q>);                              \
-        pre(bm_row_kernel<NT, J, U, CS, false, true, Q>);                             \
-        pre(bm_row_kernel<NT, J, U, CS, true, false, Q>);                             \
-        pre(bm_row_kernel<NT, J, U, CS, false, false, Q>);                            \
-    });
-#define BM_PRE_PIPE(NT, J, D, MB)                                                     \
-    bm_each_form([&](auto qf) {                                                       \
-        constexpr int Q = decltype(qf)::value;                                        \
-        pre(bm_pipe_kernel<NT, J, D, MB, true, Q>);                                   \
-        pre(bm_pipe_kernel<NT, J, D, MB, false, Q>);                                  \
-    });
-#define BM_PRE_NRN(NT, J, MB, HINT, PK, PF)                                           \
-    bm_each_form([&](auto qf) { pre(bm_nrn_kernel<NT, J, MB, HINT, decltype(qf)::value, PK, PF>); });
-    BM_SHAPES(BM_PRE_ROW)
-    BM_PIPES(BM_PRE_PIPE)
-    BM_NRNS(BM_PRE_NRN)
-#undef BM_PRE_ROW
-#undef BM_PRE_PIPE
-#undef BM_PRE_NRN
+    cudaError_t e = bm_preload_row();
+    if (e == cudaSuccess) e = bm_preload_pipe();
+    if (e == cudaSuccess) e = bm_preload_nrn();
     return e;
 }

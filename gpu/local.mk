@@ -10,8 +10,12 @@
 # from $(srcdir), objects go to the build dir. The .cu sources and headers
 # are distributed by the top Makefile.am in every configuration.
 
-BEAM_GPU_OBJS = gpu/launch.lo gpu/backend_cuda.lo
-BEAM_CU_DEPFILES += gpu/$(DEPDIR)/launch.Plo gpu/$(DEPDIR)/backend_cuda.Plo
+# the row kernels in one file per family (launch_shapes.h), so that make -j
+# compiles them side by side
+BEAM_GPU_OBJS = gpu/launch.lo gpu/launch_row.lo gpu/launch_pipe.lo gpu/launch_nrn.lo gpu/backend_cuda.lo
+BEAM_GPU_DEPS = gpu/$(DEPDIR)/launch.Plo gpu/$(DEPDIR)/launch_row.Plo gpu/$(DEPDIR)/launch_pipe.Plo \
+	gpu/$(DEPDIR)/launch_nrn.Plo gpu/$(DEPDIR)/backend_cuda.Plo
+BEAM_CU_DEPFILES += $(BEAM_GPU_DEPS)
 
 lib_LTLIBRARIES += libbeammoe_cuda.la
 BEAM_BACKEND_LIBS += libbeammoe_cuda.la
@@ -24,9 +28,10 @@ libbeammoe_cuda_la_LIBADD = $(BEAM_GPU_OBJS) $(CUDA_LIBS) -lstdc++
 libbeammoe_cuda_la_DEPENDENCIES = $(BEAM_GPU_OBJS)
 libbeammoe_cuda_la_LDFLAGS = $(BEAM_EXPORTS) $(CUDA_LDFLAGS) $(PTHREAD_CFLAGS)
 
-CLEANFILES += $(BEAM_GPU_OBJS) gpu/launch.o gpu/backend_cuda.o \
-	gpu/.libs/launch.o gpu/.libs/backend_cuda.o
-DISTCLEANFILES += gpu/$(DEPDIR)/launch.Plo gpu/$(DEPDIR)/backend_cuda.Plo
+CLEANFILES += $(BEAM_GPU_OBJS) gpu/launch.o gpu/launch_row.o gpu/launch_pipe.o gpu/launch_nrn.o \
+	gpu/backend_cuda.o gpu/.libs/launch.o gpu/.libs/launch_row.o gpu/.libs/launch_pipe.o \
+	gpu/.libs/launch_nrn.o gpu/.libs/backend_cuda.o
+DISTCLEANFILES += $(BEAM_GPU_DEPS)
 
 # ---- bench/cuda_bench: copy bandwidth, then each op over CUDA graph replays
 # (public API + cudart, the harness's check macros and GPU probe; run it on
@@ -39,7 +44,7 @@ bench_cuda_bench_LDADD = harness/libharness_cuda.la harness/libharness.la libbea
 EXTRA_bench_cuda_bench_DEPENDENCIES = libbeammoe_cuda.la
 
 # ---- bench/shape_sweep: every compiled launch shape checked and timed (a
-# contributor's tool, docs/PERF.md): drives gpu/launch.cu without lib/, so
+# contributor's tool, docs/PERF.md): drives gpu/launch*.cu without lib/, so
 # it links its own compile of it, bench/sweep_launch.cu (the library's
 # shapes and the candidates only the sweep times), and the harness (its
 # naive reference, its check macros, its model of the quantized output).

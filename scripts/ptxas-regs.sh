@@ -1,5 +1,5 @@
 #!/bin/sh
-# ptxas-regs.sh - what ptxas gave each kernel of gpu/launch.cu (registers,
+# ptxas-regs.sh - what ptxas gave each row kernel (gpu/launch_*.cu) (registers,
 # stack frame, spill stores and loads), against a recorded list.
 #
 # Why: the kernels' speed can move with their register allocation alone.
@@ -10,7 +10,7 @@
 # before a GPU run.
 #
 # usage: ptxas-regs.sh LOG RECORD TOOLKIT [update]
-#   LOG      the output of nvcc -Xptxas -v for gpu/launch.cu
+#   LOG      the output of nvcc -Xptxas -v for bench/sweep_launch.cu (every row kernel)
 #   RECORD   the recorded list (gpu/ptxas-regs.txt)
 #   TOOLKIT  nvcc's version line (the list holds for that toolkit only)
 #   update   write the list from LOG instead of comparing
@@ -44,10 +44,10 @@ if test "$(head -1 "$record")" != "# toolkit: $toolkit"; then
     exit 77
 fi
 if tail -n +2 "$record" | cmp -s - "$now"; then
-    echo "ptxas-regs.sh: the $(wc -l < "$now") kernels of gpu/launch.cu as recorded"
+    echo "ptxas-regs.sh: the $(wc -l < "$now") row kernels as recorded"
     exit 0
 fi
-echo "ptxas-regs.sh: kernels of gpu/launch.cu whose allocation changed (< recorded, > now);"
+echo "ptxas-regs.sh: row kernels whose allocation changed (< recorded, > now);"
 echo "time them (bench/cuda_bench, bench/shape_sweep perf) before recording (make ptxas-regs PTXAS_UPDATE=update):"
 tail -n +2 "$record" | diff - "$now" | grep '^[<>]' | c++filt
 exit 1
