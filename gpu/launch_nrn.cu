@@ -22,11 +22,8 @@ cudaError_t bm_launch_nrn_family(const bm_row_params_q &pq, bm_shape s, unsigned
 
 cudaError_t bm_preload_nrn(void)
 {
-    cudaError_t e = cudaSuccess;
-    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
 #define BM_PRE_NRN(NT, J, MB, HINT, PK, PF)                                           \
     bm_each_form([&](auto qf) { pre(bm_nrn_kernel<NT, J, MB, HINT, decltype(qf)::value, PK, PF>); });
-    BM_NRNS(BM_PRE_NRN)
+    BM_PRELOAD_FAMILY(BM_NRNS, BM_PRE_NRN)
 #undef BM_PRE_NRN
-    return e;
 }

@@ -63,15 +63,12 @@ cudaError_t bm_launch_pipe_family(const bm_row_params_q &pq, bm_shape s, cudaStr
 
 cudaError_t bm_preload_pipe(void)
 {
-    cudaError_t e = cudaSuccess;
-    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
 #define BM_PRE_PIPE(NT, J, D, MB)                                                     \
     bm_each_form([&](auto qf) {                                                       \
         constexpr int Q = decltype(qf)::value;                                        \
         pre(bm_pipe_kernel<NT, J, D, MB, true, Q>);                                   \
         pre(bm_pipe_kernel<NT, J, D, MB, false, Q>);                                  \
     });
-    BM_PIPES(BM_PRE_PIPE)
+    BM_PRELOAD_FAMILY(BM_PIPES, BM_PRE_PIPE)
 #undef BM_PRE_PIPE
-    return e;
 }

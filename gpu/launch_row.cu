@@ -35,8 +35,6 @@ cudaError_t bm_launch_row_family(const bm_row_params_q &pq, bm_shape s, unsigned
 
 cudaError_t bm_preload_row(void)
 {
-    cudaError_t e = cudaSuccess;
-    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
 #define BM_PRE_ROW(NT, J, U, CS)                                                      \
     bm_each_form([&](auto qf) {                                                       \
         constexpr int Q = decltype(qf)::value;                                        \
@@ -45,7 +43,6 @@ cudaError_t bm_preload_row(void)
         pre(bm_row_kernel<NT, J, U, CS, true, false, Q>);                             \
         pre(bm_row_kernel<NT, J, U, CS, false, false, Q>);                            \
     });
-    BM_SHAPES(BM_PRE_ROW)
+    BM_PRELOAD_FAMILY(BM_SHAPES, BM_PRE_ROW)
 #undef BM_PRE_ROW
-    return e;
 }

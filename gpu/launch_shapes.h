@@ -56,6 +56,13 @@ cudaError_t bm_launch_nrn_family(const bm_row_params_q &pq, bm_shape s, unsigned
 cudaError_t bm_launch_pipe_family(const bm_row_params_q &pq, bm_shape s, cudaStream_t stream);
 cudaError_t bm_launch_row_family(const bm_row_params_q &pq, bm_shape s, unsigned blocks, int vec,
                                  cudaStream_t stream);
+/* The body of a family's preload: bm_preload of every kernel that ONE(shape)
+ * names, for each shape of LIST, through `pre` (one error kept). */
+#define BM_PRELOAD_FAMILY(LIST, ONE)                            \
+    cudaError_t e = cudaSuccess;                                \
+    auto pre = [&](auto kernel) { bm_preload(e, kernel); };     \
+    LIST(ONE)                                                   \
+    return e;
 cudaError_t bm_preload_nrn(void);
 cudaError_t bm_preload_pipe(void);
 cudaError_t bm_preload_row(void);
