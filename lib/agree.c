@@ -77,17 +77,6 @@ void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N])
                                       : 0;
 }
 
-static bm_norm bm_norm_from(const beam_norm *n)
-{
-    bm_norm out = {0, NULL, 0.0f};
-    if (n) {
-        out.on = 1;
-        out.weight = n->weight;
-        out.eps = n->eps;
-    }
-    return out;
-}
-
 BEAM_API beam_status beam_gather_agreement(int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
                                            const beam_norm *post_norm, const float *scales,
                                            const beam_norm *next_norm, const beam_quant *quant,
@@ -100,8 +89,8 @@ BEAM_API beam_status beam_gather_agreement(int64_t tokens, int32_t top_k, int32_
     a.top_k = top_k;
     a.hidden = hidden;
     a.routed_scale = routed_scale;
-    a.post = bm_norm_from(post_norm);
-    a.next = bm_norm_from(next_norm);
+    a.post = bm_norm_of(post_norm);
+    a.next = bm_norm_of(next_norm);
     a.has_scales = scales != NULL;
     if (scales) {
         a.scale_x = scales[0];

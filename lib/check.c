@@ -52,17 +52,23 @@ beam_status bm_check_finite(const char *fn, const char *name, float v)
     return BEAM_OK;
 }
 
+bm_norm bm_norm_of(const beam_norm *n)
+{
+    bm_norm out = {0, NULL, 0.0f};
+    if (n) {
+        out.on = 1;
+        out.weight = n->weight;
+        out.eps = n->eps;
+    }
+    return out;
+}
+
 beam_status bm_check_norm(const char *fn, const char *name, const beam_norm *n, bm_norm *out)
 {
-    out->on = 0;
-    out->weight = NULL;
-    out->eps = 0.0f;
-    if (!n) return BEAM_OK;
-    if (!isfinite(n->eps) || !(n->eps >= 0.0f))
+    *out = bm_norm_of(NULL);
+    if (n && (!isfinite(n->eps) || !(n->eps >= 0.0f)))
         return bm_fail(BAD, "%s: %s->eps=%g must be finite and >= 0", fn, name, (double)n->eps);
-    out->on = 1;
-    out->weight = n->weight;
-    out->eps = n->eps;
+    *out = bm_norm_of(n);
     return BEAM_OK;
 }
 

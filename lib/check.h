@@ -20,6 +20,9 @@ beam_status bm_check_rows(const char *fn, const char *cap_name, int64_t capacity
                           const char *live_name, int64_t live, int32_t top_k, int32_t hidden);
 beam_status bm_check_finite(const char *fn, const char *name, float v);
 /* NULL norm -> out->on = 0; else eps finite and >= 0. */
+/* A norm as the backends take it (NULL: off), unchecked; bm_check_norm
+ * checks its eps first. */
+bm_norm bm_norm_of(const beam_norm *n);
 beam_status bm_check_norm(const char *fn, const char *name, const beam_norm *n, bm_norm *out);
 /* NULL -> *has = 0; else both finite. */
 beam_status bm_check_scales(const char *fn, const float *scales, int *has, float *sx, float *sr);
