@@ -7,7 +7,8 @@ PyTorch op of the same tensors in the same run (torch.add of the residual to
 itself, and torch.empty_like), so the figures compare on any host.
 
 CPU tensors (default): tokens = 0 and tokens = 1. The library's own work at
-tokens = 0 is its argument checks, so that row is the wrapper's cost. With
+tokens = 0 is its argument checks, so that row is the wrapper's cost. The
+"part:" rows time steps of the plain call alone (CPU). With
 --device cuda (on a GPU host): an eager loop of CUDA calls, timed with one
 synchronization at the end; at tokens = 1 the kernel takes a few microseconds,
 so the loop's rate is the host's.
@@ -73,6 +74,22 @@ def c_call(g, w, T, K, H, residual, pw, nw):
     return call
 
 
+def parts(x, residual, pw, nw, T, K, H):
+    """The plain call's steps, each timed alone (CPU; docs/python.md, host
+    overhead): its argument checks, its route, its two results, and the
+    package's ctypes call with its outputs ready."""
+    from beammoe import _calls, _run, ops
+    fn, g, w = "beam_moe_finalize_norm_residual_norm", x.gemm2_permuted, x.expert_weights
+    h, n, cpu = torch.empty_like(residual), torch.empty_like(residual), torch.device("cpu")
+    return [
+        ("  part: argument checks", lambda: ops.check_fused(fn, g, w, residual, pw, 1e-6, nw, 1e-6, None, 2.5, 0)),
+        ("  part: route", lambda: _calls.route(fn, ops._FUSED_NAMES, (g, w, residual, pw, nw))),
+        ("  part: two results (empty_like)", lambda: (torch.empty_like(residual), torch.empty_like(residual))),
+        ("  part: the package's ctypes call", lambda: _run.fused(cpu, g, w, T, T, K, H, 2.5, pw, 1e-6, residual, None,
+                                                                  nw, 1e-6, h, n, 0)),
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -124,6 +141,7 @@ def main():
             if dev.type == "cpu":
                 cases.append(("  the C call alone (ctypes, arguments ready)",
                               c_call(g, w, T, K, H, residual, pw, nw)))
+                cases += parts(x, residual, pw, nw, T, K, H)
             cases += [
                 ("beam_moe_finalize", lambda: beammoe.beam_moe_finalize(g, w, out, 2.5, pw, 1e-6)),
                 ("torch.add(residual, residual)", lambda: torch.add(residual, residual)),
