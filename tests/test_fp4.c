@@ -51,24 +51,10 @@
 
 static uint64_t g_seed;
 
-static float f32(uint32_t u)
-{
-    float v;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
-static uint32_t u32(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return u;
-}
-
 /* the BF16 bits of v (v must be a BF16 value) */
 static uint16_t bf(float v)
 {
-    return (uint16_t)(u32(v) >> 16);
+    return (uint16_t)(hu_u32(v) >> 16);
 }
 
 /* ---- hand-checked E2M1 ---------------------------------------------------- */
@@ -136,10 +122,7 @@ static uint8_t lib_block(const uint16_t *y, float g, uint8_t *codes)
     const float os = bm_nvfp4_factor(sf, g);
     int i;
     for (i = 0; i < 16; i++) {
-        uint32_t u = (uint32_t)y[i] << 16;
-        float x;
-        memcpy(&x, &u, 4);
-        codes[i] = (uint8_t)bm_e2m1(x * os);
+        codes[i] = (uint8_t)bm_e2m1(hu_f32((uint32_t)y[i] << 16) * os);
     }
     return sf;
 }
@@ -278,7 +261,7 @@ static void test_blocks(void)
 
 static unsigned model_bits(uint32_t a)
 {
-    return qm_e2m1(f32(a));
+    return qm_e2m1(hu_f32(a));
 }
 
 /* bm_e2m1 of every pattern of a code's interval */
@@ -307,8 +290,8 @@ static void test_every_float(void)
     bad = 0;
     for (u = 0; u < 0x100000000ull; u += 61u) {
         const uint32_t w = (uint32_t)u;
-        if (qm_e2m1(f32(w)) != bm_e2m1(f32(w)) && bad++ < 5)
-            fprintf(stderr, "  0x%08x: model 0x%x, library 0x%x\n", w, qm_e2m1(f32(w)), bm_e2m1(f32(w)));
+        if (qm_e2m1(hu_f32(w)) != bm_e2m1(hu_f32(w)) && bad++ < 5)
+            fprintf(stderr, "  0x%08x: model 0x%x, library 0x%x\n", w, qm_e2m1(hu_f32(w)), bm_e2m1(hu_f32(w)));
     }
     CU_ASSERT_EQUAL(bad, 0);
 }
@@ -321,7 +304,7 @@ static int scale_ok(float m, float g, long *bad)
 {
     const uint8_t ls = bm_nvfp4_scale_code(m, g), ms = qm_nvfp4_scale(m, g);
     const float lf = bm_nvfp4_factor(ls, g), mf = qm_nvfp4_factor(ms, g);
-    if (ls == ms && u32(lf) == u32(mf)) return 1;
+    if (ls == ms && hu_u32(lf) == hu_u32(mf)) return 1;
     if ((*bad)++ < 5)
         fprintf(stderr, "  m %a, g %a: scale code 0x%02x, model 0x%02x; factor %a, model %a\n", (double)m,
                 (double)g, ls, ms, (double)lf, (double)mf);
@@ -341,13 +324,13 @@ static void test_scales(void)
     for (gi = 0; gi < (int)(sizeof gs / sizeof gs[0]); gi++) {
         const float g = gs[gi];
         /* every non-negative BF16 maximum, +0 to infinity */
-        for (b = 0; b <= 0x7F80u; b++) scale_ok(f32(b << 16), g, &bad);
+        for (b = 0; b <= 0x7F80u; b++) scale_ok(hu_f32(b << 16), g, &bad);
         /* every 4093rd FP32 one */
-        for (u = 0; u <= 0x7F800000u; u += 4093u) scale_ok(f32((uint32_t)u), g, &bad);
+        for (u = 0; u <= 0x7F800000u; u += 4093u) scale_ok(hu_f32((uint32_t)u), g, &bad);
         /* the factor of every scale code this g can meet */
         for (c = 0; c < 0x7F; c++) {
             const float lf = bm_nvfp4_factor((uint8_t)c, g), mf = qm_nvfp4_factor((uint8_t)c, g);
-            if (u32(lf) != u32(mf) && bad++ < 5)
+            if (hu_u32(lf) != hu_u32(mf) && bad++ < 5)
                 fprintf(stderr, "  factor of 0x%02x under g %a: %a, model %a\n", c, (double)g, (double)lf,
                         (double)mf);
             if (c && !isfinite(mf) && bad++ < 5)

@@ -79,10 +79,7 @@ static uint8_t model_e4m3(double v)
 
 static float widen_bf16(uint16_t b)
 {
-    uint32_t u = (uint32_t)b << 16;
-    float v;
-    memcpy(&v, &u, sizeof v);
-    return v;
+    return hu_f32((uint32_t)b << 16);
 }
 
 static void test_codes(void)
@@ -123,9 +120,9 @@ static void test_floats(void)
     long bad = 0;
     uint64_t u;
     for (u = 0; u < 0x100000000ull; u += 1021u) {
-        float v, c;
-        uint32_t w = (uint32_t)u;
-        memcpy(&v, &w, sizeof v);
+        const uint32_t w = (uint32_t)u;
+        const float v = hu_f32(w);
+        float c;
         if (isnan(v)) continue;
         c = bm_fp8_clamp(v);
         if (bm_e4m3(c) != model_e4m3((double)c) && bad++ < 5)
@@ -139,10 +136,8 @@ static void test_scales(void)
     long bad = 0;
     uint64_t u;
     for (u = 0; u < 0x7F800000ull; u += 4093u) {
-        float m;
-        uint32_t w = (uint32_t)u;
+        const float m = hu_f32((uint32_t)u);
         double p;
-        memcpy(&m, &w, sizeof m);
         /* FP32 division, correctly rounded: double then float is exact
          * enough (53 >= 2 * 24 + 2 bits) */
         bad += bm_fp8_group_scale(m, 1e-10f, 0) != (float)((double)fmaxf(m, 1e-10f) / 448.0);
@@ -160,9 +155,7 @@ static void test_scales(void)
 /* The model's code of clamp(v) for the magnitude bits a (NaN excluded). */
 static unsigned model_bits(uint32_t a)
 {
-    float v;
-    memcpy(&v, &a, sizeof v);
-    return model_e4m3((double)bm_fp8_clamp(v));
+    return model_e4m3((double)bm_fp8_clamp(hu_f32(a)));
 }
 
 /* bm_e4m3_clamp_sel of every pattern of a code's interval */

@@ -70,13 +70,6 @@ static uint64_t rnd(void)
     return z ^ (z >> 31);
 }
 
-static uint32_t bits(float v)
-{
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    return u;
-}
-
 /* a BF16 input value: mostly normal numbers of a few magnitudes, sometimes
  * zeros, subnormals, infinities or NaN */
 static uint16_t rbf16(int exotic)
@@ -310,9 +303,9 @@ static int run_case(const beam_ops *ops, int op, int64_t T, int32_t H, beam_quan
                 }
         }
         for (i = 0; i < nsc + GUARD && ok; i++)
-            if (bits(((float *)bsc.host)[i]) != bits(sc_ref[i])) {
+            if (hu_u32(((float *)bsc.host)[i]) != hu_u32(sc_ref[i])) {
                 fprintf(stderr, "  %s %s: scales[%zu] = %08x, want %08x\n", ops->name, d, i,
-                        bits(((float *)bsc.host)[i]), bits(sc_ref[i]));
+                        hu_u32(((float *)bsc.host)[i]), hu_u32(sc_ref[i]));
                 ok = 0;
             }
     }
