@@ -16,7 +16,6 @@ if HAVE_CUNIT
 check_PROGRAMS += tests/test_cuda
 TESTS += tests/test_cuda
 
-tests_test_cuda_SOURCES = tests/test_cuda.c
 tests_test_cuda_CPPFLAGS = $(BEAM_TEST_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_cuda_LDFLAGS = $(CUDA_LDFLAGS)
 tests_test_cuda_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la $(CUDA_LIBS)

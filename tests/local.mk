@@ -21,10 +21,10 @@
 #   test_fp8           the E4M3 conversion and scales of cpu/fp8.h against a
 #                      nearest-value search, every BF16 value
 #   test_fp4           the NVFP4 pieces of cpu/fp4.h and the harness's model
-#   test_tp_shape      the gather's decode cluster size (gpu/tp_shape.h) from
-#                      the workspace's multiprocessor count
 #                      of them: hand-checked vectors, E2M1 on every FP32
 #                      value, the block scale on every BF16 maximum
+#   test_tp_shape      the gather's decode cluster size (gpu/tp_shape.h) from
+#                      the workspace's multiprocessor count
 #   test_quant         the quantized output of normalized (beam_*_q), every
 #                      backend, against the test's own model
 #   test_numerics      sweep vs the naive reference (dispatcher, backend cpu)
@@ -78,7 +78,6 @@ AM_TESTS_ENVIRONMENT = top_builddir='$(top_builddir)'; top_srcdir='$(top_srcdir)
 
 # Reaches every backend through libbeammoe, which dlopens their libraries:
 # build them first.
-tests_test_backends_SOURCES = tests/test_backends.c
 tests_test_backends_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_backends_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_backends_LDFLAGS = $(PTHREAD_CFLAGS)
@@ -87,34 +86,29 @@ EXTRA_tests_test_backends_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 
 # The FP8 conversion of cpu/fp8.h, exhaustive over BF16 (groundwork: it
 # moves behind the API with the quantized output).
-tests_test_fp8_SOURCES = tests/test_fp8.c
 tests_test_fp8_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_fp8_LDADD = $(BEAM_TEST_LIBS)
 
 # NVFP4's E2M1 conversion and block scale of cpu/fp4.h, against hand-checked
 # vectors and the harness's model (harness/quant_model.c), exhaustive over
 # FP32 (the E2M1 conversion) and BF16 (the block maxima).
-tests_test_tp_shape_SOURCES = tests/test_tp_shape.c
-tests_test_tp_shape_CPPFLAGS = $(BEAM_TEST_CPPFLAGS) -I$(top_srcdir)/gpu
-tests_test_tp_shape_LDADD = $(BEAM_TEST_LIBS)
-
-tests_test_fp4_SOURCES = tests/test_fp4.c
 tests_test_fp4_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_fp4_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_fp4_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_fp4_LDADD = $(BEAM_TEST_LIBS)
 
+tests_test_tp_shape_CPPFLAGS = $(BEAM_TEST_CPPFLAGS) -I$(top_srcdir)/gpu
+tests_test_tp_shape_LDADD = $(BEAM_TEST_LIBS)
+
 # The quantized output of normalized, every backend, against the harness's
 # model of docs/numerics.md#fp8 (harness/quant_model.c, shared with the
 # gather's tests; thread-safe through pthread_once).
-tests_test_quant_SOURCES = tests/test_quant.c
 tests_test_quant_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_quant_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS) $(OPENMP_CFLAGS)
 tests_test_quant_LDFLAGS = $(PTHREAD_CFLAGS) $(OPENMP_CFLAGS)
 tests_test_quant_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 EXTRA_tests_test_quant_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 
-tests_test_numerics_SOURCES = tests/test_numerics.c
 tests_test_numerics_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_numerics_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
@@ -122,48 +116,40 @@ tests_test_numerics_cpu_SOURCES = tests/test_numerics.c
 tests_test_numerics_cpu_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_numerics_cpu_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
-tests_test_edges_SOURCES = tests/test_edges.c
 tests_test_edges_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_edges_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
-tests_test_golden_SOURCES = tests/test_golden.c
 tests_test_golden_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_golden_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
 # omp_set_num_threads() in the test steers the library's (same) libgomp.
-tests_test_threads_SOURCES = tests/test_threads.c
 tests_test_threads_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_threads_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS)
 tests_test_threads_LDFLAGS = $(OPENMP_CFLAGS)
 tests_test_threads_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
-tests_test_group_SOURCES = tests/test_group.c
 tests_test_group_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_group_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_group_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_group_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
-tests_test_contract_SOURCES = tests/test_contract.c
 tests_test_contract_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_contract_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_contract_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_contract_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 
 # Runs itself again with OMP_STACKSIZE=16K (64K under ASan); its own threads get the same.
-tests_test_stack_SOURCES = tests/test_stack.c
 tests_test_stack_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_stack_CFLAGS = $(AM_CFLAGS) $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_stack_LDFLAGS = $(OPENMP_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_stack_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
-tests_test_oom_SOURCES = tests/test_oom.c
 tests_test_oom_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_oom_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_oom_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_oom_LDADD = $(BEAM_TEST_LIBS) libbeammoe_cpu.la
 
 # Its first call on a 16 KiB thread stack runs in a pthread of its own.
-tests_test_dispatch_SOURCES = tests/test_dispatch.c
 tests_test_dispatch_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
 tests_test_dispatch_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_dispatch_LDFLAGS = $(PTHREAD_CFLAGS)
@@ -196,7 +182,6 @@ endif
 # most in the --enable-sanitizers tree. Exit 77 without json-c.
 check_PROGRAMS += tests/st_fuzz
 TESTS += tests/st_fuzz
-tests_st_fuzz_SOURCES = tests/st_fuzz.c
 tests_st_fuzz_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS)
 tests_st_fuzz_LDADD = harness/libharness.la
 
@@ -226,4 +211,4 @@ BEAM_TOOL_TESTS = tests/audit-quick.sh tests/safetensors-test.sh tests/exit-stat
 	tests/output-safety.sh tests/input-special.sh tests/tool-stdout.sh tests/tool-signals.sh \
 	tests/tool-json.sh tests/perf-report.sh
 TESTS += $(BEAM_TOOL_TESTS)
-EXTRA_DIST += $(BEAM_TOOL_TESTS) scripts/perf-report.py
+EXTRA_DIST += $(BEAM_TOOL_TESTS) tests/tool-lib.sh scripts/perf-report.py
