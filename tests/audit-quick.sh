@@ -7,11 +7,7 @@
 # printed 1,700 lines), the rounding-ties note and the summary last;
 # --verbose adds every row of every case. The JSON form of the same run is
 # checked in tests/tool-json.sh.
-set -u
-tool="${builddir:-.}/tools/beammoe"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/beammoe-audit-quick.XXXXXX") || exit 99
-trap 'rm -rf "$tmp"' EXIT INT TERM
-fails=0
+. "$(dirname "$0")/tool-lib.sh"
 
 timeout 600 "$tool" audit --quick >"$tmp/out" 2>"$tmp/err"
 rc=$?
@@ -20,16 +16,6 @@ if [ "$rc" != 0 ]; then
     echo "FAIL: beammoe audit --quick: exit $rc"
     exit "$rc"
 fi
-
-# check WHAT: the last command's status is 0 (else WHAT failed)
-check() {
-    if [ $? = 0 ]; then
-        echo "ok:   $1"
-    else
-        echo "FAIL: $1"
-        fails=$((fails + 1))
-    fi
-}
 
 grep -q '^backends: cpu' "$tmp/out"
 check "the backends line"
@@ -58,4 +44,4 @@ n=$(grep -c '  \(cpu\|cuda\)  *[a-z0-9=+/-]' "$tmp/verbose")
 [ -n "$rows" ] && [ "$n" -ge "$rows" ]
 check "--verbose: every one of the $rows rows is shown ($n lines)"
 
-[ "$fails" = 0 ]
+finish

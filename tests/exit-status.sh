@@ -9,37 +9,25 @@
 # Regressions: the library's rejections were exit 1, --tokens
 # 9223372036854775807 was "out of memory" (1), ' 4' and '1, 2' were taken as
 # numbers, a backend that is not there was exit 1.
-set -u
-tool="${builddir:-.}/tools/beammoe"
-fail=0
-checks=0
+. "$(dirname "$0")/tool-lib.sh"
 
 # expect STATUS WORD CMD ARGS...: exit status STATUS and WORD in the output
 expect() {
     want=$1 word=$2
     shift 2
-    checks=$((checks + 1))
     out=$(timeout 60 "$tool" "$@" 2>&1 >/dev/null)
     got=$?
-    if [ "$got" != "$want" ] || ! printf '%s\n' "$out" | grep -q -- "$word"; then
-        echo "FAIL: beammoe $*: exit $got (want $want with '$word'), stderr: $out"
-        fail=$((fail + 1))
-    else
-        echo "ok:   beammoe $*: exit $got"
-    fi
+    printf '%s\n' "$out" >"$tmp/err"
+    [ "$got" = "$want" ] && grep -q -- "$word" "$tmp/err"
+    check "beammoe $*: exit $got (want $want with '$word')"
 }
 RUN="run --iters 1"
 # expect_env VALUE: `beammoe run` with BEAM_BACKEND=VALUE exits 2, naming it
 expect_env() {
-    checks=$((checks + 1))
-    out=$(BEAM_BACKEND=$1 timeout 60 "$tool" $RUN --tokens 4 --top-k 2 --hidden 256 2>&1 >/dev/null)
+    BEAM_BACKEND=$1 timeout 60 "$tool" $RUN --tokens 4 --top-k 2 --hidden 256 2>"$tmp/err" >/dev/null
     got=$?
-    if [ "$got" = 2 ] && printf '%s\n' "$out" | grep -q "BEAM_BACKEND=$1"; then
-        echo "ok:   BEAM_BACKEND=$1 beammoe run ...: exit 2"
-    else
-        echo "FAIL: BEAM_BACKEND=$1 beammoe run ...: exit $got (want 2): $out"
-        fail=$((fail + 1))
-    fi
+    [ "$got" = 2 ] && grep -q "BEAM_BACKEND=$1" "$tmp/err"
+    check "BEAM_BACKEND=$1 beammoe run ...: exit $got (want 2)"
 }
 
 # ---- the command itself ----
@@ -52,15 +40,10 @@ expect 2 "unexpected argument 'extra'" --help extra
 expect 2 "unexpected argument '--bogus'" help --bogus
 expect 0 "" --version
 expect 0 "" -h
-checks=$((checks + 1))
 help=$("$tool" --help)
-if [ $? = 0 ] && printf '%s\n' "$help" | grep -q "Exit status, the same rule for every command" &&
-    printf '%s\n' "$help" | grep -q "^  2  what was given is wrong"; then
-    echo "ok:   beammoe --help: exit 0, states the exit-status rule"
-else
-    echo "FAIL: beammoe --help does not state the exit-status rule"
-    fail=$((fail + 1))
-fi
+[ $? = 0 ] && printf '%s\n' "$help" | grep -q "Exit status, the same rule for every command" &&
+    printf '%s\n' "$help" | grep -q "^  2  what was given is wrong"
+check "beammoe --help: exit 0, states the exit-status rule"
 
 # ---- run: sizes and values the library rejects are 2, in its words ----
 expect 2 hidden $RUN --tokens 4 --top-k 2 --hidden -256
@@ -176,5 +159,4 @@ expect 2 "--hot given twice" bench --hot --hot
 expect 2 "--json given twice" bench --json --json
 expect 2 "unexpected argument 'extra'" bench --help extra
 
-echo "$checks checks, $fail failed"
-[ "$fail" = 0 ]
+finish

@@ -5,34 +5,20 @@
 # path before it checked what it was); every run here is under `timeout`, so
 # a hang is a failure, not a stuck suite.
 # Exit 77 (skip) when the tool was built without json-c.
-set -u
-tool="${builddir:-.}/tools/beammoe"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/beammoe-in-test.XXXXXX") || exit 99
-trap 'rm -rf "$tmp"' EXIT INT TERM
-fails=0
-checks=0
-
-"$tool" audit --input "$tmp/none.safetensors" >/dev/null 2>"$tmp/probe.err"
-if grep -q "built without json-c" "$tmp/probe.err"; then
-    echo "SKIP: beammoe was built without json-c"
-    exit 77
-fi
+. "$(dirname "$0")/tool-lib.sh"
+need_json_c audit --input "$tmp/none.safetensors"
 
 # expect PATH WORDS: audit --input PATH exits 2 within 10 s, stderr has WORDS
 expect() {
     path=$1 words=$2
-    checks=$((checks + 1))
     timeout 10 "$tool" audit --quick --input "$path" >/dev/null 2>"$tmp/err"
     rc=$?
     if [ "$rc" = 124 ]; then
-        echo "FAIL: audit --input $path: still running after 10 s (a hang)"
-        fails=$((fails + 1))
+        fail "audit --input $path: still running after 10 s (a hang)"
     elif [ "$rc" != 2 ] || ! grep -q -- "$words" "$tmp/err"; then
-        echo "FAIL: audit --input $path: exit $rc (expected 2 with '$words'):"
-        sed 's/^/    /' "$tmp/err" | head -3
-        fails=$((fails + 1))
+        fail "audit --input $path: exit $rc (expected 2 with '$words'):"
     else
-        echo "ok:   $(head -1 "$tmp/err")"
+        pass "$(head -1 "$tmp/err")"
     fi
 }
 
@@ -44,13 +30,8 @@ expect "$tmp" "not a regular file (a directory)"
 if [ -c /dev/null ]; then expect /dev/null "not a regular file (a character device)"; fi
 expect "$tmp/absent.safetensors" "cannot open: No such file or directory"
 # the FIFO is still a FIFO, and nothing was written into the folder
-checks=$((checks + 1))
-if [ -p "$tmp/fifo" ] && [ "$(ls -A "$tmp" | sort | tr '\n' ' ')" = "err fifo fifo-link probe.err " ]; then
-    echo "ok:   the FIFO and its folder are as they were"
-else
-    echo "FAIL: the folder changed: $(ls -A "$tmp" | tr '\n' ' ')"
-    fails=$((fails + 1))
-fi
+left=$(ls -A "$tmp" | sort | tr '\n' ' ')
+[ -p "$tmp/fifo" ] && [ "$left" = "err fifo fifo-link probe.err " ]
+check "the FIFO and its folder are as they were (the folder holds: $left)"
 
-echo "$checks checks, $fails failed"
-[ "$fails" = 0 ]
+finish

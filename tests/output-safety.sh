@@ -14,32 +14,13 @@
 # suite. The read-only cases need a user other than root: as root they run
 # as nobody through setpriv when it is there, else they are skipped.
 # Exit 77 (skip) when the tool was built without json-c.
-set -u
-tool="${builddir:-.}/tools/beammoe"
-case $tool in /*) ;; *) tool="$(pwd)/$tool" ;; esac
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/beammoe-out-test.XXXXXX") || exit 99
-trap 'chmod -R u+rwx "$tmp" 2>/dev/null; rm -rf "$tmp"' EXIT INT TERM
-fails=0
-checks=0
+. "$(dirname "$0")/tool-lib.sh"
 RUN="run --iters 1 --tokens 3 --top-k 2 --hidden 256"
 
 # skip when built without json-c; this first run also lets libtool's
 # wrapper finish any relinking before the size-limited run below
-"$tool" $RUN --output "$tmp/probe.safetensors" >/dev/null 2>"$tmp/probe.err"
-if grep -q "built without json-c" "$tmp/probe.err"; then
-    echo "SKIP: beammoe was built without json-c"
-    exit 77
-fi
+need_json_c $RUN --output "$tmp/probe.safetensors"
 rm -f "$tmp/probe.safetensors"
-
-pass() { checks=$((checks + 1)); echo "ok:   $1"; }
-fail() {
-    checks=$((checks + 1))
-    fails=$((fails + 1))
-    echo "FAIL: $1"
-    [ -s "$tmp/err" ] && sed 's/^/    /' "$tmp/err" | head -5
-    return 0
-}
 
 # out CODE PATH: run --output PATH (under timeout) must exit CODE
 out() {
@@ -246,5 +227,4 @@ else
     echo "      and a build tree and TMPDIR that user can reach): not run here"
 fi
 
-echo "$checks checks, $fails failed"
-[ "$fails" = 0 ]
+finish

@@ -17,16 +17,12 @@
 # Exit 77 (skip) without python3. The parts that read a safetensors file
 # are left out in a build without json-c (the JSON output itself needs no
 # json-c).
-set -u
-tool="${builddir:-.}/tools/beammoe"
-case $tool in /*) ;; *) tool="$(pwd)/$tool" ;; esac
 src="${top_srcdir:-.}"
 if ! command -v python3 >/dev/null 2>&1; then
     echo "SKIP: no python3 to read the JSON"
     exit 77
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/beammoe-json-test.XXXXXX") || exit 99
-trap 'rm -rf "$tmp"' EXIT INT TERM
+. "$(dirname "$0")/tool-lib.sh"
 
 python3 - "$tool" "$tmp" "$src/scripts/perf-report.py" <<'EOF'
 import json, os, subprocess, sys, time

@@ -12,21 +12,10 @@
 # --default-signal): a background job of a script would otherwise start
 # with SIGINT and SIGQUIT ignored, which the tool respects.
 # Exit 77 (skip) when the tool was built without json-c.
-set -u
-tool="${builddir:-.}/tools/beammoe"
-case $tool in /*) ;; *) tool="$(pwd)/$tool" ;; esac
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/beammoe-sig-test.XXXXXX") || exit 99
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-checks=0
+. "$(dirname "$0")/tool-lib.sh"
 BIG="run --iters 1 --tokens 1024 --top-k 8 --hidden 4096 --post-norm --next-norm"
 
-"$tool" run --iters 1 --tokens 1 --top-k 1 --hidden 256 --output "$tmp/probe.safetensors" \
-    >/dev/null 2>"$tmp/err"
-if grep -q "built without json-c" "$tmp/err"; then
-    echo "SKIP: beammoe was built without json-c"
-    exit 77
-fi
+need_json_c run --iters 1 --tokens 1 --top-k 1 --hidden 256 --output "$tmp/probe.safetensors"
 rm -f "$tmp/probe.safetensors"
 if ! env --default-signal true 2>/dev/null; then
     echo "SKIP: this env has no --default-signal (coreutils 8.31 or later)"
@@ -49,7 +38,6 @@ one() {
     mkdir -p "$d"
     printf 'the previous F: it must survive\n' >"$d/F"
     cp "$d/F" "$tmp/keep"
-    checks=$((checks + 1))
     (
         ulimit -c 0 # SIGQUIT's default action dumps core
         if [ "$how" = ignored ]; then
@@ -70,9 +58,8 @@ one() {
     if [ -z "$found" ]; then
         kill -KILL "$pid" 2>/dev/null
         wait "$pid"
-        echo "FAIL: SIG$sig: the temporary file never appeared (the run ended or took over 60 s)"
+        fail "SIG$sig: the temporary file never appeared (the run ended or took over 60 s)"
         sed 's/^/    /' "$d.err" | head -3
-        fails=$((fails + 1))
         return
     fi
     kill -STOP "$pid"
@@ -82,25 +69,18 @@ one() {
     rc=$?
     left=$(ls -A "$d" | tr '\n' ' ')
     if [ "$how" = ignored ]; then
-        if [ "$rc" = 0 ] && [ "$left" = "F " ] && "$tool" audit --quick --input "$d/F" >/dev/null 2>&1; then
-            echo "ok:   SIG$sig ignored by the caller: the run finished, F written and audits clean"
-        else
-            echo "FAIL: SIG$sig ignored by the caller: exit $rc, files: $left"
-            fails=$((fails + 1))
-        fi
+        [ "$rc" = 0 ] && [ "$left" = "F " ] && "$tool" audit --quick --input "$d/F" >/dev/null 2>&1
+        check "SIG$sig ignored by the caller: the run finished (exit $rc), F written and audits clean (files: $left)"
         return
     fi
     if [ "$rc" != $((128 + num)) ]; then
-        echo "FAIL: SIG$sig while writing: exit $rc, expected $((128 + num)) (killed by SIG$sig)"
-        fails=$((fails + 1))
+        fail "SIG$sig while writing: exit $rc, expected $((128 + num)) (killed by SIG$sig)"
     elif [ "$left" != "F " ]; then
-        echo "FAIL: SIG$sig while writing left files behind: $left"
-        fails=$((fails + 1))
+        fail "SIG$sig while writing left files behind: $left"
     elif ! cmp -s "$d/F" "$tmp/keep"; then
-        echo "FAIL: SIG$sig while writing changed the previous F"
-        fails=$((fails + 1))
+        fail "SIG$sig while writing changed the previous F"
     else
-        echo "ok:   SIG$sig while writing: exit $rc, no temporary file, F as it was"
+        pass "SIG$sig while writing: exit $rc, no temporary file, F as it was"
     fi
 }
 
@@ -113,5 +93,4 @@ one USR1 10
 one ALRM 14
 one HUP 1 ignored
 
-echo "$checks checks, $fails failed"
-[ "$fails" = 0 ]
+finish

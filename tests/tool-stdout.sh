@@ -9,30 +9,22 @@
 # (`run --output F` would then print its report into F): it refuses before
 # doing anything, so F is not created. A closed stderr is not an error (the
 # caller asked for no messages): the run goes on and its status is kept.
-set -u
-tool="${builddir:-.}/tools/beammoe"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/beammoe-stdout-test.XXXXXX") || exit 99
-trap 'rm -rf "$tmp"' EXIT INT TERM
-fails=0
-checks=0
+. "$(dirname "$0")/tool-lib.sh"
 
 # expect HOW CMD...: with stdout HOW (full: /dev/full, closed: >&-), exit 1
 # and "write error" on stderr
 expect() {
     how=$1
     shift
-    checks=$((checks + 1))
     case $how in
     full) timeout 120 "$tool" "$@" >/dev/full 2>"$tmp/err" ;;
     closed) timeout 120 "$tool" "$@" >&- 2>"$tmp/err" ;;
     esac
     rc=$?
     if [ "$rc" = 1 ] && grep -q "write error on the standard output" "$tmp/err"; then
-        echo "ok:   beammoe $* (stdout $how): exit 1, $(head -1 "$tmp/err")"
+        pass "beammoe $* (stdout $how): exit 1, $(head -1 "$tmp/err")"
     else
-        echo "FAIL: beammoe $* (stdout $how): exit $rc, expected 1 with 'write error on the standard output'"
-        sed 's/^/    /' "$tmp/err" | head -3
-        fails=$((fails + 1))
+        fail "beammoe $* (stdout $how): exit $rc, expected 1 with 'write error on the standard output'"
     fi
 }
 
@@ -63,43 +55,23 @@ if [ $? = 0 ]; then
 elif grep -q "built without json-c" "$tmp/err"; then
     echo "note: built without json-c: the --input and --output cases were not tried"
 else
-    echo "FAIL: run --output: $(cat "$tmp/err")"
-    fails=$((fails + 1))
+    fail "run --output"
 fi
 
 # stdout closed: nothing is done, so no file takes descriptor 1
 if [ -s "$tmp/case.safetensors" ]; then
     expect closed $RUN --output "$tmp/new.safetensors"
-    checks=$((checks + 1))
-    if [ -e "$tmp/new.safetensors" ] || ls -A "$tmp" | grep -q '^\.new'; then
-        echo "FAIL: run --output with stdout closed created a file"
-        fails=$((fails + 1))
-    else
-        echo "ok:   run --output with stdout closed: nothing created"
-    fi
+    [ ! -e "$tmp/new.safetensors" ] && ! ls -A "$tmp" | grep -q '^\.new'
+    check "run --output with stdout closed: nothing created"
 fi
 
 # usage errors keep their status (2): the report was never due
-checks=$((checks + 1))
 "$tool" run --bogus >/dev/full 2>"$tmp/err"
-rc=$?
-if [ "$rc" = 2 ]; then
-    echo "ok:   a usage error with stdout on /dev/full: exit 2"
-else
-    echo "FAIL: a usage error with stdout on /dev/full: exit $rc, expected 2"
-    fails=$((fails + 1))
-fi
+[ $? = 2 ]
+check "a usage error with stdout on /dev/full: exit 2"
 
 # stderr closed, stdout fine: done, exit 0
-checks=$((checks + 1))
-"$tool" $RUN >"$tmp/out" 2>&-
-rc=$?
-if [ "$rc" = 0 ] && grep -q "^checksum:" "$tmp/out"; then
-    echo "ok:   stderr closed: exit 0, the report written"
-else
-    echo "FAIL: stderr closed: exit $rc"
-    fails=$((fails + 1))
-fi
+"$tool" $RUN >"$tmp/out" 2>&- && grep -q "^checksum:" "$tmp/out"
+check "stderr closed: exit 0, the report written"
 
-echo "$checks checks, $fails failed"
-[ "$fails" = 0 ]
+finish
