@@ -70,7 +70,7 @@ one() {
     left=$(ls -A "$d" | tr '\n' ' ')
     if [ "$how" = ignored ]; then
         [ "$rc" = 0 ] && [ "$left" = "F " ] && "$tool" audit --quick --input "$d/F" >/dev/null 2>&1
-        check "SIG$sig ignored by the caller: the run finished (exit $rc), F written and audits clean (files: $left)"
+        check "SIG$sig ignored by the caller: the run finished (exit $rc), F written and audits clean ($left)"
         return
     fi
     if [ "$rc" != $((128 + num)) ]; then

@@ -21,11 +21,8 @@ expect() {
     closed) timeout 120 "$tool" "$@" >&- 2>"$tmp/err" ;;
     esac
     rc=$?
-    if [ "$rc" = 1 ] && grep -q "write error on the standard output" "$tmp/err"; then
-        pass "beammoe $* (stdout $how): exit 1, $(head -1 "$tmp/err")"
-    else
-        fail "beammoe $* (stdout $how): exit $rc, expected 1 with 'write error on the standard output'"
-    fi
+    [ "$rc" = 1 ] && grep -q "write error on the standard output" "$tmp/err"
+    check "beammoe $* (stdout $how): exit $rc, 1 expected with 'write error on the standard output'"
 }
 
 if [ ! -c /dev/full ]; then
