@@ -191,8 +191,6 @@ static void case_label(const acase *c, char *buf, size_t n)
                  (int)c->K, (int)c->H, (long long)c->cap, o, (double)c->rs, hc_mode_name(c->gen));
 }
 
-/* ---- the table ---- */
-
 /* ---- local operations ---- */
 
 typedef struct variant {
@@ -209,6 +207,7 @@ static const variant fused_variants[] = {
 };
 static const variant plain_variants[] = {{"plain", BEAM_STRATEGY_AUTO, 0, 0},
                                          {"inplace", BEAM_STRATEGY_AUTO, 1, 0}};
+/* (the strategy applies to the fused op only; the others ignore it) */
 static const variant thread_variants[] = {{"threads=1", BEAM_STRATEGY_FUSED, 0, 1},
                                           {"threads=3", BEAM_STRATEGY_FUSED, 0, 3}};
 
@@ -258,6 +257,20 @@ static void run_variants(tally *t, const char *label, const beam_ops *ops, const
  * inputs really exercise nearest-even. */
 static int64_t ties_seen;
 
+/* The rows of the fused op through CPU groups (gather.c). */
+static void gather_rows(tally *t, const char *label, const hc_case *p, const hc_out *truth)
+{
+    gather_row rows[GATHER_NSTRAT];
+    int s;
+    audit_gather(p, truth, rows);
+    for (s = 0; s < GATHER_NSTRAT; s++) {
+        if (rows[s].errors)
+            audit_print_error(t, label, "cpu", rows[s].name, rows[s].error);
+        else
+            audit_print_row_detail(t, label, "cpu", rows[s].name, &rows[s].cmp, rows[s].detail);
+    }
+}
+
 /* audit.h */
 void audit_problem(tally *t, const char *label, const hc_case *p, hc_op op, const hc_out *truth, int quick,
                    unsigned others)
@@ -278,35 +291,17 @@ void audit_problem(tally *t, const char *label, const hc_case *p, hc_op op, cons
         hc_out_free(&ref);
     }
 
-    if (op == HC_FUSED) {
-        gather_row rows[GATHER_NSTRAT];
-        int s;
-        run_variants(t, label, audit_ops[BM_CPU], p, op, truth, fused_variants, NELEM(fused_variants));
-        if (!quick)
-            run_variants(t, label, audit_ops[BM_CPU], p, op, truth, thread_variants, NELEM(thread_variants));
-        audit_gather(p, truth, rows);
-        for (s = 0; s < GATHER_NSTRAT; s++) {
-            if (rows[s].errors) {
-                audit_print_error(t, label, "cpu", rows[s].name, rows[s].error);
-                continue;
-            }
-            audit_print_row_detail(t, label, "cpu", rows[s].name, &rows[s].cmp, rows[s].detail);
-        }
-    } else {
-        run_variants(t, label, audit_ops[BM_CPU], p, op, truth, plain_variants, NELEM(plain_variants));
-        if (!quick) {
-            variant tv[2] = {{"threads=1", BEAM_STRATEGY_AUTO, 0, 1},
-                             {"threads=3", BEAM_STRATEGY_AUTO, 0, 3}};
-            run_variants(t, label, audit_ops[BM_CPU], p, op, truth, tv, 2);
-        }
-    }
-
+    /* every backend's variants of the op; on the CPU the thread counts and
+     * the CPU groups' gather of the fused op too, before the other backends */
     for (b = 0; b < BM_NBACKENDS; b++) {
-        if (!(others >> b & 1u)) continue;
+        if (b != BM_CPU && !(others >> b & 1u)) continue;
         if (op == HC_FUSED)
             run_variants(t, label, audit_ops[b], p, op, truth, fused_variants, NELEM(fused_variants));
         else
             run_variants(t, label, audit_ops[b], p, op, truth, plain_variants, NELEM(plain_variants));
+        if (b == BM_CPU && !quick)
+            run_variants(t, label, audit_ops[b], p, op, truth, thread_variants, NELEM(thread_variants));
+        if (b == BM_CPU && op == HC_FUSED) gather_rows(t, label, p, truth);
     }
 }
 
