@@ -97,11 +97,6 @@ static beam_status run_on(const beam_ops *ops, const hc_case *d, hc_op op, beam_
 
 /* ---- one case: CPU vs CUDA ---------------------------------------------- */
 
-static const char *op_name(hc_op op)
-{
-    return hc_op_name(op);
-}
-
 static const char *strat_name(beam_strategy s)
 {
     return s == BEAM_STRATEGY_FUSED ? "FUSED" : s == BEAM_STRATEGY_UNFUSED ? "UNFUSED" : "AUTO";
@@ -126,18 +121,18 @@ static int compare_case(const hc_case *d, hc_op op, beam_strategy strat, int cap
     gs = run_on(g_cuda, d, op, strat, capture, &go);
     ++g_runs;
     if (cs != BEAM_OK || gs != BEAM_OK) {
-        fprintf(stderr, "  %s %s %s: status cpu=%d cuda=%d (%s)\n", op_name(op), strat_name(strat), desc,
+        fprintf(stderr, "  %s %s %s: status cpu=%d cuda=%d (%s)\n", hc_op_name(op), strat_name(strat), desc,
                 (int)cs, (int)gs, gs != BEAM_OK ? g_cuda->last_error() : g_cpu->last_error());
         ok = 0;
     } else {
         if (!hc_out_untouched(&go, d, op)) {
-            fprintf(stderr, "  %s %s %s: cuda wrote past the live rows\n", op_name(op), strat_name(strat), desc);
+            fprintf(stderr, "  %s %s %s: cuda wrote past the live rows\n", hc_op_name(op), strat_name(strat), desc);
             ok = 0;
         }
         if (hu_cmp_bf16("hidden", go.hidden, co.hidden, TH)) ok = 0;
         if (hc_has_normalized(d, op) && hu_cmp_bf16("normalized", go.normalized, co.normalized, TH)) ok = 0;
         if (!ok)
-            fprintf(stderr, "  ^ %s %s %s (seed %llu)\n", op_name(op), strat_name(strat), desc,
+            fprintf(stderr, "  ^ %s %s %s (seed %llu)\n", hc_op_name(op), strat_name(strat), desc,
                     (unsigned long long)g_seed);
     }
     hc_out_free(&co);

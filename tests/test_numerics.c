@@ -34,12 +34,6 @@ static int sweep_skip(int i)
     return hu_quick() && (s.H > 2048 || s.T > 7 || s.K > 8);
 }
 
-static const char *op_name(hc_op op)
-{
-    return op == HC_FINALIZE ? "finalize" : op == HC_NRN ? "norm_residual_norm"
-                                                         : "finalize_norm_residual_norm";
-}
-
 /* Run one op of one case through the library and compare with ref. */
 static void check_op(const hc_case *d, int idx, hc_op op, beam_strategy strat,
                      const uint16_t *want_h, const uint16_t *want_n)
@@ -53,7 +47,7 @@ static void check_op(const hc_case *d, int idx, hc_op op, beam_strategy strat,
 
     hc_describe(&d->s, desc, sizeof desc);
     snprintf(label, sizeof label, "seed=%llu case=%d %s strategy=%d [%s]",
-             (unsigned long long)g_seed, idx, op_name(op), (int)strat, desc);
+             (unsigned long long)g_seed, idx, hc_op_name(op), (int)strat, desc);
     st = hc_lib(d, op, strat, got_h, got_n, &guard_ok);
     if (st != BEAM_OK)
         fprintf(stderr, "FAIL %s: status %d: %s\n", label, (int)st, beam_last_error());

@@ -58,16 +58,14 @@
 #define POISON32 0x7FA5A5A5u /* a NaN no scale can be */
 
 static uint64_t g_seed;
-static uint64_t g_rng;
+static hu_rng g_rng;
 static const beam_ops *g_ops[2]; /* cpu, cuda (NULL: not here) */
 static long g_calls;
 
+/* the harness's splitmix64 */
 static uint64_t rnd(void)
 {
-    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
+    return hu_next(&g_rng);
 }
 
 /* a BF16 input value: mostly normal numbers of a few magnitudes, sometimes
@@ -579,7 +577,7 @@ int main(void)
                                        {NULL, NULL}};
     char why[256];
     g_seed = hu_seed("test_quant");
-    g_rng = g_seed;
+    hu_rng_init(&g_rng, g_seed);
     g_ops[0] = beam_backend_ops("cpu", BEAM_OPS_VERSION);
     if (!g_ops[0]) {
         fprintf(stderr, "test_quant: no CPU backend: %s\n", beam_last_error());
