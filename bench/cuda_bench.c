@@ -270,6 +270,13 @@ static void json_string(const char *s)
     json_printf("\"");
 }
 
+/* A string field of the run: ",\n \"key\": value". */
+static void json_field(const char *key, const char *s)
+{
+    json_printf(",\n \"%s\": ", key);
+    json_string(s);
+}
+
 /* Open FILE's temporary twin and write the run's fields up to its records. */
 static void json_open(const char *file, int argc, char **argv, const struct cudaDeviceProp *prop)
 {
@@ -289,26 +296,21 @@ static void json_open(const char *file, int argc, char **argv, const struct cuda
     CK(cudaRuntimeGetVersion(&rt));
     json_printf("{\n \"format\": \"beammoe-perf/1\",\n \"tool\": \"cuda_bench\",\n \"date\": ");
     json_string(date);
-    json_printf(",\n \"commit\": ");
-    json_string(getenv("BEAM_COMMIT") && *getenv("BEAM_COMMIT") ? getenv("BEAM_COMMIT") : NULL);
-    json_printf(",\n \"library\": ");
-    json_string(beam_version());
+    json_field("commit", getenv("BEAM_COMMIT") && *getenv("BEAM_COMMIT") ? getenv("BEAM_COMMIT") : NULL);
+    json_field("library", beam_version());
     snprintf(buf, sizeof buf, "%s, %d SMs, L2 %d MiB", prop->name, prop->multiProcessorCount,
              prop->l2CacheSize >> 20);
-    json_printf(",\n \"hardware\": ");
-    json_string(buf);
+    json_field("hardware", buf);
     snprintf(buf, sizeof buf, "CUDA driver API %d.%d, runtime %d.%d", drv / 1000, drv % 1000 / 10, rt / 1000,
              rt % 1000 / 10);
-    json_printf(",\n \"software\": ");
-    json_string(buf);
+    json_field("software", buf);
     buf[0] = 0;
     for (i = 0; i < argc; i++) {
         const char *a = i ? argv[i] : "bench/cuda_bench";
         if (n + strlen(a) + 2 >= sizeof buf) break;
         n += (size_t)sprintf(buf + n, "%s%s", i ? " " : "", a);
     }
-    json_printf(",\n \"command\": ");
-    json_string(buf);
+    json_field("command", buf);
     json_printf(",\n \"records\": [");
 }
 
@@ -462,10 +464,8 @@ int main(int argc, char **argv)
         fill_bf16(hbuf, (size_t)H * 2);
         CK(cudaMemcpy(nw, hbuf, (size_t)H * 2 * 2, cudaMemcpyHostToDevice));
         free(hbuf);
-        post.weight = nw;
-        post.eps = 1e-6f;
-        next.weight = nw + H;
-        next.eps = 1e-6f;
+        post = (beam_norm){nw, 1e-6f};
+        next = (beam_norm){nw + H, 1e-6f};
 
         for (ci = 0; ci < NCFG; ci++) {
             const bench_cfg *cf = &cfgs[ci];
@@ -515,10 +515,8 @@ int main(int argc, char **argv)
         CK(cudaMalloc((void **)&out, (size_t)H * 2));
         CK(cudaMalloc((void **)&nrm, (size_t)H * 2));
         CK(cudaMalloc((void **)&nw, (size_t)H * 2 * 2));
-        post.weight = nw;
-        post.eps = 1e-6f;
-        next.weight = nw + H;
-        next.eps = 1e-6f;
+        post = (beam_norm){nw, 1e-6f};
+        next = (beam_norm){nw + H, 1e-6f};
         t0 = now_s();
         for (i = 0; i < n; i++)
             OPS_OK(g_ops->moe_finalize_norm_residual_norm(x, w, 1, 0, K, H, 1.0f, &post, res, NULL, &next, out,

@@ -120,10 +120,8 @@ static int bench_rank(int rank, int R, void *arg)
             free(hw);
         }
     }
-    post.weight = pw;
-    post.eps = 1e-6f;
-    next.weight = nw;
-    next.eps = 1e-6f;
+    post = (beam_norm){pw, 1e-6f};
+    next = (beam_norm){nw, 1e-6f};
     cfg = beam_workspace_config_default();
     if (getenv("BEAM_BENCH_ONESHOT_MAX")) cfg.oneshot_max_tokens = envi("BEAM_BENCH_ONESHOT_MAX", 0);
     if (getenv("BEAM_BENCH_TWOSHOT_MAX")) cfg.twoshot_max_tokens = envi("BEAM_BENCH_TWOSHOT_MAX", 0);
