@@ -40,6 +40,8 @@ Call the functions of the beammoe package rather than these: they take the
 reference's arguments, check them, and skip the operator dispatch on plain
 eager calls.
 """
+import functools
+import inspect
 from typing import List, Optional, Tuple
 
 import torch
@@ -63,12 +65,12 @@ def _no_normalized(residual):
     return residual.new_empty((0,))
 
 
-def _fused_impl(fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, hidden_out, run):
+def _fused_impl(fn, run, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace):
     capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
         fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, gather=fn == _GATHER)
     dev = A.same_device(fn, _FUSED_NAMES, (g, w, residual, pw, nw))
     normalized = torch.empty_like(residual) if ne is not None else None
-    out = hidden_out if hidden_out is not None else torch.empty_like(residual)
+    out = residual if inplace else torch.empty_like(residual)
     run(dev, g, w, capacity, residual.shape[0], top_k, hidden, scale, pw, pe, residual, s, nw, ne, out,
         normalized, st)
     return out, (normalized if normalized is not None else _no_normalized(residual))
@@ -100,8 +102,24 @@ def _gather_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, routed_scale
 
     def run(dev, *args):
         ws._run_gather(dev, *args)
-    return _fused_impl(_GATHER, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
-                       residual if inplace else None, run)
+    return _fused_impl(_GATHER, run, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace)
+
+
+def _nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, inplace):
+    tokens, hidden, prw, pre, nw, ne, s = check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps,
+                                                    scales)
+    dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
+    normalized = torch.empty_like(residual) if ne is not None else None
+    out = residual if inplace else torch.empty_like(residual)
+    _run.norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, out, normalized)
+    return out, (normalized if normalized is not None else _no_normalized(residual))
+
+
+def _nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
+    check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
+    A.same_device(_NRN, _NRN_NAMES, (x, residual, pre_weight, next_weight))
+    return (torch.empty_like(residual),
+            torch.empty_like(residual) if next_eps is not None else _no_normalized(residual))
 
 
 def _refuse_backward(name):
@@ -115,10 +133,33 @@ def _setup_context(ctx, inputs, output):
     pass
 
 
-def _register():
-    custom_op = torch.library.custom_op
+def _op(name, protos, result, impl, fake, mutates=()):
+    """beammoe::<name> of impl and its fake implementation, the parameters
+    of the prototypes in turn (their annotations make the schema); a
+    functional one (mutates nothing) refuses a backward pass with a clear
+    message (torch allows no formula on an operation that writes in place;
+    the beammoe functions refuse those writes while autograd records)."""
+    def run(*args):
+        return impl(*args)
 
-    @custom_op("beammoe::moe_finalize", mutates_args=("output",))
+    params = [p for f in protos for p in inspect.signature(f).parameters.values()]
+    run.__signature__ = inspect.Signature(params, return_annotation=result)
+    op = torch.library.custom_op("beammoe::" + name, mutates_args=mutates)(run)
+    op.register_fake(fake)
+    if not mutates:
+        op.register_autograd(_refuse_backward(name), setup_context=_setup_context)
+
+
+def _pair(name, protos, impl, fake):
+    """beammoe::<name>, which returns (hidden, normalized), and its in-place
+    form beammoe::<name>_, which writes hidden into residual and returns
+    normalized: impl(*args, inplace) and fake(*args) give (hidden, normalized)."""
+    _op(name, protos, Tuple[Tensor, Tensor], lambda *args: impl(*args, False), fake)
+    _op(name + "_", protos, Tensor, lambda *args: impl(*args, True)[1], lambda *args: fake(*args)[1], ("residual",))
+
+
+def _register():
+    @torch.library.custom_op("beammoe::moe_finalize", mutates_args=("output",))
     def moe_finalize(expert_outputs: Tensor, expert_weights: Tensor, output: Tensor, routed_scale: float,
                      post_weight: Optional[Tensor], post_eps: Optional[float]) -> None:
         capacity, top_k, hidden, live, pw, pe, scale = check_finalize(
@@ -131,92 +172,28 @@ def _register():
         check_finalize(_FINALIZE, expert_outputs, expert_weights, output, post_weight, post_eps, routed_scale)
         A.same_device(_FINALIZE, _FINALIZE_NAMES, (expert_outputs, expert_weights, output, post_weight))
 
-    # ---- the local fused operation
-    @custom_op("beammoe::moe_finalize_norm_residual_norm", mutates_args=())
-    def fused(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
-              post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
-              scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tuple[Tensor, Tensor]:
-        return _fused_impl(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                           routed_scale, strategy, None, _run.fused)
+    # ---- the local fused operation, norm_residual_norm and the gather, each
+    # functional and in place; the prototypes' annotations make the schemas
+    def fused_args(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
+                   post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
+                   scales: Optional[List[float]], routed_scale: float, strategy: int):
+        pass
 
-    @fused.register_fake
-    def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy):
-        return _fake_fused(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                           routed_scale, strategy)
+    def nrn_args(x: Tensor, residual: Tensor, pre_weight: Optional[Tensor], pre_eps: Optional[float],
+                 next_weight: Optional[Tensor], next_eps: Optional[float], scales: Optional[List[float]]):
+        pass
 
-    @custom_op("beammoe::moe_finalize_norm_residual_norm_", mutates_args=("residual",))
-    def fused_(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
-               post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
-               scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tensor:
-        return _fused_impl(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                           routed_scale, strategy, residual, _run.fused)[1]
+    def workspace_arg(workspace: int):
+        pass
 
-    @fused_.register_fake
-    def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy):
-        return _fake_fused(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                           routed_scale, strategy)[1]
+    def quant_args(kind: int, group_size: int, flags: int, scale: float, keep_normalized: bool):
+        pass
 
-    # ---- norm_residual_norm
-    def nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, hidden_out):
-        tokens, hidden, prw, pre, nw, ne, s = check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
-                                                        next_eps, scales)
-        dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
-        normalized = torch.empty_like(residual) if ne is not None else None
-        out = hidden_out if hidden_out is not None else torch.empty_like(residual)
-        _run.norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, out, normalized)
-        return out, (normalized if normalized is not None else _no_normalized(residual))
-
-    def nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
-        check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
-        A.same_device(_NRN, _NRN_NAMES, (x, residual, pre_weight, next_weight))
-        return (torch.empty_like(residual),
-                torch.empty_like(residual) if next_eps is not None else _no_normalized(residual))
-
-    @custom_op("beammoe::norm_residual_norm", mutates_args=())
-    def nrn(x: Tensor, residual: Tensor, pre_weight: Optional[Tensor], pre_eps: Optional[float],
-            next_weight: Optional[Tensor], next_eps: Optional[float],
-            scales: Optional[List[float]]) -> Tuple[Tensor, Tensor]:
-        return nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, None)
-
-    @nrn.register_fake
-    def _(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
-        return nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
-
-    @custom_op("beammoe::norm_residual_norm_", mutates_args=("residual",))
-    def nrn_(x: Tensor, residual: Tensor, pre_weight: Optional[Tensor], pre_eps: Optional[float],
-             next_weight: Optional[Tensor], next_eps: Optional[float], scales: Optional[List[float]]) -> Tensor:
-        return nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, residual)[1]
-
-    @nrn_.register_fake
-    def _(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales):
-        return nrn_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)[1]
-
-    # ---- the gather
-    @custom_op("beammoe::moe_finalize_gather_norm_residual_norm", mutates_args=())
-    def gather(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
-               post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
-               scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tuple[Tensor, Tensor]:
-        return _gather_impl(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
-                            scales, routed_scale, strategy, False)
-
-    @gather.register_fake
-    def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-          strategy):
-        return _fake_fused(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                           routed_scale, strategy)
-
-    @custom_op("beammoe::moe_finalize_gather_norm_residual_norm_", mutates_args=("residual",))
-    def gather_(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
-                post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
-                scales: Optional[List[float]], routed_scale: float, strategy: int) -> Tensor:
-        return _gather_impl(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
-                            scales, routed_scale, strategy, True)[1]
-
-    @gather_.register_fake
-    def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-          strategy):
-        return _fake_fused(_GATHER, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                           routed_scale, strategy)[1]
+    _pair("moe_finalize_norm_residual_norm", (fused_args,), functools.partial(_fused_impl, _FUSED, _run.fused),
+          functools.partial(_fake_fused, _FUSED))
+    _pair("norm_residual_norm", (nrn_args,), _nrn_impl, _nrn_fake)
+    _pair("moe_finalize_gather_norm_residual_norm", (workspace_arg, fused_args), _gather_impl,
+          lambda workspace, *args: _fake_fused(_GATHER, *args))
 
     # ---- the FP8 output of the next norm (beammoe.fp8): q and q_scales as
     # _run.empty_outputs makes them; normalized empty unless kept
@@ -231,11 +208,8 @@ def _register():
         n = torch.empty_like(residual) if keep_normalized else _no_normalized(residual)
         return torch.empty_like(residual), n, q, qs
 
-    @custom_op("beammoe::norm_residual_norm_fp8", mutates_args=())
-    def nrn_fp8(x: Tensor, residual: Tensor, pre_weight: Optional[Tensor], pre_eps: Optional[float],
-                next_weight: Optional[Tensor], next_eps: Optional[float], scales: Optional[List[float]], kind: int,
-                group_size: int, flags: int, scale: float,
-                keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def nrn_fp8(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, kind, group_size, flags, scale,
+                keep_normalized):
         tokens, hidden, prw, pre, nw, ne, s = check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
                                                         next_eps, scales)
         dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
@@ -245,14 +219,12 @@ def _register():
                                 quant_struct(kind, group_size, flags, scale, q, qs))
         return h, n, q, qs
 
-    @nrn_fp8.register_fake
-    def _(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, kind, group_size, flags, scale,
-          keep_normalized):
+    def nrn_fp8_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, *quant):
         check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
-        return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
+        return fp8_out(residual, next_eps, *quant)
 
-    def fused_fp8_impl(fn, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                       routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, gather, run):
+    def fused_fp8(fn, gather, run, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                  routed_scale, strategy, kind, group_size, flags, scale, keep_normalized):
         """The local and the gathered FP8 operator: the checks, the outputs,
         then run(dev, ...) with _run.fused's arguments, which the gather's
         Workspace._run_gather takes too."""
@@ -265,27 +237,14 @@ def _register():
             n if keep_normalized else None, st, quant_struct(kind, group_size, flags, scale, q, qs))
         return h, n, q, qs
 
-    @custom_op("beammoe::moe_finalize_norm_residual_norm_fp8", mutates_args=())
-    def fused_fp8(gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
-                  post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
-                  scales: Optional[List[float]], routed_scale: float, strategy: int, kind: int, group_size: int,
-                  flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        return fused_fp8_impl(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
-                              scales, routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, False,
-                              _run.fused)
+    def fused_fp8_fake(fn, gather, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                       routed_scale, strategy, *quant):
+        check_fused(fn, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                    routed_scale, strategy, gather=gather)
+        return fp8_out(residual, next_eps, *quant)
 
-    @fused_fp8.register_fake
-    def _(gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy,
-          kind, group_size, flags, scale, keep_normalized):
-        check_fused(_FUSED, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                    routed_scale, strategy)
-        return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
-
-    @custom_op("beammoe::moe_finalize_gather_norm_residual_norm_fp8", mutates_args=())
-    def gather_fp8(workspace: int, gemm2: Tensor, weights: Tensor, residual: Tensor, post_weight: Optional[Tensor],
-                   post_eps: Optional[float], next_weight: Optional[Tensor], next_eps: Optional[float],
-                   scales: Optional[List[float]], routed_scale: float, strategy: int, kind: int, group_size: int,
-                   flags: int, scale: float, keep_normalized: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    def gather_fp8(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                   routed_scale, strategy, kind, group_size, flags, scale, keep_normalized):
         ws = _workspace(_GATHER_Q, workspace, residual.device)
         if ws._python_gather(residual, strategy):
             # the gather in Python (_pgather), the library quantizing the gathered rows
@@ -296,25 +255,16 @@ def _register():
                                           next_weight, next_eps, scales, routed_scale, strategy, False, op=True,
                                           quant=fields, keep_normalized=keep_normalized)
             return h, (n if n is not None else _no_normalized(residual)), q, qs
-        return fused_fp8_impl(_GATHER_Q, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps,
-                              scales, routed_scale, strategy, kind, group_size, flags, scale, keep_normalized, True,
-                              ws._run_gather)
+        return fused_fp8(_GATHER_Q, True, ws._run_gather, gemm2, weights, residual, post_weight, post_eps,
+                         next_weight, next_eps, scales, routed_scale, strategy, kind, group_size, flags, scale,
+                         keep_normalized)
 
-    @gather_fp8.register_fake
-    def _(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-          strategy, kind, group_size, flags, scale, keep_normalized):
-        check_fused(_GATHER_Q, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                    routed_scale, strategy, gather=True)
-        return fp8_out(residual, next_eps, kind, group_size, flags, scale, keep_normalized)
-
-    # Autograd: the functional operations refuse a backward pass with a clear
-    # message (torch allows no formula on an operation that writes in place;
-    # the beammoe functions refuse those writes while autograd records).
-    for op, name in ((fused, "moe_finalize_norm_residual_norm"), (nrn, "norm_residual_norm"),
-                     (gather, "moe_finalize_gather_norm_residual_norm"), (nrn_fp8, "norm_residual_norm_fp8"),
-                     (fused_fp8, "moe_finalize_norm_residual_norm_fp8"),
-                     (gather_fp8, "moe_finalize_gather_norm_residual_norm_fp8")):
-        op.register_autograd(_refuse_backward(name), setup_context=_setup_context)
+    outputs = Tuple[Tensor, Tensor, Tensor, Tensor]
+    _op("norm_residual_norm_fp8", (nrn_args, quant_args), outputs, nrn_fp8, nrn_fp8_fake)
+    _op("moe_finalize_norm_residual_norm_fp8", (fused_args, quant_args), outputs,
+        functools.partial(fused_fp8, _FUSED, False, _run.fused), functools.partial(fused_fp8_fake, _FUSED, False))
+    _op("moe_finalize_gather_norm_residual_norm_fp8", (workspace_arg, fused_args, quant_args), outputs, gather_fp8,
+        lambda workspace, *args: fused_fp8_fake(_GATHER_Q, True, *args))
 
 
 def _already_registered():
