@@ -12,21 +12,6 @@
 . "$(dirname "$0")/tool-lib.sh"
 need_json_c audit --input "$tmp/none.safetensors"
 
-# expect CODE FILE [WORDS]: audit --input FILE exits CODE, stderr has WORDS
-expect() {
-    code=$1 file=$2 words=${3:-}
-    "$tool" audit --input "$file" --quick >"$tmp/out" 2>"$tmp/err"
-    rc=$?
-    if [ "$rc" != "$code" ]; then
-        fail "$(basename "$file"): exit $rc, expected $code"
-        tail -3 "$tmp/out" | sed 's/^/    /'
-    elif [ -n "$words" ] && ! grep -q -- "$words" "$tmp/err"; then
-        fail "$(basename "$file"): message lacks '$words':"
-    else
-        pass "$(basename "$file"): exit $rc $(head -1 "$tmp/err")"
-    fi
-}
-
 # ---- run --output, then audit --input: the round trip ----
 run_out() {
     name=$1
@@ -41,10 +26,10 @@ run_out rt-plain.safetensors --tokens 5 --top-k 2 --hidden 256
 run_out rt-final.safetensors --op finalize --tokens 7 --top-k 4 --hidden 256 --post-norm \
     --routed-scale 0.75
 run_out rt-empty.safetensors --tokens 0 --top-k 1 --hidden 256 --next-norm
-expect 0 "$tmp/rt-fused.safetensors"
-expect 0 "$tmp/rt-plain.safetensors"
-expect 0 "$tmp/rt-final.safetensors"
-expect 0 "$tmp/rt-empty.safetensors"
+expect_input 0 "$tmp/rt-fused.safetensors"
+expect_input 0 "$tmp/rt-plain.safetensors"
+expect_input 0 "$tmp/rt-final.safetensors"
+expect_input 0 "$tmp/rt-empty.safetensors"
 # ---- run --input: the case a file holds, run again: the same checksum as
 # the run that wrote it, on every op the file can hold ----
 for f in rt-fused rt-plain rt-final rt-empty; do
@@ -262,11 +247,11 @@ open(os.path.join(d, 'expected'), 'w').write(''.join(expected))
 EOF
     # the files above, each with the status and words its audit must give
     while read -r code name words <&3; do
-        expect "$code" "$tmp/$name.safetensors" "$words"
+        expect_input "$code" "$tmp/$name.safetensors" "$words"
     done 3<"$tmp/expected"
-    expect 2 "$tmp/absent.safetensors" "cannot open"
-    expect 2 "$tmp" "not a regular file"
-    expect 0 "$tmp/good-escaped-ctrl.safetensors"
+    expect_input 2 "$tmp/absent.safetensors" "cannot open"
+    expect_input 2 "$tmp" "not a regular file"
+    expect_input 0 "$tmp/good-escaped-ctrl.safetensors"
     grep -q "note: tensor 'extra\\\\x09\\\\x01' is not used" "$tmp/err"
     check "good-escaped-ctrl.safetensors: the note shows the name escaped"
 
@@ -297,7 +282,7 @@ h = json.loads(b[8:8 + n])
 b[8 + n + h['hidden']['data_offsets'][0] + 1] ^= 0x01
 open(sys.argv[2], 'wb').write(b)
 EOF
-    expect 1 "$tmp/flipped.safetensors"
+    expect_input 1 "$tmp/flipped.safetensors"
     grep -q "stored:hidden .*MISMATCH" "$tmp/out"
     check "flipped.safetensors: a MISMATCH row for stored:hidden"
 else

@@ -38,6 +38,25 @@ need_json_c() {
     fi
 }
 
+# expect_input CODE FILE [WORDS]: `audit --quick --input FILE` exits CODE
+# within $limit seconds (default 60; a hang is a failure, not a stuck suite)
+# and its messages hold WORDS
+expect_input() {
+    code=$1 file=$2 words=${3:-}
+    timeout "${limit:-60}" "$tool" audit --quick --input "$file" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    if [ "$rc" = 124 ]; then
+        fail "audit --input $file: still running after ${limit:-60} s (a hang)"
+    elif [ "$rc" != "$code" ]; then
+        fail "${file##*/}: exit $rc, expected $code"
+        tail -3 "$tmp/out" | sed 's/^/    /'
+    elif [ -n "$words" ] && ! grep -q -- "$words" "$tmp/err"; then
+        fail "${file##*/}: message lacks '$words':"
+    else
+        pass "${file##*/}: exit $rc $(head -1 "$tmp/err")"
+    fi
+}
+
 # finish: the counts; the test's status is 0 when nothing failed
 finish() {
     echo "$checks checks, $fails failed"
