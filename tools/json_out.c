@@ -83,7 +83,7 @@ static void jw_sep(jw *w, const char *key)
     }
 }
 
-static void jw_begin(jw *w, const char *key, char open, char close, int row)
+void jw_begin(jw *w, const char *key, char open, char close, int row)
 {
     jw_sep(w, key);
     fputc(open, w->f);
@@ -91,26 +91,6 @@ static void jw_begin(jw *w, const char *key, char open, char close, int row)
     if (row && w->inline_from > w->depth) w->inline_from = w->depth;
     w->close[w->depth] = close;
     w->count[w->depth++] = 0;
-}
-
-void jw_begin_obj(jw *w, const char *key)
-{
-    jw_begin(w, key, '{', '}', 0);
-}
-
-void jw_begin_arr(jw *w, const char *key)
-{
-    jw_begin(w, key, '[', ']', 0);
-}
-
-void jw_begin_row(jw *w, const char *key)
-{
-    jw_begin(w, key, '{', '}', 1);
-}
-
-void jw_begin_row_arr(jw *w, const char *key)
-{
-    jw_begin(w, key, '[', ']', 1);
 }
 
 void jw_end(jw *w)
@@ -175,10 +155,4 @@ void jw_bool(jw *w, const char *key, int v)
 {
     jw_sep(w, key);
     fputs(v ? "true" : "false", w->f);
-}
-
-void jw_null(jw *w, const char *key)
-{
-    jw_sep(w, key);
-    fputs("null", w->f);
 }

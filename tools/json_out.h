@@ -31,10 +31,11 @@ void jw_init(jw *w, FILE *f);
 /* An object or an array; an object or array opened with jw_begin_row (or
  * deeper inside one) is written on one line, so a table's rows read one a
  * line. */
-void jw_begin_obj(jw *w, const char *key);
-void jw_begin_arr(jw *w, const char *key);
-void jw_begin_row(jw *w, const char *key);     /* an object on one line */
-void jw_begin_row_arr(jw *w, const char *key); /* an array on one line */
+void jw_begin(jw *w, const char *key, char open, char close, int row);
+#define jw_begin_obj(w, key) jw_begin(w, key, '{', '}', 0)
+#define jw_begin_arr(w, key) jw_begin(w, key, '[', ']', 0)
+#define jw_begin_row(w, key) jw_begin(w, key, '{', '}', 1)     /* an object on one line */
+#define jw_begin_row_arr(w, key) jw_begin(w, key, '[', ']', 1) /* an array on one line */
 void jw_end(jw *w); /* the innermost object or array; after the top one, a newline */
 
 void jw_str(jw *w, const char *key, const char *s); /* NULL: null */
@@ -43,7 +44,7 @@ void jw_uint(jw *w, const char *key, uint64_t v);
 void jw_num(jw *w, const char *key, double v); /* not finite: null (JSON has no NaN) */
 void jw_float(jw *w, const char *key, float v); /* a value given as a float: its shortest text */
 void jw_bool(jw *w, const char *key, int v);
-void jw_null(jw *w, const char *key);
+#define jw_null(w, key) jw_str(w, key, NULL)
 
 /* s as a JSON string (quotes included) on f: '"', '\\' and the control
  * characters escaped, every other valid UTF-8 character kept; characters
