@@ -418,12 +418,10 @@ static void expect_all_fail(group *G, gdata *d, const char *what, const char *ar
 
 static void test_invalid(void)
 {
-    static const int Rs[3] = {1, 2, 3};
     static const beam_strategy bad_s[3] = {BEAM_STRATEGY_FUSED, (beam_strategy)99, (beam_strategy)-1};
     static const char *const bad_names[3] = {"strategy FUSED", "strategy 99", "strategy -1"};
-    int ri, k;
-    for (ri = 0; ri < 3; ri++) {
-        const int R = Rs[ri];
+    int R, k;
+    for (R = 1; R <= 3; R++) {
         const hc_spec c = spec_small(7), big = spec_small(17), wide = spec(5, 4, 768, HC_NORM_PLAIN, HC_NORM_WEIGHT, 1);
         group G;
         gdata d, db, dw;
@@ -629,10 +627,9 @@ static void q_expect_all_fail(group *G, gdata *d, qout *o, int bad, const char *
  * workspace works on. */
 static void test_quant_invalid(void)
 {
-    static const int Rs[3] = {1, 2, 3};
-    int ri, r;
-    for (ri = 0; ri < 3; ri++) {
-        const int R = Rs[ri], last = R - 1;
+    int R, r;
+    for (R = 1; R <= 3; R++) {
+        const int last = R - 1;
         const hc_spec c = spec_small(7);
         const size_t TH = (size_t)c.T * (size_t)c.H;
         group G;
