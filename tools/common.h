@@ -78,11 +78,10 @@ int next_option(const char *cmd, int argc, char **argv, const struct option *lon
                 int *help);
 int options_end(const char *cmd, int last, int argc, char **argv, int help, void (*usage)(FILE *));
 
-/* Library error: print "beammoe <cmd>: <what>: <status>: <beam_last_error()>";
- * returns TOOL_EXIT_FAIL. */
-/* A failed library call: its status and message (ops: the table it was
- * called through, whose last_error holds the message; NULL: this library's
- * beam_last_error). */
+/* A failed library call: prints "beammoe <cmd>: <what> failed: <status>:
+ * <message>" (ops: the table it was called through, whose last_error holds
+ * the message; NULL: this library's beam_last_error); returns
+ * TOOL_EXIT_FAIL. */
 int report_lib_error(const beam_ops *ops, const char *cmd, const char *what, beam_status st);
 /* The exit status for a library status under the tool's rule:
  * invalid argument or unsupported (the caller's input, or a backend that is
