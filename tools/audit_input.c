@@ -72,8 +72,7 @@ int audit_input(const char *path, int quick, const audit_view *v)
     if (st != BEAM_OK) {
         fprintf(stderr, "beammoe audit: %s: the library rejects these tensors: %s: %s\n", shown,
                 beam_status_string(st), audit_ops[BM_CPU]->last_error());
-        rc = (st == BEAM_ERR_INVALID_ARGUMENT || st == BEAM_ERR_UNSUPPORTED) ? TOOL_EXIT_USAGE
-                                                                             : TOOL_EXIT_FAIL;
+        rc = tool_exit_status(st);
         goto out;
     }
 
