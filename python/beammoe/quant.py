@@ -137,7 +137,24 @@ class FP8Quant:
 NVFP4_SCALE_LIMIT = 2.0 ** 118
 
 
-class NVFP4Quant:
+class _BlockQuant:
+    """A block-scaled form: its code (_run.NVFP4 or MXFP8) and the caller's
+    global scale (NVFP4's global_scale; MXFP8 has none)."""
+
+    __slots__ = ()
+
+    @property
+    def group_size(self):
+        """Values per block scale: the form's group of lib/quant_forms.def (NVFP4 16, MXFP8 32)."""
+        return _forms.form(self._code).group
+
+    def fields(self):
+        """(kind, group_size, flags, scale): the library's encoding (the
+        torch operators' arguments)."""
+        return self._code, self.group_size, 0, getattr(self, "global_scale", 0.0)
+
+
+class NVFP4Quant(_BlockQuant):
     """NVFP4 (docs/numerics.md#nvfp4): E2M1 values, an E4M3 scale per 16 and
     the caller's global scale g, 0 < g < 2^118 as an FP32 (see the module's
     text)."""
@@ -145,6 +162,7 @@ class NVFP4Quant:
     __slots__ = ("global_scale",)
 
     kind = "nvfp4"
+    _code = NVFP4
 
     def __init__(self, global_scale):
         g = A.number("NVFP4Quant", "global_scale", global_scale)
@@ -157,37 +175,18 @@ class NVFP4Quant:
     def __repr__(self):
         return "NVFP4Quant(%r)" % self.global_scale
 
-    @property
-    def group_size(self):
-        """Values per block scale: the form's group of lib/quant_forms.def (16)."""
-        return _forms.form(NVFP4).group
 
-    def fields(self):
-        """(kind, group_size, flags, scale): the library's encoding (the
-        torch operators' arguments)."""
-        return NVFP4, self.group_size, 0, self.global_scale
-
-
-class MXFP8Quant:
+class MXFP8Quant(_BlockQuant):
     """MXFP8 (docs/numerics.md#mxfp8): E4M3 values and an E8M0 scale per 32,
     computed; no arguments (see the module's text)."""
 
     __slots__ = ()
 
     kind = "mxfp8"
+    _code = MXFP8
 
     def __repr__(self):
         return "MXFP8Quant()"
-
-    @property
-    def group_size(self):
-        """Values per block scale: the form's group of lib/quant_forms.def (32)."""
-        return _forms.form(MXFP8).group
-
-    def fields(self):
-        """(kind, group_size, flags, scale): the library's encoding (the
-        torch operators' arguments)."""
-        return MXFP8, self.group_size, 0, 0.0
 
 
 QUANTS = (FP8Quant, NVFP4Quant, MXFP8Quant)

@@ -70,6 +70,21 @@ def _thresholds(fn, oneshot, separate, twoshot_alias, oneshot_alias, timeout_ms)
     return one, two, tmo
 
 
+def _sizes(fn, max_tokens, hidden_size, hidden, *thresholds):
+    """(max_tokens, hidden_size, _thresholds(fn, *thresholds)) of a
+    constructor's arguments, checked as ints (hidden: hidden_size's alias)."""
+    max_tokens = A.integer(fn, "max_tokens", max_tokens, A.INT64)
+    if hidden is not None:
+        if hidden_size is not None:
+            raise TypeError("%s: give hidden_size or its alias hidden, not both" % fn)
+        hidden_size = A.integer(fn, "hidden", hidden, A.INT32)
+    elif hidden_size is None:
+        raise TypeError("%s: hidden_size is required" % fn)
+    else:
+        hidden_size = A.integer(fn, "hidden_size", hidden_size, A.INT32)
+    return max_tokens, hidden_size, _thresholds(fn, *thresholds)
+
+
 def _config(ops, one, two, tmo):
     """The full beam_workspace_config: the defaults of the backend whose
     table is `ops` (the workspace's) with the given fields."""
@@ -252,10 +267,9 @@ class Workspace:
         import torch.distributed as dist
 
         fn = "beammoe.Workspace"
-        max_tokens = A.integer(fn, "max_tokens", max_tokens, A.INT64)
-        hidden_size = self._hidden(fn, hidden_size, hidden)
-        one, two, tmo = _thresholds(fn, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens,
-                                    twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
+        max_tokens, hidden_size, (one, two, tmo) = _sizes(
+            fn, max_tokens, hidden_size, hidden, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens,
+            twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
         kind = _device(fn, device)
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("%s: torch.distributed is not initialized (call init_process_group first)" % fn)
@@ -280,12 +294,10 @@ class Workspace:
             h = ctypes.c_void_p()
             cfg = _config(ops, one, two, tmo)
             st = ops.workspace_create_nccl(comm, max_tokens, hidden_size, ctypes.byref(cfg), ctypes.byref(h))
-            msg = _lib.last_error(ops) if st != _lib.BEAM_OK else ""
             if st != _lib.BEAM_OK:
-                try:
+                msg = _lib.last_error(ops)
+                with contextlib.suppress(Exception):  # the workspace's error is the one to report
                     _nccl.comm_destroy(comm)
-                except Exception:  # the workspace's error is the one to report
-                    pass
                 raise_for_status(st, msg or "beam_workspace_create_nccl failed")
         self._comm = comm
         self._opened(ops, h.value, cfg)
@@ -332,10 +344,9 @@ class Workspace:
         if not isinstance(group, CpuGroup):
             raise TypeError("%s: group must be a beammoe.CpuGroup, got %s" % (fn, type(group).__name__))
         rank = A.integer(fn, "rank", rank, A.INT32)
-        max_tokens = A.integer(fn, "max_tokens", max_tokens, A.INT64)
-        hidden_size = cls._hidden(fn, hidden_size, hidden)
-        one, two, tmo = _thresholds(fn, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens,
-                                    twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
+        max_tokens, hidden_size, (one, two, tmo) = _sizes(
+            fn, max_tokens, hidden_size, hidden, moe_gather_oneshot_max_tokens, moe_gather_separate_norm_min_tokens,
+            twoshot_max_tokens, oneshot_max_tokens, timeout_ms)
         self = cls.__new__(cls)
         self._init_fields(max_tokens, hidden_size, torch.device("cpu"), group)
         ops = group._ops  # the table that made the group makes its workspaces
@@ -347,16 +358,6 @@ class Workspace:
         self._opened(ops, h.value, cfg)
         self._set_thresholds(moe_gather_separate_norm_min_tokens)
         return self
-
-    @staticmethod
-    def _hidden(fn, hidden_size, hidden):
-        if hidden is not None:
-            if hidden_size is not None:
-                raise TypeError("%s: give hidden_size or its alias hidden, not both" % fn)
-            return A.integer(fn, "hidden", hidden, A.INT32)
-        if hidden_size is None:
-            raise TypeError("%s: hidden_size is required" % fn)
-        return A.integer(fn, "hidden_size", hidden_size, A.INT32)
 
     def _init_fields(self, max_tokens, hidden_size, device, group):
         self.max_tokens = max_tokens
@@ -589,15 +590,11 @@ class Workspace:
 
     def _destroy(self, h, comm):
         ops = self._ops
-        if self.device.type == "cuda":
-            with torch.cuda.device(self.device):
-                st = ops.workspace_destroy(h)
-                msg = _lib.last_error(ops) if st != _lib.BEAM_OK else ""
-                if comm is not None:
-                    _nccl.comm_destroy(comm)
-        else:
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             st = ops.workspace_destroy(h)
             msg = _lib.last_error(ops) if st != _lib.BEAM_OK else ""
+            if comm is not None:  # a CUDA workspace's communicator
+                _nccl.comm_destroy(comm)
         if st != _lib.BEAM_OK:
             raise_for_status(st, msg or "beam_workspace_destroy failed")
 
