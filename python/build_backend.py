@@ -154,17 +154,22 @@ def _system_path(soname):
     return None
 
 
+def _elf_files(folder):
+    """(name, path, bytes) of each ELF file in the folder, by name."""
+    for name in sorted(os.listdir(folder)):
+        p = os.path.join(folder, name)
+        with open(p, "rb") as f:
+            data = f.read()
+        if data[:4] == b"\x7fELF":
+            yield name, p, data
+
+
 def libs_status(libs):
     """(NEEDED outside the policy and not carried, newest glibc (X, Y)) of the
     ELF files in the folder libs."""
     missing, newest = set(), (2, 17)
     present = set(os.listdir(libs))
-    for name in sorted(present):
-        p = os.path.join(libs, name)
-        with open(p, "rb") as f:
-            data = f.read()
-        if data[:4] != b"\x7fELF":
-            continue
+    for _, _, data in _elf_files(libs):
         needed, _ = _elf_dynamic(data)
         newest = max(newest, _glibc(data))
         missing |= {n for n in needed if n not in MANYLINUX and n not in present and not CUDA.match(n)}
@@ -193,12 +198,8 @@ def repair(wheel):
         libs = os.path.join(tmp, "beammoe", "_libs")
         tag = "any"
         if os.path.isdir(libs):
-            for name in os.listdir(libs):
-                p = os.path.join(libs, name)
-                with open(p, "rb") as f:
-                    elf = f.read(4) == b"\x7fELF"
-                if elf:
-                    _set_origin(p)
+            for _, p, _ in _elf_files(libs):
+                _set_origin(p)
             missing, _ = libs_status(libs)
             for soname in missing:
                 src = _system_path(soname)
@@ -256,13 +257,10 @@ def check(wheel):
         missing, newest = libs_status(os.path.join(tmp, "beammoe", "_libs"))
         want = "manylinux_%d_%d_%s" % (newest[0], newest[1], _arch())
         tag = os.path.basename(wheel)[:-len(".whl")].split("-")[-1]
-        for name in sorted(os.listdir(os.path.join(tmp, "beammoe", "_libs"))):
-            with open(os.path.join(tmp, "beammoe", "_libs", name), "rb") as f:
-                data = f.read()
-            if data[:4] == b"\x7fELF":
-                needed, where = _elf_dynamic(data)
-                runpath = data[where[0]:where[0] + where[1]].rstrip(b"\0").decode() if where else "-"
-                print("%-24s RUNPATH %-8s NEEDED %s" % (name, runpath, " ".join(needed)))
+        for name, _, data in _elf_files(os.path.join(tmp, "beammoe", "_libs")):
+            needed, where = _elf_dynamic(data)
+            runpath = data[where[0]:where[0] + where[1]].rstrip(b"\0").decode() if where else "-"
+            print("%-24s RUNPATH %-8s NEEDED %s" % (name, runpath, " ".join(needed)))
         print("glibc %d.%d: %s; tagged %s" % (newest + (want, tag)))
         if missing:
             print("needs from the host: %s" % ", ".join(missing))
