@@ -69,6 +69,9 @@ class PreparedCall:
 
 
 def _output(fn, name, t, like):
+    """The output t, checked to be like `like`; a new one where t is None."""
+    if t is None:
+        return torch.empty_like(like)
     A.tensor(fn, name, t, BF16, 2)
     if t.shape != like.shape:
         A.shape(fn, name, t, tuple(like.shape))
@@ -104,17 +107,13 @@ def prepare_finalize_norm_residual_norm(x, residual, post_weight, post_eps, next
         if hidden is not None:
             raise ValueError("%s: hidden is residual itself with inplace=True; pass hidden=None" % fn)
         hidden = residual
-    elif hidden is None:
-        hidden = torch.empty_like(residual)
     else:
-        _output(fn, "hidden", hidden, residual)
+        hidden = _output(fn, "hidden", hidden, residual)
     if ne is None:
         if normalized is not None:
             raise ValueError("%s: normalized is given but next_eps is None (it would not be written)" % fn)
-    elif normalized is None:
-        normalized = torch.empty_like(residual)
     else:
-        _output(fn, "normalized", normalized, residual)
+        normalized = _output(fn, "normalized", normalized, residual)
     every = [t for t in (g, w, residual, pw, nw, hidden, normalized) if t is not None]
     for t in every:
         if t.requires_grad:
