@@ -32,15 +32,13 @@ def library():
                 lib = ctypes.CDLL(name)
             except OSError as e:
                 raise BeamCommError("beammoe.Workspace: cannot load NCCL (%s): %s" % (name, e), 4) from None
-            lib.ncclGetUniqueId.restype = ctypes.c_int
-            lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(NcclUniqueId)]
-            lib.ncclCommInitRank.restype = ctypes.c_int
-            lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, NcclUniqueId,
-                                             ctypes.c_int]
-            lib.ncclCommDestroy.restype = ctypes.c_int
-            lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
-            lib.ncclGetErrorString.restype = ctypes.c_char_p
-            lib.ncclGetErrorString.argtypes = [ctypes.c_int]
+            for f, res, args in (
+                    (lib.ncclGetUniqueId, ctypes.c_int, [ctypes.POINTER(NcclUniqueId)]),
+                    (lib.ncclCommInitRank, ctypes.c_int,
+                     [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, NcclUniqueId, ctypes.c_int]),
+                    (lib.ncclCommDestroy, ctypes.c_int, [ctypes.c_void_p]),
+                    (lib.ncclGetErrorString, ctypes.c_char_p, [ctypes.c_int])):
+                f.restype, f.argtypes = res, args
             _nccl = lib
         return _nccl
 

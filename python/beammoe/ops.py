@@ -109,15 +109,13 @@ def beam_moe_finalize(expert_outputs, expert_weights, output, routed_scale=1.0, 
     dev, eager, recording = route(fn, _FINALIZE_NAMES, tensors)
     no_autograd_write(fn, "output", output, recording, eager)
     if eager:
+        def run():
+            _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe, output)
+            return ()
         if recording:
-            def run():
-                _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe,
-                              output)
-                return ()
             WriteNoDerivative.apply(fn, run, output, *autograd_inputs(tensors, output))
         else:
-            _run.finalize(dev, expert_outputs, expert_weights, capacity, live, top_k, hidden, scale, pw, pe,
-                          output)
+            run()
             mark_written(output)
     else:
         torch.ops.beammoe.moe_finalize(expert_outputs, expert_weights, output, scale, pw, pe)
