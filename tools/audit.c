@@ -74,7 +74,6 @@ typedef struct case_list {
 static void audit_add_case(case_list *l, hc_op op, int64_t T, int64_t pad, int32_t K, int32_t H,
                            unsigned opts, float rs, float s0, float s1, float eps, hc_mode gen)
 {
-    acase *c;
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
         l->v = realloc(l->v, sizeof *l->v * (size_t)l->cap);
@@ -83,18 +82,7 @@ static void audit_add_case(case_list *l, hc_op op, int64_t T, int64_t pad, int32
             exit(TOOL_EXIT_FAIL);
         }
     }
-    c = &l->v[l->n++];
-    c->op = op;
-    c->T = T;
-    c->cap = T + pad;
-    c->K = K;
-    c->H = H;
-    c->opts = opts;
-    c->rs = rs;
-    c->scales[0] = s0;
-    c->scales[1] = s1;
-    c->eps = eps;
-    c->gen = gen;
+    l->v[l->n++] = (acase){op, T, T + pad, K, H, opts, rs, {s0, s1}, eps, gen};
 }
 
 /* Option sets the sweep rotates through, so every combination meets many
@@ -318,22 +306,17 @@ typedef struct audit_ctx {
 static void audit_case(audit_ctx *ax, const acase *c, int index)
 {
     hc_case p;
-    hc_spec s;
+    const hc_spec s = {.K = c->K, .H = c->H, .T = c->T, .pad = c->cap - c->T,
+                       .post = norm_of(c->opts, OPT_POST, OPT_POST_W),
+                       .pre = norm_of(c->opts, OPT_PRE, OPT_PRE_W),
+                       .next = norm_of(c->opts, OPT_NEXT, OPT_NEXT_W),
+                       .scales = !!(c->opts & OPT_SCALES)};
     hc_out truth;
     char label[128], msg[600];
     variant truth_v = {"fused", BEAM_STRATEGY_FUSED, 0, 0};
 
     memset(&truth, 0, sizeof truth);
-    memset(&s, 0, sizeof s);
     case_label(c, label, sizeof label);
-    s.K = c->K;
-    s.H = c->H;
-    s.T = c->T;
-    s.pad = c->cap - c->T;
-    s.post = norm_of(c->opts, OPT_POST, OPT_POST_W);
-    s.pre = norm_of(c->opts, OPT_PRE, OPT_PRE_W);
-    s.next = norm_of(c->opts, OPT_NEXT, OPT_NEXT_W);
-    s.scales = !!(c->opts & OPT_SCALES);
     if (hc_make_mode(&p, c->op, &s, c->rs, c->scales, c->eps, c->gen,
                      ax->seed ^ (0x9E3779B97F4A7C15ULL * (uint64_t)(index + 1)))) {
         audit_print_error(&ax->t, label, "cpu", "-", "out of memory for the inputs");

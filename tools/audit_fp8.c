@@ -184,17 +184,11 @@ void audit_fp8(tally *t, const beam_ops *const ops[BM_NBACKENDS], int quick, uin
             for (hi = 0; hi < (quick ? 1 : 2); hi++)
                 for (mi = quick ? 1 : 0; mi < 2; mi++) {
                     const hc_op op = oi ? HC_FUSED : HC_NRN;
+                    const hc_spec sp = {.K = 8, .H = Hs[hi], .T = Ts[ti], .pad = 1,
+                                        .post = op == HC_FUSED ? HC_NORM_WEIGHT : HC_NORM_OFF,
+                                        .next = HC_NORM_WEIGHT, .scales = op == HC_FUSED};
                     beam_quant forms[QM_NFORMS];
-                    hc_spec sp;
                     hc_case c;
-                    memset(&sp, 0, sizeof sp);
-                    sp.K = 8;
-                    sp.H = Hs[hi];
-                    sp.T = Ts[ti];
-                    sp.pad = 1;
-                    sp.post = op == HC_FUSED ? HC_NORM_WEIGHT : HC_NORM_OFF;
-                    sp.next = HC_NORM_WEIGHT;
-                    sp.scales = op == HC_FUSED;
                     if (hc_make_mode(&c, op, &sp, 2.5f, scales, 1e-6f, modes[mi],
                                      seed ^ (0xC2B2AE3D27D4EB4FULL * (uint64_t)++index))) {
                         audit_print_error(t, "fp8", "cpu", "-", "out of memory for the inputs");
