@@ -397,9 +397,7 @@ int audit_sweep(const audit_view *view, int quick, uint64_t seed)
     double t0;
     int i, b;
 
-    memset(&ax, 0, sizeof ax);
-    ax.seed = seed;
-    ax.quick = quick;
+    ax = (audit_ctx){.quick = quick, .seed = seed};
     audit_ops[BM_CPU] = beam_backend_ops("cpu", BEAM_OPS_VERSION);
     if (!audit_ops[BM_CPU])
         return report_lib_error(NULL, "audit", "beam_backend_ops(\"cpu\")", BEAM_ERR_UNSUPPORTED);

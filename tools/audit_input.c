@@ -85,10 +85,7 @@ int audit_input(const char *path, int quick, const audit_view *v)
     if (p.s.scales) strcat(o, "sc ");
     snprintf(label, sizeof label, "%s T%lld K%d H%d c%lld %srs%g", hc_op_name(op), (long long)p.s.T,
              (int)p.s.K, (int)p.s.H, (long long)p.cap, o, (double)p.rs);
-    memset(&t, 0, sizeof t);
-    t.verbose = 1;
-    t.one_case = 1;
-    t.json = w;
+    t = (tally){.verbose = 1, .one_case = 1, .json = w};
     if (w)
         jw_begin_arr(w, "rows");
     else

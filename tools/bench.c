@@ -386,15 +386,10 @@ int cmd_bench(int argc, char **argv)
     if (!g_cpu) return report_lib_error(NULL, "bench", "beam_backend_ops(\"cpu\")", BEAM_ERR_UNSUPPORTED);
     if (threads) omp_set_num_threads(threads);
     threads = omp_get_max_threads();
-    memset(&o, 0, sizeof o);
-    o.isa = bm_cpu_pick_isa();
-    o.hot = hot;
-    o.total = ncfg * nT * (int)repeat64;
-    o.quiet_rows = !json && repeat64 == 1 && isatty(1) && isatty(2);
-    if (json) {
-        o.w = &w;
-        jw_init(&w, stdout);
-    }
+    o = (bench_out){.w = json ? &w : NULL, .isa = bm_cpu_pick_isa(), .hot = hot,
+                    .total = ncfg * nT * (int)repeat64,
+                    .quiet_rows = !json && repeat64 == 1 && isatty(1) && isatty(2)};
+    if (json) jw_init(&w, stdout);
 
     cpu_model(model, sizeof model);
     warn_load("bench", threads);

@@ -99,11 +99,7 @@ static int job_make(rank_job *j, const hc_case *c, int32_t rank, int32_t R)
     int64_t T = c->s.T, first, count;
     int s;
 
-    memset(j, 0, sizeof *j);
-    j->c = c;
-    j->rank = rank;
-    j->nranks = R;
-    j->L = (T + R - 1) / R;
+    *j = (rank_job){.c = c, .rank = rank, .nranks = R, .L = (T + R - 1) / R};
     j->local_cap = j->L + 1;
     first = rank * j->L;
     count = T - first;

@@ -373,20 +373,16 @@ int cmd_run(int argc, char **argv)
     unsigned char seen[sizeof longopts / sizeof longopts[0]] = {0};
     const char *backend = NULL;
     hc_op op = HC_FUSED;
-    hc_spec spec;
+    hc_spec spec = {0};
     float scales[2] = {1.0f, 1.0f}, rs = 1.0f, eps = 1e-6f;
     const beam_ops *ops;
     hc_case p;
-    run_result r;
+    run_result r = {.seed = 1, .strategy = BEAM_STRATEGY_AUTO};
     st_file f;
     st_stored stored;
     double need, have;
     char msg[400];
 
-    memset(&spec, 0, sizeof spec);
-    memset(&r, 0, sizeof r);
-    r.seed = 1;
-    r.strategy = BEAM_STRATEGY_AUTO;
     optind = 1;
     while ((opt = next_option("run", argc, argv, longopts, seen, &help)) >= 0) {
         switch (opt) {
