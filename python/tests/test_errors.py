@@ -185,7 +185,8 @@ def test_scales_accepted_forms(xr):
 
 @pytest.mark.parametrize("kw,msg", [(dict(strategy=1), r"strategy must be a string or None, got int"),
                                     (dict(strategy=True), r"strategy must be a string or None, got bool"),
-                                    (dict(inplace=None), r"inplace must be True or False, got NoneType")])
+                                    (dict(inplace=None), r"inplace must be True or False, got NoneType"),
+                                    (dict(inplace=1), r"inplace must be True or False, got int")])
 def test_strategy_and_flags(xr, kw, msg):
     x, r = xr
     with pytest.raises(TypeError, match=msg):
