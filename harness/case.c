@@ -547,15 +547,16 @@ static void *place(hc_bound *b, const void *host, size_t bytes, size_t off, int 
     if (!host || *fail)
         return (void *)host;
     if (!(b->how & HC_DEVICE)) {
-        if (!off)
+        if (!off && !(b->how & HC_FENCED))
             return (void *)host;
-        base = hu_try_alloc(bytes, off);
+        base = (b->how & HC_FENCED) ? hu_alloc_fenced(bytes) : hu_try_alloc(bytes, off);
         if (!base) {
             snprintf(err, errn, "out of memory");
             *fail = 1;
             return NULL;
         }
         memcpy(base, host, bytes);
+        b->sizes[b->nblocks] = bytes;
         b->blocks[b->nblocks++] = base;
         return base;
     }
@@ -603,6 +604,9 @@ int hc_bind(hc_bound *b, const hc_case *c, hc_op op, hc_out *o, unsigned how, ch
     if (op != HC_FINALIZE)
         b->residual = (b->how & HC_INPLACE) ? b->hidden
                                             : place(b, c->residual, C * H * 2, mb, &fail, err, errn);
+    /* the scales where the case holds them, but for a fenced call */
+    if (op != HC_FINALIZE && s->scales)
+        b->scales = (b->how & HC_FENCED) ? place(b, c->scales, 8, 0, &fail, err, errn) : c->scales;
     b->post_p = hu_beam_norm(&c->post, &b->post);
     b->pre_p = hu_beam_norm(&c->pre, &b->pre);
     b->next_p = hu_beam_norm(&c->next, &b->next);
@@ -623,7 +627,7 @@ beam_status hc_call(const beam_ops *ops, const hc_bound *b, beam_strategy strate
 {
     const hc_case *c = b->c;
     const hc_spec *s = &c->s;
-    const float *sc = s->scales ? c->scales : NULL;
+    const float *sc = b->scales;
     switch (b->op) {
     case HC_FINALIZE:
         return ops->moe_finalize(b->experts, b->weights, c->cap, s->T, s->K, s->H, c->rs, b->post_p,
@@ -663,6 +667,8 @@ void hc_unbind(hc_bound *b)
     for (i = 0; i < b->nblocks; i++) {
         if (b->how & HC_DEVICE)
             dev_free(b->blocks[i]);
+        else if (b->how & HC_FENCED)
+            hu_free_fenced(b->blocks[i], b->sizes[i]);
         else
             hu_free(b->blocks[i]);
     }

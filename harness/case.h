@@ -130,7 +130,9 @@ typedef struct hc_bound {
     beam_norm post, pre, next;
     const beam_norm *post_p, *pre_p, *next_p;
     uint16_t *hidden, *normalized;
+    const float *scales;
     void *blocks[12]; /* what hc_unbind frees */
+    size_t sizes[12]; /* their bytes (HC_FENCED) */
     int nblocks;
 } hc_bound;
 
@@ -138,13 +140,15 @@ typedef struct hc_bound {
 enum {
     HC_DEVICE = 1,   /* device memory through harness/devmem.h (dev_open done) */
     HC_INPLACE = 2,  /* hidden_out is the residual buffer (nrn, fused) */
-    HC_MISALIGN = 4  /* bases 2 (BF16) / 4 (FP32) bytes off 16 */
+    HC_MISALIGN = 4, /* bases 2 (BF16) / 4 (FP32) bytes off 16 */
+    HC_FENCED = 8    /* host: every array (scales too) ends where an
+                      * inaccessible page begins (hu_alloc_fenced) */
 };
 /* The layout a spec asks for (inplace, misalign). */
 unsigned hc_how(const hc_spec *s);
 
 /* Resets o and lays the case out for one call: host memory (the case's own
- * arrays, or misaligned copies), or device memory. In place: hidden starts
+ * arrays, or misaligned or fenced copies), or device memory. In place: hidden starts
  * as the residual. 0, or -1 with a message in err. */
 int hc_bind(hc_bound *b, const hc_case *c, hc_op op, hc_out *o, unsigned how, char *err,
             size_t errn);

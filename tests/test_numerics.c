@@ -171,71 +171,38 @@ static void test_zero_tokens(void)
  * then dies, which make check reports). Compared with the reference. */
 static void fenced_case(int32_t K, int32_t H, int64_t T, int with_norms)
 {
-    size_t TH = (size_t)T * (size_t)H, KH = (size_t)K * (size_t)H;
-    size_t bx = 2 * TH * (size_t)K, bw = 4 * (size_t)K * (size_t)T, bt = 2 * TH, bn = 2 * (size_t)H;
-    uint16_t *ex = (uint16_t *)hu_alloc_fenced(bx), *x = (uint16_t *)hu_alloc_fenced(bt);
-    uint16_t *res = (uint16_t *)hu_alloc_fenced(bt), *hid = (uint16_t *)hu_alloc_fenced(bt);
-    uint16_t *nrm = (uint16_t *)hu_alloc_fenced(bt), *wn = (uint16_t *)hu_alloc_fenced(bn);
-    float *wt = (float *)hu_alloc_fenced(bw), *sc = (float *)hu_alloc_fenced(8);
-    uint16_t *ref_h = (uint16_t *)hu_alloc(bt, 0), *ref_n = (uint16_t *)hu_alloc(bt, 0);
-    beam_norm bn_post = {NULL, 1e-6f}, bn_next = {NULL, 1e-5f};
-    nr_norm n_post = {1, NULL, 1e-6f}, n_next = {1, NULL, 1e-5f};
-    static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED,
-                                            BEAM_STRATEGY_UNFUSED};
-    hu_rng r;
-    size_t i;
-    int k;
-    char label[200];
+    static const beam_strategy strats[3] = {BEAM_STRATEGY_AUTO, BEAM_STRATEGY_FUSED, BEAM_STRATEGY_UNFUSED};
+    const int norm = with_norms ? HC_NORM_WEIGHT : HC_NORM_OFF;
+    const hc_spec s = {.K = K, .H = H, .T = T, .post = norm, .pre = norm, .next = norm, .scales = 1};
+    const size_t TH = (size_t)T * (size_t)H;
+    hc_case d;
+    hc_out want, got;
+    char desc[256], label[400], err[400];
+    int op, k;
 
-    hu_rng_init(&r, g_seed + 4242u + (uint64_t)H);
-    hu_fill_bf16(&r, ex, KH * (size_t)T);
-    hu_fill_weight(&r, wt, (size_t)K * (size_t)T);
-    hu_fill_bf16(&r, x, TH);
-    hu_fill_bf16(&r, res, TH);
-    for (i = 0; i < (size_t)H; i++)
-        wn[i] = hu_rand_norm_weight(&r);
-    sc[0] = 0.75f;
-    sc[1] = 1.25f;
-    bn_post.weight = n_post.weight = wn;
-    bn_next.weight = n_next.weight = wn;
-    n_post.on = n_next.on = with_norms;
-    snprintf(label, sizeof label, "seed=%llu fenced K=%d H=%d T=%lld norms=%d",
-             (unsigned long long)g_seed, (int)K, (int)H, (long long)T, with_norms);
-
-    nr_finalize(ex, wt, T, K, H, 1.5f, &n_post, ref_h);
-    CU_ASSERT_EQUAL(beam_moe_finalize(ex, wt, T, T, K, H, 1.5f, with_norms ? &bn_post : NULL,
-                                      hid, NULL), BEAM_OK);
-    CU_ASSERT_EQUAL(hu_cmp_bf16(label, hid, ref_h, TH), 0);
-
-    nr_norm_residual_norm(x, res, T, H, &n_post, sc, &n_next, ref_h, ref_n);
-    CU_ASSERT_EQUAL(beam_norm_residual_norm(x, res, T, H, with_norms ? &bn_post : NULL, sc,
-                                            with_norms ? &bn_next : NULL, hid,
-                                            with_norms ? nrm : NULL, NULL), BEAM_OK);
-    CU_ASSERT_EQUAL(hu_cmp_bf16(label, hid, ref_h, TH), 0);
-    if (with_norms)
-        CU_ASSERT_EQUAL(hu_cmp_bf16(label, nrm, ref_n, TH), 0);
-
-    nr_finalize_norm_residual_norm(ex, wt, T, K, H, 1.5f, &n_post, res, sc, &n_next, ref_h, ref_n);
-    for (k = 0; k < 3; k++) {
-        CU_ASSERT_EQUAL(beam_moe_finalize_norm_residual_norm(
-                            ex, wt, T, T, K, H, 1.5f, with_norms ? &bn_post : NULL, res, sc,
-                            with_norms ? &bn_next : NULL, hid, with_norms ? nrm : NULL, strats[k],
-                            NULL), BEAM_OK);
-        CU_ASSERT_EQUAL(hu_cmp_bf16(label, hid, ref_h, TH), 0);
-        if (with_norms)
-            CU_ASSERT_EQUAL(hu_cmp_bf16(label, nrm, ref_n, TH), 0);
+    hc_make(&d, &s, g_seed + 4242u + (uint64_t)H);
+    if (hc_out_make(&want, &d, 0) || hc_out_make(&got, &d, 0)) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
     }
-
-    hu_free_fenced(ex, bx);
-    hu_free_fenced(x, bt);
-    hu_free_fenced(res, bt);
-    hu_free_fenced(hid, bt);
-    hu_free_fenced(nrm, bt);
-    hu_free_fenced(wn, bn);
-    hu_free_fenced(wt, bw);
-    hu_free_fenced(sc, 8);
-    hu_free(ref_h);
-    hu_free(ref_n);
+    hc_describe(&s, desc, sizeof desc);
+    for (op = 0; op < 3; op++) {
+        hc_reference(&d, (hc_op)op, &want);
+        for (k = 0; k < (op == HC_FUSED ? 3 : 1); k++) {
+            const beam_status st = hc_run(hc_ops(), &d, (hc_op)op, strats[k], HC_FENCED, &got, err, sizeof err);
+            snprintf(label, sizeof label, "seed=%llu fenced %s strategy=%d [%s]", (unsigned long long)g_seed,
+                     hc_op_name((hc_op)op), (int)strats[k], desc);
+            if (st != BEAM_OK)
+                fprintf(stderr, "FAIL %s: %s\n", label, err);
+            CU_ASSERT_EQUAL(st, BEAM_OK);
+            CU_ASSERT_EQUAL(hu_cmp_bf16(label, got.hidden, want.hidden, TH), 0);
+            if (hc_has_normalized(&d, (hc_op)op))
+                CU_ASSERT_EQUAL(hu_cmp_bf16(label, got.normalized, want.normalized, TH), 0);
+        }
+    }
+    hc_out_free(&want);
+    hc_out_free(&got);
+    hc_free(&d);
 }
 
 static void test_fenced(void)
