@@ -10,6 +10,7 @@ import os
 import threading
 
 from ._errors import BeamCommError
+from ._lib import _declare
 
 NCCL_UNIQUE_ID_BYTES = 128
 
@@ -32,13 +33,12 @@ def library():
                 lib = ctypes.CDLL(name)
             except OSError as e:
                 raise BeamCommError("beammoe.Workspace: cannot load NCCL (%s): %s" % (name, e), 4) from None
-            for f, res, args in (
-                    (lib.ncclGetUniqueId, ctypes.c_int, [ctypes.POINTER(NcclUniqueId)]),
-                    (lib.ncclCommInitRank, ctypes.c_int,
-                     [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, NcclUniqueId, ctypes.c_int]),
-                    (lib.ncclCommDestroy, ctypes.c_int, [ctypes.c_void_p]),
-                    (lib.ncclGetErrorString, ctypes.c_char_p, [ctypes.c_int])):
-                f.restype, f.argtypes = res, args
+            _declare(lib, {
+                "ncclGetUniqueId": (ctypes.c_int, [ctypes.POINTER(NcclUniqueId)]),
+                "ncclCommInitRank": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, NcclUniqueId,
+                                                    ctypes.c_int]),
+                "ncclCommDestroy": (ctypes.c_int, [ctypes.c_void_p]),
+                "ncclGetErrorString": (ctypes.c_char_p, [ctypes.c_int])})
             _nccl = lib
         return _nccl
 
