@@ -173,7 +173,7 @@ def raw_header(name, js, data, want=None):
     js = js if isinstance(js, bytes) else js.encode()
     js += b' ' * (-len(js) % 8)
     save(name, struct.pack('<Q', len(js)) + js + data, want)
-def entries(tensors, shift=None):
+def entries(tensors):
     """header entries (text) and data of tensors, offsets as written"""
     parts, data = [], b''
     for n, dt, shape, b in tensors:
@@ -195,7 +195,6 @@ raw_header('bad-dup-meta',
            obj([('__metadata__', '{"live_tokens":"1","live_tokens":"2"}')] + parts), blob,
            want="appears twice inside the entry '__metadata__'")
 raw_header('good-order', obj(parts[::-1]), blob, want='')  # JSON order is free
-ex_end = len(base[0][3])
 def offsets(h, name, b, e): h[name]['data_offsets'] = [b, e]
 write('bad-overlap', base,  # expert_weights inside expert_outputs
       header=lambda h: offsets(h, 'expert_weights', 16, 16 + len(base[1][3])),
