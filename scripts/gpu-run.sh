@@ -105,7 +105,6 @@ for part in "$@"; do
     BEAM_TEST_RANKS=2 BEAM_TEST_ONLY=$part "$SAN" --tool "$tool" --error-exitcode 1 \
         "$B/bin/test_gather_group" || exit 1
 done'
-export SAN B
 step group-memcheck group-memcheck.log sh -c "$sanitize_group" sh memcheck bad mismatch concurrent wrap
 step group-racecheck group-racecheck.log sh -c "$sanitize_group" sh racecheck bad mismatch concurrent wrap
 step bench bench.txt "$B/bin/cuda_bench"
