@@ -500,17 +500,10 @@ out:
         if (rc != TOOL_EXIT_OK) jw_str(o.w, "error", "the bench stopped early (stderr says why)");
         jw_end(o.w);
     }
-    free(csrc);
-    free(cdst);
-    free(b.experts);
-    free(b.weights);
-    free(b.x);
-    free(b.residual);
-    free(b.hidden);
-    free(b.normalized);
-    free(b.output);
-    free(b.norm_w);
-    free(b.values);
-    free(b.scales);
+    {
+        void *const bufs[] = {csrc, cdst, b.experts, b.weights, b.x, b.residual, b.hidden, b.normalized,
+                              b.output, b.norm_w, b.values, b.scales};
+        for (i = 0; i < (int)(sizeof bufs / sizeof bufs[0]); i++) free(bufs[i]);
+    }
     return rc;
 }
