@@ -13,6 +13,15 @@
 #include "omp_shim.h"
 #include "util.h"
 
+/* The calling thread's share [lo, *hi) of COPY_BYTES: the one static split
+ * of every pass over the buffers (first touch, copy, read). */
+static size_t share(size_t *hi)
+{
+    const size_t t = (size_t)omp_get_thread_num(), n = (size_t)omp_get_num_threads();
+    *hi = t + 1 == n ? COPY_BYTES : COPY_BYTES / n * (t + 1);
+    return COPY_BYTES / n * t;
+}
+
 /* memcpy bandwidth: each thread copies its contiguous share of the 1 GiB
  * buffers (allocated and first touched once, by the same split); best of
  * COPY_REPS, counted as read plus written. */
@@ -25,9 +34,7 @@ double copy_gbs(int threads, char *src, char *dst)
         double t0 = hu_now(), dt, gbs;
         TOOL_OMP(omp parallel num_threads(threads))
         {
-            int t = omp_get_thread_num(), n = omp_get_num_threads();
-            size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-            size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
+            size_t hi, lo = share(&hi);
             memcpy(dst + lo, src + lo, hi - lo);
         }
         dt = hu_now() - t0;
@@ -42,10 +49,8 @@ void copy_touch(int threads, char *src, char *dst)
     (void)threads;
     TOOL_OMP(omp parallel num_threads(threads))
     {
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-        size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-        size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
-        memset(src + lo, 1 + t, hi - lo);
+        size_t hi, lo = share(&hi);
+        memset(src + lo, 1 + omp_get_thread_num(), hi - lo);
         memset(dst + lo, 0, hi - lo);
     }
 }
@@ -63,18 +68,14 @@ double read_gbs(int threads)
     if (!src) return 0.0;
     TOOL_OMP(omp parallel num_threads(threads))
     {
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-        size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-        size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
+        size_t hi, lo = share(&hi);
         memset(src + lo, 0, hi - lo);
     }
     for (rep = 0; rep < COPY_REPS; rep++) {
         double t0 = hu_now(), dt, gbs;
         TOOL_OMP(omp parallel num_threads(threads) reduction(+ : found))
         {
-            int t = omp_get_thread_num(), n = omp_get_num_threads();
-            size_t lo = COPY_BYTES / (size_t)n * (size_t)t;
-            size_t hi = t == n - 1 ? COPY_BYTES : COPY_BYTES / (size_t)n * (size_t)(t + 1);
+            size_t hi, lo = share(&hi);
             found += memchr(src + lo, 0x5A, hi - lo) != NULL;
         }
         dt = hu_now() - t0;
