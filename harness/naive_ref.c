@@ -55,8 +55,8 @@ static void *xmalloc(size_t n)
     return p;
 }
 
-void nr_rmsnorm_row(const float *v, int32_t H, const uint16_t *w, float eps,
-                    uint16_t *y)
+/* y[0..H) = N(v, w, eps) for one row of FP32 values v[0..H). H % 8 == 0. */
+static void nr_rmsnorm_row(const float *v, int32_t H, const uint16_t *w, float eps, uint16_t *y)
 {
     int32_t C = H / 8, N2 = 1, c, s, h;
     float *P, ms, inv;

@@ -31,10 +31,6 @@ extern int64_t *nr_ties;
 /* f(b): BF16 -> FP32, exact. */
 float nr_f(uint16_t b);
 
-/* y[0..H) = N(v, w, eps) for one row of FP32 values v[0..H). H % 8 == 0. */
-void nr_rmsnorm_row(const float *v, int32_t H, const uint16_t *w, float eps,
-                    uint16_t *y);
-
 /* finalize over rows 0..live-1 of x[.., K, H] / wts[.., K] -> out[live, H]. */
 void nr_finalize(const uint16_t *x, const float *wts, int64_t live, int32_t K,
                  int32_t H, float routed_scale, const nr_norm *post,

@@ -58,7 +58,9 @@ static float qm_pow2ceil(float s)
     return m == 0.5f ? s : ldexpf(1.0f, e);
 }
 
-float qm_scale(const beam_quant *q, const uint16_t *y, int n)
+/* The scale of one group (GROUP), row (TOKEN) of n values y, or q->scale
+ * (TENSOR). */
+static float qm_scale(const beam_quant *q, const uint16_t *y, int n)
 {
     float amax = 0.0f, s;
     int i;

@@ -28,10 +28,6 @@
  * then the nearest finite code of v's sign, ties to the even code. */
 uint8_t qm_e4m3(float v);
 
-/* The scale of one group (GROUP), row (TOKEN) of n values y, or q->scale
- * (TENSOR). */
-float qm_scale(const beam_quant *q, const uint16_t *y, int n);
-
 /* NVFP4 (docs/numerics.md#nvfp4), one piece at a time:
  * qm_e2m1(p): the nearest of 0, 0.5, 1, 1.5, 2, 3, 4, 6 to |p| (ties to the
  * even code, beyond 6 saturated) with p's sign as bit 3; a NaN gives 0x7.
