@@ -451,6 +451,13 @@ static size_t out_elems(const hc_out *o)
     return (size_t)o->rows * (size_t)o->H;
 }
 
+/* every element := HC_SENTINEL */
+static void out_reset(hc_out *o)
+{
+    hu_fill_u16(o->hidden, HC_SENTINEL, out_elems(o));
+    hu_fill_u16(o->normalized, HC_SENTINEL, out_elems(o));
+}
+
 int hc_out_make(hc_out *o, const hc_case *c, int guard_rows)
 {
     memset(o, 0, sizeof *o);
@@ -462,14 +469,8 @@ int hc_out_make(hc_out *o, const hc_case *c, int guard_rows)
         hc_out_free(o);
         return -1;
     }
-    hc_out_reset(o);
+    out_reset(o);
     return 0;
-}
-
-void hc_out_reset(hc_out *o)
-{
-    hu_fill_u16(o->hidden, HC_SENTINEL, out_elems(o));
-    hu_fill_u16(o->normalized, HC_SENTINEL, out_elems(o));
 }
 
 void hc_out_free(hc_out *o)
@@ -588,7 +589,7 @@ int hc_bind(hc_bound *b, const hc_case *c, hc_op op, hc_out *o, unsigned how, ch
     b->how = how;
     if (op == HC_FINALIZE)
         b->how &= ~(unsigned)HC_INPLACE;
-    hc_out_reset(o);
+    out_reset(o);
     if ((b->how & HC_INPLACE) && s->T > 0) /* hidden_out starts as the residual */
         memcpy(o->hidden, c->residual, (size_t)s->T * H * 2);
 

@@ -107,7 +107,6 @@ typedef struct hc_out {
 } hc_out;
 
 int hc_out_make(hc_out *o, const hc_case *c, int guard_rows); /* 0, or -1 out of memory */
-void hc_out_reset(hc_out *o); /* every element := HC_SENTINEL */
 void hc_out_free(hc_out *o);
 /* Every element op writes or must leave alone (guard rows included) into cmp. */
 void hc_out_compare(const hc_out *got, const hc_out *want, hc_op op, hu_cmp *cmp);
