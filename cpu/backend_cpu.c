@@ -102,4 +102,5 @@ const bm_backend bm_backend_table = {
     NULL, /* no NCCL on the CPU */
     bm_cpu_ws_destroy,
     bm_cpu_gather,
+    bm_cpu_allreduce,
 };

@@ -17,6 +17,13 @@
  *            hidden/normalized stages; every rank copies all rows out.
  *   UNFUSED: finalize into a rank-local buffer, all-gather it (copy in,
  *            barrier, copy out), then norm_residual_norm over all rows.
+ * The all-reduce (docs/numerics.md#all-reduce): each rank puts its partial
+ * of all T rows in its shared stage (the dense form's rows, or the finalize
+ * of its slots), then
+ *   ONESHOT, UNFUSED: every rank sums all T rows over the stages in rank
+ *            order into rows of its own and runs norm_residual_norm on them;
+ *   TWOSHOT: each rank sums its L rows, runs norm_residual_norm on them into
+ *            the shared hidden/normalized stages; every rank copies all out.
  * With a quantized output (a->q), every strategy writes all T normalized
  * rows on every rank (the caller's array, or one of the call's own), and
  * the rank then quantizes them (cpu/quant.c): the same bits as quantizing
@@ -56,6 +63,7 @@
 #include <string.h>
 
 #include "agree.h"
+#include "bf16.h"
 #include "error.h"
 #include "group.h"
 #include "meet.h"
@@ -76,7 +84,8 @@ typedef struct bm_shared {
     uint16_t *hid; /* [max_tokens, hidden] TWOSHOT: hidden rows            */
     uint16_t *nrm; /* [max_tokens, hidden] TWOSHOT: normalized rows        */
     uint16_t **local;    /* [nranks][ceil(max_tokens/R), hidden] UNFUSED send */
-    uint16_t **gathered; /* [nranks][max_tokens, hidden] UNFUSED receive     */
+    uint16_t **gathered; /* [nranks][max_tokens, hidden] UNFUSED receive;
+                          * the all-reduce's partials */
 } bm_shared;
 
 struct beam_cpu_group {
@@ -334,10 +343,10 @@ beam_status bm_cpu_ws_destroy(bm_ws *ws)
 
 /* ---- gather ------------------------------------------------------------ */
 
-static void bm_post(bm_slot *s, const bm_args *a, beam_strategy strategy, beam_status local)
+static void bm_post(bm_slot *s, const bm_args *a, int strategy, beam_status local)
 {
     s->status = local;
-    bm_agree_words(a, (int)strategy, s->w);
+    bm_agree_words(a, strategy, s->w);
 }
 
 /* The first collective argument on which slot s differs from slot 0, or
@@ -401,6 +410,67 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
     return bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK);
 }
 
+/* out[t] = the sum over the ranks' stages of rows [t0, t1), in rank order
+ * from rank 0's value (docs/numerics.md#all-reduce); each element on its
+ * own, so the thread count cannot change a bit. */
+static void bm_sum_ranks(uint16_t *const *part, int32_t R, int64_t t0, int64_t t1, int32_t hidden,
+                         uint16_t *out)
+{
+    const int64_t n = (t1 - t0) * (int64_t)hidden, base = t0 * (int64_t)hidden;
+    int64_t i;
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (i = 0; i < n; i++) {
+        float acc = bm_f(part[0][base + i]);
+        int32_t r;
+        for (r = 1; r < R; r++) acc = acc + bm_f(part[r][base + i]);
+        out[i] = bm_bf16(acc);
+    }
+}
+
+/* The all-reduce's stages (cpu/group.c's head); sum: [T, hidden] rows of
+ * this rank's own (ONESHOT, UNFUSED). */
+static beam_status bm_allreduce_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn,
+                                    const bm_scratch *scr, uint16_t *sum)
+{
+    bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
+    bm_shared *sh = impl->sh;
+    const int32_t R = ws->nranks, r = ws->rank, tmo = ws->cfg.timeout_ms;
+    const int64_t T = a->tokens, L = (T + R - 1) / R, start = (int64_t)r * L;
+    const size_t H = (size_t)a->hidden, row = H * sizeof(uint16_t);
+    int64_t owned = T - start;
+    bm_args b = *a;
+
+    owned = owned < 0 ? 0 : (owned > L ? L : owned);
+    if (a->experts) {
+        b.output = sh->gathered[r];
+        bm_cpu_run(&b, BM_OP_FINALIZE, scr); /* a->post is off: the partial */
+    } else {
+        memcpy(sh->gathered[r], a->x, (size_t)T * row);
+    }
+    BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
+    b = *a;
+    if (strategy == BEAM_STRATEGY_TWOSHOT) {
+        b.x = sh->fin + (size_t)start * H;
+        b.residual = a->residual + (size_t)start * H;
+        b.hidden_out = sh->hid + (size_t)start * H;
+        b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
+        b.tokens = owned;
+        if (owned) {
+            bm_sum_ranks(sh->gathered, R, start, start + owned, a->hidden, (uint16_t *)b.x);
+            bm_cpu_run(&b, BM_OP_NRN, scr);
+        }
+        BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
+        memcpy(a->hidden_out, sh->hid, (size_t)T * row);
+        if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
+    } else {
+        bm_sum_ranks(sh->gathered, R, 0, T, a->hidden, sum);
+        b.x = sum;
+        bm_cpu_run(&b, BM_OP_NRN, scr);
+    }
+    /* Nobody may refill the stages for the next call before all have read. */
+    return bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK);
+}
+
 /* What a call allocates before the agreement, so that a rank without
  * memory fails its peers' calls too and nobody writes anything: the rows'
  * scratch, and when only the quantized form of normalized is asked for, a
@@ -414,9 +484,10 @@ static beam_status bm_gather_alloc(const bm_args *a, bm_args *b, bm_scratch *scr
     return bm_cpu_quant_target(a, b, tmp);
 }
 
-/* One call that holds the workspace (busy). */
-static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local,
-                                  const char *fn)
+/* One call that holds the workspace (busy): a gather, or with coll
+ * BM_COLL_ALLREDUCE an all-reduce. */
+static beam_status bm_collective_held(bm_ws *ws, const bm_args *a, beam_strategy strategy, int coll,
+                                      beam_status local, const char *fn)
 {
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     beam_cpu_group *g = impl->g;
@@ -424,12 +495,18 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
     bm_slot *bank = g->slots + (size_t)(impl->calls++ & 1u) * (size_t)R;
     bm_scratch scr = {NULL, NULL, 0, 0};
     bm_args b = *a;
-    uint16_t *tmp = NULL;
+    uint16_t *tmp = NULL, *sum = NULL;
     beam_status st;
     int32_t r;
 
     if (local == BEAM_OK) local = bm_gather_alloc(a, &b, &scr, &tmp, fn);
-    bm_post(&bank[ws->rank], a, strategy, local);
+    if (local == BEAM_OK && coll == BM_COLL_ALLREDUCE && strategy != BEAM_STRATEGY_TWOSHOT && a->tokens > 0) {
+        sum = (uint16_t *)malloc((size_t)a->tokens * (size_t)a->hidden * sizeof *sum);
+        if (!sum)
+            local = bm_fail(BEAM_ERR_OUT_OF_MEMORY, "%s: no host memory for the %lld x %d summed rows", fn,
+                            (long long)a->tokens, (int)a->hidden);
+    }
+    bm_post(&bank[ws->rank], a, bm_agree_coll(strategy, coll), local);
     st = bm_meet_wait(&g->host, &g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn, BM_MEET_BREAK);
     for (r = 0; r < R && st == BEAM_OK; r++) {
         if (bank[r].status != BEAM_OK) {
@@ -444,6 +521,7 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
             char mine[96], first[96];
             const char *name = bm_agree_text(i, bank[r].w[i], mine, sizeof mine);
             bm_agree_text(i, bank[0].w[i], first, sizeof first);
+            if (i == BM_AGREE_POST_NORM && a->x) name = "pre_norm"; /* the dense all-reduce's */
             st = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s (%s and %s): "
                          "every rank must pass the same", fn, (int)r, name, mine, first);
         }
@@ -453,17 +531,20 @@ static beam_status bm_gather_held(bm_ws *ws, const bm_args *a, beam_strategy str
          * rows are a window of the call's): it is made below */
         bm_args rows = b;
         rows.q.kind = 0;
-        st = bm_gather_run(ws, &rows, strategy, fn, &scr);
+        st = coll == BM_COLL_ALLREDUCE ? bm_allreduce_run(ws, &rows, strategy, fn, &scr, sum)
+                                       : bm_gather_run(ws, &rows, strategy, fn, &scr);
     }
     /* normalized is this rank's own now (the stages may already hold the
      * next call's rows): quantize it after the last barrier */
     if (st == BEAM_OK && a->tokens > 0 && a->q.kind) bm_cpu_quant_rows(&b, b.normalized);
     bm_cpu_scratch_free(&scr);
     free(tmp);
+    free(sum);
     return st;
 }
 
-beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
+static beam_status bm_cpu_collective(bm_ws *ws, const bm_args *a, beam_strategy strategy, int coll,
+                                     beam_status local)
 {
     const char *fn = a->fn;
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
@@ -476,7 +557,17 @@ beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, b
     if (!__atomic_compare_exchange_n(&impl->busy, &idle, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: another call on this workspace is in progress on "
                        "another thread (calls on one workspace must not overlap)", fn);
-    st = bm_gather_held(ws, a, strategy, local, fn);
+    st = bm_collective_held(ws, a, strategy, coll, local, fn);
     __atomic_store_n(&impl->busy, 0, __ATOMIC_RELEASE);
     return st;
+}
+
+beam_status bm_cpu_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
+{
+    return bm_cpu_collective(ws, a, strategy, BM_COLL_GATHER, local);
+}
+
+beam_status bm_cpu_allreduce(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local)
+{
+    return bm_cpu_collective(ws, a, strategy, BM_COLL_ALLREDUCE, local);
 }

@@ -246,3 +246,39 @@ void nr_gather(const uint16_t *const *rank_x, const float *const *rank_w,
     }
     free(fin);
 }
+
+void nr_allreduce(const uint16_t *const *rank_p, const uint16_t *const *rank_x,
+                  const float *weights, int32_t R, int64_t T, int32_t K,
+                  int32_t H, float routed_scale, const nr_norm *norm,
+                  const uint16_t *residual, const float *scales,
+                  const nr_norm *next, uint16_t *hidden,
+                  uint16_t *normalized)
+{
+    uint16_t *part = (uint16_t *)xmalloc(sizeof(uint16_t) * (size_t)H);
+    uint16_t *sum = (uint16_t *)xmalloc(sizeof(uint16_t) * (size_t)H);
+    float *acc = (float *)xmalloc(sizeof(float) * (size_t)H);
+    nr_norm off = {0, NULL, 0.0f};
+    int64_t t;
+    int32_t r, h;
+    for (t = 0; t < T; t++) {
+        size_t o = (size_t)t * (size_t)H;
+        for (r = 0; r < R; r++) {
+            /* rank r's partial of row t: its rows, or its slots' finalize
+             * without the post-norm */
+            const uint16_t *p = part;
+            if (rank_p)
+                p = rank_p[r] + o;
+            else
+                finalize_row(rank_x[r] + o * (size_t)K, weights + (size_t)t * (size_t)K,
+                             K, H, routed_scale, &off, part);
+            /* the sum starts from rank 0's value, not from +0 */
+            for (h = 0; h < H; h++) acc[h] = r == 0 ? nr_f(p[h]) : acc[h] + nr_f(p[h]);
+        }
+        for (h = 0; h < H; h++) sum[h] = nr_bf16(acc[h]);
+        nrn_row(sum, residual + o, H, norm, scales, next, hidden + o,
+                (next && next->on) ? normalized + o : NULL);
+    }
+    free(part);
+    free(sum);
+    free(acc);
+}

@@ -61,4 +61,17 @@ void nr_gather(const uint16_t *const *rank_x, const float *const *rank_w,
                const float *scales, const nr_norm *next, uint16_t *hidden,
                uint16_t *normalized);
 
+/* The all-reduce (docs/numerics.md#all-reduce) of R ranks over T tokens:
+ * each rank's partial of row t is rank_p[r][t*H..] (the dense form), or
+ * with rank_p NULL the finalize of its slots rank_x[r][t*K*H..] with the
+ * one weights[t*K..] and no post-norm; the sum over ranks in rank order
+ * from rank 0's value, rounded once; then norm_residual_norm with `norm`
+ * as its pre-norm. hidden / normalized [T, H] as nr_norm_residual_norm. */
+void nr_allreduce(const uint16_t *const *rank_p, const uint16_t *const *rank_x,
+                  const float *weights, int32_t R, int64_t T, int32_t K,
+                  int32_t H, float routed_scale, const nr_norm *norm,
+                  const uint16_t *residual, const float *scales,
+                  const nr_norm *next, uint16_t *hidden,
+                  uint16_t *normalized);
+
 #endif

@@ -302,6 +302,44 @@ typedef beam_status beam_moe_finalize_gather_norm_residual_norm_q_fn(
     beam_strategy strategy, void *stream);
 BEAM_API beam_moe_finalize_gather_norm_residual_norm_q_fn beam_moe_finalize_gather_norm_residual_norm_q;
 
+/* ---- tensor-parallel all-reduce ------------------------------------------
+ * The engines' layout: every rank holds a partial sum of every token, and
+ * the layer ends with the sum over ranks, then the existing stages
+ * (docs/numerics.md#all-reduce). On the gather's workspaces; tokens <=
+ * max_tokens counts all tokens (every rank passes all of them). The sum
+ * of token t, element h is bf16(((f(p0) + f(p1)) + ...) + f(pR-1)), in
+ * rank order, each p the rank's BF16 partial; with one rank it is that
+ * partial, so a group of one gives the local operation's bits. Collective:
+ * every rank passes the same tokens, top_k, hidden, routed_scale, norms,
+ * scales, quant form and strategy (AUTO, ONESHOT, TWOSHOT or UNFUSED);
+ * residual, hidden_out, normalized and quant's arrays are [tokens, hidden]
+ * on every rank, which all return the same bits. hidden_out may be the
+ * residual buffer (in place). quant NULL: no quantized output (as
+ * beam_norm_residual_norm_q). */
+
+/* The dense layer's ending: reduced = the sum of the ranks' partial
+ * [tokens, hidden], then beam_norm_residual_norm_q(reduced, residual, ...). */
+typedef beam_status beam_allreduce_norm_residual_norm_fn(
+    beam_workspace *workspace, const uint16_t *partial, int64_t tokens, int32_t hidden,
+    const beam_norm *pre_norm, const uint16_t *residual, const float *scales,
+    const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized,
+    const beam_quant *quant, beam_strategy strategy, void *stream);
+BEAM_API beam_allreduce_norm_residual_norm_fn beam_allreduce_norm_residual_norm;
+
+/* The MoE layer's ending with experts sharded along their intermediate
+ * dimension: each rank's expert_outputs [capacity >= tokens, top_k, hidden]
+ * are partial sums of every token's slots, and its partial is the finalize
+ * of its slots without the post-norm (bf16(sum) times routed_scale,
+ * rounded); the post-norm applies to the reduced sum, then residual, scales
+ * and next norm as beam_moe_finalize_norm_residual_norm_q. */
+typedef beam_status beam_moe_finalize_allreduce_norm_residual_norm_fn(
+    beam_workspace *workspace, const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
+    const beam_norm *post_norm, const uint16_t *residual, const float *scales,
+    const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized,
+    const beam_quant *quant, beam_strategy strategy, void *stream);
+BEAM_API beam_moe_finalize_allreduce_norm_residual_norm_fn beam_moe_finalize_allreduce_norm_residual_norm;
+
 /* What the ranks of a gather must pass alike, as BEAM_AGREEMENT_WORDS words:
  * the same words exactly when two ranks' tokens, top_k, hidden, routed_scale,
  * norms (present, weight given, eps), scales and quant (kind, group_size,
@@ -333,10 +371,11 @@ BEAM_API const char *beam_gather_agreement_text(int32_t i, uint64_t word, char *
  * through the same table, and its failures are read with its last_error.
  * The table only grows: a new member goes at the end, and BEAM_OPS_VERSION
  * counts the layouts (version 2 added the three *_q members: the
- * quantized output of the two local operations and of the gather); a
+ * quantized output of the two local operations and of the gather; 3 the
+ * two all-reduces); a
  * library serves every version up to its own, whose members are a prefix
  * of its table. */
-#define BEAM_OPS_VERSION 2
+#define BEAM_OPS_VERSION 3
 
 typedef struct beam_ops {
     uint32_t version;  /* BEAM_OPS_VERSION of the library that made it */
@@ -362,6 +401,9 @@ typedef struct beam_ops {
     beam_norm_residual_norm_q_fn *norm_residual_norm_q;
     beam_moe_finalize_norm_residual_norm_q_fn *moe_finalize_norm_residual_norm_q;
     beam_moe_finalize_gather_norm_residual_norm_q_fn *moe_finalize_gather_norm_residual_norm_q;
+    /* version >= 3 */
+    beam_allreduce_norm_residual_norm_fn *allreduce_norm_residual_norm;
+    beam_moe_finalize_allreduce_norm_residual_norm_fn *moe_finalize_allreduce_norm_residual_norm;
 } beam_ops;
 
 /* The table of backend `name` ("cpu", "cuda"; NULL: the backend that runs

@@ -66,10 +66,12 @@ void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N])
     words[BM_AGREE_TOKENS] = (uint64_t)a->tokens;
     words[BM_AGREE_TOP_K] = (uint64_t)(uint32_t)a->top_k;
     words[BM_AGREE_HIDDEN] = (uint64_t)(uint32_t)a->hidden;
-    words[BM_AGREE_STRATEGY] = (uint64_t)(uint32_t)strategy;
+    words[BM_AGREE_STRATEGY] = (uint64_t)(uint32_t)strategy;   /* with the collective: bm_agree_coll */
     words[BM_AGREE_ROUTED_SCALE] = bm_bits(a->routed_scale);
     words[BM_AGREE_SCALES] = a->has_scales ? bm_bits(a->scale_x) << 32 | bm_bits(a->scale_r) : BM_AGREE_NONE;
-    words[BM_AGREE_POST_NORM] = bm_norm_word(&a->post);
+    /* the norm of the reduced rows: the all-reduces carry it as a->pre
+     * (lib/backend.h), the gather as a->post, and neither has the other */
+    words[BM_AGREE_POST_NORM] = bm_norm_word(a->post.on ? &a->post : &a->pre);
     words[BM_AGREE_NEXT_NORM] = bm_norm_word(&a->next);
     words[BM_AGREE_QUANT] = a->q.kind ? (uint64_t)(a->q.kind & 0xFF) | (uint64_t)(a->q.group & 0xFFFF) << 8 |
                                             (uint64_t)(a->q.ue8m0 != 0) << 24 |
@@ -125,7 +127,10 @@ const char *bm_agree_text(int i, uint64_t w, char *text, size_t size)
         return bm_agree_names[i];
     }
     switch (i) {
-    case BM_AGREE_STRATEGY: snprintf(text, size, "%s", bm_strategy_name((beam_strategy)(uint32_t)w)); break;
+    case BM_AGREE_STRATEGY:
+        snprintf(text, size, "%s%s", w >> 8 & 0xFF ? "all-reduce " : "",
+                 bm_strategy_name((beam_strategy)(uint32_t)(w & 0xFF)));
+        break;
     case BM_AGREE_ROUTED_SCALE: bm_float_text(w, text, size); break;
     case BM_AGREE_SCALES:
         snprintf(text, size, "(%s, %s)", bm_float_text(w >> 32, a, sizeof a), bm_float_text(w, b, sizeof b));

@@ -41,7 +41,13 @@ typedef char bm_agree_n_is_public[BM_AGREE_N == BEAM_AGREEMENT_WORDS ? 1 : -1];
 /* The names of the words, in order. */
 extern const char *const bm_agree_names[BM_AGREE_N];
 
-/* The agreement of a checked call with strategy (after AUTO's choice). */
+/* The collective a call makes, in the strategy word's second byte: a
+ * gather never meets an all-reduce. */
+enum { BM_COLL_GATHER = 0, BM_COLL_ALLREDUCE = 1 };
+#define bm_agree_coll(strategy, coll) ((int)(strategy) | (coll) << 8)
+
+/* The agreement of a checked call with strategy (after AUTO's choice, and
+ * bm_agree_coll for an all-reduce). */
 void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N]);
 
 /* Word i's name, and its value in text (beam_gather_agreement_text). */

@@ -171,6 +171,38 @@ BEAM_API beam_status beam_moe_finalize(const uint16_t *expert_outputs, const flo
                             routed_scale, post_norm, output, stream);
 }
 
+/* Checks of norm_residual_norm's arguments over `tokens` rows, shared with
+ * the dense all-reduce, whose x is named xname. */
+static beam_status bm_check_nrn(const char *fn, const char *xname, const uint16_t *x, const uint16_t *residual,
+                                int64_t tokens, int32_t hidden, const beam_norm *pre_norm, const float *scales,
+                                const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized,
+                                const beam_quant *quant, bm_args *a)
+{
+    bm_ptr p[8];
+    size_t rows;
+    BM_CHECK(bm_check_hidden(fn, hidden));
+    BM_CHECK(bm_check_rows(fn, "tokens", tokens, "tokens", tokens, 1, hidden));
+    BM_CHECK(bm_check_norm(fn, "pre_norm", pre_norm, &a->pre));
+    BM_CHECK(bm_check_scales(fn, scales, &a->has_scales, &a->scale_x, &a->scale_r));
+    BM_CHECK(bm_check_next(fn, next_norm, normalized, a));
+    BM_CHECK(bm_check_quant(fn, quant, a->next.on, tokens, hidden, &a->q, p + 6));
+    rows = bm_rows_bytes(tokens, hidden);
+    p[0] = bm_in(xname, x, rows);
+    p[1] = bm_allow_in_place(bm_in("residual", residual, rows));
+    p[2] = bm_in("pre_norm->weight", a->pre.weight, a->pre.weight ? bm_rows_bytes(1, hidden) : 0);
+    p[3] = bm_in("next_norm->weight", a->next.weight, a->next.weight ? bm_rows_bytes(1, hidden) : 0);
+    p[4] = bm_allow_in_place(bm_out("hidden_out", hidden_out, rows));
+    p[5] = bm_out("normalized", normalized, bm_normalized_bytes(a, normalized, rows));
+    BM_CHECK(bm_backend_pointers(fn, p, 8));
+    a->x = x;
+    a->residual = residual;
+    a->hidden_out = hidden_out;
+    a->normalized = normalized;
+    a->tokens = tokens;
+    a->hidden = hidden;
+    return BEAM_OK;
+}
+
 /* norm_residual_norm with or without its quantized output (quant NULL). */
 static beam_status bm_nrn_call(const char *fn, const uint16_t *x, const uint16_t *residual, int64_t tokens,
                                int32_t hidden, const beam_norm *pre_norm, const float *scales,
@@ -178,31 +210,11 @@ static beam_status bm_nrn_call(const char *fn, const uint16_t *x, const uint16_t
                                const beam_quant *quant, void *stream)
 {
     bm_args a;
-    bm_ptr p[8];
-    size_t rows;
     memset(&a, 0, sizeof a);
     a.fn = fn;
-    BM_CHECK(bm_check_hidden(fn, hidden));
-    BM_CHECK(bm_check_rows(fn, "tokens", tokens, "tokens", tokens, 1, hidden));
-    BM_CHECK(bm_check_norm(fn, "pre_norm", pre_norm, &a.pre));
-    BM_CHECK(bm_check_scales(fn, scales, &a.has_scales, &a.scale_x, &a.scale_r));
-    BM_CHECK(bm_check_next(fn, next_norm, normalized, &a));
-    BM_CHECK(bm_check_quant(fn, quant, a.next.on, tokens, hidden, &a.q, p + 6));
-    rows = bm_rows_bytes(tokens, hidden);
-    p[0] = bm_in("x", x, rows);
-    p[1] = bm_allow_in_place(bm_in("residual", residual, rows));
-    p[2] = bm_in("pre_norm->weight", a.pre.weight, a.pre.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[3] = bm_in("next_norm->weight", a.next.weight, a.next.weight ? bm_rows_bytes(1, hidden) : 0);
-    p[4] = bm_allow_in_place(bm_out("hidden_out", hidden_out, rows));
-    p[5] = bm_out("normalized", normalized, bm_normalized_bytes(&a, normalized, rows));
-    BM_CHECK(bm_backend_pointers(fn, p, 8));
+    BM_CHECK(bm_check_nrn(fn, "x", x, residual, tokens, hidden, pre_norm, scales, next_norm, hidden_out,
+                          normalized, quant, &a));
     if (tokens == 0) return BEAM_OK;
-    a.x = x;
-    a.residual = residual;
-    a.hidden_out = hidden_out;
-    a.normalized = normalized;
-    a.tokens = tokens;
-    a.hidden = hidden;
     a.stream = stream;
     return BE->norm_residual_norm(&a);
 }
@@ -554,6 +566,91 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm_q(
                           scales, next_norm, hidden_out, normalized, quant, strategy, stream);
 }
 
+/* The all-reduce's checks beyond those of its local operation: the
+ * strategy, the workspace's sizes, and for the MoE form (capacity >= 0)
+ * room for every token. */
+static beam_status bm_check_allreduce(const char *fn, const bm_ws *ws, int64_t capacity, int64_t tokens,
+                                      int32_t hidden, beam_strategy strategy)
+{
+    BM_CHECK(bm_check_strategy(fn, strategy, 1));
+    if (tokens < 0)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: tokens=%lld must be >= 0", fn, (long long)tokens);
+    if (capacity >= 0 && capacity < tokens)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: capacity=%lld must be >= tokens=%lld (every rank holds "
+                       "every token's slots)", fn, (long long)capacity, (long long)tokens);
+    if (tokens > ws->max_tokens)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: tokens=%lld must be <= max_tokens=%lld of the workspace",
+                       fn, (long long)tokens, (long long)ws->max_tokens);
+    if (hidden != ws->hidden)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: hidden=%d must equal hidden=%d of the workspace", fn,
+                       (int)hidden, (int)ws->hidden);
+    return BEAM_OK;
+}
+
+/* Both all-reduces: experts NULL is the dense form (x the partial). The
+ * norm of the reduced sum travels as a.pre (the MoE form's post_norm). */
+static beam_status bm_allreduce_call(const char *fn, beam_workspace *workspace, const uint16_t *x,
+                                     const uint16_t *experts, const float *weights, int64_t capacity,
+                                     int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
+                                     const beam_norm *norm, const uint16_t *residual, const float *scales,
+                                     const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized,
+                                     const beam_quant *quant, beam_strategy strategy, void *stream)
+{
+    bm_args a;
+    beam_status local;
+    if (!workspace) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: workspace must not be NULL", fn);
+    if (!BE->allreduce)
+        return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend has no all-reduce yet", fn, BE->name);
+    memset(&a, 0, sizeof a);
+    a.fn = fn;
+    local = bm_check_allreduce(fn, &workspace->ws, experts ? capacity : -1, tokens, hidden, strategy);
+    if (local == BEAM_OK && !experts)
+        local = bm_check_nrn(fn, "partial", x, residual, tokens, hidden, norm, scales, next_norm, hidden_out,
+                             normalized, quant, &a);
+    if (local == BEAM_OK && experts) {
+        local = bm_check_fused(fn, experts, weights, capacity, tokens, tokens, top_k, hidden, routed_scale, norm,
+                               residual, scales, next_norm, hidden_out, normalized, quant, &a);
+        a.pre = a.post;
+        a.post.on = 0;
+    }
+    /* the shape travels even when the checks fail (bm_gather_call) */
+    a.top_k = experts ? top_k : 0;
+    a.hidden = hidden;
+    a.tokens = tokens;
+    a.stream = stream;
+    if (strategy == BEAM_STRATEGY_AUTO) strategy = bm_pick_gather(&workspace->ws, tokens);
+    return BE->allreduce(&workspace->ws, &a, strategy, local);
+}
+
+BEAM_API beam_status beam_allreduce_norm_residual_norm(beam_workspace *workspace, const uint16_t *partial,
+                                                       int64_t tokens, int32_t hidden, const beam_norm *pre_norm,
+                                                       const uint16_t *residual, const float *scales,
+                                                       const beam_norm *next_norm, uint16_t *hidden_out,
+                                                       uint16_t *normalized, const beam_quant *quant,
+                                                       beam_strategy strategy, void *stream)
+{
+    bm_clear_error();
+    return bm_allreduce_call("beam_allreduce_norm_residual_norm", workspace, partial, NULL, NULL, 0, tokens, 0,
+                             hidden, 1.0f, pre_norm, residual, scales, next_norm, hidden_out, normalized, quant,
+                             strategy, stream);
+}
+
+BEAM_API beam_status beam_moe_finalize_allreduce_norm_residual_norm(
+    beam_workspace *workspace, const uint16_t *expert_outputs, const float *expert_weights,
+    int64_t capacity, int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
+    const beam_norm *post_norm, const uint16_t *residual, const float *scales,
+    const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant,
+    beam_strategy strategy, void *stream)
+{
+    static const char fn[] = "beam_moe_finalize_allreduce_norm_residual_norm";
+    bm_clear_error();
+    /* NULL experts would select the dense form */
+    if (!expert_outputs) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: expert_outputs must not be NULL", fn);
+    return bm_allreduce_call(fn, workspace, NULL, expert_outputs, expert_weights, capacity, tokens, top_k,
+                             hidden, routed_scale, post_norm, residual, scales, next_norm, hidden_out,
+                             normalized, quant, strategy, stream);
+}
+
 /* ---- this library's table (beam_backend_ops) ------------------------- */
 
 /* Hidden aliases of the exported functions above: the table points at
@@ -575,6 +672,8 @@ BM_LOCAL(beam_moe_finalize_gather_norm_residual_norm);
 BM_LOCAL(beam_norm_residual_norm_q);
 BM_LOCAL(beam_moe_finalize_norm_residual_norm_q);
 BM_LOCAL(beam_moe_finalize_gather_norm_residual_norm_q);
+BM_LOCAL(beam_allreduce_norm_residual_norm);
+BM_LOCAL(beam_moe_finalize_allreduce_norm_residual_norm);
 #undef BM_LOCAL
 
 static const beam_ops bm_ops = {
@@ -597,6 +696,8 @@ static const beam_ops bm_ops = {
     bm_local_beam_norm_residual_norm_q,
     bm_local_beam_moe_finalize_norm_residual_norm_q,
     bm_local_beam_moe_finalize_gather_norm_residual_norm_q,
+    bm_local_beam_allreduce_norm_residual_norm,
+    bm_local_beam_moe_finalize_allreduce_norm_residual_norm,
 };
 
 static beam_ops bm_ops_filled;

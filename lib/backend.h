@@ -140,6 +140,13 @@ typedef struct bm_backend {
      * error and write nothing) where it can. strategy is never AUTO here. */
     beam_status (*gather)(bm_ws *ws, const bm_args *a, beam_strategy strategy,
                           beam_status local_status);
+    /* Collective, like gather: the all-reduce (docs/numerics.md#all-reduce)
+     * of every rank's partial of all a->tokens rows, then norm_residual_norm
+     * with a->pre on the sum. The partial is a->x (the dense form) or, with
+     * a->experts ([tokens, top_k, hidden]), the finalize of this rank's
+     * slots with a->post off. */
+    beam_status (*allreduce)(bm_ws *ws, const bm_args *a, beam_strategy strategy,
+                             beam_status local_status);
 } bm_backend;
 
 /* Defined by exactly one backend folder per library. */

@@ -446,6 +446,37 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm_q(
                                      hidden_out, normalized, quant, strategy, stream));
 }
 
+BEAM_API beam_status beam_allreduce_norm_residual_norm(beam_workspace *workspace, const uint16_t *partial,
+                                                       int64_t tokens, int32_t hidden, const beam_norm *pre_norm,
+                                                       const uint16_t *residual, const float *scales,
+                                                       const beam_norm *next_norm, uint16_t *hidden_out,
+                                                       uint16_t *normalized, const beam_quant *quant,
+                                                       beam_strategy strategy, void *stream)
+{
+    bm_clear_error();
+    if (!workspace)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "beam_allreduce_norm_residual_norm: workspace must not be NULL");
+    return bm_ret(workspace->be, workspace->be->allreduce_norm_residual_norm(
+                                     workspace->inner, partial, tokens, hidden, pre_norm, residual, scales,
+                                     next_norm, hidden_out, normalized, quant, strategy, stream));
+}
+
+BEAM_API beam_status beam_moe_finalize_allreduce_norm_residual_norm(
+    beam_workspace *workspace, const uint16_t *expert_outputs, const float *expert_weights, int64_t capacity,
+    int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale, const beam_norm *post_norm,
+    const uint16_t *residual, const float *scales, const beam_norm *next_norm, uint16_t *hidden_out,
+    uint16_t *normalized, const beam_quant *quant, beam_strategy strategy, void *stream)
+{
+    bm_clear_error();
+    if (!workspace)
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT,
+                       "beam_moe_finalize_allreduce_norm_residual_norm: workspace must not be NULL");
+    return bm_ret(workspace->be, workspace->be->moe_finalize_allreduce_norm_residual_norm(
+                                     workspace->inner, expert_outputs, expert_weights, capacity, tokens,
+                                     top_k, hidden, routed_scale, post_norm, residual, scales, next_norm,
+                                     hidden_out, normalized, quant, strategy, stream));
+}
+
 BEAM_API const beam_ops *beam_backend_ops(const char *name, uint32_t version)
 {
     static const char fn[] = "beam_backend_ops";

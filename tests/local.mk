@@ -63,7 +63,7 @@ BEAM_TEST_CPPFLAGS = $(BEAM_HARNESS_CPPFLAGS) -I$(top_srcdir)/tests
 BEAM_TEST_LIBS = tests/libbeamtest.la $(CUNIT_LIBS) -lm
 
 BEAM_CPU_TESTS = tests/test_fp8 tests/test_fp4 tests/test_tp_shape tests/test_quant tests/test_backends tests/test_numerics tests/test_numerics_cpu tests/test_edges \
-	tests/test_golden tests/test_threads tests/test_group tests/test_contract \
+	tests/test_golden tests/test_threads tests/test_group tests/test_allreduce tests/test_contract \
 	tests/test_dispatch tests/test_stack
 # test_oom replaces malloc, which valgrind replaces too: not in the valgrind
 # list (it skips itself there anyway).
@@ -83,6 +83,12 @@ tests_test_backends_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
 tests_test_backends_LDFLAGS = $(PTHREAD_CFLAGS)
 tests_test_backends_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
 EXTRA_tests_test_backends_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
+
+tests_test_allreduce_CPPFLAGS = $(BEAM_TEST_CPPFLAGS)
+tests_test_allreduce_CFLAGS = $(AM_CFLAGS) $(PTHREAD_CFLAGS)
+tests_test_allreduce_LDFLAGS = $(PTHREAD_CFLAGS)
+tests_test_allreduce_LDADD = $(BEAM_TEST_LIBS) libbeammoe.la
+EXTRA_tests_test_allreduce_DEPENDENCIES = $(BEAM_BACKEND_LIBS)
 
 # The FP8 conversion of cpu/fp8.h, exhaustive over BF16 (groundwork: it
 # moves behind the API with the quantized output).

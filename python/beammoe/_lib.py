@@ -103,7 +103,7 @@ _ST = ctypes.c_int  # beam_status and beam_strategy
 _FN = ctypes.CFUNCTYPE  # C calls that release the GIL while they run
 
 # The layout of struct beam_ops that BeamOps mirrors.
-BEAM_OPS_VERSION = 2
+BEAM_OPS_VERSION = 3
 
 
 class BeamOps(ctypes.Structure):
@@ -138,6 +138,10 @@ class BeamOps(ctypes.Structure):
         ("moe_finalize_norm_residual_norm_q",
          _FN(_ST, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _P, _ST, _P)),
         ("moe_finalize_gather_norm_residual_norm_q",
+         _FN(_ST, _P, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _P, _ST, _P)),
+        # version 3
+        ("allreduce_norm_residual_norm", _FN(_ST, _P, _P, _I64, _I32, _P, _P, _P, _P, _P, _P, _P, _ST, _P)),
+        ("moe_finalize_allreduce_norm_residual_norm",
          _FN(_ST, _P, _P, _P, _I64, _I64, _I32, _I32, _F, _P, _P, _P, _P, _P, _P, _P, _ST, _P)),
     ]
 
