@@ -359,18 +359,47 @@ static int bm_disagree(const bm_slot *s, const bm_slot *s0)
     return -1;
 }
 
+/* The first of this rank's rows of a call of T tokens (L = ceil(T / R)
+ * from rank * L), and in *owned how many it has (0 past T). */
+static int64_t bm_owned(const bm_ws *ws, int64_t T, int64_t *owned)
+{
+    const int64_t L = (T + ws->nranks - 1) / ws->nranks, start = (int64_t)ws->rank * L, n = T - start;
+    *owned = n < 0 ? 0 : (n > L ? L : n);
+    return start;
+}
+
+/* TWOSHOT: b's rows, from row start of the call a, written into the
+ * shared hidden and normalized stages instead of the call's outputs. */
+static void bm_twoshot_window(bm_args *b, const bm_args *a, const bm_shared *sh, int64_t start)
+{
+    const size_t o = (size_t)start * (size_t)a->hidden;
+    b->residual = a->residual + o;
+    b->hidden_out = sh->hid + o;
+    b->normalized = a->next.on ? sh->nrm + o : NULL;
+}
+
+/* TWOSHOT: once every rank has written its rows, all of them out. */
+static beam_status bm_twoshot_out(bm_ws *ws, const bm_args *a, const char *fn)
+{
+    bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
+    const size_t n = (size_t)a->tokens * (size_t)a->hidden * sizeof(uint16_t);
+    BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, ws->rank, ws->cfg.timeout_ms, fn, BM_MEET_BREAK));
+    memcpy(a->hidden_out, impl->sh->hid, n);
+    if (a->next.on) memcpy(a->normalized, impl->sh->nrm, n);
+    return BEAM_OK;
+}
+
 static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn,
                                  const bm_scratch *scr)
 {
+    int64_t owned;
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     bm_shared *sh = impl->sh;
-    const int32_t R = ws->nranks, r = ws->rank, tmo = ws->cfg.timeout_ms;
-    const int64_t T = a->tokens, L = (T + R - 1) / R, start = (int64_t)r * L;
+    const int32_t r = ws->rank, tmo = ws->cfg.timeout_ms;
+    const int64_t T = a->tokens, start = bm_owned(ws, T, &owned);
     const size_t H = (size_t)a->hidden, row = H * sizeof(uint16_t);
-    int64_t owned = T - start;
     bm_args b = *a;
 
-    owned = owned < 0 ? 0 : (owned > L ? L : owned);
     b.tokens = owned;
     switch (strategy) {
     case BEAM_STRATEGY_ONESHOT:
@@ -383,13 +412,9 @@ static beam_status bm_gather_run(bm_ws *ws, const bm_args *a, beam_strategy stra
         bm_cpu_run(&b, BM_OP_NRN, scr);
         break;
     case BEAM_STRATEGY_TWOSHOT:
-        b.residual = a->residual + (size_t)start * H;
-        b.hidden_out = sh->hid + (size_t)start * H;
-        b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
+        bm_twoshot_window(&b, a, sh, start);
         if (owned) bm_cpu_run(&b, BM_OP_FUSED, scr);
-        BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
-        memcpy(a->hidden_out, sh->hid, (size_t)T * row);
-        if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
+        BM_CHECK(bm_twoshot_out(ws, a, fn));
         break;
     default: /* UNFUSED */
         b.output = sh->local[r];
@@ -432,15 +457,14 @@ static void bm_sum_ranks(uint16_t *const *part, int32_t R, int64_t t0, int64_t t
 static beam_status bm_allreduce_run(bm_ws *ws, const bm_args *a, beam_strategy strategy, const char *fn,
                                     const bm_scratch *scr, uint16_t *sum)
 {
+    int64_t owned;
     bm_cpu_ws *impl = (bm_cpu_ws *)ws->impl;
     bm_shared *sh = impl->sh;
     const int32_t R = ws->nranks, r = ws->rank, tmo = ws->cfg.timeout_ms;
-    const int64_t T = a->tokens, L = (T + R - 1) / R, start = (int64_t)r * L;
+    const int64_t T = a->tokens, start = bm_owned(ws, T, &owned);
     const size_t H = (size_t)a->hidden, row = H * sizeof(uint16_t);
-    int64_t owned = T - start;
     bm_args b = *a;
 
-    owned = owned < 0 ? 0 : (owned > L ? L : owned);
     if (a->experts) {
         b.output = sh->gathered[r];
         bm_cpu_run(&b, BM_OP_FINALIZE, scr); /* a->post is off: the partial */
@@ -450,18 +474,14 @@ static beam_status bm_allreduce_run(bm_ws *ws, const bm_args *a, beam_strategy s
     BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
     b = *a;
     if (strategy == BEAM_STRATEGY_TWOSHOT) {
+        bm_twoshot_window(&b, a, sh, start);
         b.x = sh->fin + (size_t)start * H;
-        b.residual = a->residual + (size_t)start * H;
-        b.hidden_out = sh->hid + (size_t)start * H;
-        b.normalized = a->next.on ? sh->nrm + (size_t)start * H : NULL;
         b.tokens = owned;
         if (owned) {
             bm_sum_ranks(sh->gathered, R, start, start + owned, a->hidden, (uint16_t *)b.x);
             bm_cpu_run(&b, BM_OP_NRN, scr);
         }
-        BM_CHECK(bm_meet_wait(&impl->g->host, &impl->g->call_rdv, r, tmo, fn, BM_MEET_BREAK));
-        memcpy(a->hidden_out, sh->hid, (size_t)T * row);
-        if (a->next.on) memcpy(a->normalized, sh->nrm, (size_t)T * row);
+        BM_CHECK(bm_twoshot_out(ws, a, fn));
     } else {
         bm_sum_ranks(sh->gathered, R, 0, T, a->hidden, sum);
         b.x = sum;

@@ -472,15 +472,11 @@ static beam_strategy bm_pick_gather(const bm_ws *ws, int64_t tokens)
     return BEAM_STRATEGY_UNFUSED;
 }
 
-static beam_status bm_check_gather(const char *fn, const bm_ws *ws, const uint16_t *experts,
-                                   const float *weights, int64_t capacity, int64_t tokens,
-                                   int32_t top_k, int32_t hidden, float routed_scale,
-                                   const beam_norm *post_norm, const uint16_t *residual,
-                                   const float *scales, const beam_norm *next_norm,
-                                   uint16_t *hidden_out, uint16_t *normalized,
-                                   const beam_quant *quant, beam_strategy strategy, bm_args *a)
+/* What every collective call checks first: the strategy, and the tokens
+ * and hidden against the workspace's. */
+static beam_status bm_check_collective(const char *fn, const bm_ws *ws, int64_t tokens, int32_t hidden,
+                                       beam_strategy strategy)
 {
-    int64_t per_rank, owned;
     BM_CHECK(bm_check_strategy(fn, strategy, 1));
     if (tokens < 0)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: tokens=%lld must be >= 0", fn, (long long)tokens);
@@ -490,6 +486,19 @@ static beam_status bm_check_gather(const char *fn, const bm_ws *ws, const uint16
     if (hidden != ws->hidden)
         return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: hidden=%d must equal hidden=%d of the workspace", fn,
                        (int)hidden, (int)ws->hidden);
+    return BEAM_OK;
+}
+
+static beam_status bm_check_gather(const char *fn, const bm_ws *ws, const uint16_t *experts,
+                                   const float *weights, int64_t capacity, int64_t tokens,
+                                   int32_t top_k, int32_t hidden, float routed_scale,
+                                   const beam_norm *post_norm, const uint16_t *residual,
+                                   const float *scales, const beam_norm *next_norm,
+                                   uint16_t *hidden_out, uint16_t *normalized,
+                                   const beam_quant *quant, beam_strategy strategy, bm_args *a)
+{
+    int64_t per_rank, owned;
+    BM_CHECK(bm_check_collective(fn, ws, tokens, hidden, strategy));
     per_rank = (tokens + ws->nranks - 1) / ws->nranks;
     owned = tokens - (int64_t)ws->rank * per_rank;
     owned = owned < 0 ? 0 : (owned > per_rank ? per_rank : owned);
@@ -566,27 +575,6 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm_q(
                           scales, next_norm, hidden_out, normalized, quant, strategy, stream);
 }
 
-/* The all-reduce's checks beyond those of its local operation: the
- * strategy, the workspace's sizes, and for the MoE form (capacity >= 0)
- * room for every token. */
-static beam_status bm_check_allreduce(const char *fn, const bm_ws *ws, int64_t capacity, int64_t tokens,
-                                      int32_t hidden, beam_strategy strategy)
-{
-    BM_CHECK(bm_check_strategy(fn, strategy, 1));
-    if (tokens < 0)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: tokens=%lld must be >= 0", fn, (long long)tokens);
-    if (capacity >= 0 && capacity < tokens)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: capacity=%lld must be >= tokens=%lld (every rank holds "
-                       "every token's slots)", fn, (long long)capacity, (long long)tokens);
-    if (tokens > ws->max_tokens)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: tokens=%lld must be <= max_tokens=%lld of the workspace",
-                       fn, (long long)tokens, (long long)ws->max_tokens);
-    if (hidden != ws->hidden)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: hidden=%d must equal hidden=%d of the workspace", fn,
-                       (int)hidden, (int)ws->hidden);
-    return BEAM_OK;
-}
-
 /* Both all-reduces: experts NULL is the dense form (x the partial). The
  * norm of the reduced sum travels as a.pre (the MoE form's post_norm). */
 static beam_status bm_allreduce_call(const char *fn, beam_workspace *workspace, const uint16_t *x,
@@ -603,7 +591,10 @@ static beam_status bm_allreduce_call(const char *fn, beam_workspace *workspace, 
         return bm_fail(BEAM_ERR_UNSUPPORTED, "%s: the %s backend has no all-reduce yet", fn, BE->name);
     memset(&a, 0, sizeof a);
     a.fn = fn;
-    local = bm_check_allreduce(fn, &workspace->ws, experts ? capacity : -1, tokens, hidden, strategy);
+    local = bm_check_collective(fn, &workspace->ws, tokens, hidden, strategy);
+    if (local == BEAM_OK && experts && capacity < tokens)
+        local = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: capacity=%lld must be >= tokens=%lld (every rank holds "
+                        "every token's slots)", fn, (long long)capacity, (long long)tokens);
     if (local == BEAM_OK && !experts)
         local = bm_check_nrn(fn, "partial", x, residual, tokens, hidden, norm, scales, next_norm, hidden_out,
                              normalized, quant, &a);
