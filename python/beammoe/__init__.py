@@ -15,6 +15,12 @@ strategy and every world size give the same bits.
                       *, strategy=None, inplace=False) -> (hidden, normalized | None)
     beam_norm_residual_norm(x, residual, pre_weight, pre_eps, next_weight,
                       next_eps, scales, *, inplace=False) -> (hidden, normalized | None)
+    beam_allreduce_norm_residual_norm(x, residual, pre_weight, pre_eps, next_weight,
+                      next_eps, scales, workspace, *, strategy=None, inplace=False)
+    beam_moe_finalize_allreduce_norm_residual_norm(x, residual, post_weight, post_eps,
+                      next_weight, next_eps, scales, workspace, routed_scale=1.0, *,
+                      strategy=None, inplace=False)   (the all-reduce layout: every
+                      rank's x a partial of every token)
 
 x is an MoEOutput(gemm2_permuted, expert_weights, live_tokens=None). hidden
 is a new tensor and residual is left unchanged, as in the reference;
@@ -58,7 +64,8 @@ from .quant import (FP8Quant, MXFP8Quant, NVFP4Quant, beam_moe_finalize_gather_n
                     beam_moe_finalize_norm_residual_norm_q, beam_norm_residual_norm_q)
 from .quant import (beam_moe_finalize_gather_norm_residual_norm_fp8, beam_moe_finalize_norm_residual_norm_fp8,
                     beam_norm_residual_norm_fp8)  # the former names of the _q functions
-from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_moe_finalize, beam_moe_finalize_gather_norm_residual_norm,
+from .ops import (HAVE_TORCH_OPS, MoEOutput, beam_allreduce_norm_residual_norm, beam_moe_finalize,
+                  beam_moe_finalize_allreduce_norm_residual_norm, beam_moe_finalize_gather_norm_residual_norm,
                   beam_moe_finalize_norm_residual_norm, beam_norm_residual_norm, norm_residual_norm)
 from .workspace import CpuGroup, Workspace
 from ._prepared import PreparedCall, prepare_finalize_norm_residual_norm
@@ -92,6 +99,8 @@ __all__ = [
     "beam_moe_finalize",
     "beam_moe_finalize_norm_residual_norm",
     "beam_moe_finalize_gather_norm_residual_norm",
+    "beam_allreduce_norm_residual_norm",
+    "beam_moe_finalize_allreduce_norm_residual_norm",
     "norm_residual_norm",
     "beam_norm_residual_norm",
     "prepare_finalize_norm_residual_norm",

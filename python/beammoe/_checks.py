@@ -236,6 +236,8 @@ FINALIZE = "beam_moe_finalize"
 FUSED = "beam_moe_finalize_norm_residual_norm"
 GATHER = "beam_moe_finalize_gather_norm_residual_norm"
 NRN = "beam_norm_residual_norm"
+ALLREDUCE = "beam_allreduce_norm_residual_norm"
+MOE_ALLREDUCE = "beam_moe_finalize_allreduce_norm_residual_norm"
 STRATEGY_NAMES = '"auto", "fused", "unfused", "oneshot" or "twoshot"'
 # The tensors of each operation, as a message names them (same_device).
 FINALIZE_NAMES = ("expert_outputs", "expert_weights", "output", "post_weight")

@@ -200,6 +200,25 @@ def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale
     del keep_post, keep_next, keep_s
 
 
+def allreduce(dev, ops, handle, x, g, w, capacity, tokens, top_k, hidden, routed_scale, nw1, ne1, residual, s, nw,
+              ne, hidden_out, normalized, strategy):
+    """The all-reduce on workspace `handle` through `ops`, the table that
+    made it: the dense form's partial x (g, w None), or the MoE form's slots
+    g, w (x None); (nw1, ne1) the norm of the reduced sum (pre_norm, or
+    post_norm)."""
+    keep_1, first = _norm(nw1, ne1)
+    keep_next, nxt = _norm(nw, ne)
+    keep_s, sp = _scales_ref(s)
+    tail = (addr(residual), sp, nxt, addr(hidden_out), addr(normalized) if normalized is not None else None, None,
+            strategy)
+    if x is not None:
+        _invoke(ops, "allreduce_norm_residual_norm", dev, (handle, addr(x), tokens, hidden, first) + tail)
+    else:
+        _invoke(ops, "moe_finalize_allreduce_norm_residual_norm", dev,
+                (handle, addr(g), addr(w), capacity, tokens, top_k, hidden, routed_scale, first) + tail)
+    del keep_1, keep_next, keep_s
+
+
 # ---- the quantized output: each form's layout from its line of lib/quant_forms.def (_forms) ----
 
 KINDS = {"group": _forms.FP8_GROUP, "token": _forms.FP8_TOKEN, "tensor": _forms.FP8_TENSOR}  # FP8Quant's kinds

@@ -16,6 +16,10 @@ on torch's current stream, with no host synchronization).
     norm_residual_norm_(x, residual!, ...) -> normalized
     moe_finalize_gather_norm_residual_norm(workspace, gemm2, weights, residual, ...) -> (hidden, normalized)
     moe_finalize_gather_norm_residual_norm_(workspace, ... residual! ...) -> normalized
+    allreduce_norm_residual_norm(workspace, x, residual, pre_weight?, pre_eps?, next_weight?, next_eps?,
+        scales?, strategy) -> (hidden, normalized)         (and allreduce_norm_residual_norm_)
+    moe_finalize_allreduce_norm_residual_norm(workspace, gemm2, weights, residual, ...) -> (hidden, normalized)
+                                                           (and moe_finalize_allreduce_norm_residual_norm_)
     norm_residual_norm_fp8(x, residual, pre_weight?, pre_eps?, next_weight?, next_eps, scales?, kind,
         group_size, flags, scale, keep_normalized) -> (hidden, normalized, q, q_scales)
     moe_finalize_norm_residual_norm_fp8(gemm2, weights, residual, ..., routed_scale, strategy, kind,
@@ -52,9 +56,10 @@ from . import _run
 from ._run import empty_outputs, struct as quant_struct
 from . import _checks as A
 from ._calls import HAVE_TORCH_OPS
-from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
-                      FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
-                      check_finalize, check_fused, check_nrn)
+from ._checks import (ALLREDUCE as _ALLREDUCE, FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES,
+                      FUSED as _FUSED, FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER,
+                      MOE_ALLREDUCE as _MOE_ALLREDUCE, NRN as _NRN, NRN_NAMES as _NRN_NAMES, check_finalize,
+                      check_fused, check_nrn)
 from .workspace import Workspace, check_workspace
 
 
@@ -103,6 +108,29 @@ def _gather_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, routed_scale
     def run(dev, *args):
         ws._run_gather(dev, *args)
     return _fused_impl(_GATHER, run, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace)
+
+
+def _allreduce_impl(workspace, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, strategy, inplace):
+    """The dense all-reduce operators' implementation (the library's)."""
+    tokens, hidden, prw, pre, nw, ne, s = check_nrn(_ALLREDUCE, x, residual, pre_weight, pre_eps, next_weight,
+                                                    next_eps, scales)
+    dev = A.same_device(_ALLREDUCE, _NRN_NAMES, (x, residual, prw, nw))
+    ws = _workspace(_ALLREDUCE, workspace, dev)
+    normalized = torch.empty_like(residual) if ne is not None else None
+    out = residual if inplace else torch.empty_like(residual)
+    ws._run_allreduce(_ALLREDUCE, dev, x, None, None, 0, tokens, 0, hidden, 1.0, prw, pre, residual, s, nw, ne, out,
+                      normalized, strategy)
+    return out, (normalized if normalized is not None else _no_normalized(residual))
+
+
+def _moe_allreduce_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace):
+    """The MoE all-reduce operators' implementation (the library's)."""
+    ws = _workspace(_MOE_ALLREDUCE, workspace, residual.device)
+
+    def run(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st):
+        ws._run_allreduce(_MOE_ALLREDUCE, dev, None, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual,
+                          s, nw, ne, h, n, st)
+    return _fused_impl(_MOE_ALLREDUCE, run, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace)
 
 
 def _nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, inplace):
@@ -194,6 +222,14 @@ def _register():
     _pair("norm_residual_norm", (nrn_args,), _nrn_impl, _nrn_fake)
     _pair("moe_finalize_gather_norm_residual_norm", (workspace_arg, fused_args), _gather_impl,
           lambda workspace, *args: _fake_fused(_GATHER, *args))
+
+    def strategy_arg(strategy: int):
+        pass
+
+    _pair("allreduce_norm_residual_norm", (workspace_arg, nrn_args, strategy_arg), _allreduce_impl,
+          lambda workspace, *args: _nrn_fake(*args[:-1]))
+    _pair("moe_finalize_allreduce_norm_residual_norm", (workspace_arg, fused_args), _moe_allreduce_impl,
+          lambda workspace, *args: _fake_fused(_MOE_ALLREDUCE, *args))
 
     # ---- the FP8 output of the next norm (beammoe.fp8): q and q_scales as
     # _run.empty_outputs makes them; normalized empty unless kept

@@ -33,8 +33,9 @@ from . import _checks as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*, which the calls below may go through)
 from ._calls import (HAVE_TORCH_OPS, WriteNoDerivative, autograd_inputs, mark_written, no_autograd_write,
                      operator_needed, route, run_eager, scales_list)
-from ._checks import (FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES, FUSED as _FUSED,
-                      FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
+from ._checks import (ALLREDUCE as _ALLREDUCE, FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES,
+                      FUSED as _FUSED, FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER,
+                      MOE_ALLREDUCE as _MOE_ALLREDUCE, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
                       STRATEGY_NAMES as _STRATEGY_NAMES, check_finalize, check_fused, check_nrn)
 from .workspace import Workspace as _Workspace, check_workspace
 
@@ -43,6 +44,8 @@ __all__ = [
     "beam_moe_finalize",
     "beam_moe_finalize_norm_residual_norm",
     "beam_moe_finalize_gather_norm_residual_norm",
+    "beam_allreduce_norm_residual_norm",
+    "beam_moe_finalize_allreduce_norm_residual_norm",
     "beam_norm_residual_norm",
     "norm_residual_norm",
 ]
@@ -188,6 +191,59 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     return _finish(fn, "moe_finalize_gather_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
                    lambda h, n: workspace._run_gather(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe,
                                                       residual, s, nw, ne, h, n, st),
+                   (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
+
+
+def beam_allreduce_norm_residual_norm(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, workspace, *,
+                                      strategy=None, inplace=False):
+    """The dense layer's tensor-parallel ending: the sum over the ranks of
+    their partials x, then norm_residual_norm (docs/numerics.md#all-reduce).
+
+    Collective over the workspace's ranks, each with its partial x of every
+    token ([tokens, hidden] BF16, tokens = residual.shape[0]) and the same
+    residual, norms, scales and strategy (None/"auto", "oneshot", "twoshot"
+    or "unfused"); pre_* is the norm of the reduced sum. Every rank gets the
+    same bits; one rank gives beam_norm_residual_norm's. Returns (hidden,
+    normalized) as beam_norm_residual_norm. A workspace of the library's
+    own (over NCCL, or Workspace.cpu over a CpuGroup).
+    """
+    fn = _ALLREDUCE
+    tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
+                                                    scales)
+    st = A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES)
+    A.flag(fn, "inplace", inplace)
+    tensors = (x, residual, prw, nw)
+    dev, eager, recording = route(fn, _NRN_NAMES, tensors)
+    handle = check_workspace(fn, workspace, dev)
+    return _finish(fn, "allreduce_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
+                   lambda h, n: workspace._run_allreduce(fn, dev, x, None, None, 0, tokens, 0, hidden, 1.0, prw, pre,
+                                                         residual, s, nw, ne, h, n, st),
+                   (handle, x, residual, prw, pre, nw, ne, scales_list(s), st))
+
+
+def beam_moe_finalize_allreduce_norm_residual_norm(x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                                                   workspace, routed_scale=1.0, *, strategy=None, inplace=False):
+    """The MoE layer's tensor-parallel ending with experts sharded along
+    their intermediate dimension: each rank's x (an MoEOutput of every
+    token's slots, its partial sums; capacity >= tokens) finalized without
+    the post-norm, the sum over the ranks, then the post-norm, residual and
+    next norm (docs/numerics.md#all-reduce). Collective as
+    beam_allreduce_norm_residual_norm; one rank gives
+    beam_moe_finalize_norm_residual_norm's bits. Returns (hidden, normalized).
+    """
+    fn = _MOE_ALLREDUCE
+    g, w = A.moe_output(fn, x)
+    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
+        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
+        A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES))
+    A.flag(fn, "inplace", inplace)
+    tensors = (g, w, residual, pw, nw)
+    dev, eager, recording = route(fn, _FUSED_NAMES, tensors)
+    handle = check_workspace(fn, workspace, dev)
+    tokens = residual.shape[0]
+    return _finish(fn, "moe_finalize_allreduce_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
+                   lambda h, n: workspace._run_allreduce(fn, dev, None, g, w, capacity, tokens, top_k, hidden, scale,
+                                                         pw, pe, residual, s, nw, ne, h, n, st),
                    (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 

@@ -542,6 +542,23 @@ class Workspace:
         def run(strategy):
             _run.gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne,
                         h, n, quant, strategy)
+        self._run_auto(tokens, st, run)
+
+    def _run_allreduce(self, fn, dev, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw,
+                       ne, h, n, st):
+        """The library's all-reduce (_run.allreduce), AUTO as the gather's."""
+        if self._pg or self._all_gather is not None:
+            raise BeamUnsupportedError("%s: a workspace over a torch.distributed group, or with an all_gather "
+                                       "hook, has no all-reduce yet: use a workspace of the library's own "
+                                       "(Workspace(...) over NCCL, Workspace.cpu over a CpuGroup)" % fn)
+        handle, ops = self.handle, self._ops
+        self._run_auto(tokens, st, lambda strategy: _run.allreduce(
+            dev, ops, handle, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw, ne, h, n,
+            strategy))
+
+    def _run_auto(self, tokens, st, run):
+        """run(strategy) with AUTO resolved from the attributes (the
+        library's own rule while they are the values it was handed)."""
         if st != _AUTO or self._c_auto:
             run(st)
             return

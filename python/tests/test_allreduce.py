@@ -1,0 +1,120 @@
+"""The all-reduce layout (docs/numerics.md#all-reduce) through the package:
+CpuGroup ranks as threads, both forms, every strategy, in place or not,
+against the sum over ranks written here in torch (FP32 in rank order from
+rank 0's value, one BF16 rounding) followed by the torch-written reference
+of the stages (reference.py), and a group of one against the local
+functions."""
+import pytest
+import torch
+
+import beammoe
+from conftest import run_ranks
+from reference import BF16, assert_bits_equal, bf16, finalize_ref, nrn_spec, random_bf16, random_case
+
+H, K = 512, 4
+STRATEGIES = (None, "oneshot", "twoshot", "unfused")
+
+
+def ranks_sum(partials):
+    a = partials[0].float()
+    for p in partials[1:]:
+        a = a + p.float()
+    return bf16(a)
+
+
+def inputs(gen, R, tokens):
+    """Every rank's partials and slots (the weights are rank 0's: the router
+    is replicated), the residual and the norm weights."""
+    parts = [random_bf16(gen, tokens, H, scale=2.0) for _ in range(R)]
+    slots = [random_case(gen, tokens + 1, K, H)[0] for _ in range(R)]
+    w = random_case(gen, tokens + 1, K, H)[1]
+    return parts, slots, w, random_bf16(gen, tokens, H), random_bf16(gen, H), random_bf16(gen, H)
+
+
+def wanted(parts, slots, w, residual, nw1, nw, tokens, moe, scales):
+    if moe:
+        parts = [finalize_ref(g, w, tokens, 1.5) for g in slots]
+    return nrn_spec(ranks_sum(parts), residual, nw1, 1e-6, scales, nw, 1e-5)
+
+
+def call(ws, r, parts, slots, w, residual, nw1, nw, moe, scales, strategy, inplace):
+    res = residual.clone()
+    if moe:
+        x = beammoe.MoEOutput(slots[r], w)
+        h, n = beammoe.beam_moe_finalize_allreduce_norm_residual_norm(
+            x, res, nw1, 1e-6, nw, 1e-5, scales, ws, 1.5, strategy=strategy, inplace=inplace)
+    else:
+        h, n = beammoe.beam_allreduce_norm_residual_norm(parts[r], res, nw1, 1e-6, nw, 1e-5, scales, ws,
+                                                         strategy=strategy, inplace=inplace)
+    assert (h is res) == inplace
+    if not inplace:
+        assert_bits_equal(res, residual, "residual left unchanged")
+    return h, n
+
+
+@pytest.mark.parametrize("R", [1, 2, 3])
+@pytest.mark.parametrize("moe", [False, True])
+def test_every_rank_every_strategy(R, moe):
+    gen = torch.Generator().manual_seed(40 + R + 10 * moe)
+    cases = [(t, inputs(gen, R, t)) for t in (1, R + 1, 7)]
+
+    def body(r):
+        with beammoe.Workspace.cpu(grp, r, 8, H, moe_gather_oneshot_max_tokens=2) as ws:
+            for tokens, (parts, slots, w, residual, nw1, nw) in cases:
+                for scales in (None, (0.5, 2.0)):
+                    want = wanted(parts, slots, w, residual, nw1, nw, tokens, moe, scales)
+                    for strategy in STRATEGIES:
+                        for inplace in (False, True):
+                            got = call(ws, r, parts, slots, w, residual, nw1, nw, moe, scales, strategy, inplace)
+                            assert_bits_equal(got, want, "R=%d rank %d T=%d %s inplace=%s" % (
+                                R, r, tokens, strategy, inplace))
+        return True
+
+    with beammoe.CpuGroup(R) as grp:
+        assert run_ranks(R, body) == [True] * R
+
+
+def test_one_rank_is_the_local_operation():
+    gen = torch.Generator().manual_seed(41)
+    parts, slots, w, residual, nw1, nw = inputs(gen, 1, 5)
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 8, H) as ws:
+        got = beammoe.beam_allreduce_norm_residual_norm(parts[0], residual, nw1, 1e-6, nw, 1e-5, None, ws)
+        assert_bits_equal(got, beammoe.beam_norm_residual_norm(parts[0], residual, nw1, 1e-6, nw, 1e-5, None))
+        x = beammoe.MoEOutput(slots[0], w)
+        got = beammoe.beam_moe_finalize_allreduce_norm_residual_norm(x, residual, nw1, 1e-6, nw, 1e-5, None, ws, 1.5)
+        assert_bits_equal(got, beammoe.beam_moe_finalize_norm_residual_norm(x, residual, nw1, 1e-6, nw, 1e-5, None,
+                                                                            1.5))
+
+
+def test_refusals():
+    gen = torch.Generator().manual_seed(42)
+    parts, slots, w, residual, nw1, nw = inputs(gen, 1, 5)
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 4, H) as ws:
+        with pytest.raises(ValueError, match="max_tokens=4"):
+            beammoe.beam_allreduce_norm_residual_norm(parts[0], residual, None, None, None, None, None, ws)
+        with pytest.raises(ValueError, match="unknown strategy"):
+            beammoe.beam_allreduce_norm_residual_norm(parts[0][:3], residual[:3], None, None, None, None, None, ws,
+                                                      strategy="fused")
+        with pytest.raises(ValueError):
+            beammoe.beam_moe_finalize_allreduce_norm_residual_norm(
+                beammoe.MoEOutput(slots[0][:2 * K], w[:2]), residual[:3], None, None, None, None, None, ws)
+
+
+@pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+def test_torch_operators_and_compile():
+    gen = torch.Generator().manual_seed(43)
+    parts, slots, w, residual, nw1, nw = inputs(gen, 1, 3)
+    want = wanted(parts, slots, w, residual, nw1, nw, 3, False, None)
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 8, H) as ws:
+        got = torch.ops.beammoe.allreduce_norm_residual_norm(ws.handle, parts[0], residual, nw1, 1e-6, nw, 1e-5,
+                                                             None, 0)
+        assert_bits_equal(got, want)
+        res = residual.clone()
+        n = torch.ops.beammoe.moe_finalize_allreduce_norm_residual_norm_(ws.handle, slots[0], w, res, nw1, 1e-6, nw,
+                                                                         1e-5, None, 1.5, 0)
+        assert_bits_equal((res, n), wanted(parts, slots, w, residual, nw1, nw, 3, True, None))
+
+        @torch.compile(fullgraph=True)
+        def layer(p, r):
+            return beammoe.beam_allreduce_norm_residual_norm(p, r, nw1, 1e-6, nw, 1e-5, None, ws)
+        assert_bits_equal(layer(parts[0], residual), want)
