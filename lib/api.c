@@ -575,9 +575,10 @@ BEAM_API beam_status beam_moe_finalize_gather_norm_residual_norm_q(
                           scales, next_norm, hidden_out, normalized, quant, strategy, stream);
 }
 
-/* Both all-reduces: experts NULL is the dense form (x the partial). The
- * norm of the reduced sum travels as a.pre (the MoE form's post_norm). */
-static beam_status bm_allreduce_call(const char *fn, beam_workspace *workspace, const uint16_t *x,
+/* Both all-reduces: moe 0 is the dense form (x the partial), 1 the MoE
+ * form (experts, weights). The norm of the reduced sum travels as a.pre
+ * (the MoE form's post_norm). */
+static beam_status bm_allreduce_call(const char *fn, beam_workspace *workspace, int moe, const uint16_t *x,
                                      const uint16_t *experts, const float *weights, int64_t capacity,
                                      int64_t tokens, int32_t top_k, int32_t hidden, float routed_scale,
                                      const beam_norm *norm, const uint16_t *residual, const float *scales,
@@ -592,20 +593,20 @@ static beam_status bm_allreduce_call(const char *fn, beam_workspace *workspace, 
     memset(&a, 0, sizeof a);
     a.fn = fn;
     local = bm_check_collective(fn, &workspace->ws, tokens, hidden, strategy);
-    if (local == BEAM_OK && experts && capacity < tokens)
+    if (local == BEAM_OK && moe && capacity < tokens)
         local = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: capacity=%lld must be >= tokens=%lld (every rank holds "
                         "every token's slots)", fn, (long long)capacity, (long long)tokens);
-    if (local == BEAM_OK && !experts)
+    if (local == BEAM_OK && !moe)
         local = bm_check_nrn(fn, "partial", x, residual, tokens, hidden, norm, scales, next_norm, hidden_out,
                              normalized, quant, &a);
-    if (local == BEAM_OK && experts) {
+    if (local == BEAM_OK && moe) {
         local = bm_check_fused(fn, experts, weights, capacity, tokens, tokens, top_k, hidden, routed_scale, norm,
                                residual, scales, next_norm, hidden_out, normalized, quant, &a);
         a.pre = a.post;
         a.post.on = 0;
     }
     /* the shape travels even when the checks fail (bm_gather_call) */
-    a.top_k = experts ? top_k : 0;
+    a.top_k = moe ? top_k : 0;
     a.hidden = hidden;
     a.tokens = tokens;
     a.stream = stream;
@@ -621,8 +622,8 @@ BEAM_API beam_status beam_allreduce_norm_residual_norm(beam_workspace *workspace
                                                        beam_strategy strategy, void *stream)
 {
     bm_clear_error();
-    return bm_allreduce_call("beam_allreduce_norm_residual_norm", workspace, partial, NULL, NULL, 0, tokens, 0,
-                             hidden, 1.0f, pre_norm, residual, scales, next_norm, hidden_out, normalized, quant,
+    return bm_allreduce_call("beam_allreduce_norm_residual_norm", workspace, 0, partial, NULL, NULL, 0, tokens,
+                             0, hidden, 1.0f, pre_norm, residual, scales, next_norm, hidden_out, normalized, quant,
                              strategy, stream);
 }
 
@@ -633,13 +634,10 @@ BEAM_API beam_status beam_moe_finalize_allreduce_norm_residual_norm(
     const beam_norm *next_norm, uint16_t *hidden_out, uint16_t *normalized, const beam_quant *quant,
     beam_strategy strategy, void *stream)
 {
-    static const char fn[] = "beam_moe_finalize_allreduce_norm_residual_norm";
     bm_clear_error();
-    /* NULL experts would select the dense form */
-    if (!expert_outputs) return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: expert_outputs must not be NULL", fn);
-    return bm_allreduce_call(fn, workspace, NULL, expert_outputs, expert_weights, capacity, tokens, top_k,
-                             hidden, routed_scale, post_norm, residual, scales, next_norm, hidden_out,
-                             normalized, quant, strategy, stream);
+    return bm_allreduce_call("beam_moe_finalize_allreduce_norm_residual_norm", workspace, 1, NULL, expert_outputs,
+                             expert_weights, capacity, tokens, top_k, hidden, routed_scale, post_norm, residual,
+                             scales, next_norm, hidden_out, normalized, quant, strategy, stream);
 }
 
 /* ---- this library's table (beam_backend_ops) ------------------------- */

@@ -353,7 +353,7 @@ static void test_one_rank(void)
 
 /* ---- refusals: every rank fails, nothing written ------------------------- */
 
-enum { BAD_TOKENS, BAD_HIDDEN, BAD_GATHER, BAD_FORM, BAD_NULL, BAD_STRATEGY, BAD_NKINDS };
+enum { BAD_TOKENS, BAD_HIDDEN, BAD_GATHER, BAD_FORM, BAD_NULL, BAD_NULL_SLOTS, BAD_STRATEGY, BAD_NKINDS };
 
 typedef struct brank {
     arank a;
@@ -385,10 +385,10 @@ static void *brank_main(void *p)
         st = a->ops->moe_finalize_gather_norm_residual_norm(ws, d->experts, d->weights, d->cap, c->T, d->s.K, H,
                                                             d->rs, NULL, d->residual, NULL, NULL, h, NULL,
                                                             BEAM_STRATEGY_ONESHOT, NULL);
-    else if (odd && b->kind == BAD_FORM)
-        st = a->ops->moe_finalize_allreduce_norm_residual_norm(ws, d->experts, d->weights, d->cap, c->T, d->s.K, H,
-                                                               d->rs, NULL, d->residual, NULL, NULL, h, NULL, NULL,
-                                                               BEAM_STRATEGY_ONESHOT, NULL);
+    else if ((odd && b->kind == BAD_FORM) || b->kind == BAD_NULL_SLOTS)
+        st = a->ops->moe_finalize_allreduce_norm_residual_norm(
+            ws, odd && b->kind == BAD_NULL_SLOTS ? NULL : d->experts, d->weights, d->cap, c->T, d->s.K, H, d->rs,
+            NULL, d->residual, NULL, NULL, h, NULL, NULL, BEAM_STRATEGY_ONESHOT, NULL);
     else
         st = a->ops->allreduce_norm_residual_norm(
             ws, odd && b->kind == BAD_NULL ? NULL : d->x, odd && b->kind == BAD_TOKENS ? c->T - 1 : c->T,
