@@ -330,7 +330,8 @@ static void test_one_rank(void)
                                                                  nx ? nn[1] : NULL, BEAM_STRATEGY_FUSED, NULL);
                 } else {
                     st[0] = ops->allreduce_norm_residual_norm(ws, d.x, s.T, s.H, s.pre ? &pre : NULL, d.residual, sc,
-                                                              nx, h[0], nx ? nn[0] : NULL, NULL, BEAM_STRATEGY_AUTO, NULL);
+                                                              nx, h[0], nx ? nn[0] : NULL, NULL, BEAM_STRATEGY_AUTO,
+                                                              NULL);
                     st[1] = ops->norm_residual_norm(d.x, d.residual, s.T, s.H, s.pre ? &pre : NULL, sc, nx, h[1],
                                                     nx ? nn[1] : NULL, NULL);
                 }
