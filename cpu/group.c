@@ -539,11 +539,10 @@ static beam_status bm_collective_held(bm_ws *ws, const bm_args *a, beam_strategy
         const int i = bm_disagree(&bank[r], &bank[0]);
         if (i >= 0) {
             char mine[96], first[96];
-            const char *name = bm_agree_text(i, bank[r].w[i], mine, sizeof mine);
+            bm_agree_text(i, bank[r].w[i], mine, sizeof mine);
             bm_agree_text(i, bank[0].w[i], first, sizeof first);
-            if (i == BM_AGREE_POST_NORM && a->x) name = "pre_norm"; /* the dense all-reduce's */
             st = bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: rank %d and rank 0 passed different %s (%s and %s): "
-                         "every rank must pass the same", fn, (int)r, name, mine, first);
+                         "every rank must pass the same", fn, (int)r, bm_agree_arg(i, a), mine, first);
         }
     }
     if (st == BEAM_OK && a->tokens > 0) {

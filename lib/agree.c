@@ -117,6 +117,11 @@ BEAM_API beam_status beam_gather_agreement(int64_t tokens, int32_t top_k, int32_
     return BEAM_OK;
 }
 
+const char *bm_agree_arg(int i, const bm_args *a)
+{
+    return i == BM_AGREE_POST_NORM && a->x ? "pre_norm" : bm_agree_names[i];
+}
+
 const char *bm_agree_text(int i, uint64_t w, char *text, size_t size)
 {
     char a[32], b[32];

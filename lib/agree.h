@@ -50,6 +50,10 @@ enum { BM_COLL_GATHER = 0, BM_COLL_ALLREDUCE = 1 };
  * bm_agree_coll for an all-reduce). */
 void bm_agree_words(const bm_args *a, int strategy, uint64_t words[BM_AGREE_N]);
 
+/* Word i's argument as call a names it: its name, but the dense
+ * all-reduce's norm of the reduced rows is its pre_norm. */
+const char *bm_agree_arg(int i, const bm_args *a);
+
 /* Word i's name, and its value in text (beam_gather_agreement_text). */
 const char *bm_agree_text(int i, uint64_t w, char *text, size_t size);
 

@@ -27,6 +27,12 @@
 #define SMALL_STACK_KIB 16
 #endif
 
+/* A test's body for every backend the program tests: the entries of its
+ * own `const beam_ops *g_ops[BM_NBACKENDS]` that are not NULL. */
+#define FOR_EACH_BACKEND(ops)                        \
+    for (int b_ = 0; b_ < BM_NBACKENDS; b_++)        \
+        for (const beam_ops *ops = g_ops[b_]; ops; ops = NULL)
+
 typedef struct suite_test {
     const char *name;
     void (*fn)(void);

@@ -145,6 +145,8 @@ typedef struct arank {
     long calls;
     acase *cases[A_NLINES];
     int ncases[A_NLINES];
+    int kind;              /* refusals: how rank 1 departs (BAD_*) ... */
+    const acase *refused;  /* ... on this case */
     char first[400];
 } arank;
 
@@ -248,14 +250,10 @@ static void run_ranks(arank *ranks, int R, void *(*fn)(void *), const char *what
     }
 }
 
-#define FOR_EACH_OPS(ops)                                                                          \
-    for (int b_ = 0; b_ < BM_NBACKENDS; b_++)                                                      \
-        for (const beam_ops *ops = g_ops[b_]; ops; ops = NULL)
-
 static void test_results(void)
 {
     static const int Rs[] = {1, 2, 3, 4, 5, 8};
-    FOR_EACH_OPS(ops)
+    FOR_EACH_BACKEND(ops)
     {
         int ri, r, l, i, n = 0;
         for (ri = 0; ri < (hu_quick() ? 3 : 6); ri++) {
@@ -295,7 +293,7 @@ static void test_results(void)
  * (signed zeros, NaNs, infinities and subnormals included). */
 static void test_one_rank(void)
 {
-    FOR_EACH_OPS(ops)
+    FOR_EACH_BACKEND(ops)
     {
         beam_cpu_group *g;
         beam_workspace *ws;
@@ -356,18 +354,11 @@ static void test_one_rank(void)
 
 enum { BAD_TOKENS, BAD_HIDDEN, BAD_GATHER, BAD_FORM, BAD_NULL, BAD_NULL_SLOTS, BAD_STRATEGY, BAD_NKINDS };
 
-typedef struct brank {
-    arank a;
-    int kind;
-    const acase *c;
-} brank;
-
-/* Rank 1 (the last rank with R = 1) departs from the others as kind says. */
+/* Rank 1 (the last rank with R = 1) departs from the others as a->kind says. */
 static void *brank_main(void *p)
 {
-    brank *b = (brank *)p;
-    arank *a = &b->a;
-    const acase *c = b->c;
+    arank *a = (arank *)p;
+    const acase *c = a->refused;
     const hc_case *d = &c->d[a->rank];
     const int32_t H = d->s.H;
     const int odd = a->rank == (a->R > 1 ? 1 : 0);
@@ -382,23 +373,23 @@ static void *brank_main(void *p)
     }
     hu_poison(h, 2 * th);
     hu_poison(n, 2 * th);
-    if (odd && b->kind == BAD_GATHER)
+    if (odd && a->kind == BAD_GATHER)
         st = a->ops->moe_finalize_gather_norm_residual_norm(ws, d->experts, d->weights, d->cap, c->T, d->s.K, H,
                                                             d->rs, NULL, d->residual, NULL, NULL, h, NULL,
                                                             BEAM_STRATEGY_ONESHOT, NULL);
-    else if ((odd && b->kind == BAD_FORM) || b->kind == BAD_NULL_SLOTS)
+    else if ((odd && a->kind == BAD_FORM) || a->kind == BAD_NULL_SLOTS)
         st = a->ops->moe_finalize_allreduce_norm_residual_norm(
-            ws, odd && b->kind == BAD_NULL_SLOTS ? NULL : d->experts, d->weights, d->cap, c->T, d->s.K, H, d->rs,
+            ws, odd && a->kind == BAD_NULL_SLOTS ? NULL : d->experts, d->weights, d->cap, c->T, d->s.K, H, d->rs,
             NULL, d->residual, NULL, NULL, h, NULL, NULL, BEAM_STRATEGY_ONESHOT, NULL);
     else
         st = a->ops->allreduce_norm_residual_norm(
-            ws, odd && b->kind == BAD_NULL ? NULL : d->x, odd && b->kind == BAD_TOKENS ? c->T - 1 : c->T,
-            odd && b->kind == BAD_HIDDEN ? H + 256 : H, NULL, d->residual, NULL, NULL, h, NULL, NULL,
-            odd && b->kind == BAD_STRATEGY ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_ONESHOT, NULL);
+            ws, odd && a->kind == BAD_NULL ? NULL : d->x, odd && a->kind == BAD_TOKENS ? c->T - 1 : c->T,
+            odd && a->kind == BAD_HIDDEN ? H + 256 : H, NULL, d->residual, NULL, NULL, h, NULL, NULL,
+            odd && a->kind == BAD_STRATEGY ? BEAM_STRATEGY_FUSED : BEAM_STRATEGY_ONESHOT, NULL);
     a->calls++;
     if (st == BEAM_OK || !hu_is_poison(h, 2 * th) || !hu_is_poison(n, 2 * th) || !*a->ops->last_error()) {
         snprintf(a->first, sizeof a->first, "R=%d rank %d refusal %d: status %d, outputs %s, message \"%s\"",
-                 a->R, a->rank, b->kind, (int)st, hu_is_poison(h, 2 * th) ? "untouched" : "written",
+                 a->R, a->rank, a->kind, (int)st, hu_is_poison(h, 2 * th) ? "untouched" : "written",
                  a->ops->last_error());
         a->bad++;
     }
@@ -411,36 +402,29 @@ static void *brank_main(void *p)
 static void test_refusals(void)
 {
     static const int Rs[] = {1, 2, 3};
-    FOR_EACH_OPS(ops)
+    FOR_EACH_BACKEND(ops)
     {
         int ri, k, r;
         for (ri = 0; ri < 3; ri++)
             for (k = 0; k < BAD_NKINDS; k++) {
                 const int R = Rs[ri];
-                brank ranks[A_MAXR];
+                arank ranks[A_MAXR];
                 acase c;
                 beam_cpu_group *g;
-                pthread_t th[A_MAXR];
                 /* one rank cannot disagree with itself */
                 if (R == 1 && (k == BAD_TOKENS || k == BAD_GATHER || k == BAD_FORM)) continue;
                 acase_make(&c, R, k, 512, 5);
                 CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
                 for (r = 0; r < R; r++) {
                     memset(&ranks[r], 0, sizeof ranks[r]);
-                    ranks[r].a.ops = ops;
-                    ranks[r].a.g = g;
-                    ranks[r].a.rank = r;
-                    ranks[r].a.R = R;
+                    ranks[r].ops = ops;
+                    ranks[r].g = g;
+                    ranks[r].rank = r;
+                    ranks[r].R = R;
                     ranks[r].kind = k;
-                    ranks[r].c = &c;
+                    ranks[r].refused = &c;
                 }
-                for (r = 0; r < R; r++) CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, brank_main, &ranks[r]), 0);
-                for (r = 0; r < R; r++) {
-                    pthread_join(th[r], NULL);
-                    if (ranks[r].a.bad) fprintf(stderr, "  refusal: %s\n", ranks[r].a.first);
-                    CU_ASSERT_EQUAL(ranks[r].a.bad, 0);
-                    g_calls += ranks[r].a.calls;
-                }
+                run_ranks(ranks, R, brank_main, "refusal");
                 CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
                 acase_free(&c);
             }

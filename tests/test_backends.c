@@ -116,11 +116,6 @@ static int compare_all(const beam_ops *ops, const hc_case *d)
     return ok;
 }
 
-/* Each test runs for every backend tested here. */
-#define FOR_EACH_BACKEND(ops)                        \
-    for (int b_ = 0; b_ < BM_NBACKENDS; b_++)        \
-        for (const beam_ops *ops = g_ops[b_]; ops; ops = NULL)
-
 /* ---- sweep: the CPU test's cases ------------------------------------------ */
 
 static void test_sweep(void)

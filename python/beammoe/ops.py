@@ -179,18 +179,29 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
         # all_gather hook: every rank's checks travel with the call (_pgather).
         return _pgather.gather(ws, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
                                routed_scale, strategy, inplace)
+    return _moe_collective(fn, "moe_finalize_gather_norm_residual_norm", True, x, residual, post_weight, post_eps,
+                           next_weight, next_eps, scales, workspace, routed_scale, strategy, inplace,
+                           lambda dev, *args: workspace._run_gather(dev, *args))
+
+
+def _moe_collective(fn, name, gather, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
+                    routed_scale, strategy, inplace, run):
+    """A collective call on an MoEOutput (the gather, the MoE all-reduce)
+    through the library: the fused operation's checks (gather: x holds a
+    rank's share of the tokens), then run(dev, g, w, capacity, tokens, ...)
+    as _run.fused takes them, or torch.ops.beammoe.<name>."""
     g, w = A.moe_output(fn, x)
     capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
         fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-        A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES), gather=True)
+        A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES), gather=gather)
     A.flag(fn, "inplace", inplace)
     tensors = (g, w, residual, pw, nw)
     dev, eager, recording = route(fn, _FUSED_NAMES, tensors)
     handle = check_workspace(fn, workspace, dev)
     tokens = residual.shape[0]
-    return _finish(fn, "moe_finalize_gather_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
-                   lambda h, n: workspace._run_gather(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe,
-                                                      residual, s, nw, ne, h, n, st),
+    return _finish(fn, name, residual, inplace, ne, tensors, eager, recording,
+                   lambda h, n: run(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
+                                    n, st),
                    (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 
@@ -232,19 +243,9 @@ def beam_moe_finalize_allreduce_norm_residual_norm(x, residual, post_weight, pos
     beam_moe_finalize_norm_residual_norm's bits. Returns (hidden, normalized).
     """
     fn = _MOE_ALLREDUCE
-    g, w = A.moe_output(fn, x)
-    capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
-        fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
-        A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES))
-    A.flag(fn, "inplace", inplace)
-    tensors = (g, w, residual, pw, nw)
-    dev, eager, recording = route(fn, _FUSED_NAMES, tensors)
-    handle = check_workspace(fn, workspace, dev)
-    tokens = residual.shape[0]
-    return _finish(fn, "moe_finalize_allreduce_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
-                   lambda h, n: workspace._run_allreduce(fn, dev, None, g, w, capacity, tokens, top_k, hidden, scale,
-                                                         pw, pe, residual, s, nw, ne, h, n, st),
-                   (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
+    return _moe_collective(fn, "moe_finalize_allreduce_norm_residual_norm", False, x, residual, post_weight,
+                           post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, inplace,
+                           lambda dev, *args: workspace._run_allreduce(fn, dev, None, *args))
 
 
 def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,
