@@ -236,13 +236,19 @@ static void *arank_main(void *p)
     return NULL;
 }
 
-/* R ranks of group g each run fn(&ranks[r]); the failures of each reported. */
-static void run_ranks(arank *ranks, int R, void *(*fn)(void *), const char *what)
+/* proto->R ranks, each a copy of proto with its rank, run fn on threads;
+ * the failures of each reported. */
+static void run_ranks(const arank *proto, void *(*fn)(void *), const char *what)
 {
+    arank ranks[A_MAXR];
     pthread_t th[A_MAXR];
     int r;
-    for (r = 0; r < R; r++) CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, fn, &ranks[r]), 0);
-    for (r = 0; r < R; r++) {
+    for (r = 0; r < proto->R; r++) {
+        ranks[r] = *proto;
+        ranks[r].rank = r;
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[r], NULL, fn, &ranks[r]), 0);
+    }
+    for (r = 0; r < proto->R; r++) {
         pthread_join(th[r], NULL);
         if (ranks[r].bad) fprintf(stderr, "  %s: %s (seed %llu)\n", what, ranks[r].first, (unsigned long long)g_seed);
         CU_ASSERT_EQUAL(ranks[r].bad, 0);
@@ -255,10 +261,10 @@ static void test_results(void)
     static const int Rs[] = {1, 2, 3, 4, 5, 8};
     FOR_EACH_BACKEND(ops)
     {
-        int ri, r, l, i, n = 0;
+        int ri, l, i, n = 0;
         for (ri = 0; ri < (hu_quick() ? 3 : 6); ri++) {
             const int R = Rs[ri];
-            arank ranks[A_MAXR];
+            arank proto;
             acase *cases[A_NLINES];
             beam_cpu_group *g;
             CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
@@ -267,18 +273,15 @@ static void test_results(void)
                 for (i = 0; i < APLAN[l].nt; i++, n++)
                     acase_make(&cases[l][i], R, n, APLAN[l].H, APLAN[l].t[i][0] * R + APLAN[l].t[i][1]);
             }
-            for (r = 0; r < R; r++) {
-                memset(&ranks[r], 0, sizeof ranks[r]);
-                ranks[r].ops = ops;
-                ranks[r].g = g;
-                ranks[r].rank = r;
-                ranks[r].R = R;
-                for (l = 0; l < A_NLINES; l++) {
-                    ranks[r].cases[l] = cases[l];
-                    ranks[r].ncases[l] = APLAN[l].nt;
-                }
+            memset(&proto, 0, sizeof proto);
+            proto.ops = ops;
+            proto.g = g;
+            proto.R = R;
+            for (l = 0; l < A_NLINES; l++) {
+                proto.cases[l] = cases[l];
+                proto.ncases[l] = APLAN[l].nt;
             }
-            run_ranks(ranks, R, arank_main, "all-reduce");
+            run_ranks(&proto, arank_main, "all-reduce");
             CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
             for (l = 0; l < A_NLINES; l++) {
                 for (i = 0; i < APLAN[l].nt; i++) acase_free(&cases[l][i]);
@@ -404,27 +407,24 @@ static void test_refusals(void)
     static const int Rs[] = {1, 2, 3};
     FOR_EACH_BACKEND(ops)
     {
-        int ri, k, r;
+        int ri, k;
         for (ri = 0; ri < 3; ri++)
             for (k = 0; k < BAD_NKINDS; k++) {
                 const int R = Rs[ri];
-                arank ranks[A_MAXR];
+                arank proto;
                 acase c;
                 beam_cpu_group *g;
                 /* one rank cannot disagree with itself */
                 if (R == 1 && (k == BAD_TOKENS || k == BAD_GATHER || k == BAD_FORM)) continue;
                 acase_make(&c, R, k, 512, 5);
                 CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
-                for (r = 0; r < R; r++) {
-                    memset(&ranks[r], 0, sizeof ranks[r]);
-                    ranks[r].ops = ops;
-                    ranks[r].g = g;
-                    ranks[r].rank = r;
-                    ranks[r].R = R;
-                    ranks[r].kind = k;
-                    ranks[r].refused = &c;
-                }
-                run_ranks(ranks, R, brank_main, "refusal");
+                memset(&proto, 0, sizeof proto);
+                proto.ops = ops;
+                proto.g = g;
+                proto.R = R;
+                proto.kind = k;
+                proto.refused = &c;
+                run_ranks(&proto, brank_main, "refusal");
                 CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
                 acase_free(&c);
             }
