@@ -59,8 +59,8 @@
 #include "graph_calls.h"
 #include "quant_model.h"
 
-enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED };
-static const char *const op_names[] = {"finalize", "nrn", "fused", "unfused"};
+enum { OP_FIN, OP_NRN, OP_FUSED, OP_UNFUSED, OP_AR, OP_AR_MOE };
+static const char *const op_names[] = {"finalize", "nrn", "fused", "unfused", "allreduce", "moe_allreduce"};
 
 /* Every configuration a user can call, by operation: which norms (the
  * post-norm of finalize or the pre-norm of norm_residual_norm, with or
@@ -96,6 +96,10 @@ static const bench_cfg cfgs[] = {
     {"fused+post fp8 tensor", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_FP8_TENSOR, 0},
     {"nrn nvfp4", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_NVFP4, 0},
     {"fused+post nvfp4", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_NVFP4, 0},
+    /* the all-reduces on a group of one rank (the kernel without the
+     * exchange): what they add to nrn+pre and fused+post */
+    {"allreduce1+pre", OP_AR, 1, 1, 0, 1.0f, 0, 0},
+    {"allreduce1 moe+post", OP_AR_MOE, 1, 1, 0, 1.0f, 0, 0},
 };
 enum { NCFG = sizeof cfgs / sizeof cfgs[0] };
 
@@ -144,6 +148,7 @@ static const shape shapes[] = {
 /* The CUDA backend's table: every timed call goes through it, and a failed
  * one's message is that table's. */
 static const beam_ops *g_ops;
+static beam_workspace *g_ws; /* the all-reduces': one rank, the shape's T and H */
 #define OPS_OK(x)                                                                \
     do {                                                                         \
         beam_status ok_s_ = (x);                                                 \
@@ -207,6 +212,15 @@ static double time_calls(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, char *
             continue;
         }
         switch (cf->op) {
+        case OP_AR:
+            OPS_OK(g_ops->allreduce_norm_residual_norm(g_ws, x, T, H, nA, res, sc, next, out, nrm, NULL,
+                                                       BEAM_STRATEGY_ONESHOT, st));
+            break;
+        case OP_AR_MOE:
+            OPS_OK(g_ops->moe_finalize_allreduce_norm_residual_norm(g_ws, x, w, T, T, K, H, cf->routed, nA, res, sc,
+                                                                    next, out, nrm, NULL, BEAM_STRATEGY_ONESHOT,
+                                                                    st));
+            break;
         case OP_FIN:
             OPS_OK(g_ops->moe_finalize(x, w, T, T, K, H, cf->routed, nA, out, st));
             break;
@@ -433,6 +447,7 @@ int main(int argc, char **argv)
         float *hw;
         size_t ci;
         beam_norm post, next;
+        beam_cpu_group *group;
 
         if (quick && si != 0 && si != 2 && si != 4) continue;
         o_w = (bx + align - 1) / align * align;
@@ -466,6 +481,8 @@ int main(int argc, char **argv)
         free(hbuf);
         post = (beam_norm){nw, 1e-6f};
         next = (beam_norm){nw + H, 1e-6f};
+        OPS_OK(g_ops->cpu_group_create(1, &group));
+        OPS_OK(g_ops->workspace_create_cpu(group, 0, T, H, NULL, &g_ws));
 
         for (ci = 0; ci < NCFG; ci++) {
             const bench_cfg *cf = &cfgs[ci];
@@ -474,11 +491,11 @@ int main(int argc, char **argv)
             const double fin_b = (double)bx + bw + brow + (op == OP_FIN ? wA : 0.0);
             /* normalized's bytes, or the quantized values and scales instead */
             const double nrm_b = !cf->quant ? (double)brow : quant_written(cf->quant, T, H);
-            const double bytes = op == OP_FIN   ? fin_b
-                                 : op == OP_NRN ? 3.0 * brow + nrm_b + wA + H * 2.0
-                                                : fin_b + wA + brow + nrm_b + H * 2.0;
+            const double bytes = op == OP_FIN                    ? fin_b
+                                 : op == OP_NRN || op == OP_AR ? 3.0 * brow + nrm_b + wA + H * 2.0
+                                                               : fin_b + wA + brow + nrm_b + H * 2.0;
             double us, hot = 0.0;
-            if (quick && cf->normA != (op != OP_NRN)) continue;
+            if (quick && op < OP_AR && cf->normA != (op != OP_NRN)) continue;
             us = time_calls(st, e0, e1, pool, set_bytes, bm_graph_calls(nsets, bytes, copy_gbs), nsets, cf,
                             T, H, K, o_w, o_res, o_out, o_nrm, &post, &next, reps, times);
             json_row(cf, T, H, K, "cold", us, times, reps, bytes, 100.0 * bytes / copy_gbs / 1e3 / us);
@@ -496,6 +513,8 @@ int main(int argc, char **argv)
             else
                 printf(" %8s\n", "-");
         }
+        OPS_OK(g_ops->workspace_destroy(g_ws));
+        OPS_OK(g_ops->cpu_group_destroy(group));
         CK(cudaFree(pool));
         CK(cudaFree(nw));
     }

@@ -205,4 +205,5 @@ extern "C" const bm_backend bm_backend_table = {
     bm_cuda_ws_create_nccl,
     bm_cuda_ws_destroy,
     bm_cuda_gather,
+    bm_cuda_allreduce, /* on the gather's workspace and protocol (gpu/allreduce_fused.cu) */
 };

@@ -1,5 +1,7 @@
 /*
- * gather.cu - bm_cuda_gather: one tensor-parallel call (internal).
+ * gather.cu - bm_cuda_gather and bm_cuda_allreduce: one tensor-parallel
+ * call (internal); both collectives take the same steps on the same
+ * workspace, with their own kernels.
  *
  * Host work per call is a few checks and one or three launches; nothing
  * synchronizes or allocates, so a call can be captured in a CUDA graph.
@@ -30,11 +32,12 @@
  */
 #include <stdio.h>
 
+#include "agree.h"
 #include "error.h"
 #include "gather_impl.h"
 
-extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
-                                      beam_status local_status)
+static beam_status bm_tp_call(bm_ws *ws, const bm_args *a, beam_strategy strategy, beam_status local_status,
+                              int coll)
 {
     const char *fn = a->fn;
     bm_tp_ws *w = (bm_tp_ws *)ws->impl;
@@ -47,7 +50,8 @@ extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy
                        fn, w->device, dev, w->device);
     BM_CHECK(bm_tp_check_failed(fn, w));
     const int fused = strategy == BEAM_STRATEGY_ONESHOT || strategy == BEAM_STRATEGY_TWOSHOT;
-    const uint32_t sig = bm_tp_signature(a, strategy);
+    const int ar = coll == BM_COLL_ALLREDUCE;
+    const uint32_t sig = bm_tp_signature(a, bm_agree_coll(strategy, coll));
     if (local_status != BEAM_OK) {
         /* lib sets a->tokens (the caller's value) before its checks; with
          * tokens == 0 the peers launch nothing, so neither may we (3.) */
@@ -57,7 +61,7 @@ extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy
             if (fused && w->peers)
                 bm_tp_launch_reject(w, (cudaStream_t)a->stream);
             else if (strategy == BEAM_STRATEGY_UNFUSED)
-                bm_tp_unfused(fn, w, a, sig, local_status);
+                (ar ? bm_ar_unfused : bm_tp_unfused)(fn, w, a, sig, local_status);
             cudaGetLastError(); /* best effort; the argument error is what we report */
             return bm_fail(local_status, "%s", msg);
         }
@@ -66,17 +70,32 @@ extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy
     if (a->tokens == 0)
         return BEAM_OK;
     if (strategy == BEAM_STRATEGY_UNFUSED)
-        return bm_tp_unfused(fn, w, a, sig, BEAM_OK);
+        return (ar ? bm_ar_unfused : bm_tp_unfused)(fn, w, a, sig, BEAM_OK);
     if (!fused)
-        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: strategy=%d is not a gather strategy", fn, (int)strategy);
+        return bm_fail(BEAM_ERR_INVALID_ARGUMENT, "%s: strategy=%d is not a tensor-parallel strategy", fn,
+                       (int)strategy);
+    const char *name = strategy == BEAM_STRATEGY_ONESHOT ? "ONESHOT" : "TWOSHOT";
     if (!w->peers)
         return bm_fail(BEAM_ERR_UNSUPPORTED,
                        "%s: strategy %s needs peer memory, which this workspace lacks (ranks on several "
                        "hosts, or CUDA IPC failed); use UNFUSED or AUTO",
-                       fn, strategy == BEAM_STRATEGY_ONESHOT ? "ONESHOT" : "TWOSHOT");
-    cudaError_t e = bm_tp_launch_fused(w, a, strategy == BEAM_STRATEGY_TWOSHOT, sig, (cudaStream_t)a->stream);
+                       fn, name);
+    const int two = strategy == BEAM_STRATEGY_TWOSHOT;
+    cudaStream_t stream = (cudaStream_t)a->stream;
+    cudaError_t e = ar ? bm_ar_launch_fused(w, a, two, sig, stream) : bm_tp_launch_fused(w, a, two, sig, stream);
     if (e != cudaSuccess)
-        return bm_fail(BEAM_ERR_DEVICE, "%s: launching the %s kernel failed: %s", fn,
-                       strategy == BEAM_STRATEGY_ONESHOT ? "ONESHOT" : "TWOSHOT", cudaGetErrorString(e));
+        return bm_fail(BEAM_ERR_DEVICE, "%s: launching the %s kernel failed: %s", fn, name, cudaGetErrorString(e));
     return BEAM_OK;
+}
+
+extern "C" beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
+                                      beam_status local_status)
+{
+    return bm_tp_call(ws, a, strategy, local_status, BM_COLL_GATHER);
+}
+
+extern "C" beam_status bm_cuda_allreduce(bm_ws *ws, const bm_args *a, beam_strategy strategy,
+                                         beam_status local_status)
+{
+    return bm_tp_call(ws, a, strategy, local_status, BM_COLL_ALLREDUCE);
 }

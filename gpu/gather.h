@@ -1,7 +1,7 @@
 /*
- * gather.h - the tensor-parallel finalize_gather_norm_residual_norm of the
- * CUDA backend over NCCL (internal). The backend table (gpu/backend_cuda.cu)
- * points at these four functions; lib/api.c has checked every argument
+ * gather.h - the tensor-parallel finalize_gather_norm_residual_norm and
+ * all-reduce of the CUDA backend over NCCL (internal). The backend table
+ * (gpu/backend_cuda.cu) points at these functions; lib/api.c has checked every argument
  * before.
  *
  * A workspace is made collectively from the caller's ncclComm_t. On one host
@@ -50,6 +50,10 @@ beam_status bm_cuda_ws_destroy(bm_ws *ws);
  * NCCL calls on one communicator. */
 beam_status bm_cuda_gather(bm_ws *ws, const bm_args *a, beam_strategy strategy,
                            beam_status local_status);
+/* The all-reduce (docs/numerics.md#all-reduce) on the same workspace, with
+ * the same rules. */
+beam_status bm_cuda_allreduce(bm_ws *ws, const bm_args *a, beam_strategy strategy,
+                              beam_status local_status);
 
 #ifdef __cplusplus
 }

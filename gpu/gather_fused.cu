@@ -47,93 +47,9 @@
 #include <stdint.h>
 
 #include "agree.h"
-#include "gather_proto.cuh"
+#include "gather_stages.cuh"
 #include "launch.h"
-#include "params.cuh"
-#include "quant_row.cuh"
-#include "row_ops.cuh"
 #include "tp_shape.h"
-
-#define BM_TP_U 4 /* expert slots loaded ahead (two chunks per thread) */
-
-/* The parameters of the kernels compiled with the quantized output of
- * normalized (Q), as the row kernel's (row_kernel.cuh): the plain kernels
- * keep the smaller block. */
-struct bm_tp_params_q : bm_tp_params {
-    bm_quant q;
-};
-template <int Q>
-struct bm_tp_kparams : bm_params_for<bm_tp_params, bm_tp_params_q, Q> {
-};
-
-/* Normalized rows out (st: this block stores): the BF16 row where the call
- * has one, and with Q the quantized form. Every thread of the block calls
- * it (the quantization's maxima are shuffles and block reductions). */
-template <int NT, int J, int CS, bool VEC, int STRIDE, int Q>
-__device__ __forceinline__ void bm_tp_out_normalized(const typename bm_tp_kparams<Q>::type &p, int64_t g,
-                                                     const bm_pack8 (&pk)[J], const float (&v)[J][8], int C,
-                                                     int g0, bm_tree_ctx<NT, CS> &tc, bool st)
-{
-    if (st && p.normalized)
-        bm_store_row<J, VEC, STRIDE>(p.normalized + (size_t)g * p.hidden, pk, C, g0);
-    if constexpr (Q)
-        bm_quant_row<NT, J, CS, VEC, STRIDE, Q>(p.q, p.hidden, g, v, C, g0, tc, false, st);
-}
-
-/* Stage B and norm B of docs/numerics.md on the thread's chunks of row g
- * (v: f(finalized row) in; pk: its bits out, hidden then normalized):
- * stores hidden and normalized when st, and pushes both to every peer when
- * PUSH && push (TWOSHOT). */
-template <int NT, int J, int CS, bool VEC, bool PUSH, int Q>
-__device__ __forceinline__ void bm_tp_stage_b(const typename bm_tp_kparams<Q>::type &p, float (&v)[J][8],
-                                              bm_pack8 (&pk)[J],
-                                              const bm_pack8 (&res)[J], int64_t g, int par, int C, int g0,
-                                              bm_tree_ctx<NT, CS> &tc, bool st, bool push)
-{
-    constexpr int STRIDE = CS * NT;
-    const int H = p.hidden;
-#pragma unroll
-    for (int j = 0; j < J; ++j)
-        if (g0 + j * STRIDE < C)
-            pk[j] = bm_residual8(v[j], res[j], p.has_scales, p.scale_x, p.scale_r);
-    if (st)
-        bm_store_row<J, VEC, STRIDE>(p.out + (size_t)g * H, pk, C, g0);
-    if (PUSH && push)
-        bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
-    if (p.normB) {
-        bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, false);
-        bm_tp_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, g, pk, v, C, g0, tc, st);
-        if (PUSH && push)
-            bm_tp_push<J, STRIDE>(p, par, 1, g, pk, C, g0);
-    }
-}
-
-/* The residual chunks of row g (loaded before the row source, so that both
- * latencies overlap). */
-template <int J, int STRIDE, bool VEC>
-__device__ __forceinline__ void bm_tp_load_res(const bm_tp_params &p, bm_pack8 (&res)[J], int64_t g, int C,
-                                               int g0)
-{
-#pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * STRIDE;
-        if (c < C)
-            res[j] = bm_load8<VEC>(p.residual + (size_t)g * p.hidden + (size_t)c * 8);
-    }
-}
-
-/* A block's start: claim the workspace for this grid (returns 1 when
- * another call holds it; dead: a peer died) and, when it is ours, clear
- * the LL rows of two epochs ago and announce the call at every peer. */
-__device__ __forceinline__ int bm_tp_begin(const bm_tp_params &p, unsigned long long E, int fb, int &dead)
-{
-    const int conc = bm_tp_claim(p, E, dead);
-    if (!conc) {
-        bm_tp_ll_clear(p, E);
-        bm_tp_announce(p, E, fb);
-    }
-    return conc;
-}
 
 template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
 __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<Q>::type p)
@@ -184,32 +100,8 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
         float v[J][8];
         bm_pack8 pk[J], res[J];
         bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
-#pragma unroll
-        for (int j = 0; j < J; ++j)
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-                v[j][e] = 0.0f; /* a = +0.0 */
-        const int K = p.top_k;
-        const uint16_t *xr = p.experts + (size_t)i * (size_t)K * H;
-        const float *wr = p.weights + (size_t)i * K;
-        /* decode shapes (one chunk per thread): all 8 slots' loads in
-         * flight at once; two chunks per thread: 4 slots */
-        constexpr int U = J == 1 ? 8 : BM_TP_U;
-        int k = 0;
-        for (; k + U <= K; k += U)
-            bm_finalize_slots<NT, J, U, CS, VEC>(v, xr, wr, k, H, C, g0);
-        if (U > BM_TP_U && k + BM_TP_U <= K) {
-            bm_finalize_slots<NT, J, BM_TP_U, CS, VEC>(v, xr, wr, k, H, C, g0);
-            k += BM_TP_U;
-        }
-        for (; k < K; ++k)
-            bm_finalize_slots<NT, J, 1, CS, VEC>(v, xr, wr, k, H, C, g0);
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            pk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
-            if (g0 + j * STRIDE < C)
-                pk[j] = bm_finalize8(v[j], p.routed_scale);
-        }
+        bm_tp_finalize_row<NT, J, CS, VEC>(p, p.experts + (size_t)i * (size_t)p.top_k * H,
+                                           p.weights + (size_t)i * p.top_k, v, pk, C, g0);
         if (p.normA)
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
         if (!arrived) {
@@ -245,32 +137,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
         for (int64_t i = b; i < n; i += G) {
             const int64_t g = lo + i;
             if (TWO) {
-                const uint16_t *hs = bm_tp_slot(p.peer[p.rank], p, par, 0, g);
-                const uint16_t *ns = bm_tp_slot(p.peer[p.rank], p, par, 1, g);
-                bm_pack8 hv[J], nv[J];
-#pragma unroll
-                for (int j = 0; j < J; ++j) {
-                    const int c = g0 + j * STRIDE;
-                    if (c < C && !bad) {
-                        hv[j] = bm_tp_load8_cg(hs + (size_t)c * 8);
-                        if (p.normB)
-                            nv[j] = bm_tp_load8_cg(ns + (size_t)c * 8);
-                    }
-                }
-                if (!bad)
-                    bm_store_row<J, VEC, STRIDE>(p.out + (size_t)g * H, hv, C, g0);
-                if (p.normB) {
-                    /* the quantized form from the pushed BF16 row: the
-                     * same bits as the owner's (a function of that row) */
-                    float nf[J][8];
-#pragma unroll
-                    for (int j = 0; j < J; ++j) {
-                        if (g0 + j * STRIDE >= C || bad)
-                            nv[j] = bm_pack8{{0u, 0u, 0u, 0u}};
-                        bm_unpack8(nv[j], nf[j]);
-                    }
-                    bm_tp_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, g, nv, nf, C, g0, tc, !bad);
-                }
+                bm_tp_copy_pushed<NT, J, CS, VEC, Q>(p, g, par, C, g0, tc, !bad);
             } else {
                 float v[J][8];
                 bm_pack8 pk[J], res[J];
@@ -478,7 +345,8 @@ int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms)
 }
 
 /* Blocks of a launch shape (cap index: BM_TP_NCAPS) that are resident at
- * once on this device, both fused kernels (ONESHOT, TWOSHOT) counted. */
+ * once on this device, every fused kernel (the gather's and the
+ * all-reduce's, ONESHOT and TWOSHOT) counted. */
 int bm_tp_occupancy_cap(int index)
 {
     int dev = 0, sms = 0, per = 0, per2 = 0, cs = 1;
@@ -520,6 +388,11 @@ int bm_tp_occupancy_cap(int index)
     cudaGetLastError();
     if (per2 < per)
         per = per2;
+    /* the all-reduce's kernels run on the same caps */
+    if (shape < BM_TP_NSHAPES) {
+        const int ar = bm_ar_occupancy(shape, q);
+        per = ar < per ? ar : per;
+    }
     if (e != cudaSuccess || per < 1)
         per = 1;
     long cap = (long)sms * per / cs;
@@ -587,7 +460,8 @@ cudaError_t bm_tp_preload(void)
     pre(bm_tp_allgather_kernel);
     pre(bm_tp_record_kernel);
     pre(bm_tp_check_kernel);
-    return e;
+    const cudaError_t ar = bm_ar_preload();
+    return e != cudaSuccess ? e : ar;
 }
 
 /* every fused launch with programmatic dependent launch */
@@ -602,7 +476,7 @@ static int bm_tp_aligned16(const void *q)
     return ((uintptr_t)q & 15u) == 0;
 }
 
-static void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
+void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
 {
     p->nranks = w->nranks;
     p->rank = w->rank;
@@ -705,10 +579,10 @@ cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, int count_only, 
 
 /* FNV-1a over what every rank must pass alike (lib/agree.h); 0 is kept
  * for "none". */
-uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy)
+uint32_t bm_tp_signature(const bm_args *a, int strategy_word)
 {
     uint64_t words[BM_AGREE_N];
-    bm_agree_words(a, (int)strategy, words);
+    bm_agree_words(a, strategy_word, words);
     uint32_t h = 2166136261u;
     const unsigned char *c = (const unsigned char *)words;
     for (size_t i = 0; i < sizeof words; ++i)

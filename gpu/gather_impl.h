@@ -188,8 +188,9 @@ struct bm_tp_params : bm_row_params {
 };
 
 /* The signature of a call's arguments: a hash of what every rank must pass
- * alike (lib/agree.h). Never 0. */
-uint32_t bm_tp_signature(const bm_args *a, beam_strategy strategy);
+ * alike (lib/agree.h; strategy_word: bm_agree_coll, the strategy and the
+ * collective). Never 0. */
+uint32_t bm_tp_signature(const bm_args *a, int strategy_word);
 
 /* gather_fused.cu */
 /* qkind: the quantized output's kind (BEAM_QUANT_FP8_*, 0 none): a
@@ -211,6 +212,23 @@ void bm_tp_caps(int share, int32_t *caps); /* [BM_TP_NCAPS] */
 /* Load every kernel a gather call can launch (lazy module loading). */
 cudaError_t bm_tp_preload(void);
 
+/* The gather's own fields of a fused launch's parameters, from the
+ * workspace (gather_fused.cu). */
+void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p);
+
+/* allreduce_fused.cu: the all-reduce's ONESHOT / TWOSHOT kernel (a: the
+ * checked call, a->x the dense form's partial or a->experts the MoE
+ * form's slots; a->pre the norm of the sum); the ordered sum of UNFUSED
+ * over nranks blocks `stride` values apart into dst (values: a multiple
+ * of 8); the kernels' occupancy of a shape (q: with a quantized output),
+ * which the caps take; their preload. */
+cudaError_t bm_ar_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
+                               cudaStream_t stream);
+cudaError_t bm_ar_launch_sum(const uint16_t *blocks, size_t stride, int nranks, uint16_t *dst, size_t values,
+                             cudaStream_t stream);
+int bm_ar_occupancy(int shape, int q);
+cudaError_t bm_ar_preload(void);
+
 /* gather_unfused.cu: finalize, all-gather (NCCL or the kernel above),
  * norm_residual_norm. local_status != BEAM_OK: this rank only tells its
  * peers (it joins the all-gather with a "rejected" record). */
@@ -218,6 +236,10 @@ beam_status bm_tp_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_
                           beam_status local_status);
 /* NCCL UNFUSED records (gather_fused.cu): write this rank's, check all
  * (count_only: only count the all-gather ended, for the watchdog). */
+/* The all-reduce's UNFUSED, as bm_tp_unfused: partials, all-gather, the
+ * ordered sum, norm_residual_norm (gather_unfused.cu). */
+beam_status bm_ar_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_t sig,
+                          beam_status local_status);
 cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig, cudaStream_t stream);
 cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, int count_only, cudaStream_t stream);
 

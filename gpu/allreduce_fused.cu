@@ -1,0 +1,339 @@
+/*
+ * allreduce_fused.cu - the kernels of the tensor-parallel all-reduce over
+ * peer memory (internal): ONESHOT and TWOSHOT, and the ordered sum of the
+ * UNFUSED path. docs/numerics.md#all-reduce is the arithmetic: each rank's
+ * BF16 partial of a token (the dense form's row, or the finalize of the
+ * rank's slots), a = f(p_0), a = a + f(p_r) for r = 1..R-1 in FP32,
+ * rounded to BF16 once, then the row stages with the pre-norm. The flag
+ * protocol is the gather's (gather_impl.h, gather_proto.cuh), the row
+ * stages gather_stages.cuh's and row_ops.cuh's.
+ *
+ * One kernel per call on every rank, the same grid on every rank. Block b
+ * serves a fixed set of rows S_b (ONESHOT: rows b, b+G, ... of all T;
+ * TWOSHOT: the rows of local index b, b+G, ... of every rank's slice of
+ * L = ceil(T / R) tokens, as the gather's), so that block b depends only
+ * on block b of each peer:
+ *
+ *   phase 0  once every peer left E-2: this rank's partials of S_b into
+ *            its own region (parity E & 1, array 0); signal, and wait for
+ *            block b of every peer (flag fb).
+ *   phase 1  the rows this rank finishes (ONESHOT: S_b; TWOSHOT: S_b in
+ *            its own slice): every rank's partial read from that rank's
+ *            region in rank order, summed, rounded once, then the pre-norm,
+ *            the residual add and the next norm, stored; TWOSHOT pushes
+ *            hidden and normalized into array 0 and 1 of every peer. The
+ *            push over a peer's array 0 row overwrites that peer's partial
+ *            of the same row, which this block was its only reader of, and
+ *            has read (the pushed values depend on it).
+ *   phase 2  TWOSHOT: signal the pushes (flag fb + BM_AR_FLAG2, which is
+ *            why the grid is at most BM_AR_FLAG2 blocks) and wait for
+ *            every peer's, then copy the pushed rows of the other slices.
+ *
+ * Partials are pulled (each rank writes its own once, every peer reads
+ * it), so a region holds T rows of one rank, not R. A region's array 0 of
+ * parity p is written only after every peer arrived at E-1, so its last
+ * reader (epoch E-2) is done: the gather's parity rule. A group of one
+ * rank keeps the partial in registers.
+ */
+#include <stdint.h>
+
+#include "gather_stages.cuh"
+#include "launch.h"
+
+/* TWOSHOT's second flag of block fb is fb + BM_AR_FLAG2 */
+#define BM_AR_FLAG2 (BM_TP_MAX_BLOCKS / 2)
+
+/* This rank's BF16 partial of row g (pk; v: its values widened): the
+ * dense form's row of x, or the finalize of its slots (no post-norm). */
+template <int NT, int J, int CS, bool VEC>
+__device__ __forceinline__ void bm_ar_partial(const bm_tp_params &p, int64_t g, float (&v)[J][8],
+                                              bm_pack8 (&pk)[J], int C, int g0)
+{
+    constexpr int STRIDE = CS * NT;
+    if (p.experts) {
+        bm_tp_finalize_row<NT, J, CS, VEC>(p, p.experts + (size_t)g * (size_t)p.top_k * p.hidden,
+                                           p.weights + (size_t)g * p.top_k, v, pk, C, g0);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        const int c = g0 + j * STRIDE;
+        pk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+        if (c < C)
+            pk[j] = bm_load8<VEC>(p.x + (size_t)g * p.hidden + (size_t)c * 8);
+        bm_unpack8(pk[j], v[j]);
+    }
+}
+
+/* v = the FP32 sum of every rank's partial of row g in rank order
+ * (a = f(p_0), then a + f(p_s)), not yet rounded; up to 4 ranks' loads in
+ * flight at once. A failed block (bad) loads nothing and sums zeros. */
+template <int J, int STRIDE>
+__device__ __forceinline__ void bm_ar_sum(const bm_tp_params &p, int par, int64_t g, float (&v)[J][8], int C,
+                                          int g0, int bad)
+{
+    for (int s0 = 0; s0 < p.nranks; s0 += 4) {
+        bm_pack8 ld[4][J];
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                const int c = g0 + j * STRIDE;
+                ld[u][j] = bm_pack8{{0u, 0u, 0u, 0u}};
+                if (s0 + u < p.nranks && c < C && !bad)
+                    ld[u][j] = bm_tp_load8_cg(bm_tp_slot(p.peer[s0 + u], p, par, 0, g) + (size_t)c * 8);
+            }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (s0 + u >= p.nranks)
+                break;
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                float f[8];
+                bm_unpack8(ld[u][j], f);
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    v[j][e] = s0 + u == 0 ? f[e] : __fadd_rn(v[j][e], f[e]);
+            }
+        }
+    }
+}
+
+/* The rows of rank s's slice (TWOSHOT) or, with s < 0, all T rows: [lo, lo + n). */
+__device__ __forceinline__ int64_t bm_ar_rows(const bm_tp_params &p, int s, int64_t &lo)
+{
+    if (s < 0) {
+        lo = 0;
+        return p.rows;
+    }
+    lo = (int64_t)s * p.L;
+    const int64_t n = p.rows - lo;
+    return n < 0 ? 0 : (n > p.L ? p.L : n);
+}
+
+template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
+__global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<Q>::type p)
+{
+    __shared__ float red[2][NT];
+    __shared__ bm_xchg<NT, CS> xc[1];
+    constexpr int STRIDE = CS * NT;
+    const int C = p.hidden >> 3;
+    const int H = p.hidden;
+    const int fb = (int)blockIdx.x;
+    const int b = CS > 1 ? fb / CS : fb;
+    const int G = CS > 1 ? (int)gridDim.x / CS : (int)gridDim.x;
+    const int g0 = (CS > 1 ? (fb % CS) * NT : 0) + (int)threadIdx.x;
+    const bool xchg = CS > 1 && (p.normA || p.normB);
+    const bool one = p.nranks == 1;
+    bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, -1};
+
+    if constexpr (CS > 1)
+        if (xchg)
+            bm_xchg_start<NT, CS>(xc[0]);
+    bm_pdl_wait(); /* as the gather's kernel (gather_fused.cu) */
+    if (p.early)
+        bm_pdl_trigger();
+    bm_prefetch_weights<J, STRIDE>(p.normA ? p.wA : NULL, p.normB ? p.wB : NULL, C, g0);
+    const unsigned long long E = bm_tp_epoch(p, fb);
+    const int par = (int)(E & 1ull);
+    int dead;
+    const int conc = bm_tp_begin(p, E, fb, dead);
+    int bad = conc | dead;
+    int64_t lo, n;
+
+    /* ---- phase 0: this rank's partials of S_b ---- */
+    if (!one) {
+        bad = bm_tp_wait_arrivals(p, E - 1ull, E, bad);
+        for (int s = TWO ? 0 : -1; s < (TWO ? p.nranks : 0); ++s) {
+            n = bm_ar_rows(p, s, lo);
+            for (int64_t i = b; i < n; i += G) {
+                float v[J][8];
+                bm_pack8 pk[J];
+                bm_ar_partial<NT, J, CS, VEC>(p, lo + i, v, pk, C, g0);
+                if (!bad)
+                    bm_store_row<J, true, STRIDE>(bm_tp_slot(p.peer[p.rank], p, par, 0, lo + i), pk, C, g0);
+            }
+        }
+        bad = bm_tp_signal_wait(p, E, fb, bad, conc);
+    }
+
+    /* ---- phase 1: the sum and the row stages of the rows finished here ---- */
+    n = bm_ar_rows(p, TWO ? p.rank : -1, lo);
+    for (int64_t i = b; i < n; i += G) {
+        const int64_t g = lo + i;
+        float v[J][8];
+        bm_pack8 pk[J], res[J];
+        bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
+        if (one)
+            bm_ar_partial<NT, J, CS, VEC>(p, g, v, pk, C, g0);
+        else
+            bm_ar_sum<J, STRIDE>(p, par, g, v, C, g0, bad);
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+            pk[j] = bm_rnd8(v[j]); /* the sum's one rounding */
+        if (p.normA)
+            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
+        bm_tp_stage_b<NT, J, CS, VEC, TWO, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, !bad && !one);
+    }
+
+    /* ---- phase 2 (TWOSHOT): the rows the peers finished ---- */
+    if (TWO && !one) {
+        bad = bm_tp_signal_wait(p, E, fb + BM_AR_FLAG2, bad, conc);
+        for (int s = 0; s < p.nranks; ++s) {
+            if (s == p.rank)
+                continue;
+            n = bm_ar_rows(p, s, lo);
+            for (int64_t i = b; i < n; i += G)
+                bm_tp_copy_pushed<NT, J, CS, VEC, Q>(p, lo + i, par, C, g0, tc, !bad);
+        }
+    }
+
+    if (xchg)
+        tc.finish();
+    if (!conc)
+        bm_tp_finish(p, E, fb, (int)gridDim.x);
+}
+
+/* UNFUSED: dst[i] = bf16(sum over s of f(src[s * stride + i])) in rank
+ * order, for n chunks of 8 values (src: the all-gathered blocks). dst may
+ * be this rank's own block (each value is read before it is written by
+ * the same thread). */
+struct bm_ar_sum_args {
+    const uint16_t *src;
+    size_t stride;
+    int nranks;
+    uint16_t *dst;
+    size_t n;
+};
+
+template <bool VEC>
+__global__ void __launch_bounds__(256) bm_ar_sum_kernel(const bm_ar_sum_args a)
+{
+    bm_pdl_wait();
+    for (size_t c = (size_t)blockIdx.x * blockDim.x + threadIdx.x; c < a.n; c += (size_t)gridDim.x * blockDim.x) {
+        float v[8], f[8];
+        bm_unpack8(bm_load8<true>(a.src + c * 8), v);
+        for (int s = 1; s < a.nranks; ++s) {
+            bm_unpack8(bm_load8<true>(a.src + (size_t)s * a.stride + c * 8), f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                v[e] = __fadd_rn(v[e], f[e]);
+        }
+        bm_store8<VEC>(a.dst + c * 8, bm_rnd8(v));
+    }
+}
+
+/* ---- host side ----------------------------------------------------------- */
+
+/* Blocks of every all-reduce kernel of a gather launch shape (plain, or
+ * with a quantized output: q) resident on one multiprocessor, the fewest
+ * of them; the gather's caps take it (bm_tp_occupancy_cap). */
+int bm_ar_occupancy(int shape, int q)
+{
+    int per = -1;
+    cudaError_t e = cudaSuccess;
+    auto occ = [&](auto kernel, int nt) {
+        int a = 0;
+        if (e == cudaSuccess)
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, kernel, nt, 0);
+        per = per < 0 || a < per ? a : per;
+    };
+#define BM_OCC(I, NT, J, CS)                                                \
+    if (shape == I)                                                         \
+        bm_each_form([&](auto qf) {                                         \
+            constexpr int Q = decltype(qf)::value;                          \
+            if ((Q != BM_QF_NONE) == (q != 0)) {                            \
+                occ(bm_ar_kernel<NT, J, CS, true, false, Q>, NT);           \
+                occ(bm_ar_kernel<NT, J, CS, true, true, Q>, NT);            \
+            }                                                               \
+        });
+    BM_TP_SHAPES(BM_OCC)
+#undef BM_OCC
+    cudaGetLastError();
+    return e != cudaSuccess || per < 1 ? 1 : per;
+}
+
+cudaError_t bm_ar_preload(void)
+{
+    cudaError_t e = cudaSuccess;
+    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
+#define BM_PRE(I, NT, J, CS)                                                          \
+    bm_each_form([&](auto qf) {                                                       \
+        constexpr int Q = decltype(qf)::value;                                        \
+        pre(bm_ar_kernel<NT, J, CS, true, false, Q>);                                 \
+        pre(bm_ar_kernel<NT, J, CS, false, false, Q>);                                \
+        pre(bm_ar_kernel<NT, J, CS, true, true, Q>);                                  \
+        pre(bm_ar_kernel<NT, J, CS, false, true, Q>);                                 \
+    });
+    BM_TP_SHAPES(BM_PRE)
+#undef BM_PRE
+    pre(bm_ar_sum_kernel<true>);
+    pre(bm_ar_sum_kernel<false>);
+    return e;
+}
+
+template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
+static cudaError_t bm_ar_go(const typename bm_tp_kparams<Q>::type &p, unsigned groups, cudaStream_t stream)
+{
+    return bm_launch(bm_ar_kernel<NT, J, CS, VEC, TWO, Q>, p, groups * CS, NT, CS, 0, 1, stream);
+}
+
+cudaError_t bm_ar_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
+                               cudaStream_t stream)
+{
+    bm_tp_params p = {};
+    static_cast<bm_row_params &>(p) = bm_params_of(a, BM_PART_FIN | BM_PART_X | BM_PART_RES);
+    bm_tp_fill(w, &p);
+    p.sig = sig;
+    p.L = (a->tokens + w->nranks - 1) / w->nranks;
+    bm_tp_params_q pq;
+    static_cast<bm_tp_params &>(pq) = p;
+    pq.q = a->q;
+    const bool quant = pq.q.kind != 0;
+    /* the rows a rank finishes: all T (ONESHOT), its slice (TWOSHOT) */
+    const int64_t rows = twoshot ? p.L : p.rows;
+    const int shape = bm_tp_shape_index(rows, w->hidden, pq.q.kind, w->sms);
+    int cs = 1;
+#define BM_CS(I, NT, J, CS) \
+    if (shape == I) cs = CS;
+    BM_TP_SHAPES(BM_CS)
+#undef BM_CS
+    int64_t cap = w->gcap[quant ? BM_TP_QCAP(shape) : shape];
+    if (cap * cs > BM_AR_FLAG2)
+        cap = BM_AR_FLAG2 / cs;
+    const int64_t want = rows < 1 ? 1 : rows;
+    const unsigned groups = (unsigned)(want < cap ? want : cap);
+    const void *ptrs[] = {p.experts, p.x, p.wA, p.residual, p.wB, p.out, p.normalized};
+    int vec = 1;
+    for (const void *q : ptrs)
+        if (q && ((uintptr_t)q & 15u) != 0)
+            vec = 0;
+    if (quant && !bm_quant_vec_ok(pq.q))
+        vec = 0;
+#define BM_GO(I, NT, J, CS)                                                                  \
+    if (shape == I)                                                                          \
+        return bm_with_form(pq.q.kind, [&](auto qf) {                                        \
+            constexpr int Q = decltype(qf)::value;                                           \
+            const typename bm_tp_kparams<Q>::type &k = bm_kp<Q>(p, pq);                      \
+            if (twoshot)                                                                     \
+                return vec ? bm_ar_go<NT, J, CS, true, true, Q>(k, groups, stream)           \
+                           : bm_ar_go<NT, J, CS, false, true, Q>(k, groups, stream);         \
+            return vec ? bm_ar_go<NT, J, CS, true, false, Q>(k, groups, stream)              \
+                       : bm_ar_go<NT, J, CS, false, false, Q>(k, groups, stream);            \
+        });
+    BM_TP_SHAPES(BM_GO)
+#undef BM_GO
+    return cudaErrorInvalidConfiguration;
+}
+
+cudaError_t bm_ar_launch_sum(const uint16_t *blocks, size_t stride, int nranks, uint16_t *dst, size_t values,
+                             cudaStream_t stream)
+{
+    const bm_ar_sum_args a = {blocks, stride, nranks, dst, values / 8};
+    if (a.n == 0)
+        return cudaSuccess;
+    const unsigned grid = (unsigned)(a.n / 256 + 1 < 4096 ? a.n / 256 + 1 : 4096);
+    if (((uintptr_t)dst & 15u) == 0)
+        return bm_launch(bm_ar_sum_kernel<true>, a, grid, 256, 1, 0, 1, stream);
+    return bm_launch(bm_ar_sum_kernel<false>, a, grid, 256, 1, 0, 1, stream);
+}
