@@ -37,8 +37,7 @@
  */
 #include <stdint.h>
 
-#include "gather_stages.cuh"
-#include "launch.h"
+#include "tp_launch.cuh"
 
 /* TWOSHOT's second flag of block fb is fb + BM_AR_FLAG2 */
 #define BM_AR_FLAG2 (BM_TP_MAX_BLOCKS / 2)
@@ -225,105 +224,46 @@ __global__ void __launch_bounds__(256) bm_ar_sum_kernel(const bm_ar_sum_args a)
 
 /* ---- host side ----------------------------------------------------------- */
 
-/* Blocks of every all-reduce kernel of a gather launch shape (plain, or
- * with a quantized output: q) resident on one multiprocessor, the fewest
- * of them; the gather's caps take it (bm_tp_occupancy_cap). */
+struct bm_ar_family {
+    template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
+    static auto kernel()
+    {
+        return &bm_ar_kernel<NT, J, CS, VEC, TWO, Q>;
+    }
+};
+
 int bm_ar_occupancy(int shape, int q)
 {
-    int per = -1;
-    cudaError_t e = cudaSuccess;
-    auto occ = [&](auto kernel, int nt) {
-        int a = 0;
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, kernel, nt, 0);
-        per = per < 0 || a < per ? a : per;
-    };
-#define BM_OCC(I, NT, J, CS)                                                \
-    if (shape == I)                                                         \
-        bm_each_form([&](auto qf) {                                         \
-            constexpr int Q = decltype(qf)::value;                          \
-            if ((Q != BM_QF_NONE) == (q != 0)) {                            \
-                occ(bm_ar_kernel<NT, J, CS, true, false, Q>, NT);           \
-                occ(bm_ar_kernel<NT, J, CS, true, true, Q>, NT);            \
-            }                                                               \
-        });
-    BM_TP_SHAPES(BM_OCC)
-#undef BM_OCC
-    cudaGetLastError();
-    return e != cudaSuccess || per < 1 ? 1 : per;
+    return bm_tp_family_occupancy<bm_ar_family>(shape, q != 0);
 }
 
 cudaError_t bm_ar_preload(void)
 {
     cudaError_t e = cudaSuccess;
-    auto pre = [&](auto kernel) { bm_preload(e, kernel); };
-#define BM_PRE(I, NT, J, CS)                                                          \
-    bm_each_form([&](auto qf) {                                                       \
-        constexpr int Q = decltype(qf)::value;                                        \
-        pre(bm_ar_kernel<NT, J, CS, true, false, Q>);                                 \
-        pre(bm_ar_kernel<NT, J, CS, false, false, Q>);                                \
-        pre(bm_ar_kernel<NT, J, CS, true, true, Q>);                                  \
-        pre(bm_ar_kernel<NT, J, CS, false, true, Q>);                                 \
-    });
-    BM_TP_SHAPES(BM_PRE)
-#undef BM_PRE
-    pre(bm_ar_sum_kernel<true>);
-    pre(bm_ar_sum_kernel<false>);
+    bm_tp_preload_family<bm_ar_family>(e);
+    bm_preload(e, bm_ar_sum_kernel<true>);
+    bm_preload(e, bm_ar_sum_kernel<false>);
     return e;
-}
-
-template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
-static cudaError_t bm_ar_go(const typename bm_tp_kparams<Q>::type &p, unsigned groups, cudaStream_t stream)
-{
-    return bm_launch(bm_ar_kernel<NT, J, CS, VEC, TWO, Q>, p, groups * CS, NT, CS, 0, 1, stream);
 }
 
 cudaError_t bm_ar_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
                                cudaStream_t stream)
 {
-    bm_tp_params p = {};
-    static_cast<bm_row_params &>(p) = bm_params_of(a, BM_PART_FIN | BM_PART_X | BM_PART_RES);
-    bm_tp_fill(w, &p);
-    p.sig = sig;
-    p.L = (a->tokens + w->nranks - 1) / w->nranks;
-    bm_tp_params_q pq;
-    static_cast<bm_tp_params &>(pq) = p;
+    bm_tp_params_q pq = {};
+    static_cast<bm_row_params &>(pq) = bm_params_of(a, BM_PART_FIN | BM_PART_X | BM_PART_RES);
+    bm_tp_fill(w, &pq);
+    pq.sig = sig;
+    pq.L = (a->tokens + w->nranks - 1) / w->nranks;
     pq.q = a->q;
-    const bool quant = pq.q.kind != 0;
     /* the rows a rank finishes: all T (ONESHOT), its slice (TWOSHOT) */
-    const int64_t rows = twoshot ? p.L : p.rows;
+    const int64_t rows = twoshot ? pq.L : pq.rows;
     const int shape = bm_tp_shape_index(rows, w->hidden, pq.q.kind, w->sms);
-    int cs = 1;
-#define BM_CS(I, NT, J, CS) \
-    if (shape == I) cs = CS;
-    BM_TP_SHAPES(BM_CS)
-#undef BM_CS
-    int64_t cap = w->gcap[quant ? BM_TP_QCAP(shape) : shape];
+    const int cs = bm_tp_cs(shape);
+    int64_t cap = w->gcap[pq.q.kind ? BM_TP_QCAP(shape) : shape];
     if (cap * cs > BM_AR_FLAG2)
         cap = BM_AR_FLAG2 / cs;
     const int64_t want = rows < 1 ? 1 : rows;
-    const unsigned groups = (unsigned)(want < cap ? want : cap);
-    const void *ptrs[] = {p.experts, p.x, p.wA, p.residual, p.wB, p.out, p.normalized};
-    int vec = 1;
-    for (const void *q : ptrs)
-        if (q && ((uintptr_t)q & 15u) != 0)
-            vec = 0;
-    if (quant && !bm_quant_vec_ok(pq.q))
-        vec = 0;
-#define BM_GO(I, NT, J, CS)                                                                  \
-    if (shape == I)                                                                          \
-        return bm_with_form(pq.q.kind, [&](auto qf) {                                        \
-            constexpr int Q = decltype(qf)::value;                                           \
-            const typename bm_tp_kparams<Q>::type &k = bm_kp<Q>(p, pq);                      \
-            if (twoshot)                                                                     \
-                return vec ? bm_ar_go<NT, J, CS, true, true, Q>(k, groups, stream)           \
-                           : bm_ar_go<NT, J, CS, false, true, Q>(k, groups, stream);         \
-            return vec ? bm_ar_go<NT, J, CS, true, false, Q>(k, groups, stream)              \
-                       : bm_ar_go<NT, J, CS, false, false, Q>(k, groups, stream);            \
-        });
-    BM_TP_SHAPES(BM_GO)
-#undef BM_GO
-    return cudaErrorInvalidConfiguration;
+    return bm_tp_launch_family<bm_ar_family>(shape, pq, twoshot, (unsigned)(want < cap ? want : cap), stream);
 }
 
 cudaError_t bm_ar_launch_sum(const uint16_t *blocks, size_t stride, int nranks, uint16_t *dst, size_t values,

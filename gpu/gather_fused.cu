@@ -47,8 +47,7 @@
 #include <stdint.h>
 
 #include "agree.h"
-#include "gather_stages.cuh"
-#include "launch.h"
+#include "tp_launch.cuh"
 #include "tp_shape.h"
 
 template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
@@ -347,53 +346,38 @@ int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms)
 /* Blocks of a launch shape (cap index: BM_TP_NCAPS) that are resident at
  * once on this device, every fused kernel (the gather's and the
  * all-reduce's, ONESHOT and TWOSHOT) counted. */
+struct bm_tp_family {
+    template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
+    static auto kernel()
+    {
+        return &bm_tp_kernel<NT, J, CS, VEC, TWO, Q>;
+    }
+};
+
 int bm_tp_occupancy_cap(int index)
 {
-    int dev = 0, sms = 0, per = 0, per2 = 0, cs = 1;
+    int dev = 0, sms = 0, per = 0;
     const bool q = index > BM_TP_NSHAPES;
     const int shape = q ? index - BM_TP_NSHAPES - 1 : index;
+    const int cs = shape < BM_TP_NSHAPES ? bm_tp_cs(shape) : 1;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
         return 1;
     if (shape == BM_TP_NSHAPES) {
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_allgather_kernel, 256, 0);
-        per2 = per;
-    }
-    /* a shape's cap without a quantized output, and with one: the fewest
-     * of every form's kernels (a grid larger than what is resident would
-     * wait on itself) */
-    auto occ = [&](auto kernel1, auto kernel2, int nt) {
-        int a = 0, b = 0;
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&a, kernel1, nt, 0);
-        if (e == cudaSuccess)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel2, nt, 0);
-        per = per < 0 || a < per ? a : per;
-        per2 = per2 < 0 || b < per2 ? b : per2;
-    };
-#define BM_OCC(I, NT, J, CS)                                                                               \
-    if (shape == I) {                                                                                      \
-        cs = CS;                                                                                           \
-        per = per2 = -1;                                                                                   \
-        bm_each_form([&](auto qf) {                                                                        \
-            constexpr int Q = decltype(qf)::value;                                                         \
-            if ((Q != BM_QF_NONE) == q)                                                                    \
-                occ(bm_tp_kernel<NT, J, CS, true, false, Q>, bm_tp_kernel<NT, J, CS, true, true, Q>, NT);  \
-        });                                                                                                \
-    }
-    BM_TP_SHAPES(BM_OCC)
-#undef BM_OCC
-    cudaGetLastError();
-    if (per2 < per)
-        per = per2;
-    /* the all-reduce's kernels run on the same caps */
-    if (shape < BM_TP_NSHAPES) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_allgather_kernel, 256, 0) != cudaSuccess)
+            per = 0;
+        cudaGetLastError();
+    } else {
+        /* the fewest of every kernel of the shape, the gather's and the
+         * all-reduce's, ONESHOT and TWOSHOT, of every form (a grid larger
+         * than what is resident would wait on itself) */
         const int ar = bm_ar_occupancy(shape, q);
+        per = bm_tp_family_occupancy<bm_tp_family>(shape, q);
         per = ar < per ? ar : per;
     }
-    if (e != cudaSuccess || per < 1)
+    if (per < 1)
         per = 1;
     long cap = (long)sms * per / cs;
     if (cap * cs > BM_TP_MAX_BLOCKS)
@@ -420,11 +404,7 @@ void bm_tp_caps(int share, int32_t *caps)
         int c = bm_tp_occupancy_cap(i);
         if (share > 1) {
             const int shape = i > BM_TP_NSHAPES ? i - BM_TP_NSHAPES - 1 : i;
-            int cs = 1;
-#define BM_CS(I, NT, J, CS) \
-    if (shape == I) cs = CS;
-            BM_TP_SHAPES(BM_CS)
-#undef BM_CS
+            const int cs = shape < BM_TP_NSHAPES ? bm_tp_cs(shape) : 1;
             const int half = sms / (2 * share * cs);
             c = half < c ? half : c;
         }
@@ -446,34 +426,13 @@ cudaError_t bm_tp_preload(void)
 {
     cudaError_t e = bm_preload_rows();
     auto pre = [&](auto kernel) { bm_preload(e, kernel); };
-#define BM_PRE(I, NT, J, CS)                                                          \
-    bm_each_form([&](auto qf) {                                                       \
-        constexpr int Q = decltype(qf)::value;                                        \
-        pre(bm_tp_kernel<NT, J, CS, true, false, Q>);                                 \
-        pre(bm_tp_kernel<NT, J, CS, false, false, Q>);                                \
-        pre(bm_tp_kernel<NT, J, CS, true, true, Q>);                                  \
-        pre(bm_tp_kernel<NT, J, CS, false, true, Q>);                                 \
-    });
-    BM_TP_SHAPES(BM_PRE)
-#undef BM_PRE
+    bm_tp_preload_family<bm_tp_family>(e);
     pre(bm_tp_reject_kernel);
     pre(bm_tp_allgather_kernel);
     pre(bm_tp_record_kernel);
     pre(bm_tp_check_kernel);
     const cudaError_t ar = bm_ar_preload();
     return e != cudaSuccess ? e : ar;
-}
-
-/* every fused launch with programmatic dependent launch */
-template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
-static cudaError_t bm_tp_go(const typename bm_tp_kparams<Q>::type &p, unsigned groups, cudaStream_t stream)
-{
-    return bm_launch(bm_tp_kernel<NT, J, CS, VEC, TWO, Q>, p, groups * CS, NT, CS, 0, 1, stream);
-}
-
-static int bm_tp_aligned16(const void *q)
-{
-    return ((uintptr_t)q & 15u) == 0;
 }
 
 void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
@@ -501,44 +460,19 @@ void bm_tp_fill(const bm_tp_ws *w, bm_tp_params *p)
 cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
                                cudaStream_t stream)
 {
-    bm_tp_params p = {};
-    static_cast<bm_row_params &>(p) = bm_params_of(a, BM_PART_FIN | BM_PART_RES);
-    bm_tp_fill(w, &p);
-    p.sig = sig;
-    p.normalized = a->normalized;
-    p.L = (a->tokens + w->nranks - 1) / w->nranks;
-
+    bm_tp_params_q pq = {};
+    static_cast<bm_row_params &>(pq) = bm_params_of(a, BM_PART_FIN | BM_PART_RES);
+    bm_tp_fill(w, &pq);
+    pq.sig = sig;
+    pq.normalized = a->normalized;
+    pq.L = (a->tokens + w->nranks - 1) / w->nranks;
     /* LL for decode sizes of ONESHOT (rows fit the LL buffers) */
-    p.ll = !twoshot && p.L <= BM_TP_LL_MAX_L && p.rows <= w->ll_rows;
-    bm_tp_params_q pq;
-    static_cast<bm_tp_params &>(pq) = p;
+    pq.ll = !twoshot && pq.L <= BM_TP_LL_MAX_L && pq.rows <= w->ll_rows;
     pq.q = a->q;
-    const bool quant = pq.q.kind != 0;
-    const int shape = bm_tp_shape_index(p.L, w->hidden, pq.q.kind, w->sms);
-    const int cap = w->gcap[quant ? BM_TP_QCAP(shape) : shape];
-    const int64_t want = p.L < 1 ? 1 : p.L;
-    const unsigned grid = (unsigned)(want < cap ? want : cap);
-    const void *ptrs[] = {p.experts, p.wA, p.residual, p.wB, p.out, p.normalized};
-    int vec = 1;
-    for (const void *q : ptrs)
-        if (q && !bm_tp_aligned16(q))
-            vec = 0;
-    if (quant && !bm_quant_vec_ok(pq.q))
-        vec = 0; /* the quantized values: 8 bytes per chunk (NVFP4: 4) */
-#define BM_GO(I, NT, J, CS)                                                                  \
-    if (shape == I)                                                                          \
-        return bm_with_form(pq.q.kind, [&](auto qf) {                                        \
-            constexpr int Q = decltype(qf)::value;                                           \
-            const typename bm_tp_kparams<Q>::type &k = bm_kp<Q>(p, pq);                      \
-            if (twoshot)                                                                     \
-                return vec ? bm_tp_go<NT, J, CS, true, true, Q>(k, grid, stream)             \
-                           : bm_tp_go<NT, J, CS, false, true, Q>(k, grid, stream);           \
-            return vec ? bm_tp_go<NT, J, CS, true, false, Q>(k, grid, stream)                \
-                       : bm_tp_go<NT, J, CS, false, false, Q>(k, grid, stream);              \
-        });
-    BM_TP_SHAPES(BM_GO)
-#undef BM_GO
-    return cudaErrorInvalidConfiguration;
+    const int shape = bm_tp_shape_index(pq.L, w->hidden, pq.q.kind, w->sms);
+    const int cap = w->gcap[pq.q.kind ? BM_TP_QCAP(shape) : shape];
+    const int64_t want = pq.L < 1 ? 1 : pq.L;
+    return bm_tp_launch_family<bm_tp_family>(shape, pq, twoshot, (unsigned)(want < cap ? want : cap), stream);
 }
 
 cudaError_t bm_tp_launch_reject(const bm_tp_ws *w, cudaStream_t stream)
