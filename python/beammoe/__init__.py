@@ -24,11 +24,11 @@ strategy and every world size give the same bits.
 
 x is an MoEOutput(gemm2_permuted, expert_weights, live_tokens=None). hidden
 is a new tensor and residual is left unchanged, as in the reference;
-inplace=True writes hidden into residual instead. The _q forms of the three
-operations with a next norm (beammoe.quant; the C calls' names, formerly
-*_fp8, names kept) take quant=FP8Quant(...), NVFP4Quant(global_scale) or
-MXFP8Quant() and also return the next norm's output quantized to FP8, NVFP4
-or MXFP8. With torch >= 2.4 the
+inplace=True writes hidden into residual instead. The _q forms of the
+operations with a next norm (beammoe.quant; the C calls' names, the former
+*_fp8 names of the first three kept) take quant=FP8Quant(...),
+NVFP4Quant(global_scale) or MXFP8Quant() and also return the next norm's
+output quantized to FP8, NVFP4 or MXFP8. With torch >= 2.4 the
 operations are also torch operators, torch.ops.beammoe.* (torch.compile,
 CUDA graphs). Errors: ValueError/TypeError for broken rules (the library's
 message where the library checks the rule), BeamError (a RuntimeError with
@@ -60,7 +60,8 @@ if _torch_release(_torch.__version__) < MIN_TORCH:
 from ._errors import (BeamArgumentError, BeamCommError, BeamDeviceError, BeamError, BeamOutOfMemoryError,
                       BeamUnsupportedError)
 from ._lib import backend_name, library_path, version
-from .quant import (FP8Quant, MXFP8Quant, NVFP4Quant, beam_moe_finalize_gather_norm_residual_norm_q,
+from .quant import (FP8Quant, MXFP8Quant, NVFP4Quant, beam_allreduce_norm_residual_norm_q,
+                    beam_moe_finalize_allreduce_norm_residual_norm_q, beam_moe_finalize_gather_norm_residual_norm_q,
                     beam_moe_finalize_norm_residual_norm_q, beam_norm_residual_norm_q)
 from .quant import (beam_moe_finalize_gather_norm_residual_norm_fp8, beam_moe_finalize_norm_residual_norm_fp8,
                     beam_norm_residual_norm_fp8)  # the former names of the _q functions
@@ -93,6 +94,8 @@ __all__ = [
     "beam_moe_finalize_norm_residual_norm_q",
     "beam_moe_finalize_gather_norm_residual_norm_q",
     "beam_norm_residual_norm_q",
+    "beam_allreduce_norm_residual_norm_q",
+    "beam_moe_finalize_allreduce_norm_residual_norm_q",
     "beam_moe_finalize_norm_residual_norm_fp8",
     "beam_moe_finalize_gather_norm_residual_norm_fp8",
     "beam_norm_residual_norm_fp8",

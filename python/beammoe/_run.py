@@ -201,16 +201,17 @@ def gather(dev, ops, handle, g, w, capacity, tokens, top_k, hidden, routed_scale
 
 
 def allreduce(dev, ops, handle, x, g, w, capacity, tokens, top_k, hidden, routed_scale, nw1, ne1, residual, s, nw,
-              ne, hidden_out, normalized, strategy):
+              ne, hidden_out, normalized, quant, strategy):
     """The all-reduce on workspace `handle` through `ops`, the table that
     made it: the dense form's partial x (g, w None), or the MoE form's slots
     g, w (x None); (nw1, ne1) the norm of the reduced sum (pre_norm, or
-    post_norm)."""
+    post_norm); quant a BeamQuant (kept alive by the caller) or None (no
+    quantized output), before strategy as in the C call."""
     keep_1, first = _norm(nw1, ne1)
     keep_next, nxt = _norm(nw, ne)
     keep_s, sp = _scales_ref(s)
-    tail = (addr(residual), sp, nxt, addr(hidden_out), addr(normalized) if normalized is not None else None, None,
-            strategy)
+    tail = (addr(residual), sp, nxt, addr(hidden_out), addr(normalized) if normalized is not None else None,
+            ctypes.addressof(quant) if quant is not None else None, strategy)
     if x is not None:
         _invoke(ops, "allreduce_norm_residual_norm", dev, (handle, addr(x), tokens, hidden, first) + tail)
     else:

@@ -26,6 +26,10 @@ on torch's current stream, with no host synchronization).
         group_size, flags, scale, keep_normalized) -> (hidden, normalized, q, q_scales)
     moe_finalize_gather_norm_residual_norm_fp8(workspace, gemm2, weights, residual, ..., keep_normalized)
         -> (hidden, normalized, q, q_scales)
+    allreduce_norm_residual_norm_fp8(workspace, x, residual, ..., scales?, strategy, kind, group_size, flags,
+        scale, keep_normalized) -> (hidden, normalized, q, q_scales)
+    moe_finalize_allreduce_norm_residual_norm_fp8(workspace, gemm2, weights, residual, ..., keep_normalized)
+        -> (hidden, normalized, q, q_scales)
 
 The *_fp8 operators' kind, group_size, flags and scale are the library's
 beam_quant fields (FP8Quant.fields(), NVFP4Quant.fields(): kind 4 is NVFP4,
@@ -64,6 +68,8 @@ from .workspace import Workspace, check_workspace
 
 
 _GATHER_Q = _GATHER + "_q"
+_ALLREDUCE_Q = _ALLREDUCE + "_q"
+_MOE_ALLREDUCE_Q = _MOE_ALLREDUCE + "_q"
 
 
 def _no_normalized(residual):
@@ -118,8 +124,8 @@ def _allreduce_impl(workspace, x, residual, pre_weight, pre_eps, next_weight, ne
     ws = _workspace(_ALLREDUCE, workspace, dev)
     normalized = torch.empty_like(residual) if ne is not None else None
     out = residual if inplace else torch.empty_like(residual)
-    ws._run_allreduce(_ALLREDUCE, dev, x, None, None, 0, tokens, 0, hidden, 1.0, prw, pre, residual, s, nw, ne, out,
-                      normalized, strategy)
+    ws._run_dense_allreduce(_ALLREDUCE, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, out, normalized,
+                            strategy)
     return out, (normalized if normalized is not None else _no_normalized(residual))
 
 
@@ -244,26 +250,27 @@ def _register():
         n = torch.empty_like(residual) if keep_normalized else _no_normalized(residual)
         return torch.empty_like(residual), n, q, qs
 
-    def nrn_fp8(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, kind, group_size, flags, scale,
-                keep_normalized):
-        tokens, hidden, prw, pre, nw, ne, s = check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight,
+    def nrn_fp8(fn, run, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, kind, group_size, flags,
+                scale, keep_normalized):
+        """The local and the all-reduced dense FP8 operator: the checks, the
+        outputs, then run(dev, ...) with _run.norm_residual_norm's arguments."""
+        tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight,
                                                         next_eps, scales)
-        dev = A.same_device(_NRN, _NRN_NAMES, (x, residual, prw, nw))
+        dev = A.same_device(fn, _NRN_NAMES, (x, residual, prw, nw))
         h, n, q, qs = fp8_out(residual, ne, kind, group_size, flags, scale, keep_normalized)
-        _run.norm_residual_norm(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h,
-                                n if keep_normalized else None,
-                                quant_struct(kind, group_size, flags, scale, q, qs))
+        run(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n if keep_normalized else None,
+            quant_struct(kind, group_size, flags, scale, q, qs))
         return h, n, q, qs
 
-    def nrn_fp8_fake(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, *quant):
-        check_nrn(_NRN, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
+    def nrn_fp8_fake(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, *quant):
+        check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales)
         return fp8_out(residual, next_eps, *quant)
 
     def fused_fp8(fn, gather, run, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
                   routed_scale, strategy, kind, group_size, flags, scale, keep_normalized):
-        """The local and the gathered FP8 operator: the checks, the outputs,
-        then run(dev, ...) with _run.fused's arguments, which the gather's
-        Workspace._run_gather takes too."""
+        """The local, the gathered and the MoE all-reduced FP8 operator: the
+        checks, the outputs, then run(dev, ...) with _run.fused's arguments,
+        which the gather's Workspace._run_gather takes too."""
         capacity, top_k, hidden, pw, pe, nw, ne, s, rs, st = check_fused(
             fn, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
             strategy, gather=gather)
@@ -295,12 +302,30 @@ def _register():
                          next_weight, next_eps, scales, routed_scale, strategy, kind, group_size, flags, scale,
                          keep_normalized)
 
+    def allreduce_fp8(workspace, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, strategy, *quant):
+        ws = _workspace(_ALLREDUCE_Q, workspace, residual.device)
+
+        def run(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, qst):
+            ws._run_dense_allreduce(_ALLREDUCE_Q, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n,
+                                    strategy, qst)
+        return nrn_fp8(_ALLREDUCE_Q, run, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, *quant)
+
+    def moe_allreduce_fp8(workspace, gemm2, weights, residual, *args):
+        ws = _workspace(_MOE_ALLREDUCE_Q, workspace, residual.device)
+        return fused_fp8(_MOE_ALLREDUCE_Q, False, lambda dev, *a: ws._run_allreduce(_MOE_ALLREDUCE_Q, dev, None, *a),
+                         gemm2, weights, residual, *args)
+
     outputs = Tuple[Tensor, Tensor, Tensor, Tensor]
-    _op("norm_residual_norm_fp8", (nrn_args, quant_args), outputs, nrn_fp8, nrn_fp8_fake)
+    _op("norm_residual_norm_fp8", (nrn_args, quant_args), outputs,
+        functools.partial(nrn_fp8, _NRN, _run.norm_residual_norm), functools.partial(nrn_fp8_fake, _NRN))
     _op("moe_finalize_norm_residual_norm_fp8", (fused_args, quant_args), outputs,
         functools.partial(fused_fp8, _FUSED, False, _run.fused), functools.partial(fused_fp8_fake, _FUSED, False))
     _op("moe_finalize_gather_norm_residual_norm_fp8", (workspace_arg, fused_args, quant_args), outputs, gather_fp8,
         lambda workspace, *args: fused_fp8_fake(_GATHER_Q, True, *args))
+    _op("allreduce_norm_residual_norm_fp8", (workspace_arg, nrn_args, strategy_arg, quant_args), outputs,
+        allreduce_fp8, lambda workspace, *args: nrn_fp8_fake(_ALLREDUCE_Q, *args[:7], *args[8:]))  # not strategy
+    _op("moe_finalize_allreduce_norm_residual_norm_fp8", (workspace_arg, fused_args, quant_args), outputs,
+        moe_allreduce_fp8, lambda workspace, *args: fused_fp8_fake(_MOE_ALLREDUCE_Q, False, *args))
 
 
 def _already_registered():

@@ -227,8 +227,8 @@ def beam_allreduce_norm_residual_norm(x, residual, pre_weight, pre_eps, next_wei
     dev, eager, recording = route(fn, _NRN_NAMES, tensors)
     handle = check_workspace(fn, workspace, dev)
     return _finish(fn, "allreduce_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
-                   lambda h, n: workspace._run_allreduce(fn, dev, x, None, None, 0, tokens, 0, hidden, 1.0, prw, pre,
-                                                         residual, s, nw, ne, h, n, st),
+                   lambda h, n: workspace._run_dense_allreduce(fn, dev, x, tokens, hidden, prw, pre, residual, s, nw,
+                                                               ne, h, n, st),
                    (handle, x, residual, prw, pre, nw, ne, scales_list(s), st))
 
 

@@ -70,7 +70,10 @@ rank, whichever runs the gather: the library's, or Python's (a CPU
 workspace over a torch.distributed process group; an UNFUSED call with the
 workspace's all_gather hook: _pgather.py), which hands the gathered rows
 to the library's norm_residual_norm_q with the form, so the library
-quantizes them there too.
+quantizes them there too. The all-reduce's quantized forms
+(beam_allreduce_norm_residual_norm_q and its MoE form) quantize the
+reduced rows, every token's, the same bits on every rank, on a workspace
+of the library's own.
 """
 import ctypes
 
@@ -82,7 +85,8 @@ from . import _run
 from . import _checks as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
 from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, operator_needed, route, scales_list
-from ._checks import FUSED, FUSED_NAMES, GATHER, NRN, NRN_NAMES, STRATEGY_NAMES, check_fused, check_nrn
+from ._checks import (ALLREDUCE, FUSED, FUSED_NAMES, GATHER, MOE_ALLREDUCE, NRN, NRN_NAMES, STRATEGY_NAMES,
+                      check_fused, check_nrn)
 from ._run import COL_MAJOR, KINDS, MXFP8, NVFP4, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
 from .workspace import Workspace, check_workspace
@@ -292,16 +296,58 @@ def beam_moe_finalize_gather_norm_residual_norm_q(x, residual, post_weight, post
         return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
                                routed_scale, strategy, inplace, keep_normalized=keep_normalized,
                                quant=lambda ne: _flags_and_next(fn, quant, inplace, keep_normalized, ne).fields())
+    return _moe_collective_q(fn, "moe_finalize_gather_norm_residual_norm_fp8", True, x, residual, post_weight,
+                             post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant,
+                             inplace, keep_normalized, lambda *args: workspace._run_gather(*args))
+
+
+def _moe_collective_q(fn, operator, gather, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                      workspace, routed_scale, strategy, quant, inplace, keep_normalized, run):
+    """A collective _q call on an MoEOutput (the gather's, the MoE
+    all-reduce's) through the library, as ops._moe_collective: the checks,
+    then run(dev, g, w, capacity, tokens, ..., st, beam_quant struct) as
+    _run.fused takes them, or torch.ops.beammoe.<operator>."""
     g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_q(
         fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
-        keep_normalized, True)
+        keep_normalized, gather)
     handle = check_workspace(fn, workspace, residual.device)  # _run_q checks that every tensor is there
     tokens = residual.shape[0]
     return _run_q(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
-                  keep_normalized, lambda dev, h, n, qst: workspace._run_gather(
+                  keep_normalized, lambda dev, h, n, qst: run(
                       dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st, qst),
-                  "moe_finalize_gather_norm_residual_norm_fp8",
-                  (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
+                  operator, (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
+
+
+def beam_allreduce_norm_residual_norm_q(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, workspace, *,
+                                        quant, strategy=None, inplace=False, keep_normalized=False):
+    """beam_allreduce_norm_residual_norm with the next norm's output also (or only) in FP8, NVFP4 or MXFP8 (quant).
+
+    Collective as the plain call: returns (hidden, normalized | None, q,
+    q_scales), the same bits on every rank; next_eps is required."""
+    fn = ALLREDUCE + "_q"
+    tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
+                                                    scales)
+    st = A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES)
+    quant = _flags_and_next(fn, quant, inplace, keep_normalized, ne)
+    handle = check_workspace(fn, workspace, residual.device)  # _run_q checks that every tensor is there
+    return _run_q(fn, quant, NRN_NAMES, (x, residual, prw, nw), residual, tokens, hidden, inplace, keep_normalized,
+                  lambda dev, h, n, qst: workspace._run_dense_allreduce(
+                      fn, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n, st, qst),
+                  "allreduce_norm_residual_norm_fp8", (handle, x, residual, prw, pre, nw, ne, scales_list(s), st))
+
+
+def beam_moe_finalize_allreduce_norm_residual_norm_q(x, residual, post_weight, post_eps, next_weight, next_eps,
+                                                     scales, workspace, routed_scale=1.0, *, quant, strategy=None,
+                                                     inplace=False, keep_normalized=False):
+    """beam_moe_finalize_allreduce_norm_residual_norm with the next norm's output also (or only) in FP8, NVFP4 or MXFP8.
+
+    Collective as the plain call: returns (hidden, normalized | None, q,
+    q_scales), the same bits on every rank; next_eps is required."""
+    fn = MOE_ALLREDUCE + "_q"
+    return _moe_collective_q(fn, "moe_finalize_allreduce_norm_residual_norm_fp8", False, x, residual, post_weight,
+                             post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant,
+                             inplace, keep_normalized,
+                             lambda dev, *args: workspace._run_allreduce(fn, dev, None, *args))
 
 
 # The former names, kept.

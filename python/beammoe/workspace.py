@@ -545,8 +545,9 @@ class Workspace:
         self._run_auto(tokens, st, run)
 
     def _run_allreduce(self, fn, dev, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw,
-                       ne, h, n, st):
-        """The library's all-reduce (_run.allreduce), AUTO as the gather's."""
+                       ne, h, n, st, quant=None):
+        """The library's all-reduce (_run.allreduce), AUTO as the gather's;
+        quant: the BeamQuant of its quantized output, or None."""
         if self._pg or self._all_gather is not None:
             raise BeamUnsupportedError("%s: a workspace over a torch.distributed group, or with an all_gather "
                                        "hook, has no all-reduce yet: use a workspace of the library's own "
@@ -554,7 +555,13 @@ class Workspace:
         handle, ops = self.handle, self._ops
         self._run_auto(tokens, st, lambda strategy: _run.allreduce(
             dev, ops, handle, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw, ne, h, n,
-            strategy))
+            quant, strategy))
+
+    def _run_dense_allreduce(self, fn, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n, st, quant=None):
+        """The dense form's all-reduce (x the partial, pre the norm of the
+        sum), as _run_allreduce."""
+        self._run_allreduce(fn, dev, x, None, None, 0, tokens, 0, hidden, 1.0, prw, pre, residual, s, nw, ne, h, n, st,
+                            quant)
 
     def _run_auto(self, tokens, st, run):
         """run(strategy) with AUTO resolved from the attributes (the

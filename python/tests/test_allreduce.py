@@ -3,12 +3,13 @@ CpuGroup ranks as threads, both forms, every strategy, in place or not,
 against the sum over ranks written here in torch (FP32 in rank order from
 rank 0's value, one BF16 rounding) followed by the torch-written reference
 of the stages (reference.py), and a group of one against the local
-functions."""
+functions. The quantized forms (_q) likewise, every form, against the
+local beam_norm_residual_norm_q of that sum."""
 import pytest
 import torch
 
 import beammoe
-from conftest import run_ranks
+from conftest import ALL_CALLS, QUANT_TYPES, QUANTS, assert_same_q, run_ranks
 from reference import BF16, assert_bits_equal, bf16, finalize_ref, nrn_spec, random_bf16, random_case
 
 H, K = 512, 4
@@ -100,6 +101,83 @@ def test_refusals():
                 beammoe.MoEOutput(slots[0][:2 * K], w[:2]), residual[:3], None, None, None, None, None, ws)
 
 
+def call_q(ws, r, parts, slots, w, residual, nw1, nw, moe, quant, next_eps=1e-5, **kw):
+    """Rank r's quantized call (scales (0.5, 2.0)): (hidden, normalized | None, q, q_scales)."""
+    if moe:
+        return beammoe.beam_moe_finalize_allreduce_norm_residual_norm_q(
+            beammoe.MoEOutput(slots[r], w), residual, nw1, 1e-6, nw, next_eps, (0.5, 2.0), ws, 1.5, quant=quant,
+            **kw)
+    return beammoe.beam_allreduce_norm_residual_norm_q(parts[r], residual, nw1, 1e-6, nw, next_eps, (0.5, 2.0), ws,
+                                                       quant=quant, **kw)
+
+
+def wanted_q(parts, slots, w, residual, nw1, nw, tokens, moe, quant):
+    """The local beam_norm_residual_norm_q of the sum over the ranks (each
+    rank's finalize, unnormalized, in the MoE form), its pre-norm the
+    reduced sum's."""
+    if moe:
+        parts = [finalize_ref(g, w, tokens, 1.5) for g in slots]
+    return beammoe.beam_norm_residual_norm_q(ranks_sum(parts), residual, nw1, 1e-6, nw, 1e-5, (0.5, 2.0),
+                                             quant=quant, keep_normalized=True)
+
+
+@pytest.mark.parametrize("R", [1, 2, 3])
+@pytest.mark.parametrize("moe", [False, True])
+def test_quantized_every_rank(poisoned, R, moe):
+    """Every form, strategy, normalized kept or not, in place or not: on
+    every rank the local quantized operation's bits on the reduced sum."""
+    gen = torch.Generator().manual_seed(50 + R + 10 * moe)
+    tokens = 7
+    parts, slots, w, residual, nw1, nw = inputs(gen, R, tokens)
+    wants = [wanted_q(parts, slots, w, residual, nw1, nw, tokens, moe, quant) for quant in QUANTS]
+
+    def body(r):
+        with beammoe.Workspace.cpu(grp, r, 8, H) as ws:
+            for quant, want in zip(QUANTS, wants):
+                for strategy in STRATEGIES:
+                    for keep, inplace in ALL_CALLS:
+                        res = residual.clone()
+                        got = call_q(ws, r, parts, slots, w, res, nw1, nw, moe, quant, strategy=strategy,
+                                     inplace=inplace, keep_normalized=keep)
+                        what = "R=%d rank %d %r %s keep=%s inplace=%s" % (R, r, quant, strategy, keep, inplace)
+                        assert (got[0] is res) == inplace, what
+                        if not inplace:
+                            assert_bits_equal(res, residual, what + ": residual left unchanged")
+                        assert_same_q(got, want, keep, what)
+        return True
+
+    with beammoe.CpuGroup(R) as grp:
+        assert run_ranks(R, body) == [True] * R
+
+
+def test_quantized_one_rank_is_the_local_operation(poisoned):
+    gen = torch.Generator().manual_seed(51)
+    parts, slots, w, residual, nw1, nw = inputs(gen, 1, 5)
+    x = beammoe.MoEOutput(slots[0], w)
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 8, H) as ws:
+        for quant in QUANTS:
+            assert_same_q(call_q(ws, 0, parts, slots, w, residual, nw1, nw, False, quant, keep_normalized=True),
+                          beammoe.beam_norm_residual_norm_q(parts[0], residual, nw1, 1e-6, nw, 1e-5, (0.5, 2.0),
+                                                            quant=quant, keep_normalized=True), True, repr(quant))
+            assert_same_q(call_q(ws, 0, parts, slots, w, residual, nw1, nw, True, quant),
+                          beammoe.beam_moe_finalize_norm_residual_norm_q(x, residual, nw1, 1e-6, nw, 1e-5, (0.5, 2.0),
+                                                                         1.5, quant=quant), False, repr(quant))
+
+
+@pytest.mark.parametrize("moe", [False, True])
+def test_quantized_refusals(moe):
+    gen = torch.Generator().manual_seed(52)
+    parts, slots, w, residual, nw1, nw = inputs(gen, 1, 5)
+    fn = "beam_%sallreduce_norm_residual_norm_q: " % ("moe_finalize_" if moe else "")
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 8, H) as ws:
+        res = residual.clone()
+        with pytest.raises(ValueError, match=fn + "next_eps must be given"):
+            call_q(ws, 0, parts, slots, w, res, nw1, None, moe, beammoe.FP8Quant(), next_eps=None, inplace=True)
+        assert_bits_equal(res, residual, "residual after a refused call")
+        with pytest.raises(TypeError, match=fn + QUANT_TYPES + "dict"):
+            call_q(ws, 0, parts, slots, w, res, nw1, nw, moe, {"kind": "token"})
+
+
 @pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS, reason="torch.library.custom_op needs torch >= 2.4")
 def test_torch_operators_and_compile():
     gen = torch.Generator().manual_seed(43)
@@ -118,3 +196,35 @@ def test_torch_operators_and_compile():
         def layer(p, r):
             return beammoe.beam_allreduce_norm_residual_norm(p, r, nw1, 1e-6, nw, 1e-5, None, ws)
         assert_bits_equal(layer(parts[0], residual), want)
+
+
+@pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+def test_quantized_operators_and_compile():
+    """torch.ops.beammoe.*allreduce_norm_residual_norm_fp8 called directly,
+    through opcheck and under torch.compile(fullgraph=True): the eager
+    calls' bits, shapes and strides."""
+    gen = torch.Generator().manual_seed(53)
+    parts, slots, w, residual, nw1, nw = inputs(gen, 1, 3)
+    quant = beammoe.FP8Quant("group", 64, ue8m0=True, column_major=True)
+    ops = torch.ops.beammoe
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 8, H) as ws:
+        dense = (ws.handle, parts[0], residual, nw1, 1e-6, nw, 1e-5, [0.5, 2.0], 0) + quant.fields()
+        moe = (ws.handle, slots[0], w, residual, nw1, 1e-6, nw, 1e-5, [0.5, 2.0], 1.5, 0) + quant.fields()
+        for keep in (False, True):
+            for op, args, is_moe in ((ops.allreduce_norm_residual_norm_fp8, dense, False),
+                                     (ops.moe_finalize_allreduce_norm_residual_norm_fp8, moe, True)):
+                want = call_q(ws, 0, parts, slots, w, residual, nw1, nw, is_moe, quant, keep_normalized=keep)
+                h, n, q, qs = op(*args, keep)
+                assert keep or n.numel() == 0
+                assert_same_q((h, n if keep else None, q, qs), want, keep, "%s keep=%s" % (op, keep))
+                torch.library.opcheck(op.default, args + (keep,))
+
+        def layer(p, g, r):
+            return (call_q(ws, 0, [p], None, None, r, nw1, nw, False, quant),
+                    call_q(ws, 0, None, [g], w, r, nw1, nw, True, quant, keep_normalized=True))
+
+        want = layer(parts[0], slots[0], residual)
+        torch._dynamo.reset()
+        got = torch.compile(layer, fullgraph=True)(parts[0], slots[0], residual)
+    assert_same_q(got[0], want[0], False, "compiled dense")
+    assert_same_q(got[1], want[1], True, "compiled MoE")
