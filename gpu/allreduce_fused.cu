@@ -26,7 +26,7 @@
  *            of the same row, which this block was its only reader of, and
  *            has read (the pushed values depend on it).
  *   phase 2  TWOSHOT: signal the pushes (flag fb + BM_AR_FLAG2, which is
- *            why the grid is at most BM_AR_FLAG2 blocks) and wait for
+ *            why its grid is at most BM_AR_FLAG2 blocks) and wait for
  *            every peer's, then copy the pushed rows of the other slices.
  *
  * Partials are pulled (each rank writes its own once, every peer reads
@@ -196,7 +196,8 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
 /* UNFUSED: dst[i] = bf16(sum over s of f(src[s * stride + i])) in rank
  * order, for n chunks of 8 values (src: the all-gathered blocks). dst may
  * be this rank's own block (each value is read before it is written by
- * the same thread). */
+ * the same thread). Every address is 16-byte aligned: src and dst are the
+ * workspace's (its all-gather buffer, its region), hidden a multiple of 256. */
 struct bm_ar_sum_args {
     const uint16_t *src;
     size_t stride;
@@ -205,7 +206,6 @@ struct bm_ar_sum_args {
     size_t n;
 };
 
-template <bool VEC>
 __global__ void __launch_bounds__(256) bm_ar_sum_kernel(const bm_ar_sum_args a)
 {
     bm_pdl_wait();
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(256) bm_ar_sum_kernel(const bm_ar_sum_args a)
             for (int e = 0; e < 8; ++e)
                 v[e] = __fadd_rn(v[e], f[e]);
         }
-        bm_store8<VEC>(a.dst + c * 8, bm_rnd8(v));
+        bm_store8<true>(a.dst + c * 8, bm_rnd8(v));
     }
 }
 
@@ -241,8 +241,7 @@ cudaError_t bm_ar_preload(void)
 {
     cudaError_t e = cudaSuccess;
     bm_tp_preload_family<bm_ar_family>(e);
-    bm_preload(e, bm_ar_sum_kernel<true>);
-    bm_preload(e, bm_ar_sum_kernel<false>);
+    bm_preload(e, bm_ar_sum_kernel);
     return e;
 }
 
@@ -259,8 +258,8 @@ cudaError_t bm_ar_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     const int64_t rows = twoshot ? pq.L : pq.rows;
     const int shape = bm_tp_shape_index(rows, w->hidden, pq.q.kind, w->sms);
     const int cs = bm_tp_cs(shape);
-    int64_t cap = w->gcap[pq.q.kind ? BM_TP_QCAP(shape) : shape];
-    if (cap * cs > BM_AR_FLAG2)
+    int64_t cap = w->gcap[BM_TP_ACAP(shape, pq.q.kind != 0)];
+    if (twoshot && cap * cs > BM_AR_FLAG2)
         cap = BM_AR_FLAG2 / cs;
     const int64_t want = rows < 1 ? 1 : rows;
     return bm_tp_launch_family<bm_ar_family>(shape, pq, twoshot, (unsigned)(want < cap ? want : cap), stream);
@@ -273,7 +272,5 @@ cudaError_t bm_ar_launch_sum(const uint16_t *blocks, size_t stride, int nranks, 
     if (a.n == 0)
         return cudaSuccess;
     const unsigned grid = (unsigned)(a.n / 256 + 1 < 4096 ? a.n / 256 + 1 : 4096);
-    if (((uintptr_t)dst & 15u) == 0)
-        return bm_launch(bm_ar_sum_kernel<true>, a, grid, 256, 1, 0, 1, stream);
-    return bm_launch(bm_ar_sum_kernel<false>, a, grid, 256, 1, 0, 1, stream);
+    return bm_launch(bm_ar_sum_kernel, a, grid, 256, 1, 0, 1, stream);
 }

@@ -21,6 +21,9 @@
  *   data  [2 parities][2 arrays][max_tokens][hidden] BF16: rows pushed by
  *         the peers, at their global row index. ONESHOT uses array 0 (the
  *         finalized rows); TWOSHOT arrays 0 and 1 (hidden, normalized).
+ *         The all-reduce (allreduce_fused.cu): array 0 holds the rank's
+ *         own partials, which its peers read, and TWOSHOT's pushes over
+ *         them; UNFUSED of several chunks keeps its sums in parity 0's.
  *
  * Epochs: every fused call is one epoch E = previous + 1, read from device
  * memory that the kernel itself advances, so CUDA graph replays advance it
@@ -86,11 +89,15 @@
     X(14, 512, 1, 2)                                                           \
     X(15, 128, 2, 1) X(16, 256, 2, 1) X(17, 512, 2, 1)
 #define BM_TP_NSHAPES 18
-/* launch caps: [0, NSHAPES) the shapes' kernels, [NSHAPES] the in-process
- * all-gather kernel, [NSHAPES + 1 + i] shape i's kernels compiled with the
- * quantized output (more registers: their own cap) */
-#define BM_TP_NCAPS (2 * BM_TP_NSHAPES + 1)
+/* launch caps: [0, NSHAPES) the gather's kernels of each shape,
+ * [NSHAPES] the in-process all-gather kernel, [NSHAPES + 1 + i] the
+ * gather's kernels of shape i compiled with the quantized output (more
+ * registers: their own cap), then the all-reduce's kernels likewise
+ * (BM_TP_ACAP: their own caps, so that neither family's grids depend on
+ * the other's registers) */
+#define BM_TP_NCAPS (4 * BM_TP_NSHAPES + 1)
 #define BM_TP_QCAP(i) (BM_TP_NSHAPES + 1 + (i))
+#define BM_TP_ACAP(i, q) (2 * BM_TP_NSHAPES + 1 + ((q) ? BM_TP_NSHAPES : 0) + (i))
 
 /* Failure record in host-mapped memory, written by a kernel, read by the
  * host at the start of the next call (a plain load, no synchronization). */
@@ -234,12 +241,12 @@ cudaError_t bm_ar_preload(void);
  * peers (it joins the all-gather with a "rejected" record). */
 beam_status bm_tp_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_t sig,
                           beam_status local_status);
-/* NCCL UNFUSED records (gather_fused.cu): write this rank's, check all
- * (count_only: only count the all-gather ended, for the watchdog). */
 /* The all-reduce's UNFUSED, as bm_tp_unfused: partials, all-gather, the
  * ordered sum, norm_residual_norm (gather_unfused.cu). */
 beam_status bm_ar_unfused(const char *fn, bm_tp_ws *w, const bm_args *a, uint32_t sig,
                           beam_status local_status);
+/* NCCL UNFUSED records (gather_fused.cu): write this rank's, check all
+ * (count_only: only count the all-gather ended, for the watchdog). */
 cudaError_t bm_tp_launch_record(const bm_tp_ws *w, uint32_t status, uint32_t sig, cudaStream_t stream);
 cudaError_t bm_tp_launch_check(const bm_tp_ws *w, uint32_t sig, int count_only, cudaStream_t stream);
 

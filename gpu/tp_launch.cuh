@@ -78,9 +78,9 @@ void bm_tp_preload_family(cudaError_t &e)
 #undef BM_PRE
 }
 
-/* The fewest blocks of F's kernels of a shape (ONESHOT and TWOSHOT; q:
- * every form with a quantized output, else the plain ones) resident on one
- * multiprocessor; 0 when the runtime cannot tell. */
+/* The fewest blocks of F's kernels of a shape (ONESHOT and TWOSHOT, both
+ * alignments; q: every form with a quantized output, else the plain ones)
+ * resident on one multiprocessor; 0 when the runtime cannot tell. */
 template <class F>
 int bm_tp_family_occupancy(int shape, bool q)
 {
@@ -99,6 +99,8 @@ int bm_tp_family_occupancy(int shape, bool q)
             if ((Q != BM_QF_NONE) == q) {                                     \
                 occ(F::template kernel<NT, J, CS, true, false, Q>(), NT);     \
                 occ(F::template kernel<NT, J, CS, true, true, Q>(), NT);      \
+                occ(F::template kernel<NT, J, CS, false, false, Q>(), NT);    \
+                occ(F::template kernel<NT, J, CS, false, true, Q>(), NT);     \
             }                                                                 \
         });
     BM_TP_SHAPES(BM_OCC)
