@@ -1,8 +1,10 @@
-"""The gather run by Python: the library's local operations around an all-gather.
+"""The gather and the all-reduce run by Python: the library's local
+operations around an all-gather.
 
 Used by a CPU Workspace over a torch.distributed process group (every call),
 and by any workspace whose all_gather hook is set, for the calls that take
-the UNFUSED strategy. Each rank:
+the UNFUSED strategy (Workspace._python_gather decides, for both). Each
+rank of a gather:
 
 1. checks its arguments (the Python checks, the gather's rules with the
    library's wording, and the library's own checks of the operation), and
@@ -24,6 +26,17 @@ the UNFUSED strategy. Each rank:
 The result is the composition that the library's fused operation equals by
 construction (docs/numerics.md), so every strategy and world size gives the
 bits of the one-process fused operation.
+
+The all-reduce (docs/numerics.md#all-reduce) is the same call with the
+all-reduce's checks in step 1, where each rank's partial is of every token
+([T, hidden]: the dense form's x, or the MoE form's slots finalized with
+the library without the post-norm); step 3 all-gathers the partials ([R*T,
+hidden]), sums them in FP32 in rank order, rounds once to BF16 as the
+library does (every NaN 0x7FFF), and runs norm_residual_norm(_q) with the
+norm of the sum (the dense form's pre-norm, the MoE form's post-norm): the
+bits of the library's all-reduce. The collective (gather, MoE or dense
+all-reduce) is the first word of the signature, so a rank's gather never
+meets a peer's all-reduce: every rank raises, naming it.
 
 The quantized form (beammoe.quant: FP8Quant, NVFP4Quant, MXFP8Quant) is
 the same call with the form's checks in step 1 (the caller's, then the
@@ -70,25 +83,31 @@ BF16 = torch.bfloat16
 WORDS = 64  # int64 words of a signature: 19 of header, then the message
 _HEAD = 19
 _MSG_BYTES = (WORDS - _HEAD) * 8
-_MAGIC = 0x42454D32  # "BEM2"
+_MAGIC = 0x42454D33  # "BEM3"
 _FIELD0 = 5  # the header's words: magic, status, kind, workspace, call, the fields, ..., the message's length
 CREATE, CONFIRM, CALL = 1, 2, 3  # the kinds of exchange (a message's round: kind, workspace, call)
 _OTHER = 6  # status of a failure that is no library status (e.g. a hook's exception)
 
-# A creation's fields: (name, ...) after (magic, status); a call's are the
-# library's agreement words (beam_gather_agreement), named and shown by it.
+# A creation's fields: (name, ...) after (magic, status); a call's are its
+# collective, then the library's agreement words (beam_gather_agreement),
+# named and shown by it.
 CREATE_FIELDS = ("max_tokens", "hidden_size", "moe_gather_oneshot_max_tokens", "twoshot_max_tokens", "timeout_ms")
+GATHER, ALLREDUCE, DENSE = 0, 1, 2  # a call's collective: the gather, the MoE or the dense all-reduce
+_COLLECTIVES = ("gather", "all-reduce", "dense all-reduce")
 _NAMES = '"auto", "oneshot", "twoshot" or "unfused"'
-assert _FIELD0 + max(len(CREATE_FIELDS), _run.AGREEMENT_WORDS) <= _HEAD - 1
-_FUSED = "beam_moe_finalize_norm_residual_norm"
+assert _FIELD0 + max(len(CREATE_FIELDS), 1 + _run.AGREEMENT_WORDS) <= _HEAD - 1
+_LOCAL = (A.FUSED + "_q:", A.FUSED + ":", A.NRN + "_q:", A.NRN + ":")  # the local operations' names
 
 
 def create_field(i, v):
     return CREATE_FIELDS[i], str(v)
 
 
-def call_field(i, v):
-    return _run.agreement_text(i, v)
+def call_field(i, v, dense=False):
+    if i == 0:
+        return "collective", _COLLECTIVES[v] if 0 <= v < len(_COLLECTIVES) else str(v)
+    name, shown = _run.agreement_text(i - 1, v)
+    return "pre_norm" if dense and name == "post_norm" else name, shown
 
 
 def _status(e):
@@ -243,7 +262,8 @@ def _all_gather_rows(ws, fn, out, inp):
 
 
 def _gather_rules(fn, ws, st, tokens, hidden, capacity):
-    """The gather's own rules (lib/api.c's wording); the strategy AUTO takes."""
+    """The gather's own rules (lib/api.c's wording); the strategy AUTO takes.
+    capacity None: the all-reduce's (check_fused saw that x covers every token)."""
     if st not in (0, 2, 3, 4):
         if st == 1:
             raise BeamArgumentError("%s: strategy=FUSED: unknown strategy for this operation (use AUTO, ONESHOT, "
@@ -255,7 +275,7 @@ def _gather_rules(fn, ws, st, tokens, hidden, capacity):
     if hidden != ws.hidden_size:
         raise BeamArgumentError("%s: hidden=%d must equal hidden=%d of the workspace" % (fn, hidden, ws.hidden_size))
     per = -(-tokens // ws.world_size)
-    if capacity < per:
+    if capacity is not None and capacity < per:
         raise BeamArgumentError("%s: capacity=%d must be >= ceil(tokens / ranks) = %d (tokens=%d, ranks=%d)"
                                 % (fn, capacity, per, tokens, ws.world_size))
     return st if st else ws._auto_enum(tokens)
@@ -264,38 +284,61 @@ def _gather_rules(fn, ws, st, tokens, hidden, capacity):
 def _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne, quant, keep):
     """The library's checks of the operation (top_k, hidden, eps, scales,
     routed_scale, pointers; with quant, a beam_quant, the quantized form's
-    encoding): its fused operation on zero rows, with the gather's name in
-    the message."""
+    encoding): its local operation on zero rows (g None: the dense
+    all-reduce's, norm_residual_norm with pw, pe its pre-norm; else the fused
+    operation), with the collective's name in the message."""
     empty = torch.empty(0, dtype=BF16, device=dev)
+    n = empty if (keep if quant is not None else ne is not None) else None
     try:
-        _run.fused(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty,
-                   empty if (keep if quant is not None else ne is not None) else None, 0, quant)
+        if g is None:
+            _run.norm_residual_norm(dev, empty, residual, 0, hidden, pw, pe, s, nw, ne, empty, n, quant)
+        else:
+            _run.fused(dev, g, w, capacity, 0, top_k, hidden, scale, pw, pe, residual, s, nw, ne, empty, n, 0, quant)
     except BeamArgumentError as e:
         msg = str(e)
-        for name in (_FUSED + "_q:", _FUSED + ":"):
+        for name in _LOCAL:
             if msg.startswith(name):
                 raise BeamArgumentError(fn + msg[len(name) - 1:]) from None
         raise
 
 
 def gather(ws, fn, *args, **kw):
-    """The gather in Python (_gather) on the workspace `ws`, held for the
-    call: a call that overlaps another on the same workspace (another
-    thread's, or one made from inside the hook), or on a workspace that an
-    earlier failure left unusable, is refused before anything is checked,
-    exchanged or written (Workspace._held)."""
+    """The gather or the all-reduce in Python (_gather) on the workspace
+    `ws`, held for the call: a call that overlaps another on the same
+    workspace (another thread's, or one made from inside the hook), or on a
+    workspace that an earlier failure left unusable, is refused before
+    anything is checked, exchanged or written (Workspace._held)."""
     with ws._held(fn):
         return _gather(ws, fn, *args, **kw)
 
 
+def _strategy(fn, strategy):
+    return strategy if type(strategy) is int else A.strategy(fn, strategy, _lib.STRATEGIES, _NAMES)
+
+
+def reduce_ranks(parts):
+    """The all-reduce's sum of the partials [R, T, hidden] BF16: FP32 in rank
+    order, one rounding to BF16 (round-to-nearest-even, as torch rounds),
+    every NaN 0x7FFF as the library's bm_bf16 makes it."""
+    acc = parts[0].float()
+    for p in parts[1:]:
+        acc += p.float()
+    out = acc.bfloat16()
+    out.view(torch.int16)[acc.isnan()] = 0x7FFF
+    return out
+
+
 def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace, op=False, quant=None,
-            keep_normalized=False):
+            keep_normalized=False, coll=GATHER):
     """The gather of ops.beam_moe_finalize_gather_norm_residual_norm in
-    Python. Eager (op=False): the function's own arguments; returns
-    (hidden, normalized | None), refusing a backward pass where autograd
-    records. op=True (the torch operator's implementation): x is
-    (gemm2, weights), strategy the library's value; returns (hidden, normalized
-    | None) with hidden = residual when inplace. ws is a Workspace (both
+    Python, or with coll ALLREDUCE the MoE all-reduce's (x of every token,
+    (pw, pe) the post-norm of the sum), with coll DENSE the dense one's (x
+    the [T, hidden] partial, (pw, pe) the pre-norm; routed_scale unused).
+    Eager (op=False): the function's own arguments; returns (hidden,
+    normalized | None), refusing a backward pass where autograd records.
+    op=True (the torch operator's implementation): an MoE x is (gemm2,
+    weights), strategy the library's value; returns (hidden, normalized |
+    None) with hidden = residual when inplace. ws is a Workspace (both
     callers hold one).
 
     quant: None, or the quantized form of beammoe.fp8 as a callable
@@ -311,23 +354,25 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
     head = ()
     qst = None
     try:
-        if op:
-            g, w = x
+        if coll == DENSE:
+            tokens, hidden, pw, pe, nw, ne, s = A.check_nrn(fn, x, residual, pw, pe, nw, ne, scales)
+            st, g, w, capacity, top_k, scale = _strategy(fn, strategy), None, None, 0, 0, 1.0
+            tensors, names = (x, residual, pw, nw), A.NRN_NAMES
         else:
-            g, w = A.moe_output(fn, x)
-        st = strategy if type(strategy) is int else A.strategy(fn, strategy, _lib.STRATEGIES, _NAMES)
-        capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = A.check_fused(
-            fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, st, gather=True)
+            g, w = x if op else A.moe_output(fn, x)
+            capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = A.check_fused(
+                fn, g, w, residual, pw, pe, nw, ne, scales, routed_scale, _strategy(fn, strategy),
+                gather=coll == GATHER)
+            tensors, names = (g, w, residual, pw, nw), A.FUSED_NAMES
         qf = quant(ne) if quant is not None else None
         A.flag(fn, "inplace", inplace)
-        tensors = (g, w, residual, pw, nw)
-        dev, _, recording = _calls.route(fn, A.FUSED_NAMES, tensors)
+        dev, _, recording = _calls.route(fn, names, tensors)
         ws._handle_for(fn, dev)
         recording = recording and not op
         if inplace:
             _calls.no_autograd_write(fn, "residual", residual, recording, True)
         tokens = residual.shape[0]
-        st = _gather_rules(fn, ws, st, tokens, hidden, capacity)
+        st = _gather_rules(fn, ws, st, tokens, hidden, capacity if coll == GATHER else None)
         if qf is not None:
             # the outputs first (as the library's gather allocates before the
             # ranks agree): the library checks the form's struct below
@@ -338,19 +383,26 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
             qst = _run.struct(qf[0], qf[1], qf[2], qf[3], q, qs)
         _library_rules(fn, dev, g, w, capacity, top_k, hidden, scale, pw, pe, residual, s, nw, ne, qst,
                        keep_normalized)
-        per = -(-tokens // R)
-        owned = min(max(tokens - rank * per, 0), per)
-        fin = torch.empty(per, hidden, dtype=BF16, device=dev)
+        # the rows this rank sends: the gather's own tokens, finalized with
+        # the post-norm; the all-reduce's partial of every token (the MoE
+        # form's finalized without it: the sum's norm)
+        per = owned = tokens
+        if coll == GATHER:
+            per = -(-tokens // R)
+            owned = min(max(tokens - rank * per, 0), per)
+        fin = x.detach() if coll == DENSE else torch.empty(per, hidden, dtype=BF16, device=dev)
         if owned < per:
             fin[owned:].zero_()  # padding rows: sent, never read
-        _run.finalize(dev, g, w, capacity, owned, top_k, hidden, scale, pw, pe, fin)
-        head = _run.agreement(tokens, top_k, hidden, scale, pw, pe, s, nw, ne, qf, st)
+        if coll != DENSE:
+            post = (pw, pe) if coll == GATHER else (None, None)
+            _run.finalize(dev, g, w, capacity, owned, top_k, hidden, scale, *post, fin)
+        head = (coll,) + _run.agreement(tokens, top_k, hidden, scale, pw, pe, s, nw, ne, qf, st)
     except Exception as e:  # carried to every rank below
         err = e
     ws._call_no += 1
     call = (CALL, ws._ident, ws._call_no)
-    settle(fn, rank, ws._collective(lambda: exchange(ws, fn, err, head, call)), err, call_field,
-           _run.AGREEMENT_WORDS)
+    settle(fn, rank, ws._collective(lambda: exchange(ws, fn, err, head, call)), err,
+           lambda i, v: call_field(i, v, coll == DENSE), 1 + _run.AGREEMENT_WORDS)
 
     def compute(h, n):
         # The round's second exchange: the rows, or with no rows its
@@ -361,8 +413,11 @@ def _gather(ws, fn, x, residual, pw, pe, nw, ne, scales, routed_scale, strategy,
             return
         rows = torch.empty(R * per, hidden, dtype=BF16, device=dev)
         ws._collective(lambda: _all_gather_rows(ws, fn, rows, fin))
-        # with qst, the library quantizes the gathered rows' normalized
-        _run.norm_residual_norm(dev, rows, residual, tokens, hidden, None, None, s, nw, ne, h, n, qst)
+        pre = (None, None)
+        if coll != GATHER:  # the sum, and its norm
+            rows, pre = reduce_ranks(rows.view(R, per, hidden)), (pw, pe)
+        # with qst, the library quantizes the normalized rows
+        _run.norm_residual_norm(dev, rows, residual, tokens, hidden, *pre, s, nw, ne, h, n, qst)
 
     if qst is not None:
         compute(out, normalized)

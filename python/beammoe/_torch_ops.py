@@ -102,14 +102,19 @@ def _workspace(fn, handle, dev):
     return ws
 
 
+def _in_python(ws, fn, x, residual, *args, **kw):
+    """An operator's call run in Python (_pgather.gather with op=True, where
+    ws._python_gather takes it): its results, normalized empty when absent."""
+    out = _pgather.gather(ws, fn, x, residual, *args, op=True, **kw)
+    return (out[0], out[1] if out[1] is not None else _no_normalized(residual)) + tuple(out[2:])
+
+
 def _gather_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace):
     """The gather operators' implementation: the workspace's library gather,
     or the gather in Python (_pgather) where the workspace takes it."""
     ws = _workspace(_GATHER, workspace, residual.device)
     if ws._python_gather(residual, strategy):
-        h, n = _pgather.gather(ws, _GATHER, (g, w), residual, pw, pe, nw, ne, scales, routed_scale, strategy,
-                               inplace, op=True)
-        return h, (n if n is not None else _no_normalized(residual))
+        return _in_python(ws, _GATHER, (g, w), residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace)
 
     def run(dev, *args):
         ws._run_gather(dev, *args)
@@ -117,11 +122,15 @@ def _gather_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, routed_scale
 
 
 def _allreduce_impl(workspace, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, strategy, inplace):
-    """The dense all-reduce operators' implementation (the library's)."""
+    """The dense all-reduce operators' implementation: the library's, or
+    Python's (_pgather) where the workspace takes it."""
+    ws = _workspace(_ALLREDUCE, workspace, residual.device)
+    if ws._python_gather(residual, strategy):
+        return _in_python(ws, _ALLREDUCE, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, 1.0,
+                          strategy, inplace, coll=_pgather.DENSE)
     tokens, hidden, prw, pre, nw, ne, s = check_nrn(_ALLREDUCE, x, residual, pre_weight, pre_eps, next_weight,
                                                     next_eps, scales)
     dev = A.same_device(_ALLREDUCE, _NRN_NAMES, (x, residual, prw, nw))
-    ws = _workspace(_ALLREDUCE, workspace, dev)
     normalized = torch.empty_like(residual) if ne is not None else None
     out = residual if inplace else torch.empty_like(residual)
     ws._run_dense_allreduce(_ALLREDUCE, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, out, normalized,
@@ -130,8 +139,12 @@ def _allreduce_impl(workspace, x, residual, pre_weight, pre_eps, next_weight, ne
 
 
 def _moe_allreduce_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace):
-    """The MoE all-reduce operators' implementation (the library's)."""
+    """The MoE all-reduce operators' implementation: the library's, or
+    Python's (_pgather) where the workspace takes it."""
     ws = _workspace(_MOE_ALLREDUCE, workspace, residual.device)
+    if ws._python_gather(residual, strategy):
+        return _in_python(ws, _MOE_ALLREDUCE, (g, w), residual, pw, pe, nw, ne, scales, routed_scale, strategy,
+                          inplace, coll=_pgather.ALLREDUCE)
 
     def run(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st):
         ws._run_allreduce(_MOE_ALLREDUCE, dev, None, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual,
@@ -286,24 +299,32 @@ def _register():
                     routed_scale, strategy, gather=gather)
         return fp8_out(residual, next_eps, *quant)
 
+    def python_fp8(ws, fn, coll, x, residual, w1, e1, next_weight, next_eps, scales, routed_scale, strategy, kind,
+                   group_size, flags, scale, keep_normalized):
+        """The FP8 operator in Python (_pgather), the library quantizing the
+        gathered or reduced rows."""
+        def fields(ne):
+            need_next(ne)
+            return kind, group_size, flags, scale
+        return _in_python(ws, fn, x, residual, w1, e1, next_weight, next_eps, scales, routed_scale, strategy, False,
+                          quant=fields, keep_normalized=keep_normalized, coll=coll)
+
     def gather_fp8(workspace, gemm2, weights, residual, post_weight, post_eps, next_weight, next_eps, scales,
                    routed_scale, strategy, kind, group_size, flags, scale, keep_normalized):
         ws = _workspace(_GATHER_Q, workspace, residual.device)
         if ws._python_gather(residual, strategy):
-            # the gather in Python (_pgather), the library quantizing the gathered rows
-            def fields(ne):
-                need_next(ne)
-                return kind, group_size, flags, scale
-            h, n, q, qs = _pgather.gather(ws, _GATHER_Q, (gemm2, weights), residual, post_weight, post_eps,
-                                          next_weight, next_eps, scales, routed_scale, strategy, False, op=True,
-                                          quant=fields, keep_normalized=keep_normalized)
-            return h, (n if n is not None else _no_normalized(residual)), q, qs
+            return python_fp8(ws, _GATHER_Q, _pgather.GATHER, (gemm2, weights), residual, post_weight, post_eps,
+                              next_weight, next_eps, scales, routed_scale, strategy, kind, group_size, flags, scale,
+                              keep_normalized)
         return fused_fp8(_GATHER_Q, True, ws._run_gather, gemm2, weights, residual, post_weight, post_eps,
                          next_weight, next_eps, scales, routed_scale, strategy, kind, group_size, flags, scale,
                          keep_normalized)
 
     def allreduce_fp8(workspace, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, strategy, *quant):
         ws = _workspace(_ALLREDUCE_Q, workspace, residual.device)
+        if ws._python_gather(residual, strategy):
+            return python_fp8(ws, _ALLREDUCE_Q, _pgather.DENSE, x, residual, pre_weight, pre_eps, next_weight,
+                              next_eps, scales, 1.0, strategy, *quant)
 
         def run(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, qst):
             ws._run_dense_allreduce(_ALLREDUCE_Q, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n,
@@ -312,6 +333,8 @@ def _register():
 
     def moe_allreduce_fp8(workspace, gemm2, weights, residual, *args):
         ws = _workspace(_MOE_ALLREDUCE_Q, workspace, residual.device)
+        if ws._python_gather(residual, args[6]):  # args[6]: strategy
+            return python_fp8(ws, _MOE_ALLREDUCE_Q, _pgather.ALLREDUCE, (gemm2, weights), residual, *args)
         return fused_fp8(_MOE_ALLREDUCE_Q, False, lambda dev, *a: ws._run_allreduce(_MOE_ALLREDUCE_Q, dev, None, *a),
                          gemm2, weights, residual, *args)
 

@@ -8,9 +8,9 @@ subclasses or meta tensors, under a dispatch mode, and when autograd records
 a call with new results (so that it refuses a backward pass; an in-place
 write that autograd records runs eagerly and marks the written tensor, whose
 backward refuses). Both paths check the same rules, give the same bits and
-write the same tensors. The gather of a CPU workspace over a process group,
-and of any workspace with an all_gather hook on its unfused calls, runs in
-_pgather.py.
+write the same tensors. The gather and the all-reduce of a CPU workspace
+over a process group, and of any workspace with an all_gather hook on their
+unfused calls, run in _pgather.py.
 
 Results are new tensors, as in the reference: hidden is torch.empty_like
 (residual), and residual is left as it was. inplace=True writes hidden into
@@ -32,12 +32,12 @@ from . import _run
 from . import _checks as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*, which the calls below may go through)
 from ._calls import (HAVE_TORCH_OPS, WriteNoDerivative, autograd_inputs, mark_written, no_autograd_write,
-                     operator_needed, route, run_eager, scales_list)
+                     route, run_eager, scales_list)
 from ._checks import (ALLREDUCE as _ALLREDUCE, FINALIZE as _FINALIZE, FINALIZE_NAMES as _FINALIZE_NAMES,
                       FUSED as _FUSED, FUSED_NAMES as _FUSED_NAMES, GATHER as _GATHER,
                       MOE_ALLREDUCE as _MOE_ALLREDUCE, NRN as _NRN, NRN_NAMES as _NRN_NAMES,
                       STRATEGY_NAMES as _STRATEGY_NAMES, check_finalize, check_fused, check_nrn)
-from .workspace import Workspace as _Workspace, check_workspace
+from .workspace import check_workspace, python_call
 
 __all__ = [
     "MoEOutput",
@@ -173,11 +173,10 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     beam_moe_finalize_norm_residual_norm.
     """
     fn = _GATHER
-    ws = workspace
-    if isinstance(ws, _Workspace) and ws._python_gather(residual, strategy) and not operator_needed():
+    if python_call(workspace, residual, strategy):
         # Over a torch.distributed group on the CPU, or through the workspace's
         # all_gather hook: every rank's checks travel with the call (_pgather).
-        return _pgather.gather(ws, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+        return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
                                routed_scale, strategy, inplace)
     return _moe_collective(fn, "moe_finalize_gather_norm_residual_norm", True, x, residual, post_weight, post_eps,
                            next_weight, next_eps, scales, workspace, routed_scale, strategy, inplace,
@@ -215,10 +214,13 @@ def beam_allreduce_norm_residual_norm(x, residual, pre_weight, pre_eps, next_wei
     residual, norms, scales and strategy (None/"auto", "oneshot", "twoshot"
     or "unfused"); pre_* is the norm of the reduced sum. Every rank gets the
     same bits; one rank gives beam_norm_residual_norm's. Returns (hidden,
-    normalized) as beam_norm_residual_norm. A workspace of the library's
-    own (over NCCL, or Workspace.cpu over a CpuGroup).
+    normalized) as beam_norm_residual_norm. A workspace that gathers in
+    Python runs it there too (_pgather), with the same bits.
     """
     fn = _ALLREDUCE
+    if python_call(workspace, residual, strategy):
+        return _pgather.gather(workspace, fn, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, 1.0,
+                               strategy, inplace, coll=_pgather.DENSE)
     tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
                                                     scales)
     st = A.strategy(fn, strategy, _lib.STRATEGIES, _STRATEGY_NAMES)
@@ -243,6 +245,9 @@ def beam_moe_finalize_allreduce_norm_residual_norm(x, residual, post_weight, pos
     beam_moe_finalize_norm_residual_norm's bits. Returns (hidden, normalized).
     """
     fn = _MOE_ALLREDUCE
+    if python_call(workspace, residual, strategy):
+        return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                               routed_scale, strategy, inplace, coll=_pgather.ALLREDUCE)
     return _moe_collective(fn, "moe_finalize_allreduce_norm_residual_norm", False, x, residual, post_weight,
                            post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, inplace,
                            lambda dev, *args: workspace._run_allreduce(fn, dev, None, *args))

@@ -72,8 +72,9 @@ workspace's all_gather hook: _pgather.py), which hands the gathered rows
 to the library's norm_residual_norm_q with the form, so the library
 quantizes them there too. The all-reduce's quantized forms
 (beam_allreduce_norm_residual_norm_q and its MoE form) quantize the
-reduced rows, every token's, the same bits on every rank, on a workspace
-of the library's own.
+reduced rows, every token's, the same bits on every rank, whichever runs
+the all-reduce (the library, or Python on the same workspaces as the
+gather's: _pgather.py).
 """
 import ctypes
 
@@ -84,12 +85,12 @@ from . import _pgather
 from . import _run
 from . import _checks as A
 from . import _torch_ops  # noqa: F401  (registers torch.ops.beammoe.*_fp8, which the calls below may go through)
-from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, operator_needed, route, scales_list
+from ._calls import HAVE_TORCH_OPS, increment_versions, no_autograd_write, route, scales_list
 from ._checks import (ALLREDUCE, FUSED, FUSED_NAMES, GATHER, MOE_ALLREDUCE, NRN, NRN_NAMES, STRATEGY_NAMES,
                       check_fused, check_nrn)
 from ._run import COL_MAJOR, KINDS, MXFP8, NVFP4, UE8M0, empty_outputs, struct
 from ._lib import STRATEGIES
-from .workspace import Workspace, check_workspace
+from .workspace import check_workspace, python_call
 
 
 class FP8Quant:
@@ -289,16 +290,24 @@ def beam_moe_finalize_gather_norm_residual_norm_q(x, residual, post_weight, post
     rank; next_eps is required. A workspace that gathers in Python gives
     the same bits (the module's text)."""
     fn = GATHER + "_q"
-    if isinstance(workspace, Workspace) and workspace._python_gather(residual, strategy) and not operator_needed():
+    if python_call(workspace, residual, strategy):
         # Over a torch.distributed group on the CPU, or through the workspace's
         # all_gather hook: every rank's checks, this form's among them, travel
         # with the call, and the library quantizes the gathered rows (_pgather).
-        return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                               routed_scale, strategy, inplace, keep_normalized=keep_normalized,
-                               quant=lambda ne: _flags_and_next(fn, quant, inplace, keep_normalized, ne).fields())
+        return _python_q(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
+                         routed_scale, strategy, quant, inplace, keep_normalized, _pgather.GATHER)
     return _moe_collective_q(fn, "moe_finalize_gather_norm_residual_norm_fp8", True, x, residual, post_weight,
                              post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant,
                              inplace, keep_normalized, lambda *args: workspace._run_gather(*args))
+
+
+def _python_q(fn, x, residual, w1, e1, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant, inplace,
+              keep_normalized, coll):
+    """A collective _q call run in Python (_pgather), this form's checks
+    among every rank's, the library quantizing the gathered or reduced rows."""
+    return _pgather.gather(workspace, fn, x, residual, w1, e1, next_weight, next_eps, scales, routed_scale, strategy,
+                           inplace, keep_normalized=keep_normalized, coll=coll,
+                           quant=lambda ne: _flags_and_next(fn, quant, inplace, keep_normalized, ne).fields())
 
 
 def _moe_collective_q(fn, operator, gather, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
@@ -325,6 +334,9 @@ def beam_allreduce_norm_residual_norm_q(x, residual, pre_weight, pre_eps, next_w
     Collective as the plain call: returns (hidden, normalized | None, q,
     q_scales), the same bits on every rank; next_eps is required."""
     fn = ALLREDUCE + "_q"
+    if python_call(workspace, residual, strategy):
+        return _python_q(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, workspace, 1.0, strategy,
+                         quant, inplace, keep_normalized, _pgather.DENSE)
     tokens, hidden, prw, pre, nw, ne, s = check_nrn(fn, x, residual, pre_weight, pre_eps, next_weight, next_eps,
                                                     scales)
     st = A.strategy(fn, strategy, STRATEGIES, STRATEGY_NAMES)
@@ -344,6 +356,9 @@ def beam_moe_finalize_allreduce_norm_residual_norm_q(x, residual, post_weight, p
     Collective as the plain call: returns (hidden, normalized | None, q,
     q_scales), the same bits on every rank; next_eps is required."""
     fn = MOE_ALLREDUCE + "_q"
+    if python_call(workspace, residual, strategy):
+        return _python_q(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
+                         routed_scale, strategy, quant, inplace, keep_normalized, _pgather.ALLREDUCE)
     return _moe_collective_q(fn, "moe_finalize_allreduce_norm_residual_norm_fp8", False, x, residual, post_weight,
                              post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant,
                              inplace, keep_normalized,

@@ -20,6 +20,7 @@ import weakref
 
 import torch
 
+from . import _calls
 from . import _lib
 from . import _nccl
 from . import _pgather
@@ -229,7 +230,8 @@ class Workspace:
       quantized forms: norm_residual_norm_q, the library quantizing them);
       every strategy gives these same bits. Each rank's argument checks and a
       signature of its arguments travel first, so a rank that rejects its
-      arguments, or ranks that disagree, make every rank raise.
+      arguments, or ranks that disagree, make every rank raise. The
+      all-reduces run likewise (_pgather.py), with the library's bits.
 
     Workspace.cpu(cpu_group, rank, max_tokens, hidden_size, ...) is the CPU
     version over a CpuGroup (threads of one process), called by each rank's
@@ -252,9 +254,9 @@ class Workspace:
 
     all_gather: None, or a callable (output, input) like
     torch.distributed.all_gather_into_tensor (output [world_size * n, ...],
-    input [n, ...]) that the unfused path uses to gather the finalized rows:
-    the UNFUSED strategy (asked for, or AUTO's choice), and every call of a
-    CPU workspace over a process group.
+    input [n, ...]) that the unfused path uses to gather the finalized rows
+    (the all-reduce's partials): the UNFUSED strategy (asked for, or AUTO's
+    choice), and every call of a CPU workspace over a process group.
 
     close() is collective too (destroys the workspace, then the
     communicator); it is not done by the garbage collector, since ranks
@@ -510,10 +512,10 @@ class Workspace:
         return _TWOSHOT
 
     def _python_gather(self, residual, strategy):
-        """Whether a gather call runs in Python (_pgather): every call of a
-        CPU workspace over a process group; with the all_gather hook set,
-        the calls that take UNFUSED. `strategy`: the caller's (None or a
-        name) or the library's value."""
+        """Whether a gather or an all-reduce call runs in Python (_pgather):
+        every call of a CPU workspace over a process group; with the
+        all_gather hook set, the calls that take UNFUSED. `strategy`: the
+        caller's (None or a name) or the library's value."""
         if self._pg:
             return True
         if self._all_gather is None:
@@ -547,11 +549,8 @@ class Workspace:
     def _run_allreduce(self, fn, dev, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw,
                        ne, h, n, st, quant=None):
         """The library's all-reduce (_run.allreduce), AUTO as the gather's;
-        quant: the BeamQuant of its quantized output, or None."""
-        if self._pg or self._all_gather is not None:
-            raise BeamUnsupportedError("%s: a workspace over a torch.distributed group, or with an all_gather "
-                                       "hook, has no all-reduce yet: use a workspace of the library's own "
-                                       "(Workspace(...) over NCCL, Workspace.cpu over a CpuGroup)" % fn)
+        quant: the BeamQuant of its quantized output, or None. (The calls
+        that _python_gather takes run in _pgather instead.)"""
         handle, ops = self.handle, self._ops
         self._run_auto(tokens, st, lambda strategy: _run.allreduce(
             dev, ops, handle, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw, ne, h, n,
@@ -639,6 +638,14 @@ class Workspace:
                 "moe_gather_oneshot_max_tokens=%d, moe_gather_separate_norm_min_tokens=%r, device=%s%s%s)" % (
                     self.rank, self.world_size, self.max_tokens, self.hidden_size, self._one, self._sep,
                     self.device, ", process group" if self._pg else "", ", closed" if self.closed else ""))
+
+
+def python_call(workspace, residual, strategy):
+    """Whether an eager collective call runs in Python (_pgather) at once:
+    on a Workspace whose _python_gather takes it, where no torch operator is
+    needed (the operator's implementation asks _python_gather itself)."""
+    return isinstance(workspace, Workspace) and workspace._python_gather(residual, strategy) \
+        and not _calls.operator_needed()
 
 
 def check_workspace(fn, workspace, dev):

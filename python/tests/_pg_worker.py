@@ -15,6 +15,11 @@ quant      every FP8 form, NVFP4 and MXFP8, every strategy, normalized kept or
            not, in place or not, over the group and through the hook, against
            the local _fp8 operation on all the tokens; ranks that differ in
            the form (every rank raises, nothing written).
+allreduce  both all-reduces, plain and quantized, every strategy, in place or
+           not, over the group and through the hook, against the library's
+           all-reduce over a CpuGroup of as many threads; a rank's gather
+           meeting a peer's all-reduce, tokens that differ, a rank that
+           rejects its arguments: every rank raises, nothing written.
 threads    two threads of every rank call on the rank's one workspace at once:
            a call is refused (the overlap error, nothing written) or gives the
            fused bits; calls from inside a call in flight are refused.
@@ -45,7 +50,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conftest import ARGS, H, K, QUANTS, STRATEGIES, assert_same_q, check_gather, dist_all_gather, fused  # noqa: E402
-from conftest import gather, gather_calls, gather_q, local_q, local_rows, poison_outputs  # noqa: E402
+from conftest import gather, gather_calls, gather_q, local_q, local_rows, poison_outputs, run_ranks  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -53,7 +58,7 @@ import torch.distributed as dist  # noqa: E402
 
 import beammoe  # noqa: E402
 from beammoe import _pgather  # noqa: E402
-from reference import BF16, assert_bits_equal, layer  # noqa: E402
+from reference import BF16, assert_bits_equal, layer, random_bf16, random_case  # noqa: E402
 
 TMO = 600  # timeout_ms of the workspaces that fail
 SLACK = 3.0  # seconds past a wait's bound that a loaded host may take
@@ -237,6 +242,83 @@ def quant(rank, nranks):
             expect(beammoe.BeamArgumentError, r"^%s: rank 1 failed \(ValueError: %s: next_eps must be given" % (fn, fn),
                    lambda: gather_q(ws, lg, lw, res, pw, nw, mine, inplace=True))
         assert_bits_equal(res, residual, "residual after a failed in-place call")
+    ws.close()
+
+
+# ---- the all-reduce -------------------------------------------------------------------------
+
+def allreduce_case(tokens, nranks):
+    """Every rank's partial and slots (the same data on every rank), the
+    routing weights, the residual and the two norms' weights."""
+    gen = torch.Generator().manual_seed(70 + tokens)
+    parts = [random_bf16(gen, tokens, H, scale=2.0) for _ in range(nranks)]
+    slots = [random_case(gen, tokens, K, H)[0] for _ in range(nranks)]
+    return (parts, slots, random_case(gen, tokens, K, H)[1], random_bf16(gen, tokens, H), random_bf16(gen, H),
+            random_bf16(gen, H))
+
+
+def allreduce(ws, rank, case, moe, strategy=None, inplace=False, quant=None, keep=False, scales=(0.5, 2.0)):
+    parts, slots, w, residual, nw1, nw = case
+    res = residual.clone()
+    kw = dict(strategy=strategy, inplace=inplace, **(dict(quant=quant, keep_normalized=keep) if quant else {}))
+    if moe:
+        f = beammoe.beam_moe_finalize_allreduce_norm_residual_norm_q if quant else \
+            beammoe.beam_moe_finalize_allreduce_norm_residual_norm
+        return f(beammoe.MoEOutput(slots[rank], w), res, nw1, 1e-6, nw, 1e-5, scales, ws, 1.5, **kw)
+    f = beammoe.beam_allreduce_norm_residual_norm_q if quant else beammoe.beam_allreduce_norm_residual_norm
+    return f(parts[rank], res, nw1, 1e-6, nw, 1e-5, scales, ws, **kw)
+
+
+def allreduce_calls(ws, rank, case, strategies):
+    """Both forms in place or not for each strategy (4 calls each), then the
+    quantized forms (AUTO)."""
+    out = [allreduce(ws, rank, case, moe, strategy, inplace)
+           for strategy in strategies for moe in (False, True) for inplace in (False, True)]
+    return out + [allreduce(ws, rank, case, moe, quant=quant, keep=keep, inplace=inplace)
+                  for moe in (False, True) for quant in QUANTS[::3] for keep, inplace in ((True, False), (False, True))]
+
+
+def allreduce_mode(rank, nranks):
+    ws = beammoe.Workspace(None, 64, H, device="cpu", moe_gather_oneshot_max_tokens=4, timeout_ms=60000)
+    poison_outputs()
+    for tokens in (0, 1, 7):
+        case = allreduce_case(tokens, nranks)
+        with beammoe.CpuGroup(nranks) as grp:
+            def body(r):
+                with beammoe.Workspace.cpu(grp, r, 64, H) as lws:
+                    return allreduce_calls(lws, r, case, (None,))
+            want = run_ranks(nranks, body)[rank]
+        for hook, strategies in ((None, STRATEGIES), (dist_all_gather(nranks), (None,))):
+            ws.all_gather = hook
+            got = allreduce_calls(ws, rank, case, strategies)
+            assert len(got) == len(want) + 4 * (len(strategies) - 1)
+            for i, (a, b) in enumerate(zip(got, want[:4] * len(strategies) + want[4:])):  # every strategy alike
+                what = "rank %d tokens %d hook %s call %d" % (rank, tokens, hook, i)
+                assert_same_q(a, b, a[1] is not None, what) if len(a) == 4 else assert_bits_equal(a, b, what)
+        ws.all_gather = None
+    if nranks == 2:
+        case = allreduce_case(4, nranks)
+        parts, slots, w, residual, nw1, nw = case
+        fn = "beam_allreduce_norm_residual_norm"
+        res = residual.clone()
+        expect(beammoe.BeamArgumentError, r"^beam_\w+: the ranks disagree on collective: rank 0 has gather, rank 1 "
+               r"has dense all-reduce", lambda: gather(ws, *local_rows(slots[0], w, 4, nranks, rank), res, nw1, nw,
+                                                       inplace=True) if rank == 0 else
+               beammoe.beam_allreduce_norm_residual_norm(parts[rank], res, nw1, 1e-6, nw, 1e-5, None, ws,
+                                                         inplace=True))
+        expect(beammoe.BeamArgumentError, r"^%s: the ranks disagree on tokens: rank 0 has 5, rank 1 has 6" % fn,
+               lambda: allreduce(ws, rank, allreduce_case(5 + rank, nranks), False, inplace=True))
+        bad = [p.float() if rank == 1 else p for p in parts]
+        expect((TypeError, beammoe.BeamArgumentError), r"^%s: (rank 1 failed \(TypeError: %s: )?x must have dtype"
+               % (fn, fn), lambda: beammoe.beam_allreduce_norm_residual_norm(bad[rank], res, nw1, 1e-6, nw, 1e-5,
+                                                                             None, ws, inplace=True))
+        assert_bits_equal(res, residual, "residual after the failed calls")
+        h = allreduce(ws, rank, case, True, "unfused", inplace=True)
+        with beammoe.CpuGroup(nranks) as grp:
+            def body(r):
+                with beammoe.Workspace.cpu(grp, r, 64, H) as lws:
+                    return allreduce(lws, r, case, True)
+            assert_bits_equal(h, run_ranks(nranks, body)[rank], "a call after the failed ones")
     ws.close()
 
 
@@ -514,8 +596,9 @@ def worker(rank, nranks, init_file):
         dist.destroy_process_group()
 
 
-MODES = {"bits": bits, "quant": quant, "threads": threads, "late": late, "late_rows": late_rows, "create": create,
-         "kill_signature": lambda r, n: kill(r, n, "signature"), "kill_rows": lambda r, n: kill(r, n, "rows")}
+MODES = {"bits": bits, "quant": quant, "allreduce": allreduce_mode, "threads": threads, "late": late,
+         "late_rows": late_rows, "create": create, "kill_signature": lambda r, n: kill(r, n, "signature"),
+         "kill_rows": lambda r, n: kill(r, n, "rows")}
 
 if __name__ == "__main__":
     rank, nranks, STORE, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]

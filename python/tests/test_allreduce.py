@@ -4,12 +4,14 @@ against the sum over ranks written here in torch (FP32 in rank order from
 rank 0's value, one BF16 rounding) followed by the torch-written reference
 of the stages (reference.py), and a group of one against the local
 functions. The quantized forms (_q) likewise, every form, against the
-local beam_norm_residual_norm_q of that sum."""
+local beam_norm_residual_norm_q of that sum. A workspace with an all_gather
+hook runs its UNFUSED calls in Python (_pgather): the library's bits, and
+its guarantees (ranks that disagree or fail all raise)."""
 import pytest
 import torch
 
 import beammoe
-from conftest import ALL_CALLS, QUANT_TYPES, QUANTS, assert_same_q, run_ranks
+from conftest import ALL_CALLS, QUANT_TYPES, QUANTS, ThreadAllGather, assert_same_q, run_ranks
 from reference import BF16, assert_bits_equal, bf16, finalize_ref, nrn_spec, random_bf16, random_case
 
 H, K = 512, 4
@@ -228,3 +230,131 @@ def test_quantized_operators_and_compile():
         got = torch.compile(layer, fullgraph=True)(parts[0], slots[0], residual)
     assert_same_q(got[0], want[0], False, "compiled dense")
     assert_same_q(got[1], want[1], True, "compiled MoE")
+
+
+# ---- a workspace with an all_gather hook: its UNFUSED calls run in Python (_pgather) ----
+
+def specials(parts):
+    """NaN and infinities in the partials (NaN sums, inf - inf): the sum's rounding."""
+    parts[0][0, :3] = float("nan")
+    parts[0][1, 3] = float("-inf")
+    parts[-1][1, 3] = float("inf")  # one rank: an infinity
+    return parts
+
+
+@pytest.mark.parametrize("R", [1, 2, 3])
+@pytest.mark.parametrize("moe", [False, True])
+def test_hook_takes_unfused(poisoned, R, moe):
+    """With the hook set, the UNFUSED calls (asked for, or AUTO's choice)
+    run in Python through it, the others in the library: on every rank the
+    library's own all-reduce bits (the hook unset), plain and quantized."""
+    gen = torch.Generator().manual_seed(60 + R + 10 * moe)
+    tokens = 5
+    parts, slots, w, residual, nw1, nw = inputs(gen, R, tokens)
+    parts = specials(parts)
+    ag = ThreadAllGather(R)
+    forms = (beammoe.FP8Quant("group", 64, ue8m0=True, column_major=True), beammoe.NVFP4Quant(2.0))
+
+    def calls(ws, r):
+        out = [call(ws, r, parts, slots, w, residual, nw1, nw, moe, scales, strategy, inplace)
+               for scales in (None, (0.5, 2.0)) for strategy in STRATEGIES for inplace in (False, True)]
+        return out + [call_q(ws, r, parts, slots, w, residual.clone(), nw1, nw, moe, quant, strategy="unfused",
+                             inplace=inplace, keep_normalized=keep)
+                      for quant in forms for keep, inplace in ALL_CALLS]
+
+    def body(r):
+        with beammoe.Workspace.cpu(grp, r, 8, H) as ws:
+            want = calls(ws, r)
+            ws.all_gather = ag.hook_for(r)
+            got = calls(ws, r)
+            assert ag.count(r) == 2 * (4 + 2 * 4)  # the unfused calls: the signature, then the partials
+            ws.moe_gather_oneshot_max_tokens = 0
+            ws.moe_gather_separate_norm_min_tokens = tokens  # AUTO: unfused, through the hook
+            got.append(call(ws, r, parts, slots, w, residual, nw1, nw, moe, None, None, False))
+            assert ag.count(r) == 2 * (4 + 2 * 4 + 1)
+            return want + [want[0]], got
+
+    with beammoe.CpuGroup(R) as grp:
+        for want, got in run_ranks(R, body):
+            for i, (a, b) in enumerate(zip(got, want)):
+                if len(a) == 2:
+                    assert_bits_equal(a, b, "R=%d call %d" % (R, i))
+                else:
+                    assert_same_q(a, b, a[1] is not None, "R=%d call %d" % (R, i))
+    assert {c[1:] for c in ag.calls} == {((R, H), (1, H)), ((R * tokens, H), (tokens, H))}
+
+
+def test_hook_ranks_that_disagree_or_fail():
+    """A rank's gather never meets a peer's all-reduce, nor a dense one an
+    MoE one; a rank that rejects its arguments: every rank raises, nothing
+    is written, and the workspace goes on."""
+    R, tokens = 2, 4
+    gen = torch.Generator().manual_seed(62)
+    parts, slots, w, residual, nw1, nw = inputs(gen, R, tokens)
+    ag = ThreadAllGather(R)
+    fn = "beam_moe_finalize_allreduce_norm_residual_norm"
+
+    def gather(ws, r, res):
+        return beammoe.beam_moe_finalize_gather_norm_residual_norm(
+            beammoe.MoEOutput(slots[r][:2 * K], w[:2]), res, nw1, 1e-6, nw, 1e-5, None, ws, strategy="unfused",
+            inplace=True)
+
+    def body(r):
+        with beammoe.Workspace.cpu(grp, r, 8, H, timeout_ms=20000) as ws:
+            ws.all_gather = ag.hook_for(r)
+            res = residual.clone()
+            with pytest.raises(beammoe.BeamArgumentError, match=r"the ranks disagree on collective: rank 0 has "
+                                                                r"gather, rank 1 has all-reduce"):
+                if r == 0:
+                    gather(ws, r, res)
+                else:
+                    call(ws, r, parts, slots, w, res, nw1, nw, True, None, "unfused", True)
+            with pytest.raises(beammoe.BeamArgumentError, match=r"the ranks disagree on collective: rank 0 has "
+                                                                r"all-reduce, rank 1 has dense all-reduce"):
+                call(ws, r, parts, slots, w, res, nw1, nw, r == 0, None, "unfused", True)
+            with pytest.raises(beammoe.BeamArgumentError, match=r"disagree on pre_norm: rank 0 has eps 1e-06 with "
+                                                                r"weight, rank 1 has eps 1e-06 without weight"):
+                call(ws, r, parts, slots, w, res, nw1 if r == 0 else None, nw, False, None, "unfused", True)
+            x = beammoe.MoEOutput(slots[r], w.double() if r == 1 else w)
+            with pytest.raises((TypeError, beammoe.BeamArgumentError),
+                               match=r"^%s: (rank 1 failed \(TypeError: %s: )?x.expert_weights must have dtype"
+                               % (fn, fn)):
+                beammoe.beam_moe_finalize_allreduce_norm_residual_norm(x, res, nw1, 1e-6, nw, 1e-5, None, ws,
+                                                                       strategy="unfused", inplace=True)
+            assert_bits_equal(res, residual, "residual after the failed calls")
+            assert ag.count(r) == 4  # the signatures only
+            return call(ws, r, parts, slots, w, res, nw1, nw, True, None, "unfused", True)
+
+    with beammoe.CpuGroup(R) as grp:
+        for got in run_ranks(R, body):
+            assert_bits_equal(got, wanted(parts, slots, w, residual, nw1, nw, tokens, True, None))
+
+
+@pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS, reason="torch.library.custom_op needs torch >= 2.4")
+def test_hook_torch_operators():
+    """The operators of a hooked workspace's UNFUSED calls run in Python: the
+    library's bits (the hook unset)."""
+    gen = torch.Generator().manual_seed(63)
+    parts, slots, w, residual, nw1, nw = inputs(gen, 1, 3)
+    quant = beammoe.FP8Quant("token").fields()
+    ops = torch.ops.beammoe
+    hooked = []
+    with beammoe.CpuGroup(1) as grp, beammoe.Workspace.cpu(grp, 0, 8, H) as ws:
+        def run():
+            h = ws.handle
+            res = residual.clone()
+            return [ops.allreduce_norm_residual_norm(h, parts[0], residual, nw1, 1e-6, nw, 1e-5, [0.5, 2.0], 2),
+                    ops.moe_finalize_allreduce_norm_residual_norm(h, slots[0], w, residual, nw1, 1e-6, nw, 1e-5,
+                                                                  None, 1.5, 2),
+                    (res, ops.allreduce_norm_residual_norm_(h, parts[0], res, nw1, 1e-6, nw, 1e-5, None, 2)),
+                    ops.allreduce_norm_residual_norm_fp8(h, parts[0], residual, nw1, 1e-6, nw, 1e-5, None, 2,
+                                                         *quant, True),
+                    ops.moe_finalize_allreduce_norm_residual_norm_fp8(h, slots[0], w, residual, nw1, 1e-6, nw, 1e-5,
+                                                                      None, 1.5, 2, *quant, False)]
+        want = run()
+        ws.all_gather = lambda out, inp: (hooked.append(1), out.copy_(inp))
+        got = run()
+    assert len(hooked) == 10
+    for a, b in zip(got, want):
+        assert_bits_equal(a[:2], b[:2])
+        assert all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a[2:], b[2:]))

@@ -96,7 +96,8 @@ def test_cpu_workspace_arguments(gloo1, hidden, kw, exc, msg):
 @pytest.mark.parametrize("nranks,mode,limit,dies", [
     (2, "bits", 240, None), (2, "quant", 240, None), (3, "quant", 240, None), (2, "threads", 90, None),
     (3, "threads", 90, None), (2, "late", 90, None), (3, "late", 90, None), (2, "late_rows", 90, None),
-    (2, "create", 90, None), (3, "create", 90, None), (2, "kill_signature", 90, 3),
+    (2, "create", 90, None), (3, "create", 90, None), (2, "allreduce", 240, None), (3, "allreduce", 240, None),
+    (2, "kill_signature", 90, 3),
     (3, "kill_rows", 90, -signal.SIGKILL)])
 def test_processes(nranks, mode, limit, dies):
     run_workers(nranks, mode, limit, dies)
@@ -223,17 +224,23 @@ def test_library_workspace_auto_follows_assigned_thresholds(gen, monkeypatch):
 @needs_gloo
 @pytest.mark.skipif(not beammoe.HAVE_TORCH_OPS, reason="torch.compile of the operators needs torch >= 2.4")
 def test_cpu_workspace_under_torch_compile(gen, gloo1):
-    """torch.compile(fullgraph=True): the gather operator takes the
-    workspace's id and runs the gather in Python inside it."""
+    """torch.compile(fullgraph=True): the gather and the all-reduce
+    operators take the workspace's id and run in Python inside it."""
     g, w, residual, pw, nw = layer(gen, 6, K, H)
     want_h, want_n = fused(g, w, residual, pw, nw)
+    x = random_bf16(gen, 6, H)
     with beammoe.Workspace(None, 16, H, device="cpu") as ws:
         def f(g, w, residual):
-            return gather(ws, g, w, residual, pw, nw)
+            return (gather(ws, g, w, residual, pw, nw),
+                    beammoe.beam_moe_finalize_allreduce_norm_residual_norm(
+                        beammoe.MoEOutput(g, w), residual, pw, 1e-6, nw, 1e-5, (0.5, 1.5), ws, 1.25),
+                    beammoe.beam_allreduce_norm_residual_norm(x, residual, pw, 1e-6, nw, 1e-5, None, ws))
 
         torch._dynamo.reset()
-        h, n = torch.compile(f, fullgraph=True)(g, w, residual)
-    assert_bits_equal((h, n), (want_h, want_n))
+        got = torch.compile(f, fullgraph=True)(g, w, residual)
+    assert_bits_equal(got[0], (want_h, want_n))
+    assert_bits_equal(got[1], (want_h, want_n))  # one rank: the local fused operation
+    assert_bits_equal(got[2], beammoe.beam_norm_residual_norm(x, residual, pw, 1e-6, nw, 1e-5, None))
 
 
 # ---- calls in flight and a failed hook: a one-rank gloo group, and a CpuGroup's workspace ----------
