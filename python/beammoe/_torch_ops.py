@@ -133,8 +133,7 @@ def _allreduce_impl(workspace, x, residual, pre_weight, pre_eps, next_weight, ne
     dev = A.same_device(_ALLREDUCE, _NRN_NAMES, (x, residual, prw, nw))
     normalized = torch.empty_like(residual) if ne is not None else None
     out = residual if inplace else torch.empty_like(residual)
-    ws._run_dense_allreduce(_ALLREDUCE, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, out, normalized,
-                            strategy)
+    ws._run_dense_allreduce(dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, out, normalized, strategy)
     return out, (normalized if normalized is not None else _no_normalized(residual))
 
 
@@ -145,11 +144,8 @@ def _moe_allreduce_impl(workspace, g, w, residual, pw, pe, nw, ne, scales, route
     if ws._python_gather(residual, strategy):
         return _in_python(ws, _MOE_ALLREDUCE, (g, w), residual, pw, pe, nw, ne, scales, routed_scale, strategy,
                           inplace, coll=_pgather.ALLREDUCE)
-
-    def run(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st):
-        ws._run_allreduce(_MOE_ALLREDUCE, dev, None, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual,
-                          s, nw, ne, h, n, st)
-    return _fused_impl(_MOE_ALLREDUCE, run, g, w, residual, pw, pe, nw, ne, scales, routed_scale, strategy, inplace)
+    return _fused_impl(_MOE_ALLREDUCE, ws._moe_run(False), g, w, residual, pw, pe, nw, ne, scales, routed_scale,
+                       strategy, inplace)
 
 
 def _nrn_impl(x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, inplace):
@@ -327,16 +323,14 @@ def _register():
                               next_eps, scales, 1.0, strategy, *quant)
 
         def run(dev, x, residual, tokens, hidden, prw, pre, s, nw, ne, h, n, qst):
-            ws._run_dense_allreduce(_ALLREDUCE_Q, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n,
-                                    strategy, qst)
+            ws._run_dense_allreduce(dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n, strategy, qst)
         return nrn_fp8(_ALLREDUCE_Q, run, x, residual, pre_weight, pre_eps, next_weight, next_eps, scales, *quant)
 
     def moe_allreduce_fp8(workspace, gemm2, weights, residual, *args):
         ws = _workspace(_MOE_ALLREDUCE_Q, workspace, residual.device)
         if ws._python_gather(residual, args[6]):  # args[6]: strategy
             return python_fp8(ws, _MOE_ALLREDUCE_Q, _pgather.ALLREDUCE, (gemm2, weights), residual, *args)
-        return fused_fp8(_MOE_ALLREDUCE_Q, False, lambda dev, *a: ws._run_allreduce(_MOE_ALLREDUCE_Q, dev, None, *a),
-                         gemm2, weights, residual, *args)
+        return fused_fp8(_MOE_ALLREDUCE_Q, False, ws._moe_run(False), gemm2, weights, residual, *args)
 
     outputs = Tuple[Tensor, Tensor, Tensor, Tensor]
     _op("norm_residual_norm_fp8", (nrn_args, quant_args), outputs,

@@ -172,23 +172,23 @@ def beam_moe_finalize_gather_norm_residual_norm(x, residual, post_weight, post_e
     "unfused". Returns (hidden, normalized) as
     beam_moe_finalize_norm_residual_norm.
     """
-    fn = _GATHER
+    return _moe_collective(_GATHER, "moe_finalize_gather_norm_residual_norm", _pgather.GATHER, x, residual,
+                           post_weight, post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy,
+                           inplace)
+
+
+def _moe_collective(fn, name, coll, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
+                    routed_scale, strategy, inplace):
+    """A collective call on an MoEOutput (coll: _pgather.GATHER or
+    ALLREDUCE): in Python where the workspace takes it (a torch.distributed
+    group on the CPU, or the all_gather hook: every rank's checks travel
+    with the call, _pgather); else through the library: the fused
+    operation's checks (gather: x holds a rank's share of the tokens), then
+    Workspace._moe_run, or torch.ops.beammoe.<name>."""
     if python_call(workspace, residual, strategy):
-        # Over a torch.distributed group on the CPU, or through the workspace's
-        # all_gather hook: every rank's checks travel with the call (_pgather).
         return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                               routed_scale, strategy, inplace)
-    return _moe_collective(fn, "moe_finalize_gather_norm_residual_norm", True, x, residual, post_weight, post_eps,
-                           next_weight, next_eps, scales, workspace, routed_scale, strategy, inplace,
-                           lambda dev, *args: workspace._run_gather(dev, *args))
-
-
-def _moe_collective(fn, name, gather, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
-                    routed_scale, strategy, inplace, run):
-    """A collective call on an MoEOutput (the gather, the MoE all-reduce)
-    through the library: the fused operation's checks (gather: x holds a
-    rank's share of the tokens), then run(dev, g, w, capacity, tokens, ...)
-    as _run.fused takes them, or torch.ops.beammoe.<name>."""
+                               routed_scale, strategy, inplace, coll=coll)
+    gather = coll == _pgather.GATHER
     g, w = A.moe_output(fn, x)
     capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st = check_fused(
         fn, g, w, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale,
@@ -199,8 +199,8 @@ def _moe_collective(fn, name, gather, x, residual, post_weight, post_eps, next_w
     handle = check_workspace(fn, workspace, dev)
     tokens = residual.shape[0]
     return _finish(fn, name, residual, inplace, ne, tensors, eager, recording,
-                   lambda h, n: run(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h,
-                                    n, st),
+                   lambda h, n: workspace._moe_run(gather)(dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe,
+                                                           residual, s, nw, ne, h, n, st),
                    (handle, g, w, residual, pw, pe, nw, ne, scales_list(s), scale, st))
 
 
@@ -229,7 +229,7 @@ def beam_allreduce_norm_residual_norm(x, residual, pre_weight, pre_eps, next_wei
     dev, eager, recording = route(fn, _NRN_NAMES, tensors)
     handle = check_workspace(fn, workspace, dev)
     return _finish(fn, "allreduce_norm_residual_norm", residual, inplace, ne, tensors, eager, recording,
-                   lambda h, n: workspace._run_dense_allreduce(fn, dev, x, tokens, hidden, prw, pre, residual, s, nw,
+                   lambda h, n: workspace._run_dense_allreduce(dev, x, tokens, hidden, prw, pre, residual, s, nw,
                                                                ne, h, n, st),
                    (handle, x, residual, prw, pre, nw, ne, scales_list(s), st))
 
@@ -244,13 +244,9 @@ def beam_moe_finalize_allreduce_norm_residual_norm(x, residual, post_weight, pos
     beam_allreduce_norm_residual_norm; one rank gives
     beam_moe_finalize_norm_residual_norm's bits. Returns (hidden, normalized).
     """
-    fn = _MOE_ALLREDUCE
-    if python_call(workspace, residual, strategy):
-        return _pgather.gather(workspace, fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                               routed_scale, strategy, inplace, coll=_pgather.ALLREDUCE)
-    return _moe_collective(fn, "moe_finalize_allreduce_norm_residual_norm", False, x, residual, post_weight,
-                           post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, inplace,
-                           lambda dev, *args: workspace._run_allreduce(fn, dev, None, *args))
+    return _moe_collective(_MOE_ALLREDUCE, "moe_finalize_allreduce_norm_residual_norm", _pgather.ALLREDUCE, x,
+                           residual, post_weight, post_eps, next_weight, next_eps, scales, workspace, routed_scale,
+                           strategy, inplace)
 
 
 def beam_norm_residual_norm(x, residual, pre_weight=None, pre_eps=None, next_weight=None, next_eps=None,

@@ -289,16 +289,9 @@ def beam_moe_finalize_gather_norm_residual_norm_q(x, residual, post_weight, post
     q_scales as quant lays them out for T rows) and the same bits on every
     rank; next_eps is required. A workspace that gathers in Python gives
     the same bits (the module's text)."""
-    fn = GATHER + "_q"
-    if python_call(workspace, residual, strategy):
-        # Over a torch.distributed group on the CPU, or through the workspace's
-        # all_gather hook: every rank's checks, this form's among them, travel
-        # with the call, and the library quantizes the gathered rows (_pgather).
-        return _python_q(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
-                         routed_scale, strategy, quant, inplace, keep_normalized, _pgather.GATHER)
-    return _moe_collective_q(fn, "moe_finalize_gather_norm_residual_norm_fp8", True, x, residual, post_weight,
-                             post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant,
-                             inplace, keep_normalized, lambda *args: workspace._run_gather(*args))
+    return _moe_collective_q(GATHER + "_q", "moe_finalize_gather_norm_residual_norm_fp8", _pgather.GATHER, x,
+                             residual, post_weight, post_eps, next_weight, next_eps, scales, workspace, routed_scale,
+                             strategy, quant, inplace, keep_normalized)
 
 
 def _python_q(fn, x, residual, w1, e1, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant, inplace,
@@ -310,17 +303,24 @@ def _python_q(fn, x, residual, w1, e1, next_weight, next_eps, scales, workspace,
                            quant=lambda ne: _flags_and_next(fn, quant, inplace, keep_normalized, ne).fields())
 
 
-def _moe_collective_q(fn, operator, gather, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
-                      workspace, routed_scale, strategy, quant, inplace, keep_normalized, run):
-    """A collective _q call on an MoEOutput (the gather's, the MoE
-    all-reduce's) through the library, as ops._moe_collective: the checks,
-    then run(dev, g, w, capacity, tokens, ..., st, beam_quant struct) as
-    _run.fused takes them, or torch.ops.beammoe.<operator>."""
+def _moe_collective_q(fn, operator, coll, x, residual, post_weight, post_eps, next_weight, next_eps, scales,
+                      workspace, routed_scale, strategy, quant, inplace, keep_normalized):
+    """A collective _q call on an MoEOutput (coll: _pgather.GATHER or
+    ALLREDUCE), as ops._moe_collective: in Python where the workspace takes
+    it (_pgather: every rank's checks, this form's among them, travel with
+    the call, and the library quantizes the gathered or reduced rows); else
+    the checks, then the library's call (Workspace._moe_run), or
+    torch.ops.beammoe.<operator>."""
+    if python_call(workspace, residual, strategy):
+        return _python_q(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
+                         routed_scale, strategy, quant, inplace, keep_normalized, coll)
+    gather = coll == _pgather.GATHER
     g, w, (capacity, top_k, hidden, pw, pe, nw, ne, s, scale, st), quant = _check_fused_q(
         fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, routed_scale, strategy, quant, inplace,
         keep_normalized, gather)
     handle = check_workspace(fn, workspace, residual.device)  # _run_q checks that every tensor is there
     tokens = residual.shape[0]
+    run = workspace._moe_run(gather)
     return _run_q(fn, quant, FUSED_NAMES, (g, w, residual, pw, nw), residual, tokens, hidden, inplace,
                   keep_normalized, lambda dev, h, n, qst: run(
                       dev, g, w, capacity, tokens, top_k, hidden, scale, pw, pe, residual, s, nw, ne, h, n, st, qst),
@@ -344,7 +344,7 @@ def beam_allreduce_norm_residual_norm_q(x, residual, pre_weight, pre_eps, next_w
     handle = check_workspace(fn, workspace, residual.device)  # _run_q checks that every tensor is there
     return _run_q(fn, quant, NRN_NAMES, (x, residual, prw, nw), residual, tokens, hidden, inplace, keep_normalized,
                   lambda dev, h, n, qst: workspace._run_dense_allreduce(
-                      fn, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n, st, qst),
+                      dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n, st, qst),
                   "allreduce_norm_residual_norm_fp8", (handle, x, residual, prw, pre, nw, ne, scales_list(s), st))
 
 
@@ -355,14 +355,9 @@ def beam_moe_finalize_allreduce_norm_residual_norm_q(x, residual, post_weight, p
 
     Collective as the plain call: returns (hidden, normalized | None, q,
     q_scales), the same bits on every rank; next_eps is required."""
-    fn = MOE_ALLREDUCE + "_q"
-    if python_call(workspace, residual, strategy):
-        return _python_q(fn, x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
-                         routed_scale, strategy, quant, inplace, keep_normalized, _pgather.ALLREDUCE)
-    return _moe_collective_q(fn, "moe_finalize_allreduce_norm_residual_norm_fp8", False, x, residual, post_weight,
-                             post_eps, next_weight, next_eps, scales, workspace, routed_scale, strategy, quant,
-                             inplace, keep_normalized,
-                             lambda dev, *args: workspace._run_allreduce(fn, dev, None, *args))
+    return _moe_collective_q(MOE_ALLREDUCE + "_q", "moe_finalize_allreduce_norm_residual_norm_fp8", _pgather.ALLREDUCE,
+                             x, residual, post_weight, post_eps, next_weight, next_eps, scales, workspace,
+                             routed_scale, strategy, quant, inplace, keep_normalized)
 
 
 # The former names, kept.

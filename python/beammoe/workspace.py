@@ -546,7 +546,7 @@ class Workspace:
                         h, n, quant, strategy)
         self._run_auto(tokens, st, run)
 
-    def _run_allreduce(self, fn, dev, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw,
+    def _run_allreduce(self, dev, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw,
                        ne, h, n, st, quant=None):
         """The library's all-reduce (_run.allreduce), AUTO as the gather's;
         quant: the BeamQuant of its quantized output, or None. (The calls
@@ -556,11 +556,16 @@ class Workspace:
             dev, ops, handle, x, g, w, capacity, tokens, top_k, hidden, scale, nw1, ne1, residual, s, nw, ne, h, n,
             quant, strategy))
 
-    def _run_dense_allreduce(self, fn, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n, st, quant=None):
+    def _run_dense_allreduce(self, dev, x, tokens, hidden, prw, pre, residual, s, nw, ne, h, n, st, quant=None):
         """The dense form's all-reduce (x the partial, pre the norm of the
         sum), as _run_allreduce."""
-        self._run_allreduce(fn, dev, x, None, None, 0, tokens, 0, hidden, 1.0, prw, pre, residual, s, nw, ne, h, n, st,
+        self._run_allreduce(dev, x, None, None, 0, tokens, 0, hidden, 1.0, prw, pre, residual, s, nw, ne, h, n, st,
                             quant)
+
+    def _moe_run(self, gather):
+        """The library's MoE collective, the gather or the MoE all-reduce, as
+        run(dev, g, w, capacity, tokens, ...) with _run.fused's arguments."""
+        return self._run_gather if gather else lambda dev, *args: self._run_allreduce(dev, None, *args)
 
     def _run_auto(self, tokens, st, run):
         """run(strategy) with AUTO resolved from the attributes (the
