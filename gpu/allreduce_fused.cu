@@ -17,6 +17,14 @@
  *   phase 0  once every peer left E-2: this rank's partials of S_b into
  *            its own region (parity E & 1, array 0); signal, and wait for
  *            block b of every peer (flag fb).
+ *            ONESHOT at decode sizes (R * T rows fit the LL buffers): the
+ *            partials are pushed instead, as LL words (the gather's: an
+ *            epoch tag beside every 32 data bits) into LL row r * T + g of
+ *            every rank, this one included; no flag, and phase 1 polls
+ *            the words themselves, then the peers' signatures are compared
+ *            at the end (as the gather's LL path: a mismatch is recorded,
+ *            the outputs are then undefined). One NVLink crossing, a
+ *            posted write, instead of a flag's and a read's round trip.
  *   phase 1  the rows this rank finishes (ONESHOT: S_b; TWOSHOT: S_b in
  *            its own slice): every rank's partial read from that rank's
  *            region in rank order, summed, rounded once, then the pre-norm,
@@ -29,11 +37,12 @@
  *            why its grid is at most BM_AR_FLAG2 blocks) and wait for
  *            every peer's, then copy the pushed rows of the other slices.
  *
- * Partials are pulled (each rank writes its own once, every peer reads
- * it), so a region holds T rows of one rank, not R. A region's array 0 of
- * parity p is written only after every peer arrived at E-1, so its last
- * reader (epoch E-2) is done: the gather's parity rule. A group of one
- * rank keeps the partial in registers.
+ * Beyond LL sizes partials are pulled (each rank writes its own once,
+ * every peer reads it), so a region holds T rows of one rank, not R. A
+ * region's array 0 or LL rows of parity p are written only after every
+ * peer arrived at E-1, so their last reader (epoch E-2) is done: the
+ * gather's parity rule. A group of one rank keeps the partial in
+ * registers.
  */
 #include <stdint.h>
 
@@ -64,12 +73,23 @@ __device__ __forceinline__ void bm_ar_partial(const bm_tp_params &p, int64_t g, 
     }
 }
 
+/* Rank s's partial of row g: its array 0 row of parity par in s's
+ * region, or with LL the LL row s * T + g of this rank's region. */
+__device__ __forceinline__ const void *bm_ar_src(const bm_tp_params &p, bool ll, int par, int s, int64_t g)
+{
+    if (ll)
+        return bm_tp_ll_row(p.peer[p.rank], p, par, (int64_t)s * p.rows + g);
+    return bm_tp_slot(p.peer[s], p, par, 0, g);
+}
+
 /* v = the FP32 sum of every rank's partial of row g in rank order
  * (a = f(p_0), then a + f(p_s)), not yet rounded; up to 4 ranks' loads in
- * flight at once. A failed block (bad) loads nothing and sums zeros. */
+ * flight at once. With ll the partials are LL words whose tags
+ * bm_ar_ll_wait has seen (they stay until this rank arrives at E + 1).
+ * A failed block (bad) loads nothing and sums zeros. */
 template <int J, int STRIDE>
-__device__ __forceinline__ void bm_ar_sum(const bm_tp_params &p, int par, int64_t g, float (&v)[J][8], int C,
-                                          int g0, int bad)
+__device__ __forceinline__ void bm_ar_sum(const bm_tp_params &p, bool ll, int par, int64_t g, float (&v)[J][8],
+                                          int C, int g0, int bad)
 {
     for (int s0 = 0; s0 < p.nranks; s0 += 4) {
         bm_pack8 ld[4][J];
@@ -79,8 +99,13 @@ __device__ __forceinline__ void bm_ar_sum(const bm_tp_params &p, int par, int64_
             for (int j = 0; j < J; ++j) {
                 const int c = g0 + j * STRIDE;
                 ld[u][j] = bm_pack8{{0u, 0u, 0u, 0u}};
-                if (s0 + u < p.nranks && c < C && !bad)
-                    ld[u][j] = bm_tp_load8_cg(bm_tp_slot(p.peer[s0 + u], p, par, 0, g) + (size_t)c * 8);
+                if (s0 + u >= p.nranks || c >= C || bad)
+                    continue;
+                const void *src = bm_ar_src(p, ll, par, s0 + u, g);
+                if (ll)
+                    ld[u][j] = bm_tp_ll_data(static_cast<const unsigned long long *>(src) + (size_t)c * 4);
+                else
+                    ld[u][j] = bm_tp_load8_cg(static_cast<const uint16_t *>(src) + (size_t)c * 8);
             }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -98,6 +123,48 @@ __device__ __forceinline__ void bm_ar_sum(const bm_tp_params &p, int par, int64_
     }
 }
 
+/* LL (ONESHOT at decode sizes): wait until every rank's words of the rows
+ * of S_b (rows b, b + G, ...) that this thread sums carry epoch E's tag, a
+ * bounded wait for each chunk as the gather's polls; up to 8 ranks' loads
+ * in flight. Kept apart from the sum, outside the loop over rows, so that
+ * the waits hold no row's values (registers). 0, or the failure that
+ * stopped a wait (recorded). */
+template <int J, int STRIDE>
+__device__ __forceinline__ int bm_ar_ll_wait(const bm_tp_params &p, int par, int b, int G, int C, int g0,
+                                             uint32_t tag, unsigned long long E)
+{
+    constexpr int U = J == 1 ? 8 : 4; /* ranks a step */
+    for (int64_t g = b; g < p.rows; g += G)
+        for (int s0 = 0; s0 < p.nranks; s0 += U) {
+            bm_tp_ll4 w[U][J];
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int j = 0; j < J; ++j)
+                    if (s0 + u < p.nranks && g0 + j * STRIDE < C)
+                        w[u][j] = bm_tp_ll_load(static_cast<const unsigned long long *>(
+                                                    bm_ar_src(p, true, par, s0 + u, g)) +
+                                                (size_t)(g0 + j * STRIDE) * 4);
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const int s = s0 + u, c = g0 + j * STRIDE;
+                    bm_pack8 q;
+                    if (s >= p.nranks || c >= C || bm_tp_ll_take(w[u][j], tag, q))
+                        continue;
+                    const int why = bm_tp_poll_ll(
+                        p, static_cast<const unsigned long long *>(bm_ar_src(p, true, par, s, g)) + (size_t)c * 4,
+                        tag, s, E, q);
+                    if (why) {
+                        bm_tp_fail(p, why, s, E);
+                        return why;
+                    }
+                }
+        }
+    return 0;
+}
+
 /* The rows of rank s's slice (TWOSHOT) or, with s < 0, all T rows: [lo, lo + n). */
 __device__ __forceinline__ int64_t bm_ar_rows(const bm_tp_params &p, int s, int64_t &lo)
 {
@@ -110,7 +177,11 @@ __device__ __forceinline__ int64_t bm_ar_rows(const bm_tp_params &p, int s, int6
     return n < 0 ? 0 : (n > p.L ? p.L : n);
 }
 
-template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
+/* ONESHOT and TWOSHOT are one kernel (p.twoshot); LL: ONESHOT's kernel
+ * for decode sizes, with the LL path, a kernel of its own because its
+ * waits and loads would cost the other paths registers (docs/strategies.md
+ * #all-reduce). It takes the flags at the epochs that clear the LL rows. */
+template <int NT, int J, int CS, bool VEC, bool LL, int Q>
 __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<Q>::type p)
 {
     __shared__ float red[2][NT];
@@ -118,46 +189,44 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
     constexpr int STRIDE = CS * NT;
     const int C = p.hidden >> 3;
     const int H = p.hidden;
-    const int fb = (int)blockIdx.x;
-    const int b = CS > 1 ? fb / CS : fb;
-    const int G = CS > 1 ? (int)gridDim.x / CS : (int)gridDim.x;
-    const int g0 = (CS > 1 ? (fb % CS) * NT : 0) + (int)threadIdx.x;
+    const bm_tp_place<NT, CS> at;
+    const int b = at.b, G = at.G, g0 = at.g0;
     const bool xchg = CS > 1 && (p.normA || p.normB);
-    const bool one = p.nranks == 1;
+    const bool one = p.nranks == 1, two = !LL && p.twoshot != 0;
     bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, -1};
-
-    if constexpr (CS > 1)
-        if (xchg)
-            bm_xchg_start<NT, CS>(xc[0]);
-    bm_pdl_wait(); /* as the gather's kernel (gather_fused.cu) */
-    if (p.early)
-        bm_pdl_trigger();
-    bm_prefetch_weights<J, STRIDE>(p.normA ? p.wA : NULL, p.normB ? p.wB : NULL, C, g0);
-    const unsigned long long E = bm_tp_epoch(p, fb);
+    unsigned long long E;
+    int conc;
+    int bad = bm_tp_start<NT, J, CS>(p, at, xc[0], xchg, E, conc);
     const int par = (int)(E & 1ull);
-    int dead;
-    const int conc = bm_tp_begin(p, E, fb, dead);
-    int bad = conc | dead;
+    const uint32_t tag = (uint32_t)E;
+    const bool ll = LL && !one && p.ll && !bm_tp_ll_clearing(E);
     int64_t lo, n;
 
     /* ---- phase 0: this rank's partials of S_b ---- */
     if (!one) {
         bad = bm_tp_wait_arrivals(p, E - 1ull, E, bad);
-        for (int s = TWO ? 0 : -1; s < (TWO ? p.nranks : 0); ++s) {
+        for (int s = two ? 0 : -1; s < (two ? p.nranks : 0); ++s) {
             n = bm_ar_rows(p, s, lo);
             for (int64_t i = b; i < n; i += G) {
                 float v[J][8];
                 bm_pack8 pk[J];
                 bm_ar_partial<NT, J, CS, VEC>(p, lo + i, v, pk, C, g0);
-                if (!bad)
+                if (bad)
+                    continue;
+                if (ll)
+                    bm_tp_push_ll<J, STRIDE>(p, par, p.rank * p.rows + lo + i, pk, C, g0, tag, true);
+                else
                     bm_store_row<J, true, STRIDE>(bm_tp_slot(p.peer[p.rank], p, par, 0, lo + i), pk, C, g0);
             }
         }
-        bad = bm_tp_signal_wait(p, E, fb, bad, conc);
+        if (ll)
+            bad = __syncthreads_or(bad | (bad ? 0 : bm_ar_ll_wait<J, STRIDE>(p, par, b, G, C, g0, tag, E)));
+        else
+            bad = bm_tp_signal_wait(p, E, at.fb, bad, conc);
     }
 
     /* ---- phase 1: the sum and the row stages of the rows finished here ---- */
-    n = bm_ar_rows(p, TWO ? p.rank : -1, lo);
+    n = bm_ar_rows(p, two ? p.rank : -1, lo);
     for (int64_t i = b; i < n; i += G) {
         const int64_t g = lo + i;
         float v[J][8];
@@ -166,18 +235,18 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
         if (one)
             bm_ar_partial<NT, J, CS, VEC>(p, g, v, pk, C, g0);
         else
-            bm_ar_sum<J, STRIDE>(p, par, g, v, C, g0, bad);
+            bm_ar_sum<J, STRIDE>(p, ll, par, g, v, C, g0, bad);
 #pragma unroll
         for (int j = 0; j < J; ++j)
             pk[j] = bm_rnd8(v[j]); /* the sum's one rounding */
         if (p.normA)
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
-        bm_tp_stage_b<NT, J, CS, VEC, TWO, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, !bad && !one);
+        bm_tp_stage_b<NT, J, CS, VEC, true, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, two && !bad && !one);
     }
 
     /* ---- phase 2 (TWOSHOT): the rows the peers finished ---- */
-    if (TWO && !one) {
-        bad = bm_tp_signal_wait(p, E, fb + BM_AR_FLAG2, bad, conc);
+    if (two && !one) {
+        bad = bm_tp_signal_wait(p, E, at.fb + BM_AR_FLAG2, bad, conc);
         for (int s = 0; s < p.nranks; ++s) {
             if (s == p.rank)
                 continue;
@@ -187,10 +256,12 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
         }
     }
 
+    if (ll)
+        bad = bm_tp_ll_sigs(p, E, bad);
     if (xchg)
         tc.finish();
     if (!conc)
-        bm_tp_finish(p, E, fb, (int)gridDim.x);
+        bm_tp_finish(p, E, at.fb, (int)gridDim.x);
 }
 
 /* UNFUSED: dst[i] = bf16(sum over s of f(src[s * stride + i])) in rank
@@ -224,11 +295,12 @@ __global__ void __launch_bounds__(256) bm_ar_sum_kernel(const bm_ar_sum_args a)
 
 /* ---- host side ----------------------------------------------------------- */
 
+/* The variant is LL; the two-chunk shapes (L > 128 only) have none. */
 struct bm_ar_family {
-    template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
+    template <int NT, int J, int CS, bool VEC, bool V, int Q>
     static auto kernel()
     {
-        return &bm_ar_kernel<NT, J, CS, VEC, TWO, Q>;
+        return &bm_ar_kernel<NT, J, CS, VEC, V && J == 1, Q>;
     }
 };
 
@@ -254,6 +326,9 @@ cudaError_t bm_ar_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     pq.sig = sig;
     pq.L = (a->tokens + w->nranks - 1) / w->nranks;
     pq.q = a->q;
+    pq.twoshot = twoshot;
+    /* LL words for ONESHOT at decode sizes: every rank's T rows fit the LL buffers */
+    pq.ll = !twoshot && (int64_t)w->nranks * pq.rows <= w->ll_rows;
     /* the rows a rank finishes: all T (ONESHOT), its slice (TWOSHOT) */
     const int64_t rows = twoshot ? pq.L : pq.rows;
     const int shape = bm_tp_shape_index(rows, w->hidden, pq.q.kind, w->sms);
@@ -262,7 +337,7 @@ cudaError_t bm_ar_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     if (twoshot && cap * cs > BM_AR_FLAG2)
         cap = BM_AR_FLAG2 / cs;
     const int64_t want = rows < 1 ? 1 : rows;
-    return bm_tp_launch_family<bm_ar_family>(shape, pq, twoshot, (unsigned)(want < cap ? want : cap), stream);
+    return bm_tp_launch_family<bm_ar_family>(shape, pq, pq.ll, (unsigned)(want < cap ? want : cap), stream);
 }
 
 cudaError_t bm_ar_launch_sum(const uint16_t *blocks, size_t stride, int nranks, uint16_t *dst, size_t values,

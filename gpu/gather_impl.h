@@ -189,6 +189,7 @@ struct bm_tp_params : bm_row_params {
     bm_tp_err *err;
     unsigned long long timeout_ns;
     uint32_t sig; /* bm_tp_signature of this call */
+    int twoshot;  /* the all-reduce's strategy (the gather's is a template argument) */
     size_t sig_off, fail_off;
     uint16_t *ag;                        /* all-gather kernel: own rows */
     uint16_t *peer_ag[BM_TP_MAX_RANKS];  /* all-gather kernel: every rank's ag */

@@ -243,14 +243,16 @@ __device__ __forceinline__ void bm_tp_push(const bm_tp_params &p, int par, int a
 
 /* LL push of row g: each 8-byte word holds 32 bits of data and the epoch
  * tag; an aligned 8-byte store is single-copy atomic, so a reader that
- * sees the tag sees the data (no fence, no separate flag). */
+ * sees the tag sees the data (no fence, no separate flag). Into every
+ * peer's LL rows, and with self this rank's own too. */
 template <int J, int STRIDE>
 __device__ __forceinline__ void bm_tp_push_ll(const bm_tp_params &p, int par, int64_t g,
-                                              const bm_pack8 (&pk)[J], int C, int g0, uint32_t tag)
+                                              const bm_pack8 (&pk)[J], int C, int g0, uint32_t tag,
+                                              bool self = false)
 {
     const unsigned long long t = (unsigned long long)tag << 32;
     for (int s = 0; s < p.nranks; ++s) {
-        if (s == p.rank)
+        if (s == p.rank && !self)
             continue;
         unsigned long long *dst = bm_tp_ll_row(p.peer[s], p, par, g);
 #pragma unroll
@@ -268,7 +270,46 @@ __device__ __forceinline__ void bm_tp_push_ll(const bm_tp_params &p, int par, in
     }
 }
 
-/* Poll one LL chunk (4 words) until every tag is this epoch's. */
+/* One LL chunk (4 words) loaded once, and its data taken when every tag is
+ * this epoch's (false: not all of it has arrived): bm_tp_poll_ll's steps,
+ * apart, so that a reader of several chunks issues every load before it
+ * looks at any (the all-reduce's LL wait). */
+struct bm_tp_ll4 {
+    unsigned long long a[4];
+};
+
+__device__ __forceinline__ bm_tp_ll4 bm_tp_ll_load(const unsigned long long *src)
+{
+    bm_tp_ll4 w;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w.a[0]), "=l"(w.a[1]) : "l"(src) : "memory");
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w.a[2]), "=l"(w.a[3]) : "l"(src + 2) : "memory");
+    return w;
+}
+
+__device__ __forceinline__ bool bm_tp_ll_take(const bm_tp_ll4 &w, uint32_t tag, bm_pack8 &out)
+{
+    if ((uint32_t)(w.a[0] >> 32) != tag || (uint32_t)(w.a[1] >> 32) != tag || (uint32_t)(w.a[2] >> 32) != tag ||
+        (uint32_t)(w.a[3] >> 32) != tag)
+        return false;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        out.w[i] = (uint32_t)w.a[i];
+    return true;
+}
+
+/* The data of one LL chunk whose tags were seen (the words cannot change
+ * before the writer's next epoch of the same parity). */
+__device__ __forceinline__ bm_pack8 bm_tp_ll_data(const unsigned long long *src)
+{
+    const bm_tp_ll4 w = bm_tp_ll_load(src);
+    bm_pack8 out;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        out.w[i] = (uint32_t)w.a[i];
+    return out;
+}
+
+/* Poll one LL chunk until every tag is this epoch's. */
 __device__ __forceinline__ int bm_tp_poll_ll(const bm_tp_params &p, const unsigned long long *src, uint32_t tag,
                                              int s, unsigned long long E, bm_pack8 &out)
 {
@@ -292,6 +333,20 @@ __device__ __forceinline__ int bm_tp_poll_ll(const bm_tp_params &p, const unsign
                 return why;
         }
     }
+}
+
+/* The LL path's end: its rows came without a fence, so once they are
+ * used, every peer's signature of this call is compared (a bounded wait
+ * until it shows; a mismatch is recorded). Block-uniform; a barrier. */
+__device__ __forceinline__ int bm_tp_ll_sigs(const bm_tp_params &p, unsigned long long E, int bad)
+{
+    int tb = 0;
+    if (!bad && (int)threadIdx.x < p.nranks && (int)threadIdx.x != p.rank) {
+        tb = bm_tp_wait_sig(p, (int)threadIdx.x, E);
+        if (tb)
+            bm_tp_fail(p, tb, (int)threadIdx.x, E);
+    }
+    return __syncthreads_or(bad | tb);
 }
 
 /* ---- the start and end of every epoch-advancing kernel -------------------------- */

@@ -97,6 +97,52 @@ __device__ __forceinline__ int bm_tp_begin(const bm_tp_params &p, unsigned long 
     return conc;
 }
 
+/* Where a block of a peer-memory kernel sits: flag index fb (its index in
+ * the grid), row group b of G (a group: a cluster of CS blocks), and g0,
+ * its first chunk of a row. The gather's kernel spells this and
+ * bm_tp_start out itself: its code stays as it was timed (docs/PERF.md),
+ * instruction for instruction. */
+template <int NT, int CS>
+struct bm_tp_place {
+    int fb, b, G, g0;
+    __device__ __forceinline__ bm_tp_place()
+        : fb((int)blockIdx.x), b(CS > 1 ? (int)blockIdx.x / CS : (int)blockIdx.x),
+          G(CS > 1 ? (int)gridDim.x / CS : (int)gridDim.x),
+          g0((CS > 1 ? ((int)blockIdx.x % CS) * NT : 0) + (int)threadIdx.x)
+    {
+    }
+};
+
+/* The start of a block of a peer-memory kernel, before its first row: the
+ * cluster's exchange (xchg: the row has a norm), the wait for the stream's
+ * previous kernel, the weights' prefetch, the epoch E and the claim
+ * (conc: another call holds the workspace). Returns the block's failure
+ * so far (conc, or a peer died). */
+template <int NT, int J, int CS>
+__device__ __forceinline__ int bm_tp_start(const bm_tp_params &p, const bm_tp_place<NT, CS> &at, bm_xchg<NT, CS> &xc,
+                                           bool xchg, unsigned long long &E, int &conc)
+{
+    if constexpr (CS > 1)
+        if (xchg)
+            bm_xchg_start<NT, CS>(xc);
+    /* Programmatic dependent launch: this grid may be scheduled while the
+     * preceding kernel of the stream finishes; wait for it (its writes, the
+     * epoch included, are then visible) before touching memory. Let the
+     * next kernel be scheduled early only where no peer shares this device:
+     * its blocks would sit on multiprocessors that a peer's kernel, which
+     * this one waits for, may need. */
+    bm_pdl_wait();
+    if (p.early)
+        bm_pdl_trigger();
+    bm_prefetch_weights<J, CS * NT>(p.normA ? p.wA : NULL, p.normB ? p.wB : NULL, p.hidden >> 3, at.g0);
+    /* Every thread reads the epoch itself; it changes only at the end of
+     * the kernel, after every thread has used it (bm_tp_finish). */
+    E = bm_tp_epoch(p, at.fb);
+    int dead;
+    conc = bm_tp_begin(p, E, at.fb, dead);
+    return conc | dead;
+}
+
 /* a = +0; a = a + w[k] * f(x[k]) over the K slots of one row (xr, wr: the
  * row's slots and weights), then s = finalize(a) into pk (v: f(s)).
  * Decode shapes (one chunk per thread): all 8 slots' loads in flight at

@@ -3,8 +3,8 @@
  * gather's, gather_fused.cu; the all-reduce's, allreduce_fused.cu) share
  * (internal, C++): the launch by shape of BM_TP_SHAPES, quantized form,
  * alignment and strategy, the preload, and the occupancy that the caps
- * take. A family F names its kernels: F::kernel<NT, J, CS, VEC, TWO, Q>()
- * (TWO: TWOSHOT).
+ * take. A family F names its kernels: F::kernel<NT, J, CS, VEC, V, Q>(),
+ * V its variant (the gather's: TWOSHOT; the all-reduce's: LL).
  */
 #ifndef BEAMMOE_GPU_TP_LAUNCH_CUH
 #define BEAMMOE_GPU_TP_LAUNCH_CUH
@@ -36,11 +36,11 @@ inline int bm_tp_vec(const bm_tp_params_q &pq)
     return !pq.q.kind || bm_quant_vec_ok(pq.q);
 }
 
-/* F's kernel of shape, pq.q's form, the alignment and the strategy, over
+/* F's kernel of shape, pq.q's form, the alignment and the variant, over
  * `groups` row groups (clusters of CS blocks), with programmatic dependent
  * launch. */
 template <class F>
-cudaError_t bm_tp_launch_family(int shape, const bm_tp_params_q &pq, int twoshot, unsigned groups,
+cudaError_t bm_tp_launch_family(int shape, const bm_tp_params_q &pq, int variant, unsigned groups,
                                 cudaStream_t stream)
 {
     const int vec = bm_tp_vec(pq);
@@ -51,7 +51,7 @@ cudaError_t bm_tp_launch_family(int shape, const bm_tp_params_q &pq, int twoshot
             constexpr int Q = decltype(qf)::value;                                                       \
             const typename bm_tp_kparams<Q>::type &k = bm_kp<Q>(p, pq);                                  \
             auto go = [&](auto kernel) { return bm_launch(kernel, k, groups * CS, NT, CS, 0, 1, stream); }; \
-            if (twoshot)                                                                                 \
+            if (variant)                                                                                 \
                 return vec ? go(F::template kernel<NT, J, CS, true, true, Q>())                          \
                            : go(F::template kernel<NT, J, CS, false, true, Q>());                        \
             return vec ? go(F::template kernel<NT, J, CS, true, false, Q>())                             \
@@ -78,7 +78,7 @@ void bm_tp_preload_family(cudaError_t &e)
 #undef BM_PRE
 }
 
-/* The fewest blocks of F's kernels of a shape (ONESHOT and TWOSHOT, both
+/* The fewest blocks of F's kernels of a shape (both variants, both
  * alignments; q: every form with a quantized output, else the plain ones)
  * resident on one multiprocessor; 0 when the runtime cannot tell. */
 template <class F>

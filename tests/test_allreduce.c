@@ -5,16 +5,19 @@
  * forms (the dense layer's partial rows, the MoE layer's partial slots),
  * every strategy, T from 0 (fewer than R, not divisible by R), the norms,
  * scales, routed scale, in place and exotic values of the suite's sweep,
- * and every quantized form; a group of one against the local operations;
- * ranks that disagree, one rank's bad argument or a rank that never calls, refused on every rank
- * with nothing written. A device backend's ranks share one device (each its
- * own stream): its arrays are device copies, made before the ranks start.
+ * and every quantized form; a device backend's calls across the epoch
+ * wrap and the LL clearing epochs; a group of one against the local
+ * operations; ranks that disagree, one rank's bad argument or a rank that
+ * never calls, refused on every rank with nothing written. A device
+ * backend's ranks share one device (each its own stream): its arrays are
+ * device copies, made before the ranks start.
  *
  * Every rank's inputs are its own draw (hc_make with the rank in the seed):
  * a rank's partials, or its expert slots with rank 0's routing weights
  * (the router is replicated); residual, norms and scales are rank 0's.
  * Each rank's calls run back to back with no sync but the library's own.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv, nanosleep */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -349,44 +352,68 @@ static void run_ranks(const arank *proto, void *(*fn)(void *), const char *what)
     }
 }
 
+/* R ranks of ops over the plan (large: its large line too); *n counts
+ * the cases made, the index of each one's draw in the sweep */
+static void run_plan(const beam_ops *ops, int R, int large, int *n)
+{
+    arank proto;
+    acase *cases[A_NLINES];
+    beam_cpu_group *g;
+    int l, i;
+    CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
+    memset(&proto, 0, sizeof proto);
+    proto.vb = proto.sb = 4;
+    for (l = 0; l < A_NLINES; l++) {
+        proto.ncases[l] = APLAN[l].large && !large ? 0 : APLAN[l].nt;
+        cases[l] = (acase *)hu_alloc(sizeof(acase) * (size_t)APLAN[l].nt, 0);
+        for (i = 0; i < proto.ncases[l]; i++, (*n)++) {
+            acase *c = &cases[l][i];
+            int f;
+            acase_make(ops, c, R, *n, APLAN[l].H, APLAN[l].t[i][0] * R + APLAN[l].t[i][1]);
+            proto.ob = a_max(proto.ob, 2 * (size_t)(c->T + A_GUARD) * (size_t)APLAN[l].H);
+            for (f = 0; c->d[0].s.next && f < QM_NFORMS; f++) {
+                proto.vb = a_max(proto.vb, a_nv(&c->forms[f], c->T, APLAN[l].H));
+                proto.sb = a_max(proto.sb, 4 * a_ns(&c->forms[f], c->T, APLAN[l].H));
+            }
+        }
+        proto.cases[l] = cases[l];
+    }
+    proto.ops = ops;
+    proto.g = g;
+    proto.R = R;
+    run_ranks(&proto, arank_main, "all-reduce");
+    CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
+    for (l = 0; l < A_NLINES; l++) {
+        for (i = 0; i < proto.ncases[l]; i++) acase_free(&cases[l][i]);
+        hu_free(cases[l]);
+    }
+}
+
 static void test_results(void)
 {
     static const int Rs[] = {1, 2, 3, 4, 5, 8};
     FOR_EACH_BACKEND(ops)
     {
-        int ri, l, i, n = 0;
-        for (ri = 0; ri < (hu_quick() ? 3 : 6); ri++) {
-            const int R = Rs[ri];
-            arank proto;
-            acase *cases[A_NLINES];
-            beam_cpu_group *g;
-            CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
-            memset(&proto, 0, sizeof proto);
-            proto.vb = proto.sb = 4;
-            for (l = 0; l < A_NLINES; l++) {
-                proto.ncases[l] = APLAN[l].large && (hu_quick() || !ops->device_memory) ? 0 : APLAN[l].nt;
-                cases[l] = (acase *)hu_alloc(sizeof(acase) * (size_t)APLAN[l].nt, 0);
-                for (i = 0; i < proto.ncases[l]; i++, n++) {
-                    acase *c = &cases[l][i];
-                    int f;
-                    acase_make(ops, c, R, n, APLAN[l].H, APLAN[l].t[i][0] * R + APLAN[l].t[i][1]);
-                    proto.ob = a_max(proto.ob, 2 * (size_t)(c->T + A_GUARD) * (size_t)APLAN[l].H);
-                    for (f = 0; c->d[0].s.next && f < QM_NFORMS; f++) {
-                        proto.vb = a_max(proto.vb, a_nv(&c->forms[f], c->T, APLAN[l].H));
-                        proto.sb = a_max(proto.sb, 4 * a_ns(&c->forms[f], c->T, APLAN[l].H));
-                    }
-                }
-                proto.cases[l] = cases[l];
-            }
-            proto.ops = ops;
-            proto.g = g;
-            proto.R = R;
-            run_ranks(&proto, arank_main, "all-reduce");
-            CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
-            for (l = 0; l < A_NLINES; l++) {
-                for (i = 0; i < proto.ncases[l]; i++) acase_free(&cases[l][i]);
-                hu_free(cases[l]);
-            }
+        int ri, n = 0;
+        for (ri = 0; ri < (hu_quick() ? 3 : 6); ri++) run_plan(ops, Rs[ri], !hu_quick() && ops->device_memory, &n);
+    }
+}
+
+/* A device backend's workspaces started just before the LL tag's 32-bit
+ * wrap and before the epochs that clear the LL rows (k * 2^30, k * 2^30 +
+ * 1; BEAM_GATHER_EPOCH, read at creation): the plan's calls, LL and flag
+ * sizes alike, cross both. */
+static void test_wrap(void)
+{
+    static const char *const starts[2] = {"0xFFFFFFF9", "0x3FFFFFFD"};
+    FOR_EACH_BACKEND(ops)
+    {
+        int k, n = 0;
+        if (!ops->device_memory) continue;
+        for (k = 0; k < 2; k++) {
+            setenv("BEAM_GATHER_EPOCH", starts[k], 1);
+            run_plan(ops, 3, 0, &n);
+            unsetenv("BEAM_GATHER_EPOCH");
         }
     }
 }
@@ -554,6 +581,7 @@ int main(void)
 {
     static const suite_test tests[] = {{"every rank count, form, strategy and output", test_results},
                                        {"a group of one is the local operation", test_one_rank},
+                                       {"across the epoch wrap and the LL clearing epochs", test_wrap},
                                        {"refusals on every rank", test_refusals},
                                        {NULL, NULL}};
     int b, n = 0, rc;
