@@ -8,10 +8,13 @@
 # Runs, logging into $OUT (default .devbuild/out):
 #   topo.txt         nvidia-smi topo -m (how the GPUs are linked)
 #   gather-test.log  tests/test_gather_nccl, each part (sweep, large, stress,
-#                    bad, mismatch, concurrent, wrap, timeout, hosts) in
+#                    arstress, bad, mismatch, concurrent, wrap, timeout, hosts) in
 #                    processes of its own, so that one failure hides no
 #                    other; the program runs one process per GPU
-#   gather-bench.log bench/gather_bench: every strategy side by side
+#   gather-bench.log bench/gather_bench: every strategy side by side, for
+#                    the gather, both all-reduce forms (beside NCCL's
+#                    all-reduce and a separate norm) and the all-reduce
+#                    with the FP8 output, at the test's ranks
 # Exit status: 0 when every part and the benchmark passed.
 #
 # Environment: OUT, GATHER_PARTS (the parts to run, default all of them),
@@ -48,7 +51,7 @@ fi
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1 || true
 st=0
 : > "$OUT/gather-test.log"
-for part in ${GATHER_PARTS:-sweep large stress bad mismatch concurrent wrap timeout hosts}; do
+for part in ${GATHER_PARTS:-sweep large stress arstress bad mismatch concurrent wrap timeout hosts}; do
     pst=0
     BEAM_TEST_RANKS=${GATHER_RANKS:-2} BEAM_TEST_ONLY=$part BEAM_TEST_DEADLINE=${GATHER_DEADLINE:-180} \
         "$B/bin/test_gather_nccl" >> "$OUT/gather-test.log" 2>&1 || pst=$?
@@ -58,7 +61,14 @@ done
 grep -v '^ *$' "$OUT/gather-test.log" | tail -n 30
 bst=0
 if test -z "$GATHER_NO_BENCH"; then
-    "$B/bin/gather_bench" > "$OUT/gather-bench.log" 2>&1 || bst=$?
+    : > "$OUT/gather-bench.log"
+    for run in gather allreduce allreduce-moe allreduce-fp8; do
+        coll=${run%-fp8} fp8=0 ts=
+        test "$run" = allreduce-fp8 && fp8=1
+        test "$coll" = gather || ts=1,8,64,128,512,4096,16384
+        BEAM_BENCH_COLL=$coll BEAM_BENCH_FP8=$fp8 BEAM_BENCH_RANKS=${GATHER_RANKS:-2} BEAM_BENCH_T=$ts \
+            "$B/bin/gather_bench" >> "$OUT/gather-bench.log" 2>&1 || bst=$?
+    done
     echo "gather_bench exit $bst"
     cat "$OUT/gather-bench.log"
 fi

@@ -16,7 +16,8 @@
  * What the CUDA gather does over every transport: stress (calls with
  * random T and strategy, eager and as CUDA graph replays, cycling 3 weight
  * sets so that consecutive calls differ, outputs reset to a NaN sentinel
- * the library never writes before every checked call), bad input
+ * the library never writes before every checked call; arstress: the
+ * same of the MoE all-reduce, each rank its own partial slots), bad input
  * (mismatched hidden, T > max_tokens, wrong device, one rank rejecting a
  * call with T = 0 then a normal call, one rank rejecting its arguments
  * under every strategy), mismatch (one rank passing other arguments,
@@ -63,6 +64,8 @@ typedef struct problem {
     float rs;
 } problem;
 
+#define GP_MAX_RANKS 8 /* the most ranks a transport runs */
+
 /* Weight sets of a problem: calls of the stress part cycle through them,
  * so that a stale row (from an earlier call) differs from the right one. */
 enum { NV = 3 };
@@ -72,6 +75,10 @@ typedef struct data {
     int64_t maxt;
     int nv;               /* weight sets made (1 or NV) */
     hc_case c[NV];        /* set v: the weights of c[v], the rest c[0]'s */
+    /* the all-reduce (MoE form) in place of the gather: rank r's partial
+     * slots of every token are ar[r]'s experts */
+    int allreduce;
+    hc_case ar[GP_MAX_RANKS];
     uint16_t *ref_h, *ref_n; /* of the set in use */
     uint16_t *rh[NV], *rn[NV];
     beam_norm post, next;
@@ -99,13 +106,22 @@ static void make_host(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
     const hc_case *c = &d->c[0];
     const hc_spec s = {.K = pb->K, .H = pb->H, .T = maxt, .pad = g_R, .post = pb->post, .next = pb->next,
                        .scales = pb->scales, .exotic = pb->special};
-    int v;
+    const uint16_t *slots[GP_MAX_RANKS];
+    int v, r;
+    for (r = 0; d->allreduce && r < g_R; ++r) {
+        hc_make(&d->ar[r], &s, seed + 1000 + (uint64_t)r);
+        slots[r] = d->ar[r].experts;
+    }
     for (v = 0; v < nv; ++v) {
         hc_make(&d->c[v], &s, seed + (uint64_t)v);
         d->rh[v] = hu_alloc((size_t)maxt * pb->H * 2, 0);
         d->rn[v] = hu_alloc((size_t)maxt * pb->H * 2, 0);
-        nr_finalize_norm_residual_norm(c->experts, d->c[v].weights, maxt, pb->K, pb->H, pb->rs, &c->post,
-                                       c->residual, pb->scales ? c->scales : NULL, &c->next, d->rh[v], d->rn[v]);
+        if (d->allreduce)
+            nr_allreduce(NULL, slots, d->c[v].weights, g_R, maxt, pb->K, pb->H, pb->rs, &c->post, c->residual,
+                         pb->scales ? c->scales : NULL, &c->next, d->rh[v], d->rn[v]);
+        else
+            nr_finalize_norm_residual_norm(c->experts, d->c[v].weights, maxt, pb->K, pb->H, pb->rs, &c->post,
+                                           c->residual, pb->scales ? c->scales : NULL, &c->next, d->rh[v], d->rn[v]);
     }
 }
 
@@ -117,11 +133,12 @@ static struct {
     const char *name;
     int64_t maxt;
     uint64_t seed;
-    int nv, R, users;
+    int nv, R, users, allreduce;
     data host;
 } g_cache;
 
-static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, int nv)
+/* allreduce: the MoE all-reduce's data (data.ar) instead of the gather's */
+static void make_data_for(data *d, const problem *pb, int64_t maxt, uint64_t seed, int nv, int allreduce)
 {
     int v;
     const int H = pb->H, K = pb->K, off = pb->unaligned ? 1 : 0;
@@ -131,12 +148,13 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
     d->pb = *pb;
     d->maxt = maxt;
     d->nv = nv;
+    d->allreduce = allreduce;
     if (!g_threads) {
         make_host(d, pb, maxt, seed, nv);
     } else {
         pthread_mutex_lock(&g_cache_mu);
         if (g_cache.users > 0 && (g_cache.name != pb->name || g_cache.maxt != maxt || g_cache.seed != seed ||
-                                  g_cache.nv != nv || g_cache.R != g_R))
+                                  g_cache.nv != nv || g_cache.R != g_R || g_cache.allreduce != allreduce))
             FAIL("test: two problems alive at once (%s, %s)", g_cache.name, pb->name);
         if (g_cache.users == 0) {
             make_host(d, pb, maxt, seed, nv);
@@ -145,6 +163,7 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
             g_cache.seed = seed;
             g_cache.nv = nv;
             g_cache.R = g_R;
+            g_cache.allreduce = allreduce;
             g_cache.host = *d;
         } else {
             *d = g_cache.host;
@@ -167,7 +186,7 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
     d->dres = d->dres0 + off;
     d->dh = d->dh0 + off;
     d->dn = d->dn0 + off;
-    CK(cudaMemcpy(d->dx, c->experts, rows * K * H * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d->dx, allreduce ? d->ar[g_rank].experts : c->experts, rows * K * H * 2, cudaMemcpyHostToDevice));
     for (v = 0; v < nv; ++v) CK(cudaMemcpy(d->dwv[v], d->c[v].weights, rows * K * 4, cudaMemcpyHostToDevice));
     use_set(d, 0);
     CK(cudaMemcpy(d->dres, c->residual, (size_t)maxt * H * 2, cudaMemcpyHostToDevice));
@@ -180,6 +199,11 @@ static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, i
     /* the copies ran on the legacy stream, which the ranks' own
      * (non-blocking) streams do not wait for */
     CK(cudaStreamSynchronize(0));
+}
+
+static void make_data(data *d, const problem *pb, int64_t maxt, uint64_t seed, int nv)
+{
+    make_data_for(d, pb, maxt, seed, nv, 0);
 }
 
 static void free_data(data *d)
@@ -204,6 +228,7 @@ static void free_data(data *d)
         hu_free(d->rh[v]);
         hu_free(d->rn[v]);
     }
+    for (v = 0; d->allreduce && v < g_R; ++v) hc_free(&d->ar[v]);
 }
 
 /* One call of this rank with T tokens (hidden_arg: the hidden passed). */
@@ -224,6 +249,11 @@ static beam_status call(beam_workspace *ws, data *d, int64_t T, int32_t hidden_a
     const int64_t L = (T + g_R - 1) / g_R;
     const int64_t lo = (int64_t)g_rank * L;
     uint16_t *hid = d->pb.inplace ? d->dres : d->dh;
+    if (d->allreduce)
+        return beam_moe_finalize_allreduce_norm_residual_norm(
+            ws, d->dx, d->dw, d->maxt, T, K, hidden_arg, d->pb.rs, d->pb.post ? &d->post : NULL, d->dres,
+            d->pb.scales ? d->c[0].scales : NULL, d->pb.next ? &d->next : NULL, hid, d->pb.next ? d->dn : NULL, NULL,
+            st, stream);
     return beam_moe_finalize_gather_norm_residual_norm(
         ws, d->dx + (size_t)lo * K * H, d->dw + (size_t)lo * K, L, T, K, hidden_arg, d->pb.rs,
         d->pb.post ? &d->post : NULL, d->dres, d->pb.scales ? d->c[0].scales : NULL, d->pb.next ? &d->next : NULL, hid,
@@ -609,7 +639,9 @@ static int next_set(int last[2], int s, int64_t T)
     return v;
 }
 
-static void part_stress(uint64_t seed, int n)
+/* n eager calls and n graph replays of the gather, or with allreduce of
+ * the MoE all-reduce (name: the part's, for the messages) */
+static void stress_calls(const char *name, int allreduce, uint64_t seed, int n)
 {
     static const problem pb = {"stress H2048 K8 post+w next+w scales", 2048, 8, 2, 2, 1, 1, 0, 0, 1.0f};
     const int check_every = 97;
@@ -620,7 +652,7 @@ static void part_stress(uint64_t seed, int n)
     cudaStream_t st = g_stream;
     hu_rng r;
     int i, g, last[2] = {0, 1};
-    make_data(&d, &pb, 333, seed, NV);
+    make_data_for(&d, &pb, 333, seed, NV, allreduce);
     ws = make_ws(&d, 48, 160, 0);
 
     /* eager: the same random sequence on every rank; the weight set changes
@@ -640,7 +672,7 @@ static void part_stress(uint64_t seed, int n)
         }
     }
     CK(cudaStreamSynchronize(st));
-    if (g_rank == 0) printf("stress: %d eager calls (%d weight sets), checked every %d\n", n, NV, check_every);
+    if (g_rank == 0) printf("%s: %d eager calls (%d weight sets), checked every %d\n", name, n, NV, check_every);
 
     /* graphs of 3 calls each (different weight sets), replayed in a random
      * order; the outputs reset to the sentinel (outside the graph) before a
@@ -696,10 +728,22 @@ static void part_stress(uint64_t seed, int n)
         CK(cudaStreamSynchronize(st));
         verify(&d, d.maxt, d.maxt, "after stress");
     }
-    if (g_rank == 0) printf("stress: %d graph replays (3 calls each), checked every %d\n", n, check_every);
+    if (g_rank == 0) printf("%s: %d graph replays (3 calls each), checked every %d\n", name, n, check_every);
     BK(beam_workspace_destroy(ws));
     free_data(&d);
     host_barrier();
+}
+
+static void part_stress(uint64_t seed, int n)
+{
+    stress_calls("stress", 0, seed, n);
+}
+
+/* The all-reduce's stress: every rank its own partial slots of every
+ * token, the same calls, graphs and checks as the gather's. */
+static void part_arstress(uint64_t seed, int n)
+{
+    stress_calls("arstress", 1, seed + 5, n);
 }
 
 static void part_bad(uint64_t seed)
@@ -1017,6 +1061,7 @@ void gp_run_parts(uint64_t seed, int stress, const char *only)
     if (!g_threads && (!only || !strcmp(only, "large"))) part_large(seed);
     if (!g_threads && (!only || !strcmp(only, "quant"))) part_quant(seed);
     if (!only || !strcmp(only, "stress")) part_stress(seed, stress);
+    if (!only || !strcmp(only, "arstress")) part_arstress(seed, stress);
     if (!only || !strcmp(only, "bad")) part_bad(seed);
     if (!only || !strcmp(only, "mismatch")) part_mismatch(seed);
     if (!only || !strcmp(only, "concurrent")) part_concurrent(seed);

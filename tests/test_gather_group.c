@@ -6,9 +6,9 @@
  * by default, each with its own stream and buffers. The same kernels and
  * flags run as on R GPUs over NCCL; UNFUSED's all-gather is a kernel over
  * the peers' buffers instead of NCCL. Runs the parts of
- * tests/gather_parts.c that every transport runs (stress, bad, mismatch,
- * concurrent, wrap, timeout: the CUDA-specific streams, graphs, epochs and
- * in-band failures) for R = 2, 3, 4, 5 and 8 in turn, then the group's own
+ * tests/gather_parts.c that every transport runs (stress, arstress, bad,
+ * mismatch, concurrent, wrap, timeout: the CUDA-specific streams, graphs,
+ * epochs and in-band failures) for R = 2, 3, 4, 5 and 8 in turn, then the group's own
  * part "repeat" (a rank that creates a second workspace). The group's
  * results over every R, T, strategy, problem and quantized form are
  * tests/test_backends' gather part (every backend's in-process group).

@@ -1,8 +1,9 @@
 /*
  * test_gather_nccl.c - the CUDA tensor-parallel gather over NCCL, one
  * process per GPU: the parts of tests/gather_parts.c (every strategy and
- * configuration against the naive reference, bit for bit; stress, bad
- * input, mismatch, overlapping calls, epoch wrap, timeout), then "hosts":
+ * configuration against the naive reference, bit for bit; stress, the
+ * all-reduce's stress, bad input, mismatch, overlapping calls, epoch wrap,
+ * timeout), then "hosts":
  * ranks that act as if on different hosts (BEAM_GATHER_HOST) with NCCL on
  * its network transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1): AUTO
  * takes UNFUSED, ONESHOT and TWOSHOT are refused, results bit-identical.
@@ -16,7 +17,8 @@
  * Environment: BEAM_TEST_RANKS (default 2, at most the GPUs; 1 runs one
  * rank, for the parts that need no peer), BEAM_TEST_SEED,
  * BEAM_TEST_STRESS (calls per stress part, default 10000), BEAM_TEST_ONLY
- * (one part: sweep|large|stress|bad|mismatch|concurrent|wrap|timeout|hosts),
+ * (one part: sweep|large|stress|arstress|bad|mismatch|concurrent|wrap|
+ * timeout|hosts),
  * BEAM_TEST_DEADLINE (seconds for the whole run, default 900).
  * Exit 0 pass, 1 fail, 77 skip (fewer than 2 GPUs that can run the cuda
  * backend).
