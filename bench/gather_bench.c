@@ -285,6 +285,14 @@ int main(void)
     char why[300];
     const int ndev = bm_gpu_probe(why, sizeof why);
     const int R = envi("BEAM_BENCH_RANKS", 2);
+    const char *cn = getenv("BEAM_BENCH_COLL");
+    int c, known = !cn || !*cn;
+    for (c = 0; c < 3; ++c) known |= cn && !strcmp(cn, COLL_NAMES[c]);
+    if (!known || (envi("BEAM_BENCH_FP8", 0) && envi("BEAM_BENCH_H", 7168) % 128)) {
+        fprintf(stderr, "gather_bench: BEAM_BENCH_COLL is gather, allreduce or allreduce-moe; BEAM_BENCH_FP8 "
+                        "needs BEAM_BENCH_H a multiple of 128\n");
+        return 2;
+    }
     if (R < 1 || R > 8 || ndev < R) {
         printf("gather_bench: %s, %d ranks asked: skipped\n", why, R);
         return 77;

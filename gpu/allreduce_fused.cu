@@ -129,11 +129,13 @@ __device__ __forceinline__ void bm_ar_sum(const bm_tp_params &p, bool ll, int pa
  * in flight. Kept apart from the sum, outside the loop over rows, so that
  * the waits hold no row's values (registers). 0, or the failure that
  * stopped a wait (recorded). */
-template <int J, int STRIDE>
+template <int NT, int J, int STRIDE>
 __device__ __forceinline__ int bm_ar_ll_wait(const bm_tp_params &p, int par, int b, int G, int C, int g0,
                                              uint32_t tag, unsigned long long E)
 {
-    constexpr int U = J == 1 ? 8 : 4; /* ranks a step */
+    /* ranks a step: 8 chunks' words are 64 registers, all that 1024
+     * threads a block may have */
+    constexpr int U = NT >= 1024 ? 2 : (J == 1 ? 8 : 4);
     for (int64_t g = b; g < p.rows; g += G)
         for (int s0 = 0; s0 < p.nranks; s0 += U) {
             bm_tp_ll4 w[U][J];
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
             }
         }
         if (ll)
-            bad = __syncthreads_or(bad | (bad ? 0 : bm_ar_ll_wait<J, STRIDE>(p, par, b, G, C, g0, tag, E)));
+            bad = __syncthreads_or(bad | (bad ? 0 : bm_ar_ll_wait<NT, J, STRIDE>(p, par, b, G, C, g0, tag, E)));
         else
             bad = bm_tp_signal_wait(p, E, at.fb, bad, conc);
     }
