@@ -73,13 +73,17 @@ __device__ __forceinline__ void bm_ar_partial(const bm_tp_params &p, int64_t g, 
     }
 }
 
-/* Rank s's partial of row g: its array 0 row of parity par in s's
- * region, or with LL the LL row s * T + g of this rank's region. */
-__device__ __forceinline__ const void *bm_ar_src(const bm_tp_params &p, bool ll, int par, int s, int64_t g)
+/* LL: rank s's partial of row g is LL row s * T + g of every region it
+ * pushes to; the words of chunk c of it in this rank's region. */
+__device__ __forceinline__ int64_t bm_ar_ll_index(const bm_tp_params &p, int s, int64_t g)
 {
-    if (ll)
-        return bm_tp_ll_row(p.peer[p.rank], p, par, (int64_t)s * p.rows + g);
-    return bm_tp_slot(p.peer[s], p, par, 0, g);
+    return (int64_t)s * p.rows + g;
+}
+
+__device__ __forceinline__ const unsigned long long *bm_ar_ll_chunk(const bm_tp_params &p, int par, int s,
+                                                                    int64_t g, int c)
+{
+    return bm_tp_ll_row(p.peer[p.rank], p, par, bm_ar_ll_index(p, s, g)) + (size_t)c * 4;
 }
 
 /* v = the FP32 sum of every rank's partial of row g in rank order
@@ -101,11 +105,10 @@ __device__ __forceinline__ void bm_ar_sum(const bm_tp_params &p, bool ll, int pa
                 ld[u][j] = bm_pack8{{0u, 0u, 0u, 0u}};
                 if (s0 + u >= p.nranks || c >= C || bad)
                     continue;
-                const void *src = bm_ar_src(p, ll, par, s0 + u, g);
                 if (ll)
-                    ld[u][j] = bm_tp_ll_data(static_cast<const unsigned long long *>(src) + (size_t)c * 4);
+                    ld[u][j] = bm_tp_ll_bits(bm_tp_ll_load(bm_ar_ll_chunk(p, par, s0 + u, g, c)));
                 else
-                    ld[u][j] = bm_tp_load8_cg(static_cast<const uint16_t *>(src) + (size_t)c * 8);
+                    ld[u][j] = bm_tp_load8_cg(bm_tp_slot(p.peer[s0 + u], p, par, 0, g) + (size_t)c * 8);
             }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -144,20 +147,16 @@ __device__ __forceinline__ int bm_ar_ll_wait(const bm_tp_params &p, int par, int
 #pragma unroll
                 for (int j = 0; j < J; ++j)
                     if (s0 + u < p.nranks && g0 + j * STRIDE < C)
-                        w[u][j] = bm_tp_ll_load(static_cast<const unsigned long long *>(
-                                                    bm_ar_src(p, true, par, s0 + u, g)) +
-                                                (size_t)(g0 + j * STRIDE) * 4);
+                        w[u][j] = bm_tp_ll_load(bm_ar_ll_chunk(p, par, s0 + u, g, g0 + j * STRIDE));
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int j = 0; j < J; ++j) {
                     const int s = s0 + u, c = g0 + j * STRIDE;
                     bm_pack8 q;
-                    if (s >= p.nranks || c >= C || bm_tp_ll_take(w[u][j], tag, q))
+                    if (s >= p.nranks || c >= C || bm_tp_ll_ready(w[u][j], tag))
                         continue;
-                    const int why = bm_tp_poll_ll(
-                        p, static_cast<const unsigned long long *>(bm_ar_src(p, true, par, s, g)) + (size_t)c * 4,
-                        tag, s, E, q);
+                    const int why = bm_tp_poll_ll(p, bm_ar_ll_chunk(p, par, s, g, c), tag, s, E, q);
                     if (why) {
                         bm_tp_fail(p, why, s, E);
                         return why;
@@ -216,7 +215,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
                 if (bad)
                     continue;
                 if (ll)
-                    bm_tp_push_ll<J, STRIDE>(p, par, p.rank * p.rows + lo + i, pk, C, g0, tag, true);
+                    bm_tp_push_ll<J, STRIDE>(p, par, bm_ar_ll_index(p, p.rank, lo + i), pk, C, g0, tag, true);
                 else
                     bm_store_row<J, true, STRIDE>(bm_tp_slot(p.peer[p.rank], p, par, 0, lo + i), pk, C, g0);
             }

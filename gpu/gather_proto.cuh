@@ -270,10 +270,11 @@ __device__ __forceinline__ void bm_tp_push_ll(const bm_tp_params &p, int par, in
     }
 }
 
-/* One LL chunk (4 words) loaded once, and its data taken when every tag is
- * this epoch's (false: not all of it has arrived): bm_tp_poll_ll's steps,
- * apart, so that a reader of several chunks issues every load before it
- * looks at any (the all-reduce's LL wait). */
+/* One LL chunk (4 words) loaded once; whether every tag is this epoch's;
+ * its data bits: bm_tp_poll_ll's steps, apart, so that a reader of several
+ * chunks issues every load before it looks at any (the all-reduce's LL
+ * wait). bm_tp_poll_ll keeps its own copy of them: the gather's kernels
+ * stay as they were timed, instruction for instruction. */
 struct bm_tp_ll4 {
     unsigned long long a[4];
 };
@@ -286,22 +287,14 @@ __device__ __forceinline__ bm_tp_ll4 bm_tp_ll_load(const unsigned long long *src
     return w;
 }
 
-__device__ __forceinline__ bool bm_tp_ll_take(const bm_tp_ll4 &w, uint32_t tag, bm_pack8 &out)
+__device__ __forceinline__ bool bm_tp_ll_ready(const bm_tp_ll4 &w, uint32_t tag)
 {
-    if ((uint32_t)(w.a[0] >> 32) != tag || (uint32_t)(w.a[1] >> 32) != tag || (uint32_t)(w.a[2] >> 32) != tag ||
-        (uint32_t)(w.a[3] >> 32) != tag)
-        return false;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-        out.w[i] = (uint32_t)w.a[i];
-    return true;
+    return (uint32_t)(w.a[0] >> 32) == tag && (uint32_t)(w.a[1] >> 32) == tag && (uint32_t)(w.a[2] >> 32) == tag &&
+           (uint32_t)(w.a[3] >> 32) == tag;
 }
 
-/* The data of one LL chunk whose tags were seen (the words cannot change
- * before the writer's next epoch of the same parity). */
-__device__ __forceinline__ bm_pack8 bm_tp_ll_data(const unsigned long long *src)
+__device__ __forceinline__ bm_pack8 bm_tp_ll_bits(const bm_tp_ll4 &w)
 {
-    const bm_tp_ll4 w = bm_tp_ll_load(src);
     bm_pack8 out;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -337,7 +330,8 @@ __device__ __forceinline__ int bm_tp_poll_ll(const bm_tp_params &p, const unsign
 
 /* The LL path's end: its rows came without a fence, so once they are
  * used, every peer's signature of this call is compared (a bounded wait
- * until it shows; a mismatch is recorded). Block-uniform; a barrier. */
+ * until it shows; a mismatch is recorded). Block-uniform; a barrier. The
+ * all-reduce's; the gather's kernel spells it out (its code as timed). */
 __device__ __forceinline__ int bm_tp_ll_sigs(const bm_tp_params &p, unsigned long long E, int bad)
 {
     int tb = 0;
