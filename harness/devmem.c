@@ -18,6 +18,7 @@
 
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "devmem.h"
@@ -162,4 +163,12 @@ int dev_upload_on(void *dst, const void *src, size_t bytes, void *stream)
     int rc = bytes ? g.cmemcpy_async(dst, src, bytes, H2D, stream) : 0;
     if (rc) note("cudaMemcpyAsync to device", rc);
     return rc ? -1 : 0;
+}
+
+void dev_shared_gpu_env(void)
+{
+    /* 8 ranks use up to 24 streams (tests/gather_parts.c's concurrent part:
+     * two more per rank) */
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
 }

@@ -26,5 +26,14 @@ int dev_upload_on(void *dst, const void *src, size_t bytes, void *stream);
 int dev_stream_sync(void *stream);
 void dev_stream_destroy(void *stream);
 const char *dev_last_error(void);
+/* For a process that runs several ranks' streams on one GPU, before its
+ * first CUDA call: one hardware work queue per stream (the runtime maps
+ * streams onto CUDA_DEVICE_MAX_CONNECTIONS queues, 8 by default; two ranks'
+ * kernels on one queue run one after the other, and a rank's kernel that
+ * waits for a peer's kernel queued behind it waits until the timeout), and
+ * every kernel loaded when the context is made (CUDA's lazy load at a first
+ * launch waits for the device's running kernels, a waiting peer's among
+ * them). Values already in the environment are kept. */
+void dev_shared_gpu_env(void);
 
 #endif

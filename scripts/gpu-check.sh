@@ -10,7 +10,8 @@
 #      lack CUnit), libcudart and libgomp (not NCCL: 200 MiB, and a GPU host
 #      that runs the gather has it); bin/ with the real
 #      executables of tests/test_cuda, bench/cuda_bench, bench/shape_sweep,
-#      tests/test_gather_group, tests/test_gather_nccl and bench/gather_bench
+#      tests/test_gather_group, tests/test_gather_nccl, tests/test_allreduce
+#      and bench/gather_bench
 #      (libtool's .libs/
 #      binaries, not its wrapper scripts; tests/test_backends and
 #      tests/test_quant too); the GPU
@@ -41,7 +42,7 @@ make -j"$jobs"
 # ptxas's allocation of the kernels against the recorded list: a change of
 # it alone can move their speed (scripts/ptxas-regs.sh)
 make ptxas-regs || echo "gpu-check.sh: time the kernels listed above before recording them"
-progs="tests/test_backends tests/test_cuda tests/test_quant bench/cuda_bench bench/shape_sweep tests/test_gather_group tests/test_gather_nccl bench/gather_bench"
+progs="tests/test_backends tests/test_cuda tests/test_quant tests/test_allreduce bench/cuda_bench bench/shape_sweep tests/test_gather_group tests/test_gather_nccl bench/gather_bench"
 make -j"$jobs" $progs
 
 rm -rf .devbuild/lib .devbuild/bin

@@ -17,6 +17,8 @@
 #                   R = 2, 3, 4, 5, 8 ranks on this one GPU (every part,
 #                   2,000 stress calls each)
 #   group-stress.log  its 10,000-call stress at R = 8
+#   allreduce.log   tests/test_allreduce: both all-reduces on every backend,
+#                   R = 1..8 ranks on this one GPU, against the CPU group
 #   group-memcheck.log, group-racecheck.log
 #                   parts of it at R = 2 under compute-sanitizer memcheck /
 #                   racecheck
@@ -43,7 +45,7 @@
 # Environment: OUT, STEP_TIMEOUT (seconds per step, default 240),
 # GROUP_TIMEOUT (seconds for each of the two long gather steps, default
 # 600), SKIP (a space-separated list of steps to leave out: test shapes
-# memcheck racecheck group group-stress group-memcheck group-racecheck bench
+# memcheck racecheck group group-stress allreduce group-memcheck group-racecheck bench
 # python compare gemm overhead fp8 fp8-all vllm).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
@@ -93,6 +95,7 @@ T=${GROUP_TIMEOUT:-600}
 step group group.log env BEAM_TEST_STRESS=2000 "$B/bin/test_gather_group"
 step group-stress group-stress.log env BEAM_TEST_RANKS=8 BEAM_TEST_ONLY=stress BEAM_TEST_STRESS=10000 \
     "$B/bin/test_gather_group"
+step allreduce allreduce.log "$B/bin/test_allreduce"
 T=$t_step
 # under the sanitizers: two ranks, the parts whose kernels are each
 # launched first while no peer kernel runs. The tools instrument a kernel
@@ -128,7 +131,7 @@ else
 fi
 tail -4 "$OUT/test_cuda.log" 2>/dev/null
 tail -2 "$OUT/shapes.log" 2>/dev/null
-tail -2 "$OUT/group.log" 2>/dev/null
+tail -2 "$OUT/group.log" "$OUT/allreduce.log" 2>/dev/null
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/group-memcheck.log" \
     "$OUT/group-racecheck.log" 2>/dev/null | sort | uniq -c
 cat "$OUT/bench.txt" 2>/dev/null

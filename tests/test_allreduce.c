@@ -596,6 +596,8 @@ int main(void)
                                        {NULL, NULL}};
     int b, n = 0, rc;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    /* up to 8 ranks' streams on one GPU */
+    dev_shared_gpu_env();
     g_seed = hu_seed("test_allreduce");
     /* every backend that runs here */
     for (b = 0; b < BM_NBACKENDS; b++) {

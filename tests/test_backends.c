@@ -718,11 +718,8 @@ int main(void)
     int rc, n;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
-    /* Before the first CUDA call (as tests/test_gather_group.c): a hardware
-     * queue per rank's stream, and every kernel loaded at once, so that a
-     * rank's gather kernel waiting for its peers never holds up theirs. */
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    /* the gather's in-process ranks share one GPU */
+    dev_shared_gpu_env();
     g_seed = hu_seed("test_backends");
     n = pick_backends();
     if (n < 0) return 1;

@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "beammoe.h"
+#include "devmem.h"
 #include "gather_parts.h"
 #include "util.h"
 
@@ -188,18 +189,9 @@ int main(void)
     const char *ds = getenv("BEAM_TEST_DEVICES");
     const int deadline_s = getenv("BEAM_TEST_DEADLINE") ? atoi(getenv("BEAM_TEST_DEADLINE")) : 1800;
     int ndev = 0, i;
-    /* Before the first CUDA call: one hardware work queue per stream. The
-     * runtime maps streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (8 by
-     * default); two ranks' streams on one queue serialize their kernels, and
-     * a rank's kernel waiting for a peer's kernel queued behind it waits
-     * until the timeout. Eight ranks use up to 24 streams (part concurrent:
-     * two more per rank). */
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-    /* Loading a kernel on first launch (CUDA's lazy loading) waits for the
-     * device's running kernels, a peer's waiting gather kernel among them:
-     * load every kernel when the context is made. The library loads its
-     * own at workspace creation; this covers the test's and the runtime's. */
-    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    /* the ranks share a GPU (the library loads its own kernels at workspace
+     * creation; EAGER covers the test's and the runtime's) */
+    dev_shared_gpu_env();
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         printf("test_gather_group: no GPU visible: skipped\n");
         return 77;
