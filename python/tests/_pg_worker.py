@@ -36,11 +36,13 @@ kill_signature, kill_rows
            SIGKILL after the signatures, before the rows): the others raise
            within timeout_ms, later calls and close() raise, none hangs or aborts.
 
-`worker` is one rank of the CUDA gather (test_gather_process_group.py spawns
-it): GPU `rank`, an NCCL process group, a beammoe.Workspace over it, the
-gather for several token counts and every strategy against the CPU backend's
-local fused operation on all tokens; a second workspace over a gloo subgroup
-checks that the unique id may travel over any process group.
+`worker` is one rank of the CUDA gather and all-reduce
+(test_gather_process_group.py spawns it): GPU `rank`, an NCCL process group,
+a beammoe.Workspace over it, the gather for several token counts and every
+strategy against the CPU backend's local fused operation on all tokens; both
+all-reduces against the CpuGroup's, in a CUDA graph and under torch.compile
+too; a second workspace over a gloo subgroup checks that the unique id may
+travel over any process group.
 """
 import os
 import signal
@@ -247,10 +249,10 @@ def quant(rank, nranks):
 
 # ---- the all-reduce -------------------------------------------------------------------------
 
-def allreduce_case(tokens, nranks):
+def allreduce_case(tokens, nranks, seed=None):
     """Every rank's partial and slots (the same data on every rank), the
     routing weights, the residual and the two norms' weights."""
-    gen = torch.Generator().manual_seed(70 + tokens)
+    gen = torch.Generator().manual_seed(70 + tokens if seed is None else seed)
     parts = [random_bf16(gen, tokens, H, scale=2.0) for _ in range(nranks)]
     slots = [random_case(gen, tokens, K, H)[0] for _ in range(nranks)]
     return (parts, slots, random_case(gen, tokens, K, H)[1], random_bf16(gen, tokens, H), random_bf16(gen, H),
@@ -278,23 +280,35 @@ def allreduce_calls(ws, rank, case, strategies):
                   for moe in (False, True) for quant in QUANTS[::3] for keep, inplace in ((True, False), (False, True))]
 
 
+def cpu_group_allreduce(case, rank, nranks, max_tokens):
+    """allreduce_calls' results (AUTO) of `rank` in the library's all-reduce
+    over a CpuGroup of nranks threads: the ground truth."""
+    with beammoe.CpuGroup(nranks) as grp:
+        def body(r):
+            with beammoe.Workspace.cpu(grp, r, max_tokens, H) as lws:
+                return allreduce_calls(lws, r, case, (None,))
+        return run_ranks(nranks, body)[rank]
+
+
+def same_allreduce(got, want, nstrategies, what):
+    """allreduce_calls' results for nstrategies strategies against the
+    ground truth's (AUTO): every strategy gives the same bits."""
+    assert len(got) == len(want) + 4 * (nstrategies - 1)
+    for i, (a, b) in enumerate(zip(got, want[:4] * nstrategies + want[4:])):
+        w = "%s call %d" % (what, i)
+        assert_same_q(a, b, a[1] is not None, w) if len(a) == 4 else assert_bits_equal(a, b, w)
+
+
 def allreduce_mode(rank, nranks):
     ws = beammoe.Workspace(None, 64, H, device="cpu", moe_gather_oneshot_max_tokens=4, timeout_ms=60000)
     poison_outputs()
     for tokens in (0, 1, 7):
         case = allreduce_case(tokens, nranks)
-        with beammoe.CpuGroup(nranks) as grp:
-            def body(r):
-                with beammoe.Workspace.cpu(grp, r, 64, H) as lws:
-                    return allreduce_calls(lws, r, case, (None,))
-            want = run_ranks(nranks, body)[rank]
+        want = cpu_group_allreduce(case, rank, nranks, 64)
         for hook, strategies in ((None, STRATEGIES), (dist_all_gather(nranks), (None,))):
             ws.all_gather = hook
             got = allreduce_calls(ws, rank, case, strategies)
-            assert len(got) == len(want) + 4 * (len(strategies) - 1)
-            for i, (a, b) in enumerate(zip(got, want[:4] * len(strategies) + want[4:])):  # every strategy alike
-                what = "rank %d tokens %d hook %s call %d" % (rank, tokens, hook, i)
-                assert_same_q(a, b, a[1] is not None, what) if len(a) == 4 else assert_bits_equal(a, b, what)
+            same_allreduce(got, want, len(strategies), "rank %d tokens %d hook %s" % (rank, tokens, hook))
         ws.all_gather = None
     if nranks == 2:
         case = allreduce_case(4, nranks)
@@ -540,6 +554,54 @@ def kill(rank, nranks, where):
 
 # ---- NCCL (torch.multiprocessing.spawn) ------------------------------------------------------
 
+def on(dev, x):
+    """x's tensors (in nested tuples and lists) on dev."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(on(dev, t) for t in x)
+    return x.to(dev) if isinstance(x, torch.Tensor) else x
+
+
+def allreduce_on_gpus(rank, nranks, dev):
+    """Both all-reduces over the NCCL group's workspace (every strategy, in
+    place or not, the quantized forms) against the CpuGroup all-reduce; then
+    the dense one captured in a CUDA graph and replayed on new partials, and
+    under torch.compile."""
+    poison_outputs()
+    with beammoe.Workspace(None, 512, H, timeout_ms=60000) as ws:
+        for tokens in (0, 1, 7, 64, 300):
+            case = allreduce_case(tokens, nranks)
+            got = on("cpu", allreduce_calls(ws, rank, on(dev, case), STRATEGIES))
+            same_allreduce(got, cpu_group_allreduce(case, rank, nranks, 512), len(STRATEGIES),
+                           "GPU rank %d tokens %d" % (rank, tokens))
+        case = on(dev, allreduce_case(64, nranks))
+        x, res = case[0][rank], case[3]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):  # the first calls outside the capture
+            for _ in range(2):
+                allreduce(ws, rank, case, False)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = allreduce(ws, rank, case, False)
+        for step in range(3):
+            new = allreduce_case(64, nranks, seed=1000 + step)  # fresh data into the captured inputs
+            for i in (3, 4, 5):
+                case[i].copy_(new[i])
+            x.copy_(new[0][rank])
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_bits_equal(captured, cpu_group_allreduce(new, rank, nranks, 512)[0], "replay %d" % step)
+        nw1, nw = case[4], case[5]
+
+        def layer(x, res):
+            return beammoe.beam_allreduce_norm_residual_norm(x, res, nw1, 1e-6, nw, 1e-5, (0.5, 2.0), ws)
+
+        torch._dynamo.reset()
+        want = layer(x, res)
+        assert_bits_equal(torch.compile(layer, fullgraph=True)(x, res), want, "compiled")
+
+
 def worker(rank, nranks, init_file):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     torch.cuda.set_device(rank)
@@ -586,6 +648,8 @@ def worker(rank, nranks, init_file):
                            beammoe.MoEOutput(g, w), residual, None, None, None, None, None, ws))
             dist.barrier()
         assert ws.closed
+        allreduce_on_gpus(rank, nranks, dev)
+        dist.barrier()
 
         gloo = dist.new_group(backend="gloo")
         with beammoe.Workspace(gloo, 64, hidden) as ws2:
