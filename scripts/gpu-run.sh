@@ -47,9 +47,19 @@
 # 600), SKIP (a space-separated list of steps to leave out: test shapes
 # memcheck racecheck group group-stress allreduce group-memcheck group-racecheck bench
 # python compare gemm overhead fp8 fp8-all vllm).
+#
+# QUICK=1: what matters most in about five minutes, for a GPU host held
+# briefly (STEP_TIMEOUT default 150). At once, each its own process on the
+# shared GPU: test_backends, test_cuda, test_quant (test_backends.log, ...),
+# shapes, allreduce and the Python suite's GPU tests; then group
+# (BEAM_TEST_STRESS=50) beside memcheck; then alone on the GPU bench
+# (cuda_bench --quick, its JSON in bench.json) and, with BASE set to another
+# build's bench/shape_sweep, `shape_sweep perf --summary --picked` of BASE
+# and of this build (perf-base.txt, perf.txt: the picked shapes' times).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
+test -n "$QUICK" && T=${STEP_TIMEOUT:-150}
 mkdir -p "$OUT"
 LD_LIBRARY_PATH="$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 BEAM_BACKEND_DIR="$B/lib"
@@ -80,12 +90,39 @@ step() { # name log command...
 # (the programs as a script string: step runs its command under timeout)
 both='"$B/bin/test_backends" && "$B/bin/test_cuda" && "$B/bin/test_quant"'
 export B
-step test test_cuda.log sh -c "$both"
-step shapes shapes.log "$B/bin/shape_sweep" check
 sanitize='for t in test_backends test_cuda test_quant; do
     BEAM_TEST_QUICK=1 "$SAN" "$@" --error-exitcode 1 "$B/bin/$t" || exit 1
 done'
 export SAN
+gpu_python= # the Python suite's GPU tests, when python3 imports torch
+if python3 -c 'import torch' >/dev/null 2>&1; then
+    BEAMMOE_LIBRARY=$B/lib/libbeammoe.so
+    PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+    export BEAMMOE_LIBRARY PYTHONPATH
+    gpu_python=yes
+fi
+if test -n "$QUICK"; then
+    for t in test_backends test_cuda test_quant; do step $t $t.log "$B/bin/$t" & done
+    step shapes shapes.log "$B/bin/shape_sweep" check &
+    step allreduce allreduce.log "$B/bin/test_allreduce" &
+    test -n "$gpu_python" && step python python.log python3 -m pytest -q -rs -p no:cacheprovider \
+        python/tests/test_cuda.py python/tests/test_torch_ops.py python/tests/test_gather_process_group.py \
+        -k "cuda or gpus" &
+    wait
+    step group group.log env BEAM_TEST_STRESS=50 "$B/bin/test_gather_group" &
+    step memcheck memcheck.log sh -c "$sanitize" sh --tool memcheck --leak-check full &
+    wait
+    step bench bench.txt "$B/bin/cuda_bench" --quick --json "$OUT/bench.json"
+    if test -n "$BASE"; then
+        step perf-base perf-base.txt "$BASE" perf --summary --picked
+        step perf perf.txt "$B/bin/shape_sweep" perf --summary --picked
+    fi
+    # (the steps ran in subshells: their summary lines hold the outcome)
+    ! grep -q FAIL "$OUT/summary.txt"
+    exit
+fi
+step test test_cuda.log sh -c "$both"
+step shapes shapes.log "$B/bin/shape_sweep" check
 step memcheck memcheck.log sh -c "$sanitize" sh --tool memcheck --leak-check full
 step racecheck racecheck.log sh -c "$sanitize" sh --tool racecheck
 # the gather at every world size (2,000 stress calls each), then the
@@ -111,10 +148,7 @@ done'
 step group-memcheck group-memcheck.log sh -c "$sanitize_group" sh memcheck bad mismatch concurrent wrap
 step group-racecheck group-racecheck.log sh -c "$sanitize_group" sh racecheck bad mismatch concurrent wrap
 step bench bench.txt "$B/bin/cuda_bench"
-if python3 -c 'import torch' >/dev/null 2>&1; then
-    BEAMMOE_LIBRARY=$B/lib/libbeammoe.so
-    PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
-    export BEAMMOE_LIBRARY PYTHONPATH
+if test -n "$gpu_python"; then
     step python python.log python3 -m pytest -q -rs -p no:cacheprovider python/tests
     t_step=$T
     T=${COMPARE_TIMEOUT:-900}
