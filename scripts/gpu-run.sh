@@ -87,13 +87,14 @@ step() { # name log command...
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; \
   "$SAN" --version | tail -1; } > "$OUT/device.txt" 2>&1
-# (the programs as a script string: step runs its command under timeout)
-both='"$B/bin/test_backends" && "$B/bin/test_cuda" && "$B/bin/test_quant"'
-export B
-sanitize='for t in test_backends test_cuda test_quant; do
+# the bit-exact tests; each run below as a script string (step runs its
+# command under timeout): in turn, and under a sanitizer
+tests="test_backends test_cuda test_quant"
+both='for t in $tests; do "$B/bin/$t" || exit; done'
+sanitize='for t in $tests; do
     BEAM_TEST_QUICK=1 "$SAN" "$@" --error-exitcode 1 "$B/bin/$t" || exit 1
 done'
-export SAN
+export B SAN tests
 gpu_python= # the Python suite's GPU tests, when python3 imports torch
 if python3 -c 'import torch' >/dev/null 2>&1; then
     BEAMMOE_LIBRARY=$B/lib/libbeammoe.so
@@ -102,7 +103,7 @@ if python3 -c 'import torch' >/dev/null 2>&1; then
     gpu_python=yes
 fi
 if test -n "$QUICK"; then
-    for t in test_backends test_cuda test_quant; do step $t $t.log "$B/bin/$t" & done
+    for t in $tests; do step $t $t.log "$B/bin/$t" & done
     step shapes shapes.log "$B/bin/shape_sweep" check &
     step allreduce allreduce.log "$B/bin/test_allreduce" &
     test -n "$gpu_python" && step python python.log python3 -m pytest -q -rs -p no:cacheprovider \
