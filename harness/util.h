@@ -71,6 +71,11 @@ uint64_t hu_fnv1a_bf16(uint64_t h, const uint16_t *v, size_t n);
 uint64_t hu_seed(const char *prog);
 /* BEAM_TEST_QUICK set (e.g. under valgrind): shrink sweeps. */
 int hu_quick(void);
+/* How many of the world sizes {1, 2, 3, 4, 5, 8} a test of ranks as
+ * threads runs: all; the first three under BEAM_TEST_QUICK; the group of
+ * one alone for a device backend under BEAM_TEST_QUICK (the sanitizer
+ * runs, where several ranks on one device can stall: util.c). */
+int hu_world_sizes(int device);
 
 /* ---- buffers ------------------------------------------------------------ */
 /* n bytes at an address that is 16-byte aligned plus off (0 <= off < 16);

@@ -555,10 +555,14 @@ def kill(rank, nranks, where):
 # ---- NCCL (torch.multiprocessing.spawn) ------------------------------------------------------
 
 def on(dev, x):
-    """x's tensors (in nested tuples and lists) on dev."""
+    """x's tensors (in nested tuples and lists) on dev, with their strides
+    (Tensor.to makes a tensor with gaps contiguous: column-major scales at
+    one token)."""
     if isinstance(x, (tuple, list)):
         return type(x)(on(dev, t) for t in x)
-    return x.to(dev) if isinstance(x, torch.Tensor) else x
+    if not isinstance(x, torch.Tensor):
+        return x
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=dev).copy_(x)
 
 
 def allreduce_on_gpus(rank, nranks, dev):
