@@ -51,8 +51,8 @@
 # QUICK=1: what matters most in about five minutes, for a GPU host held
 # briefly (STEP_TIMEOUT default 150). At once, each its own process on the
 # shared GPU: test_backends, test_cuda, test_quant (test_backends.log, ...),
-# shapes, allreduce and the Python suite's GPU tests; then group
-# (BEAM_TEST_STRESS=50) beside memcheck; then alone on the GPU bench
+# shapes, allreduce (twice STEP_TIMEOUT) and the Python suite's GPU tests;
+# then group (BEAM_TEST_STRESS=50) beside memcheck; then alone on the GPU bench
 # (cuda_bench --quick, its JSON in bench.json) and, with BASE set to another
 # build's bench/shape_sweep, `shape_sweep perf --summary --picked` of BASE
 # and of this build (perf-base.txt, perf.txt: the picked shapes' times).
@@ -105,7 +105,9 @@ fi
 if test -n "$QUICK"; then
     for t in $tests; do step $t $t.log "$B/bin/$t" & done
     step shapes shapes.log "$B/bin/shape_sweep" check &
-    step allreduce allreduce.log "$B/bin/test_allreduce" &
+    # R = 1 .. 8 with the T = 16384 line: more than the others (past 150 s
+    # beside them on an H200)
+    (T=$((T * 2)); step allreduce allreduce.log "$B/bin/test_allreduce") &
     test -n "$gpu_python" && step python python.log python3 -m pytest -q -rs -p no:cacheprovider \
         python/tests/test_cuda.py python/tests/test_torch_ops.py python/tests/test_gather_process_group.py \
         -k "cuda or gpus" &
