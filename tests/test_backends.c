@@ -33,7 +33,8 @@
  *             gather), each rank's calls back to back, against nr_gather
  *             (and the model of the quantized output) on every rank
  * Every output must match, and rows past the live ones (guard rows) must
- * stay untouched. BEAM_TEST_QUICK=1 shrinks the sweeps (sanitizer runs);
+ * stay untouched. BEAM_TEST_QUICK=1 shrinks the sweeps (sanitizer runs;
+ * a device backend's gather then in a group of one: hu_world_sizes);
  * BEAM_TEST_SEED reproduces a run (the seed is printed); BEAM_TEST_BACKEND
  * names the one backend to test.
  */
