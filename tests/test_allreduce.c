@@ -415,7 +415,7 @@ static void test_wrap(void)
     FOR_EACH_BACKEND(ops)
     {
         int k, n = 0;
-        if (!ops->device_memory || hu_world_sizes(1) < 3) continue;
+        if (!ops->device_memory || hu_world_sizes(ops->device_memory) < 3) continue;
         for (k = 0; k < 2; k++) {
             setenv("BEAM_GATHER_EPOCH", starts[k], 1);
             run_plan(ops, 3, 0, &n);
@@ -565,11 +565,11 @@ static void test_refusals(void)
         const int n = (ops->device_memory ? 2 : 1) * 3 * BAD_NKINDS;
         int i;
         for (i = 0; i < n; i++) {
-            const int ll = i / (3 * BAD_NKINDS), R = Rs[i / BAD_NKINDS % 3], k = i % BAD_NKINDS;
+            const int ll = i / (3 * BAD_NKINDS), ri = i / BAD_NKINDS % 3, R = Rs[ri], k = i % BAD_NKINDS;
             arank proto;
             acase c;
             beam_cpu_group *g;
-            if (i / BAD_NKINDS % 3 >= hu_world_sizes(ops->device_memory)) continue;
+            if (ri >= hu_world_sizes(ops->device_memory)) continue;
             /* one rank cannot disagree with itself */
             if (R == 1 && (k == BAD_TOKENS || k == BAD_GATHER || k == BAD_FORM || k == BAD_ABSENT)) continue;
             acase_make(ops, &c, R, k, 512, 5);
