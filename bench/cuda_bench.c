@@ -97,7 +97,8 @@ static const bench_cfg cfgs[] = {
     {"nrn nvfp4", OP_NRN, 0, 0, 0, 1.0f, BEAM_QUANT_NVFP4, 0},
     {"fused+post nvfp4", OP_FUSED, 1, 1, 0, 1.0f, BEAM_QUANT_NVFP4, 0},
     /* the all-reduces on a group of one rank (the kernel without the
-     * exchange): what they add to nrn+pre and fused+post */
+     * exchange): what they add to nrn, nrn+pre and fused+post */
+    {"allreduce1", OP_AR, 0, 0, 0, 1.0f, 0, 0},
     {"allreduce1+pre", OP_AR, 1, 1, 0, 1.0f, 0, 0},
     {"allreduce1 moe+post", OP_AR_MOE, 1, 1, 0, 1.0f, 0, 0},
 };

@@ -73,6 +73,27 @@ __device__ __forceinline__ void bm_ar_partial(const bm_tp_params &p, int64_t g, 
     }
 }
 
+/* A block holds one row at a time: its next row's inputs (row g, below
+ * end) are requested into L2 as a row starts, so that memory stays busy
+ * through the row's reductions and the next row's loads find them there
+ * [2026-12-06-allreduce-local: prefetch]. part: the dense form's row of x
+ * (not the MoE form's slots, whose prefetch measured slower); res: the
+ * residual. One next row, not two (measured slower too). The row group's
+ * first thread, when the arrays are 16-byte aligned (VEC; every row is
+ * then, hidden being a multiple of 256). */
+template <bool VEC>
+__device__ __forceinline__ void bm_ar_prefetch(const bm_tp_params &p, int64_t g, int64_t end, int g0, bool part,
+                                               bool res)
+{
+    if (!VEC || g0 != 0 || g >= end)
+        return;
+    const uint32_t row = (uint32_t)p.hidden * 2u;
+    if (part && !p.experts)
+        bm_prefetch_l2(p.x + (size_t)g * p.hidden, row);
+    if (res)
+        bm_prefetch_l2(p.residual + (size_t)g * p.hidden, row);
+}
+
 /* LL: rank s's partial of row g is LL row s * T + g of every region it
  * pushes to; the words of chunk c of it in this rank's region. */
 __device__ __forceinline__ int64_t bm_ar_ll_index(const bm_tp_params &p, int s, int64_t g)
@@ -211,6 +232,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
             for (int64_t i = b; i < n; i += G) {
                 float v[J][8];
                 bm_pack8 pk[J];
+                bm_ar_prefetch<VEC>(p, lo + i + G, lo + n, g0, true, false);
                 bm_ar_partial<NT, J, CS, VEC>(p, lo + i, v, pk, C, g0);
                 if (bad)
                     continue;
@@ -232,6 +254,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
         const int64_t g = lo + i;
         float v[J][8];
         bm_pack8 pk[J], res[J];
+        bm_ar_prefetch<VEC>(p, g + G, lo + n, g0, one, true);
         bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
         if (one)
             bm_ar_partial<NT, J, CS, VEC>(p, g, v, pk, C, g0);

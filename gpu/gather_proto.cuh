@@ -370,11 +370,16 @@ __device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long 
         unsigned long long gid;
         asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
         const unsigned long long me = gid + 1ull;
+        /* the dead word read beside the claim, not after it: one round
+         * trip to L2 at the kernel's start instead of two (the previous
+         * grid's writes are visible to both, bm_pdl_wait)
+         * [2026-12-06-allreduce-local: start] */
+        const unsigned long long was_dead = *(volatile unsigned long long *)(p.epoch + BM_TP_DEAD);
         const unsigned long long old = atomicCAS(p.epoch + BM_TP_CLAIM, 0ull, me);
         conc = old != 0ull && old != me;
         if (conc)
             bm_tp_record(p, BM_TP_CONCURRENT, p.rank, E);
-        else if (*(volatile unsigned long long *)(p.epoch + BM_TP_DEAD) != 0ull) {
+        else if (was_dead != 0ull) {
             gone = 1;
             bm_tp_publish_fail(p, E);
         }
@@ -436,7 +441,10 @@ __device__ __forceinline__ void bm_tp_announce(const bm_tp_params &p, unsigned l
     for (int s = 0; s < p.nranks; ++s)
         if (s != p.rank)
             *(volatile unsigned long long *)bm_tp_word(p.peer[s], p.sig_off, par * BM_TP_MAX_RANKS + p.rank) = sw;
-    if (fb == 0) {
+    /* a group of one has no peer to tell: no system-scope fence, which
+     * holds block 0, a part of the row at decode
+     * [2026-12-06-allreduce-local: start] */
+    if (fb == 0 && p.nranks > 1) {
         __threadfence_system(); /* the signature before the arrival */
         for (int s = 0; s < p.nranks; ++s)
             if (s != p.rank)

@@ -149,11 +149,8 @@ __device__ __forceinline__ void bm_prefetch_row_l2(const uint16_t *x, const uint
                                                    int64_t rows, int H)
 {
     if (threadIdx.x == 0 && row < rows) {
-        const uint32_t bytes = (uint32_t)H * 2u;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(x + (size_t)row * H), "r"(bytes)
-                     : "memory");
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(res + (size_t)row * H), "r"(bytes)
-                     : "memory");
+        bm_prefetch_l2(x + (size_t)row * H, (uint32_t)H * 2u);
+        bm_prefetch_l2(res + (size_t)row * H, (uint32_t)H * 2u);
     }
 }
 

@@ -590,6 +590,13 @@ __device__ __forceinline__ void bm_store_row(uint16_t *row, const bm_pack8 (&pk)
     }
 }
 
+/* Request `bytes` at p (16-byte aligned, a multiple of 16) into L2: one
+ * bulk prefetch by the calling thread, no registers, nothing waits on it. */
+__device__ __forceinline__ void bm_prefetch_l2(const void *p, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 /* ---- finalize's expert slots ------------------------------------------------ */
 
 /* a = +0; a = a + w[k] * f(x[k]) for k in order, for U slots at a time

@@ -1,6 +1,6 @@
 /*
  * st_header.c - a safetensors header's JSON, checked and read (the rule is
- * in st_header.h; python/beammoe/audit.py applies it with the same words).
+ * in st_header.h).
  *
  * Two passes over the text. The first checks the syntax and stores nothing
  * (a stack of 32 bytes for the nesting). The second walks text known to be

@@ -2,8 +2,8 @@
  * st_header.h - the JSON header of a safetensors file, checked and read
  * into an st_file's table of tensors and metadata (safetensors.h).
  *
- * One rule, shared word for word with the Python reader
- * (python/beammoe/audit.py, _parse_header) and docs/safetensors.md:
+ * One rule, shared word for word with docs/safetensors.md (the Python
+ * package has no reader of its own: its audit runs the tool):
  *   1. no NUL byte; valid UTF-8;
  *   2. strict JSON (RFC 8259, as the format's reference reader takes it):
  *      numbers as the RFC writes them (no NaN, Infinity, leading zeros, '+'

@@ -5,8 +5,7 @@
  * file's, not the tool's: printed raw, an escape sequence in it sets the
  * terminal's title, clears the screen, or a newline forges a line of the
  * report ("beammoe audit: PASS"). Every message that can carry such text
- * goes through hu_escape, and the Python reader (python/beammoe/audit.py,
- * _escape) escapes the same characters the same way.
+ * goes through hu_escape.
  */
 #ifndef BEAMMOE_HARNESS_TEXT_H
 #define BEAMMOE_HARNESS_TEXT_H

@@ -54,6 +54,7 @@ typedef struct acase {
     void *blocks[2 * A_MAXR + 5];
     int nblocks;
     uint16_t *ref_h[2], *ref_n[2]; /* [T, H]: dense, MoE */
+    int only[2];                   /* the one quantized form of each (-1: all) */
     beam_quant forms[QM_NFORMS];
     uint8_t *want_v[2][QM_NFORMS];
     float *want_s[2][QM_NFORMS];
@@ -76,7 +77,10 @@ static const void *a_place(acase *c, const void *host, size_t bytes)
     return c->blocks[c->nblocks++] = d;
 }
 
-static void acase_make(const beam_ops *ops, acase *c, int R, int n, int32_t H, int64_t T)
+/* only: -1, or the quantized form of the dense calls (the MoE calls'
+ * the next one): the only ones called, and modelled (the large line: the
+ * model takes seconds a form there) */
+static void acase_make(const beam_ops *ops, acase *c, int R, int n, int32_t H, int64_t T, int only)
 {
     const uint16_t *part[A_MAXR], *slots[A_MAXR];
     hc_spec s = hc_sweep_spec(n);
@@ -85,6 +89,8 @@ static void acase_make(const beam_ops *ops, acase *c, int R, int n, int32_t H, i
     c->R = R;
     c->dev = ops->device_memory;
     c->T = T;
+    c->only[0] = only < 0 ? -1 : only % QM_NFORMS;
+    c->only[1] = only < 0 ? -1 : (only + 1) % QM_NFORMS;
     s.H = H;
     s.T = T;
     s.misalign = 0;
@@ -112,6 +118,7 @@ static void acase_make(const beam_ops *ops, acase *c, int R, int n, int32_t H, i
         qm_forms(c->forms, T);
         for (f = 0; f < QM_NFORMS; f++) {
             const size_t nv = a_nv(&c->forms[f], T, H), ns = a_ns(&c->forms[f], T, H);
+            if (c->only[m] >= 0 && f != c->only[m]) continue;
             c->want_v[m][f] = (uint8_t *)hu_alloc(nv, 0);
             c->want_s[m][f] = (float *)hu_alloc(4 * ns, 0);
             memset(c->want_v[m][f], 0x5A, nv);
@@ -165,7 +172,9 @@ static beam_status acall(const beam_ops *ops, beam_workspace *ws, const acase *c
 }
 
 /* The cases of one world: H, then tokens a * R + b; a large line only on
- * a device backend, and not under BEAM_TEST_QUICK (top_k at most 4 there). */
+ * a device backend, and not under BEAM_TEST_QUICK (top_k at most 4 there;
+ * normalized kept, and one quantized form for each of dense and MoE,
+ * another pair at each world size). */
 static const struct aline {
     int32_t H;
     int nt, large;
@@ -202,24 +211,27 @@ typedef struct arank {
 /* Before a call (back 0): poison the rank's outputs (hidden's first
  * `keep` bytes from `first`: the residual of a call in place) and put
  * them where the backend writes; after it (back 1): wait for the rank's
- * stream and bring them back. hidden and normalized take `out` bytes;
- * values and scales all theirs. 0, or -1 with dev_last_error(). */
-static int arank_out(arank *a, size_t out, const uint16_t *first, size_t keep, int back)
+ * stream and bring them back. hidden and normalized take `out` bytes,
+ * values and scales vb and sb: the call's own form's (0 without one), not
+ * the buffers', which the large line sizes. 0, or -1 with
+ * dev_last_error(). */
+static int arank_out(arank *a, size_t out, size_t vb, size_t sb, const uint16_t *first, size_t keep, int back)
 {
     void *hb[4] = {a->h, a->n, a->qv, a->qs}, *db[4] = {a->dh, a->dn, a->dqv, a->dqs};
-    const size_t nb[4] = {out, out, a->vb, a->sb};
+    const size_t nb[4] = {out, out, vb, sb};
     int i;
     if (!back) {
         hu_poison(a->h, out);
         hu_poison(a->n, out);
-        memset(a->qv, 0x5A, a->vb);
-        memset(a->qs, 0xFF, a->sb);
+        memset(a->qv, 0x5A, vb);
+        memset(a->qs, 0xFF, sb);
         if (first) memcpy(a->h, first, keep);
     }
     if (!a->stream) return 0;
     if (back && dev_stream_sync(a->stream)) return -1;
     for (i = 0; i < 4; i++)
-        if (back ? dev_download(hb[i], db[i], nb[i]) : dev_upload_on(db[i], hb[i], nb[i], a->stream)) return -1;
+        if (nb[i] && (back ? dev_download(hb[i], db[i], nb[i]) : dev_upload_on(db[i], hb[i], nb[i], a->stream)))
+            return -1;
     return 0;
 }
 
@@ -291,11 +303,15 @@ static void *arank_main(void *p)
                             const size_t fs = f < QM_NFORMS ? a_ns(&c->forms[f], c->T, H) : 0;
                             const char *what = NULL;
                             beam_status st;
-                            arank_out(a, 2 * rows, c->d[0].s.inplace ? c->d[0].residual : NULL, 2 * th, 0);
+                            if (f < QM_NFORMS ? c->only[m] >= 0 && f != c->only[m]
+                                              : APLAN[l].large && !keep)
+                                continue;
+                            arank_out(a, 2 * rows, fv, 4 * fs, c->d[0].s.inplace ? c->d[0].residual : NULL,
+                                      2 * th, 0);
                             st = acall(ops, ws, c, a->rank, m, strats[k], f, kept, a->dh, a->dn, a->dqv, a->dqs,
                                        a->stream);
                             a->calls++;
-                            if (st == BEAM_OK && arank_out(a, 2 * rows, NULL, 0, 1))
+                            if (st == BEAM_OK && arank_out(a, 2 * rows, fv, 4 * fs, NULL, 0, 1))
                                 what = "device";
                             else if (st != BEAM_OK)
                                 what = "status";
@@ -355,8 +371,9 @@ static void run_ranks(const arank *proto, void *(*fn)(void *), const char *what)
     }
 }
 
-/* R ranks of ops over the plan (large: its large line too); *n counts
- * the cases made, the index of each one's draw in the sweep */
+/* R ranks of ops over the plan (large >= 0: its large line too, with
+ * that quantized form, acase_make's only); *n counts the cases made, the
+ * index of each one's draw in the sweep */
 static void run_plan(const beam_ops *ops, int R, int large, int *n)
 {
     arank proto;
@@ -367,12 +384,13 @@ static void run_plan(const beam_ops *ops, int R, int large, int *n)
     memset(&proto, 0, sizeof proto);
     proto.vb = proto.sb = 4;
     for (l = 0; l < A_NLINES; l++) {
-        proto.ncases[l] = APLAN[l].large && !large ? 0 : APLAN[l].nt;
+        proto.ncases[l] = APLAN[l].large && large < 0 ? 0 : APLAN[l].nt;
         cases[l] = (acase *)hu_alloc(sizeof(acase) * (size_t)APLAN[l].nt, 0);
         for (i = 0; i < proto.ncases[l]; i++, (*n)++) {
             acase *c = &cases[l][i];
             int f;
-            acase_make(ops, c, R, *n, APLAN[l].H, APLAN[l].t[i][0] * R + APLAN[l].t[i][1]);
+            acase_make(ops, c, R, *n, APLAN[l].H, APLAN[l].t[i][0] * R + APLAN[l].t[i][1],
+                       APLAN[l].large ? large : -1);
             proto.ob = a_max(proto.ob, 2 * (size_t)(c->T + A_GUARD) * (size_t)APLAN[l].H);
             for (f = 0; c->d[0].s.next && f < QM_NFORMS; f++) {
                 proto.vb = a_max(proto.vb, a_nv(&c->forms[f], c->T, APLAN[l].H));
@@ -399,8 +417,10 @@ static void test_results(void)
     {
         int ri, n = 0;
         for (ri = 0; ri < hu_world_sizes(ops->device_memory); ri++) {
-            run_plan(ops, Rs[ri], !hu_quick() && ops->device_memory, &n);
-            fprintf(stderr, "  all-reduce: %s R=%d done, %ld calls so far\n", ops->name, Rs[ri], g_calls);
+            const double t0 = hu_now();
+            run_plan(ops, Rs[ri], !hu_quick() && ops->device_memory ? 2 * ri : -1, &n);
+            fprintf(stderr, "  all-reduce: %s R=%d done in %.1f s, %ld calls so far\n", ops->name, Rs[ri],
+                    hu_now() - t0, g_calls);
         }
     }
 }
@@ -418,7 +438,7 @@ static void test_wrap(void)
         if (!ops->device_memory || hu_world_sizes(ops->device_memory) < 3) continue;
         for (k = 0; k < 2; k++) {
             setenv("BEAM_GATHER_EPOCH", starts[k], 1);
-            run_plan(ops, 3, 0, &n);
+            run_plan(ops, 3, -1, &n);
             unsetenv("BEAM_GATHER_EPOCH");
         }
     }
@@ -514,7 +534,7 @@ static void *brank_main(void *p)
         a->ops->workspace_destroy(ws);
         return NULL;
     }
-    arank_out(a, 2 * th, NULL, 0, 0);
+    arank_out(a, 2 * th, 0, 0, NULL, 0, 0);
     if (odd && a->kind == BAD_GATHER)
         st = a->ops->moe_finalize_gather_norm_residual_norm(ws, ex, c->wt, d->cap, c->T, d->s.K, H, d->rs, NULL,
                                                             c->res, NULL, NULL, a->dh, NULL, BEAM_STRATEGY_ONESHOT,
@@ -542,7 +562,7 @@ static void *brank_main(void *p)
         const int written = a->ll && a->ops->device_memory &&
                             (a->kind == BAD_TOKENS || a->kind == BAD_GATHER || a->kind == BAD_FORM);
         snprintf(msg, sizeof msg, "%s", a->ops->last_error());
-        back = arank_out(a, 2 * th, NULL, 0, 1);
+        back = arank_out(a, 2 * th, 0, 0, NULL, 0, 1);
         dst = a->ops->workspace_destroy(ws);
         refused = st != BEAM_OK || (a->ops->device_memory && dst != BEAM_OK);
         if (!refused || back || (!written && (!hu_is_poison(a->h, 2 * th) || !hu_is_poison(a->n, 2 * th))) ||
@@ -572,7 +592,7 @@ static void test_refusals(void)
             if (ri >= hu_world_sizes(ops->device_memory)) continue;
             /* one rank cannot disagree with itself */
             if (R == 1 && (k == BAD_TOKENS || k == BAD_GATHER || k == BAD_FORM || k == BAD_ABSENT)) continue;
-            acase_make(ops, &c, R, k, 512, 5);
+            acase_make(ops, &c, R, k, 512, 5, -1);
             CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(R, &g), BEAM_OK);
             memset(&proto, 0, sizeof proto);
             proto.ob = 2 * 5 * 512;
