@@ -18,6 +18,8 @@
  * a rank's partials, or its expert slots with rank 0's routing weights
  * (the router is replicated); residual, norms and scales are rank 0's.
  * Each rank's calls run back to back with no sync but the library's own.
+ * BEAM_TEST_RANKS=R: the results at that world size only (1, 2, 3, 4, 5
+ * or 8), whatever BEAM_TEST_QUICK says.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv, nanosleep */
 #include <pthread.h>
@@ -63,6 +65,14 @@ typedef struct acase {
 static size_t a_nv(const beam_quant *q, int64_t T, int32_t H) { return qm_values_bytes(q, T, H) + A_QGUARD; }
 static size_t a_ns(const beam_quant *q, int64_t T, int32_t H) { return qm_scale_floats(q, T, H) + A_QGUARD; }
 static size_t a_max(size_t a, size_t b) { return a > b ? a : b; }
+
+/* the first of n values where got and want differ; n when none does */
+static size_t a_first_diff(const uint16_t *got, const uint16_t *want, size_t n)
+{
+    size_t i = 0;
+    while (i < n && got[i] == want[i]) i++;
+    return i;
+}
 
 /* host, or with c->dev a device copy of it */
 static const void *a_place(acase *c, const void *host, size_t bytes)
@@ -205,7 +215,7 @@ typedef struct arank {
     int kind;              /* refusals: how rank 1 departs (BAD_*) ... */
     const acase *refused;  /* ... on this case ... */
     int ll;                /* ... with room for R * T LL rows (a device's LL path) */
-    char first[400];
+    char first[800];
 } arank;
 
 /* Before a call (back 0): poison the rank's outputs (hidden's first
@@ -329,18 +339,25 @@ static void *arank_main(void *p)
                                 what = "scales";
                             if (what) {
                                 char desc[200];
+                                const size_t e = a_first_diff(a->h, c->ref_h[m], th);
                                 hc_describe(&c->d[0].s, desc, sizeof desc);
                                 snprintf(a->first, sizeof a->first,
                                          "%s R=%d rank %d %s T=%lld strategy %d form %d normalized %s [%s]: "
-                                         "%s: %d %s", ops->name, a->R, a->rank, m ? "MoE" : "dense",
+                                         "%s: %d %s (hidden: first difference at row %lld column %lld: "
+                                         "0x%04x, want 0x%04x)", ops->name, a->R, a->rank, m ? "MoE" : "dense",
                                          (long long)c->T, (int)strats[k], f, kept ? "kept" : "NULL", desc, what,
-                                         (int)st, st != BEAM_OK ? ops->last_error() : dev_last_error());
+                                         (int)st, st != BEAM_OK ? ops->last_error() : dev_last_error(),
+                                         e < th ? (long long)(e / (size_t)H) : -1LL,
+                                         e < th ? (long long)(e % (size_t)H) : -1LL, e < th ? a->h[e] : 0u,
+                                         e < th ? c->ref_h[m][e] : 0u);
                                 a->bad++;
                             }
                         }
         }
-        if (ws && ops->workspace_destroy(ws) != BEAM_OK && !a->bad) {
-            snprintf(a->first, sizeof a->first, "destroy: %s", ops->last_error());
+        /* a call the device gave up (bad: no rows stored) reports why here */
+        if (ws && ops->workspace_destroy(ws) != BEAM_OK) {
+            const size_t u = strlen(a->first);
+            snprintf(a->first + u, sizeof a->first - u, "%sdestroy: %s", u ? "; " : "", ops->last_error());
             a->bad++;
         }
     }
@@ -413,11 +430,13 @@ static void run_plan(const beam_ops *ops, int R, int large, int *n)
 static void test_results(void)
 {
     static const int Rs[] = {1, 2, 3, 4, 5, 8};
+    const char *only = getenv("BEAM_TEST_RANKS"); /* one world size of Rs */
     FOR_EACH_BACKEND(ops)
     {
         int ri, n = 0;
-        for (ri = 0; ri < hu_world_sizes(ops->device_memory); ri++) {
+        for (ri = 0; ri < (only ? 6 : hu_world_sizes(ops->device_memory)); ri++) {
             const double t0 = hu_now();
+            if (only && atoi(only) != Rs[ri]) continue;
             run_plan(ops, Rs[ri], !hu_quick() && ops->device_memory ? 2 * ri : -1, &n);
             fprintf(stderr, "  all-reduce: %s R=%d done in %.1f s, %ld calls so far\n", ops->name, Rs[ri],
                     hu_now() - t0, g_calls);
@@ -557,10 +576,14 @@ static void *brank_main(void *p)
         char msg[200];
         int back, refused;
         beam_status dst;
-        /* ranks that disagree on the LL path compare signatures only after
-         * the rows are used: outputs may be written (docs/contract.md) */
-        const int written = a->ll && a->ops->device_memory &&
-                            (a->kind == BAD_TOKENS || a->kind == BAD_GATHER || a->kind == BAD_FORM);
+        /* ranks that disagree on an LL path compare signatures only after
+         * the rows are used: outputs may be written (docs/contract.md).
+         * The all-reduce takes it with room for R * T rows (a->ll), the
+         * gather that rank 1 calls instead (BAD_GATHER) with room for T
+         * (its LL rows are the T gathered ones): on every workspace here */
+        const int written = a->ops->device_memory &&
+                            ((a->ll && (a->kind == BAD_TOKENS || a->kind == BAD_GATHER || a->kind == BAD_FORM)) ||
+                             (odd && a->kind == BAD_GATHER));
         snprintf(msg, sizeof msg, "%s", a->ops->last_error());
         back = arank_out(a, 2 * th, 0, 0, NULL, 0, 1);
         dst = a->ops->workspace_destroy(ws);
