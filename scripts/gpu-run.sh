@@ -106,7 +106,7 @@ if test -n "$QUICK"; then
     for t in $tests; do step $t $t.log "$B/bin/$t" & done
     step shapes shapes.log "$B/bin/shape_sweep" check &
     # the longest of them: R = 1 .. 8, each with the T = 16384 line
-    (T=$((T * 2)); step allreduce allreduce.log "$B/bin/test_allreduce") &
+    (T=$((T * 3)); step allreduce allreduce.log "$B/bin/test_allreduce") &
     test -n "$gpu_python" && step python python.log python3 -m pytest -q -rs -p no:cacheprovider \
         python/tests/test_cuda.py python/tests/test_torch_ops.py python/tests/test_gather_process_group.py \
         -k "cuda or gpus" &
