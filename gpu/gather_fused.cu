@@ -354,23 +354,10 @@ struct bm_tp_family {
     }
 };
 
-/* The cap index's shape (BM_TP_NSHAPES: the all-gather kernel's), whether
- * its kernels have the quantized output, and whether they are the
- * all-reduce's. */
-static int bm_tp_cap_shape(int index, bool &q, bool &ar)
-{
-    ar = index > 2 * BM_TP_NSHAPES;
-    if (ar)
-        index -= BM_TP_NSHAPES + 1;
-    q = index > BM_TP_NSHAPES;
-    return q ? index - BM_TP_NSHAPES - 1 : index;
-}
-
 int bm_tp_occupancy_cap(int index)
 {
-    int dev = 0, sms = 0, per = 0;
-    bool q, ar;
-    const int shape = bm_tp_cap_shape(index, q, ar);
+    int dev = 0, sms = 0, per = 0, q, ar;
+    const int shape = bm_tp_cap_shape(BM_TP_NSHAPES, index, &q, &ar);
     const int cs = shape < BM_TP_NSHAPES ? bm_tp_cs(shape) : 1;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
@@ -385,7 +372,7 @@ int bm_tp_occupancy_cap(int index)
         /* the fewest of every kernel of the shape and family, ONESHOT and
          * TWOSHOT, of every form (a grid larger than what is resident
          * would wait on itself) */
-        per = ar ? bm_ar_occupancy(shape, q) : bm_tp_family_occupancy<bm_tp_family>(shape, q);
+        per = ar ? bm_ar_occupancy(shape, q) : bm_tp_family_occupancy<bm_tp_family>(shape, q != 0);
     }
     if (per < 1)
         per = 1;
@@ -413,8 +400,8 @@ void bm_tp_caps(int share, int32_t *caps)
     for (int i = 0; i < BM_TP_NCAPS; ++i) {
         int c = bm_tp_occupancy_cap(i);
         if (share > 1) {
-            bool q, ar;
-            const int shape = bm_tp_cap_shape(i, q, ar);
+            int q, ar;
+            const int shape = bm_tp_cap_shape(BM_TP_NSHAPES, i, &q, &ar);
             const int cs = shape < BM_TP_NSHAPES ? bm_tp_cs(shape) : 1;
             const int half = sms / (2 * share * cs);
             c = half < c ? half : c;

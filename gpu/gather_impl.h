@@ -71,6 +71,7 @@
 
 #include "gather.h"
 #include "params.cuh"
+#include "tp_shape.h"
 
 #define BM_TP_MAX_RANKS 8
 #define BM_TP_MAX_BLOCKS 1024
@@ -89,15 +90,10 @@
     X(14, 512, 1, 2)                                                           \
     X(15, 128, 2, 1) X(16, 256, 2, 1) X(17, 512, 2, 1)
 #define BM_TP_NSHAPES 18
-/* launch caps: [0, NSHAPES) the gather's kernels of each shape,
- * [NSHAPES] the in-process all-gather kernel, [NSHAPES + 1 + i] the
- * gather's kernels of shape i compiled with the quantized output (more
- * registers: their own cap), then the all-reduce's kernels likewise
- * (BM_TP_ACAP: their own caps, so that neither family's grids depend on
- * the other's registers) */
+/* launch caps: gpu/tp_shape.h says which is which */
 #define BM_TP_NCAPS (4 * BM_TP_NSHAPES + 1)
-#define BM_TP_QCAP(i) (BM_TP_NSHAPES + 1 + (i))
-#define BM_TP_ACAP(i, q) (2 * BM_TP_NSHAPES + 1 + ((q) ? BM_TP_NSHAPES : 0) + (i))
+#define BM_TP_QCAP(i) bm_tp_cap_index(BM_TP_NSHAPES, (i), 1, 0)
+#define BM_TP_ACAP(i, q) bm_tp_cap_index(BM_TP_NSHAPES, (i), (q), 1)
 
 /* Failure record in host-mapped memory, written by a kernel, read by the
  * host at the start of the next call (a plain load, no synchronization). */

@@ -1,7 +1,8 @@
 /*
- * tp_shape.h - the cluster size of decode launches (internal): plain C, so
- * that gpu/gather_fused.cu (the gather) and gpu/launch.cu (the single-device
- * rows) pick by it and tests/test_tp_shape.c checks it on any host.
+ * tp_shape.h - the cluster size of decode launches and the layout of the
+ * launch caps (internal): plain C, so that gpu/gather_fused.cu (the
+ * gather), gpu/launch.cu (the single-device rows) and the all-reduce use
+ * them and tests/test_tp_shape.c checks them on any host.
  *
  * At decode sizes (few rows per rank) a row is spread over a cluster of up
  * to 8 blocks, so that its loads come from several multiprocessors, while
@@ -37,6 +38,33 @@ static inline int bm_cluster_size(int most, int64_t rows, int n2, int64_t room)
 static inline int bm_tp_cluster_size(int64_t rows, int n2, int token_scale, int sms)
 {
     return token_scale ? 1 : bm_cluster_size(8, rows, n2, sms);
+}
+
+/* The launch caps (bm_tp_ws.gcap, 4 ns + 1 of them for ns launch shapes):
+ * [0, ns) the gather's kernels of each shape, [ns] the in-process
+ * all-gather kernel, [ns + 1 + i] the gather's kernels of shape i compiled
+ * with the quantized output (more registers: their own cap), then the
+ * all-reduce's kernels likewise, [2 ns + 1 + i] without and [3 ns + 1 + i]
+ * with it (their own caps, so that neither family's grids depend on the
+ * other's registers). */
+static inline int bm_tp_cap_index(int ns, int shape, int q, int ar)
+{
+    return ar ? 2 * ns + 1 + (q ? ns : 0) + shape : q ? ns + 1 + shape : shape;
+}
+
+/* Its inverse: the shape of cap `index` (ns: the all-gather kernel's), and
+ * whether its kernels have the quantized output (*q) and are the
+ * all-reduce's (*ar). */
+static inline int bm_tp_cap_shape(int ns, int index, int *q, int *ar)
+{
+    *ar = index > 2 * ns;
+    if (*ar) {
+        index -= 2 * ns + 1;
+        *q = index >= ns;
+        return index % ns;
+    }
+    *q = index > ns;
+    return *q ? index - ns - 1 : index;
 }
 
 #endif

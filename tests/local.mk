@@ -24,7 +24,8 @@
 #                      of them: hand-checked vectors, E2M1 on every FP32
 #                      value, the block scale on every BF16 maximum
 #   test_tp_shape      the gather's decode cluster size (gpu/tp_shape.h) from
-#                      the workspace's multiprocessor count
+#                      the workspace's multiprocessor count; the launch caps'
+#                      index and its inverse
 #   test_quant         the quantized output of normalized (beam_*_q), every
 #                      backend, against the test's own model
 #   test_numerics      sweep vs the naive reference (dispatcher, backend cpu)

@@ -1,6 +1,8 @@
 /*
  * test_tp_shape.c - the gather's decode cluster size (gpu/tp_shape.h) from
- * the workspace's multiprocessor count, by hand: the grid of a decode
+ * the workspace's multiprocessor count, and the launch caps' index and
+ * its inverse (an all-reduce cap once read another shape's: its grid
+ * then outgrew the device). The cluster size by hand: the grid of a decode
  * launch (rows times blocks per row) stays within one wave of the device
  * the workspace names, an H100 PCIe (114), an H20 (78), an H200 (132) or a
  * B200 (148), never of a fixed one. Plain C: runs on any host.
@@ -57,8 +59,40 @@ static void test_wave(void)
                 }
 }
 
+/* The launch caps' index and its inverse: every (shape, quantized,
+ * all-reduce) has its own index, within the BM_TP_NCAPS of a count of
+ * launch shapes, and decodes back to itself; index ns is the all-gather
+ * kernel's. */
+static void test_cap_index(void)
+{
+    static const int counts[] = {1, 2, 18, 31};
+    int k, shape, q, ar;
+    for (k = 0; k < (int)(sizeof counts / sizeof counts[0]); k++) {
+        const int ns = counts[k];
+        int seen[4 * 31 + 1] = {0}, dq, dar;
+        for (ar = 0; ar < 2; ar++)
+            for (q = 0; q < 2; q++)
+                for (shape = 0; shape < ns; shape++) {
+                    const int i = bm_tp_cap_index(ns, shape, q, ar);
+                    CU_ASSERT(i >= 0 && i < 4 * ns + 1 && i != ns);
+                    if (i < 0 || i >= 4 * ns + 1) continue;
+                    CU_ASSERT_EQUAL(seen[i]++, 0);
+                    CU_ASSERT_EQUAL(bm_tp_cap_shape(ns, i, &dq, &dar), shape);
+                    if (dq != q || dar != ar)
+                        fprintf(stderr, "ns=%d shape %d q %d ar %d: index %d decodes as q %d ar %d\n", ns, shape, q,
+                                ar, i, dq, dar);
+                    CU_ASSERT(dq == q && dar == ar);
+                }
+        CU_ASSERT_EQUAL(bm_tp_cap_shape(ns, ns, &dq, &dar), ns);
+        CU_ASSERT(!dq && !dar);
+    }
+}
+
 int main(void)
 {
-    static const suite_test tests[] = {{"by hand", test_by_hand}, {"within one wave", test_wave}, {NULL, NULL}};
+    static const suite_test tests[] = {{"by hand", test_by_hand},
+                                       {"within one wave", test_wave},
+                                       {"the launch caps' index", test_cap_index},
+                                       {NULL, NULL}};
     return suite_run("tp_shape", tests);
 }
