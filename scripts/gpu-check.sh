@@ -21,8 +21,8 @@
 # Then on the GPU host, from the repository root with .devbuild/ beside it:
 #   sh scripts/gpu-run.sh            one GPU: logs and a summary land in $OUT
 #                                    (default .devbuild/out)
-#   QUICK=1 sh scripts/gpu-run.sh    the checks that matter most, in about
-#                                    five minutes
+#   QUICK=1 sh scripts/gpu-run.sh    the checks that matter most, in under
+#                                    ten minutes
 #   sh scripts/gather-run.sh         two or more GPUs: the NCCL gather's test
 #                                    and benchmark
 #

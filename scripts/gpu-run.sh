@@ -48,14 +48,17 @@
 # memcheck racecheck group group-stress allreduce group-memcheck group-racecheck bench
 # python compare gemm overhead fp8 fp8-all vllm).
 #
-# QUICK=1: what matters most in about five minutes, for a GPU host held
+# QUICK=1: what matters most in under ten minutes, for a GPU host held
 # briefly (STEP_TIMEOUT default 150). At once, each its own process on the
 # shared GPU: test_backends, test_cuda, test_quant (test_backends.log, ...),
-# shapes, allreduce (twice STEP_TIMEOUT) and the Python suite's GPU tests;
-# then group (BEAM_TEST_STRESS=50) beside memcheck; then alone on the GPU bench
-# (cuda_bench --quick, its JSON in bench.json) and, with BASE set to another
-# build's bench/shape_sweep, `shape_sweep perf --summary --picked` of BASE
-# and of this build (perf-base.txt, perf.txt: the picked shapes' times).
+# shapes, allreduce (three times STEP_TIMEOUT) and the Python suite's GPU
+# tests; then group (BEAM_TEST_STRESS=50) beside memcheck and racecheck; then
+# alone on the GPU bench (cuda_bench --quick, its JSON in bench.json), the
+# decode rows of torch_compare.py and the FP8 rows of fp8_compare.py that
+# docs/PERF.md's targets name (compare.txt, fp8.txt; when python3 imports
+# torch) and, with BASE set to another build's bench/shape_sweep,
+# `shape_sweep perf --summary --picked` of BASE and of this build
+# (perf-base.txt, perf.txt: the picked shapes' times).
 B=${B:-.devbuild}
 OUT=${OUT:-$B/out}
 T=${STEP_TIMEOUT:-240}
@@ -113,8 +116,15 @@ if test -n "$QUICK"; then
     wait
     step group group.log env BEAM_TEST_STRESS=50 "$B/bin/test_gather_group" &
     step memcheck memcheck.log sh -c "$sanitize" sh --tool memcheck --leak-check full &
+    step racecheck racecheck.log sh -c "$sanitize" sh --tool racecheck &
     wait
     step bench bench.txt "$B/bin/cuda_bench" --quick --json "$OUT/bench.json"
+    if test -n "$gpu_python"; then
+        step compare compare.txt python3 bench/torch_compare.py --device cuda --modes cold --no-unfused \
+            --ops fused,nrn --configs post+next,pre+next+scales,pre+next --shapes 1:7168,64:7168,64:4096
+        step fp8 fp8.txt python3 bench/fp8_compare.py --device cuda --modes cold --ops fused,nrn \
+            --forms group128 --shapes 64:7168,4096:2048,4096:4096,16384:7168
+    fi
     if test -n "$BASE"; then
         step perf-base perf-base.txt "$BASE" perf --summary --picked
         step perf perf.txt "$B/bin/shape_sweep" perf --summary --picked
