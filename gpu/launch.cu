@@ -118,7 +118,7 @@ bm_shape bm_pick_shape(const bm_row_params &p, int quant, int shared)
     }
 }
 
-bm_shape bm_row_twin(bm_shape s)
+static constexpr bm_shape row_twin(bm_shape s)
 {
     if (s.st > 0 && s.j == 8) { /* no row kernel of 8 chunks: the same cover */
         s.nt *= 2;
@@ -133,7 +133,7 @@ bm_shape bm_row_twin(bm_shape s)
     return s;
 }
 
-int bm_shape_ok(bm_shape s, int hidden)
+static constexpr int shape_ok(bm_shape s, int hidden)
 {
     if ((long)s.cs * s.nt * s.j < hidden / 8)
         return 0;
@@ -161,6 +161,30 @@ int bm_shape_ok(bm_shape s, int hidden)
 #undef BM_OK
     return 0;
 }
+
+bm_shape bm_row_twin(bm_shape s)
+{
+    return row_twin(s);
+}
+
+int bm_shape_ok(bm_shape s, int hidden)
+{
+    return shape_ok(s, hidden);
+}
+
+/* Every row of gpu/shapes.def that names its shape (all but the decode
+ * clusters, whose size bm_pick_shape fits to the device and checks at run
+ * time) names a compiled one, and so does the row kernel that stands in
+ * for it on bases not 16-byte aligned: a row that did not would fail its
+ * calls with cudaErrorInvalidConfiguration. */
+static constexpr bool rows_compiled()
+{
+    for (const bm_pick::row &r : bm_pick::rows)
+        if (r.s.nt != 0 && !(shape_ok(r.s, 0) && shape_ok(row_twin(r.s), 0)))
+            return false;
+    return true;
+}
+static_assert(rows_compiled(), "a row of gpu/shapes.def names a shape that launch_shapes.h does not compile");
 
 int bm_shape_list(bm_shape *out, int max)
 {
