@@ -354,16 +354,21 @@ struct bm_tp_family {
     }
 };
 
-int bm_tp_occupancy_cap(int index)
+/* share ranks run their kernels on this device at once (an in-process
+ * group may put several ranks on one device). One rank per device: what is
+ * resident. Several: a block waiting for a peer must never keep the peer's
+ * own kernels from running, and those need whole multiprocessors (a
+ * multiprocessor's shared-memory carveout changes only when it is idle, so
+ * a pipelined kernel cannot start beside a gather block). Each rank then
+ * gets at most one block per multiprocessor of 1/(2 share) of them, so that
+ * at least half the multiprocessors hold no gather block. The arithmetic
+ * does not depend on the grid. Cap `index`: groups (clusters) per launch on
+ * a device of sms multiprocessors. */
+static int bm_tp_cap(int index, int sms, int share)
 {
-    int dev = 0, sms = 0, per = 0, q, ar;
+    int per = 0, q, ar;
     const int shape = bm_tp_cap_shape(BM_TP_NSHAPES, index, &q, &ar);
     const int cs = shape < BM_TP_NSHAPES ? bm_tp_cs(shape) : 1;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess)
-        return 1;
     if (shape == BM_TP_NSHAPES) {
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, bm_tp_allgather_kernel, 256, 0) != cudaSuccess)
             per = 0;
@@ -379,35 +384,16 @@ int bm_tp_occupancy_cap(int index)
     long cap = (long)sms * per / cs;
     if (cap * cs > BM_TP_MAX_BLOCKS)
         cap = BM_TP_MAX_BLOCKS / cs;
+    if (share > 1 && cap > sms / (2 * share * cs))
+        cap = sms / (2 * share * cs);
     return (int)(cap < 1 ? 1 : cap);
 }
 
-/* share ranks run their kernels on this device at once (an in-process
- * group may put several ranks on one device). One rank per device: what is
- * resident. Several: a block waiting for a peer must never keep the peer's
- * own kernels from running, and those need whole multiprocessors (a
- * multiprocessor's shared-memory carveout changes only when it is idle, so
- * a pipelined kernel cannot start beside a gather block). Each rank then
- * gets at most one block per multiprocessor of 1/(2 share) of them, so that
- * at least half the multiprocessors hold no gather block. The arithmetic
- * does not depend on the grid. */
 void bm_tp_caps(int share, int32_t *caps)
 {
-    int dev = 0, sms = 1;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-        sms = 1;
-    cudaGetLastError();
-    for (int i = 0; i < BM_TP_NCAPS; ++i) {
-        int c = bm_tp_occupancy_cap(i);
-        if (share > 1) {
-            int q, ar;
-            const int shape = bm_tp_cap_shape(BM_TP_NSHAPES, i, &q, &ar);
-            const int cs = shape < BM_TP_NSHAPES ? bm_tp_cs(shape) : 1;
-            const int half = sms / (2 * share * cs);
-            c = half < c ? half : c;
-        }
-        caps[i] = c < 1 ? 1 : c;
-    }
+    const int sms = bm_tp_device_sms();
+    for (int i = 0; i < BM_TP_NCAPS; ++i)
+        caps[i] = bm_tp_cap(i, sms, share);
 }
 
 int bm_tp_device_sms(void)

@@ -201,7 +201,6 @@ uint32_t bm_tp_signature(const bm_args *a, int strategy_word);
  * token's scale takes a shape of one block per row; sms: the workspace's
  * (bm_tp_ws.sms) */
 int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms);
-int bm_tp_occupancy_cap(int index); /* BM_TP_NCAPS index: groups resident on this device */
 int bm_tp_device_sms(void);         /* the current device's multiprocessors */
 cudaError_t bm_tp_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot, uint32_t sig,
                                cudaStream_t stream);

@@ -54,17 +54,19 @@ static inline int bm_tp_cap_index(int ns, int shape, int q, int ar)
 
 /* Its inverse: the shape of cap `index` (ns: the all-gather kernel's), and
  * whether its kernels have the quantized output (*q) and are the
- * all-reduce's (*ar). */
+ * all-reduce's (*ar). A search of bm_tp_cap_index, so that the layout is
+ * written once (a second formula for it once read the all-reduce's caps
+ * from other shapes' entries); asked only when a workspace is created. */
 static inline int bm_tp_cap_shape(int ns, int index, int *q, int *ar)
 {
-    *ar = index > 2 * ns;
-    if (*ar) {
-        index -= 2 * ns + 1;
-        *q = index >= ns;
-        return index % ns;
-    }
-    *q = index > ns;
-    return *q ? index - ns - 1 : index;
+    int shape;
+    for (*ar = 0; *ar < 2; ++*ar)
+        for (*q = 0; *q < 2; ++*q)
+            for (shape = 0; shape < ns; ++shape)
+                if (bm_tp_cap_index(ns, shape, *q, *ar) == index)
+                    return shape;
+    *q = *ar = 0;
+    return ns;
 }
 
 #endif
