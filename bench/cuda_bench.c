@@ -30,8 +30,10 @@
  * (pointer attributes too) and launches nothing. bench/torch_compare.py
  * times torch.compile of the same pipeline beside beammoe.
  *
- * usage: cuda_bench [--quick] [--json FILE]
+ * usage: cuda_bench [--quick] [--cfg NAMES] [--json FILE]
  *   --quick      three shapes, fewer replays
+ *   --cfg NAMES  only these configurations (names as printed, comma
+ *                separated), e.g. "nrn,allreduce1" to compare two rows
  *   --json FILE  also write every measured row to FILE (written beside it,
  *                renamed onto it once complete), for scripts/perf-report.py:
  *                the run (date, BEAM_COMMIT from the environment, device,
@@ -355,10 +357,25 @@ static void json_close(const char *file, double copy_gbs, int reps, double host_
     g_json = NULL;
 }
 
+/* name is one of the comma-separated names of list */
+static int listed(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    const char *p = list;
+    for (;;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        if (!end) return 0;
+        p = end + 1;
+    }
+}
+
 static int usage(FILE *f, int status)
 {
-    fprintf(f, "usage: cuda_bench [--quick] [--json FILE]\n"
+    fprintf(f, "usage: cuda_bench [--quick] [--cfg NAMES] [--json FILE]\n"
                "  --quick      three shapes, fewer replays\n"
+               "  --cfg NAMES  only these configurations (names as printed, comma separated)\n"
                "  --json FILE  also write every measured row to FILE (scripts/perf-report.py reads it;\n"
                "               BEAM_COMMIT in the environment names the library's commit)\n");
     return status;
@@ -368,7 +385,7 @@ int main(int argc, char **argv)
 {
     const int32_t K = 8;
     int quick = 0, reps, ai;
-    const char *json_file = NULL;
+    const char *json_file = NULL, *only = NULL;
     double host_check = 0.0, host_capture = 0.0;
     struct cudaDeviceProp prop;
     cudaStream_t st;
@@ -382,6 +399,8 @@ int main(int argc, char **argv)
     for (ai = 1; ai < argc; ai++) {
         if (strcmp(argv[ai], "--quick") == 0 && !quick)
             quick = 1;
+        else if (strcmp(argv[ai], "--cfg") == 0 && ai + 1 < argc && !only && *argv[ai + 1])
+            only = argv[++ai];
         else if (strcmp(argv[ai], "--json") == 0 && ai + 1 < argc && !json_file && *argv[ai + 1])
             json_file = argv[++ai];
         else if (strcmp(argv[ai], "--help") == 0)
@@ -392,6 +411,15 @@ int main(int argc, char **argv)
         }
     }
     reps = quick ? 5 : 20;
+    if (only) {
+        size_t ci, known = 0;
+        for (ci = 0; ci < NCFG; ci++)
+            known += listed(only, cfgs[ci].name);
+        if (!known) {
+            fprintf(stderr, "cuda_bench: --cfg '%s' names no configuration\n", only);
+            return usage(stderr, 2);
+        }
+    }
     if (bm_gpu_probe(why, sizeof why) < 1) {
         printf("cuda_bench: %s: skipped\n", why);
         return 77;
@@ -496,7 +524,7 @@ int main(int argc, char **argv)
                                  : op == OP_NRN || op == OP_AR ? 3.0 * brow + nrm_b + wA + H * 2.0
                                                                : fin_b + wA + brow + nrm_b + H * 2.0;
             double us, hot = 0.0;
-            if (quick && op < OP_AR && cf->normA != (op != OP_NRN)) continue;
+            if (only ? !listed(only, cf->name) : quick && op < OP_AR && cf->normA != (op != OP_NRN)) continue;
             us = time_calls(st, e0, e1, pool, set_bytes, bm_graph_calls(nsets, bytes, copy_gbs), nsets, cf,
                             T, H, K, o_w, o_res, o_out, o_nrm, &post, &next, reps, times);
             json_row(cf, T, H, K, "cold", us, times, reps, bytes, 100.0 * bytes / copy_gbs / 1e3 / us);
