@@ -73,6 +73,21 @@ __device__ __forceinline__ void bm_ar_partial(const bm_tp_params &p, int64_t g, 
     }
 }
 
+/* The row requested before the claim's answer (bm_ar_kernel), once. */
+template <int J>
+__device__ __forceinline__ void bm_ar_take(const float (&hv)[J][8], const bm_pack8 (&hpk)[J], float (&v)[J][8],
+                                           bm_pack8 (&pk)[J], bool &held)
+{
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        pk[j] = hpk[j];
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            v[j][e] = hv[j][e];
+    }
+    held = false;
+}
+
 /* A block holds one row at a time: its next row's inputs (row g, below
  * end) are requested into L2 as a row starts, so that memory stays busy
  * through the row's reductions and the next row's loads find them there
@@ -218,7 +233,22 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
     bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, -1};
     unsigned long long E;
     int conc;
-    int bad = bm_tp_start<NT, J, CS>(p, at, xc[0], xchg, E, conc);
+    const bm_tp_claim_req rq = bm_tp_open<NT, J, CS>(p, at, xc[0], xchg, E);
+    /* Decode shapes: the block's first row (row b: the first of phase 0,
+     * or of phase 1 in a group of one) has its inputs requested now, so
+     * that their loads and the claim's round trip overlap; nothing is
+     * written before the claim's answer. Prefill blocks have many rows to
+     * hide one round trip behind. */
+    constexpr bool PRE = J == 1;
+    bool held = PRE && b < (two ? (p.L < p.rows ? p.L : p.rows) : p.rows);
+    float hv[J][8];
+    bm_pack8 hpk[J], hres[J];
+    if (held) {
+        if (one)
+            bm_tp_load_res<J, STRIDE, VEC>(p, hres, b, C, g0);
+        bm_ar_partial<NT, J, CS, VEC>(p, b, hv, hpk, C, g0);
+    }
+    int bad = bm_tp_close(p, at.fb, E, rq, conc);
     const int par = (int)(E & 1ull);
     const uint32_t tag = (uint32_t)E;
     const bool ll = LL && !one && p.ll && !bm_tp_ll_clearing(E);
@@ -233,7 +263,10 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
                 float v[J][8];
                 bm_pack8 pk[J];
                 bm_ar_prefetch<VEC>(p, lo + i + G, lo + n, g0, true, false);
-                bm_ar_partial<NT, J, CS, VEC>(p, lo + i, v, pk, C, g0);
+                if (held)
+                    bm_ar_take<J>(hv, hpk, v, pk, held);
+                else
+                    bm_ar_partial<NT, J, CS, VEC>(p, lo + i, v, pk, C, g0);
                 if (bad)
                     continue;
                 if (ll)
@@ -250,19 +283,34 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
 
     /* ---- phase 1: the sum and the row stages of the rows finished here ---- */
     n = bm_ar_rows(p, two ? p.rank : -1, lo);
+    /* ONESHOT: the block's last access to the workspace is its last row's
+     * sum; it finishes there (bm_tp_finish_send), and the count's round
+     * trip runs beside that row's stages. TWOSHOT pushes and copies after. */
+    const bool early = !two && !conc;
+    uint32_t done = 0u;
     for (int64_t i = b; i < n; i += G) {
         const int64_t g = lo + i;
         float v[J][8];
         bm_pack8 pk[J], res[J];
         bm_ar_prefetch<VEC>(p, g + G, lo + n, g0, one, true);
-        bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
-        if (one)
+        if (held) {
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+                res[j] = hres[j];
+            bm_ar_take<J>(hv, hpk, v, pk, held);
+        } else if (one) {
+            bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
             bm_ar_partial<NT, J, CS, VEC>(p, g, v, pk, C, g0);
-        else
+        } else {
+            bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
+        }
+        if (!one)
             bm_ar_sum<J, STRIDE>(p, ll, par, g, v, C, g0, bad);
 #pragma unroll
         for (int j = 0; j < J; ++j)
             pk[j] = bm_rnd8(v[j]); /* the sum's one rounding */
+        if (early && i + G >= n)
+            done = bm_tp_finish_send(p, E, at.fb, (int)gridDim.x);
         if (p.normA)
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
         bm_tp_stage_b<NT, J, CS, VEC, true, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, two && !bad && !one);
@@ -284,7 +332,9 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
         bad = bm_tp_ll_sigs(p, E, bad);
     if (xchg)
         tc.finish();
-    if (!conc)
+    if (early && b < n)
+        bm_tp_finish_take(p, done, (int)gridDim.x);
+    else if (!conc)
         bm_tp_finish(p, E, at.fb, (int)gridDim.x);
 }
 

@@ -120,8 +120,9 @@ struct bm_tp_err {
 
 /* Words of a rank's own device state after the BM_TP_MAX_BLOCKS epoch
  * copies: the claim of the grid that runs (0: none), the count of its
- * blocks that finished, and the dead word (nonzero once a failure was
- * recorded: later kernels then wait for nothing, bm_tp_claim). */
+ * blocks that finished (in its low 32 bits, bm_tp_finish_send), and the
+ * dead word (nonzero once a failure was recorded: later kernels then wait
+ * for nothing, bm_tp_claim). */
 enum {
     BM_TP_CLAIM = BM_TP_MAX_BLOCKS,
     BM_TP_DONE = BM_TP_MAX_BLOCKS + 1,

@@ -362,24 +362,41 @@ __device__ __forceinline__ unsigned long long bm_tp_epoch(const bm_tp_params &p,
  * failure. The block then computes and waits for nothing, and publishes
  * fail[r] = E at every peer, so that a peer's kernel of E stops at once
  * too: after one failure, every queued kernel of every rank ends without
- * waiting (the first failure's record stays). */
-__device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long long E, int &dead)
+ * waiting (the first failure's record stays).
+ * In two halves, so that a kernel may request its first row's inputs
+ * while the claim's round trip is under way (bm_ar_kernel): thread 0
+ * sends the compare-and-swap and the dead word's read (bm_tp_claim_send),
+ * then every thread takes the answer at the barrier (bm_tp_claim_take). */
+struct bm_tp_claim_req {
+    unsigned long long old, dead, me;
+};
+
+__device__ __forceinline__ bm_tp_claim_req bm_tp_claim_send(const bm_tp_params &p)
 {
-    int conc = 0, gone = 0;
+    bm_tp_claim_req q = {0ull, 0ull, 0ull};
     if (threadIdx.x == 0) {
         unsigned long long gid;
         asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
-        const unsigned long long me = gid + 1ull;
+        q.me = gid + 1ull;
         /* the dead word read beside the claim, not after it: one round
          * trip to L2 at the kernel's start instead of two (the previous
          * grid's writes are visible to both, bm_pdl_wait)
          * [2026-12-06-allreduce-local: start] */
-        const unsigned long long was_dead = *(volatile unsigned long long *)(p.epoch + BM_TP_DEAD);
-        const unsigned long long old = atomicCAS(p.epoch + BM_TP_CLAIM, 0ull, me);
-        conc = old != 0ull && old != me;
+        q.dead = *(volatile unsigned long long *)(p.epoch + BM_TP_DEAD);
+        q.old = atomicCAS(p.epoch + BM_TP_CLAIM, 0ull, q.me);
+    }
+    return q;
+}
+
+__device__ __forceinline__ int bm_tp_claim_take(const bm_tp_params &p, unsigned long long E,
+                                                const bm_tp_claim_req &q, int &dead)
+{
+    int conc = 0, gone = 0;
+    if (threadIdx.x == 0) {
+        conc = q.old != 0ull && q.old != q.me;
         if (conc)
             bm_tp_record(p, BM_TP_CONCURRENT, p.rank, E);
-        else if (was_dead != 0ull) {
+        else if (q.dead != 0ull) {
             gone = 1;
             bm_tp_publish_fail(p, E);
         }
@@ -388,24 +405,51 @@ __device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long 
     return __syncthreads_or(conc);
 }
 
-/* At the end of a block that claimed: advance its epoch copies (fb,
- * fb + grid, ...: every copy is advanced by every call whatever its grid),
- * and the grid's last block releases the claim. */
-__device__ __forceinline__ void bm_tp_finish(const bm_tp_params &p, unsigned long long E, int fb, int grid)
+__device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long long E, int &dead)
+{
+    return bm_tp_claim_take(p, E, bm_tp_claim_send(p), dead);
+}
+
+/* At the end of a block that claimed, once it has made its last access to
+ * the workspace: advance its epoch copies (fb, fb + grid, ...: every copy
+ * is advanced by every call whatever its grid), and count the block done;
+ * the grid's last block then releases the claim. In two halves, so that
+ * the count's round trip can run beside the block's remaining work (its
+ * last row's stages, bm_ar_kernel): bm_tp_finish_send counts (thread 0's
+ * count before this block, block-uniform otherwise), bm_tp_finish_take
+ * releases.
+ * The count is the low 32 bits of the done word, and atom.inc returns it
+ * to 0 at the last block (it wraps at grid - 1), so that the last block
+ * stores nothing but the claim; acq_rel: every block's copies are ordered
+ * before its count (release, cumulative over the block's stores through
+ * the barrier), and the last block's release of the claim after all of
+ * them (acquire). Release operations instead of fences
+ * [2026-12-06-allreduce-local: end]. */
+__device__ __forceinline__ uint32_t bm_tp_finish_send(const bm_tp_params &p, unsigned long long E, int fb, int grid)
 {
     /* every thread's read of copy fb has returned (E is an operand) */
     __syncthreads_or(E == 0ull);
     for (int k = (int)threadIdx.x; fb + k * grid < BM_TP_MAX_BLOCKS; k += (int)blockDim.x)
         p.epoch[fb + k * grid] = E;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        if (atomicAdd(p.epoch + BM_TP_DONE, 1ull) == (unsigned long long)grid - 1ull) {
-            p.epoch[BM_TP_DONE] = 0ull;
-            __threadfence();
-            atomicExch(p.epoch + BM_TP_CLAIM, 0ull);
-        }
-    }
+    uint32_t n = 0u;
+    if (threadIdx.x == 0)
+        asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                     : "=r"(n)
+                     : "l"(p.epoch + BM_TP_DONE), "r"((uint32_t)grid - 1u)
+                     : "memory");
+    return n;
+}
+
+__device__ __forceinline__ void bm_tp_finish_take(const bm_tp_params &p, uint32_t n, int grid)
+{
+    if (threadIdx.x == 0 && n == (uint32_t)grid - 1u)
+        asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.epoch + BM_TP_CLAIM), "l"(0ull) : "memory");
+}
+
+__device__ __forceinline__ void bm_tp_finish(const bm_tp_params &p, unsigned long long E, int fb, int grid)
+{
+    bm_tp_finish_take(p, bm_tp_finish_send(p, E, fb, grid), grid);
 }
 
 /* LL tags hold the low 32 bits of the epoch. Epochs k * 2^30 and
