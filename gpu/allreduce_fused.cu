@@ -284,8 +284,10 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
     /* ---- phase 1: the sum and the row stages of the rows finished here ---- */
     n = bm_ar_rows(p, two ? p.rank : -1, lo);
     /* ONESHOT: the block's last access to the workspace is its last row's
-     * sum; it finishes there (bm_tp_finish_send), and the count's round
-     * trip runs beside that row's stages. TWOSHOT pushes and copies after. */
+     * sum (with LL words, then the peers' signatures); it finishes there
+     * (bm_tp_finish_send), and the count's round trip runs beside that
+     * row's stages, which write only the call's own arrays. TWOSHOT pushes
+     * and copies after. */
     const bool early = !two && !conc;
     uint32_t done = 0u;
     for (int64_t i = b; i < n; i += G) {
@@ -309,8 +311,11 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
 #pragma unroll
         for (int j = 0; j < J; ++j)
             pk[j] = bm_rnd8(v[j]); /* the sum's one rounding */
-        if (early && i + G >= n)
+        if (early && i + G >= n) {
+            if (ll)
+                bad = bm_tp_ll_sigs(p, E, bad);
             done = bm_tp_finish_send(p, E, at.fb, (int)gridDim.x);
+        }
         if (p.normA)
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
         bm_tp_stage_b<NT, J, CS, VEC, true, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, two && !bad && !one);
@@ -328,7 +333,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
         }
     }
 
-    if (ll)
+    if (ll && !(early && b < n))
         bad = bm_tp_ll_sigs(p, E, bad);
     if (xchg)
         tc.finish();

@@ -423,8 +423,9 @@ __device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long 
  * stores nothing but the claim; acq_rel: every block's copies are ordered
  * before its count (release, cumulative over the block's stores through
  * the barrier), and the last block's release of the claim after all of
- * them (acquire). Release operations instead of fences
- * [2026-12-06-allreduce-local: end]. */
+ * them (acquire). (The next grid of the stream reads its copy after the
+ * grid's completion, bm_pdl_wait, not through this order.) Release
+ * operations instead of fences [2026-12-06-allreduce-local: end]. */
 __device__ __forceinline__ uint32_t bm_tp_finish_send(const bm_tp_params &p, unsigned long long E, int fb, int grid)
 {
     /* every thread's read of copy fb has returned (E is an operand) */

@@ -100,8 +100,8 @@ __device__ __forceinline__ int bm_tp_begin(const bm_tp_params &p, unsigned long 
 /* Where a block of a peer-memory kernel sits: flag index fb (its index in
  * the grid), row group b of G (a group: a cluster of CS blocks), and g0,
  * its first chunk of a row. The gather's kernel spells this, bm_tp_open
- * and bm_tp_close out itself: its code stays as it was timed
- * (docs/PERF.md), instruction for instruction. */
+ * and bm_tp_close out itself, so that its start stays as it was timed
+ * (docs/PERF.md); its end is bm_tp_finish, as the all-reduce's. */
 template <int NT, int CS>
 struct bm_tp_place {
     int fb, b, G, g0;
