@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(NT) bm_tp_kernel(const typename bm_tp_kparams<
     const uint32_t tag = (uint32_t)E;
     const bool ll = !TWO && p.ll && !bm_tp_ll_clearing(E);
     int dead;
-    const int conc = bm_tp_begin(p, E, fb, dead);
+    const int conc = bm_tp_begin(p, E, bm_tp_claim_send(p), fb, dead);
     int bad = conc | dead;
     int arrived = p.nranks < 2;
 
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(256) bm_tp_allgather_kernel(const bm_tp_params
     bm_pdl_wait();
     const unsigned long long E = bm_tp_epoch(p, fb);
     int dead;
-    const int conc = bm_tp_begin(p, E, fb, dead);
+    const int conc = bm_tp_begin(p, E, bm_tp_claim_send(p), fb, dead);
     int bad = conc | dead;
     bad = bm_tp_wait_arrivals(p, E, E, bad);
     const int64_t lo = (int64_t)p.rank * p.L;

@@ -84,12 +84,14 @@ __device__ __forceinline__ void bm_tp_load_res(const bm_tp_params &p, bm_pack8 (
     }
 }
 
-/* A block's start: claim the workspace for this grid (returns 1 when
- * another call holds it; dead: a peer died) and, when it is ours, clear
- * the LL rows of two epochs ago and announce the call at every peer. */
-__device__ __forceinline__ int bm_tp_begin(const bm_tp_params &p, unsigned long long E, int fb, int &dead)
+/* A block's start: take the answer to its claim of the workspace (q, sent
+ * by bm_tp_claim_send; returns 1 when another call holds it; dead: a peer
+ * died) and, when it is ours, clear the LL rows of two epochs ago and
+ * announce the call at every peer. */
+__device__ __forceinline__ int bm_tp_begin(const bm_tp_params &p, unsigned long long E, const bm_tp_claim_req &q,
+                                           int fb, int &dead)
 {
-    const int conc = bm_tp_claim(p, E, dead);
+    const int conc = bm_tp_claim_take(p, E, q, dead);
     if (!conc) {
         bm_tp_ll_clear(p, E);
         bm_tp_announce(p, E, fb);
@@ -149,11 +151,7 @@ __device__ __forceinline__ int bm_tp_close(const bm_tp_params &p, int fb, unsign
                                            const bm_tp_claim_req &q, int &conc)
 {
     int dead;
-    conc = bm_tp_claim_take(p, E, q, dead);
-    if (!conc) {
-        bm_tp_ll_clear(p, E);
-        bm_tp_announce(p, E, fb);
-    }
+    conc = bm_tp_begin(p, E, q, fb, dead);
     return conc | dead;
 }
 
