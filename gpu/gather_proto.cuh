@@ -411,8 +411,8 @@ __device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long 
 }
 
 /* At the end of a block that claimed, once it has made its last access to
- * the workspace: advance its epoch copies (fb, fb + grid, ...: every copy
- * is advanced by every call whatever its grid), and count the block done;
+ * the workspace: count the block done, and advance its epoch copies (fb,
+ * fb + grid, ...: every copy is advanced by every call whatever its grid);
  * the grid's last block then releases the claim. In two halves, so that
  * the count's round trip can run beside the block's remaining work (its
  * last row's stages, bm_ar_kernel): bm_tp_finish_send counts (thread 0's
@@ -420,32 +420,36 @@ __device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long 
  * releases.
  * The count is the low 32 bits of the done word, and atom.inc returns it
  * to 0 at the last block (it wraps at grid - 1), so that the last block
- * stores nothing but the claim; acq_rel: every block's copies are ordered
- * before its count (release, cumulative over the block's stores through
- * the barrier), and the last block's release of the claim after all of
- * them (acquire). (The next grid of the stream reads its copy after the
- * grid's completion, bm_pdl_wait, not through this order.) Release
- * operations instead of fences [2026-12-06-allreduce-local: end]. */
+ * stores nothing but the claim. Each count is a release (cumulative over
+ * the block's accesses through the barrier), and the last block's acquire
+ * fence after it orders every block's accesses before its store of the
+ * claim. Nothing on the way stalls the block: the count's fence finds no
+ * store of the block outstanding (the copies follow the count: only the
+ * stream's next grid reads them, after this grid completed, bm_pdl_wait),
+ * the count waits for its answer only in bm_tp_finish_take, and the
+ * acquire fence is an L1 invalidation, not a wait for the block's output
+ * stores [2026-12-06-allreduce-local: end]. */
 __device__ __forceinline__ uint32_t bm_tp_finish_send(const bm_tp_params &p, unsigned long long E, int fb, int grid)
 {
     /* every thread's read of copy fb has returned (E is an operand) */
     __syncthreads_or(E == 0ull);
-    for (int k = (int)threadIdx.x; fb + k * grid < BM_TP_MAX_BLOCKS; k += (int)blockDim.x)
-        p.epoch[fb + k * grid] = E;
-    __syncthreads();
     uint32_t n = 0u;
     if (threadIdx.x == 0)
-        asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+        asm volatile("atom.release.gpu.global.inc.u32 %0, [%1], %2;"
                      : "=r"(n)
                      : "l"(p.epoch + BM_TP_DONE), "r"((uint32_t)grid - 1u)
                      : "memory");
+    for (int k = (int)threadIdx.x; fb + k * grid < BM_TP_MAX_BLOCKS; k += (int)blockDim.x)
+        p.epoch[fb + k * grid] = E;
     return n;
 }
 
 __device__ __forceinline__ void bm_tp_finish_take(const bm_tp_params &p, uint32_t n, int grid)
 {
-    if (threadIdx.x == 0 && n == (uint32_t)grid - 1u)
-        asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p.epoch + BM_TP_CLAIM), "l"(0ull) : "memory");
+    if (threadIdx.x == 0 && n == (uint32_t)grid - 1u) {
+        asm volatile("fence.acquire.gpu;" ::: "memory");
+        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p.epoch + BM_TP_CLAIM), "l"(0ull) : "memory");
+    }
 }
 
 __device__ __forceinline__ void bm_tp_finish(const bm_tp_params &p, unsigned long long E, int fb, int grid)
