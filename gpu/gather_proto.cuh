@@ -426,9 +426,11 @@ __device__ __forceinline__ int bm_tp_claim(const bm_tp_params &p, unsigned long 
  * claim. Nothing on the way stalls the block: the count's fence finds no
  * store of the block outstanding (the copies follow the count: only the
  * stream's next grid reads them, after this grid completed, bm_pdl_wait),
- * the count waits for its answer only in bm_tp_finish_take, and the
- * acquire fence is an L1 invalidation, not a wait for the block's output
- * stores [2026-12-06-allreduce-local: end]. */
+ * the count waits for its answer only in bm_tp_finish_take (so n stays
+ * unused until then: any use of it after the atomic holds thread 0, and
+ * the block's next barrier with it, for the round trip), and the acquire
+ * fence is an L1 invalidation, not a wait for the block's output stores
+ * [2026-12-06-allreduce-local: finish]. */
 __device__ __forceinline__ uint32_t bm_tp_finish_send(const bm_tp_params &p, unsigned long long E, int fb, int grid)
 {
     /* every thread's read of copy fb has returned (E is an operand) */
