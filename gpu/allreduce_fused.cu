@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
     const bool one = p.nranks == 1, two = !LL && p.twoshot != 0;
     bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, -1};
     unsigned long long E;
-    int conc;
+    int dead;
     const bm_tp_claim_req rq = bm_tp_open<NT, J, CS>(p, at, xc[0], xchg, E);
     /* Decode shapes: the block's first row (row b: the first of phase 0,
      * or of phase 1 in a group of one) has its inputs requested now, so
@@ -248,7 +248,8 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
             bm_tp_load_res<J, STRIDE, VEC>(p, hres, b, C, g0);
         bm_ar_partial<NT, J, CS, VEC>(p, b, hv, hpk, C, g0);
     }
-    int bad = bm_tp_close(p, at.fb, E, rq, conc);
+    const int conc = bm_tp_begin(p, E, rq, at.fb, dead);
+    int bad = conc | dead;
     const int par = (int)(E & 1ull);
     const uint32_t tag = (uint32_t)E;
     const bool ll = LL && !one && p.ll && !bm_tp_ll_clearing(E);

@@ -101,8 +101,8 @@ __device__ __forceinline__ int bm_tp_begin(const bm_tp_params &p, unsigned long 
 
 /* Where a block of a peer-memory kernel sits: flag index fb (its index in
  * the grid), row group b of G (a group: a cluster of CS blocks), and g0,
- * its first chunk of a row. The gather's kernel spells this, bm_tp_open
- * and bm_tp_close out itself, so that its start stays as it was timed
+ * its first chunk of a row. The gather's kernel spells this and
+ * bm_tp_open out itself, so that its start stays as it was timed
  * (docs/PERF.md); its end is bm_tp_finish, as the all-reduce's. */
 template <int NT, int CS>
 struct bm_tp_place {
@@ -115,15 +115,11 @@ struct bm_tp_place {
     }
 };
 
-/* The start of a block of a peer-memory kernel, before its first row, in
- * two halves. bm_tp_open: the cluster's exchange (xchg: the row has a
- * norm), the wait for the stream's previous kernel, the weights'
- * prefetch, the epoch E, and the claim's request. bm_tp_close: the
- * claim's answer (conc: another call holds the workspace), then the LL
- * rows' clearing and the announcement. Between them the caller may
- * request its first row's inputs, which then travel beside the claim's
- * round trip. bm_tp_close returns the block's failure so far (conc, or a
- * peer died). */
+/* The first half of a block's start, before its first row: the cluster's
+ * exchange (xchg: the row has a norm), the wait for the stream's previous
+ * kernel, the weights' prefetch, the epoch E, and the claim's request,
+ * whose answer bm_tp_begin takes. Between them the caller may request its
+ * first row's inputs, which then travel beside the claim's round trip. */
 template <int NT, int J, int CS>
 __device__ __forceinline__ bm_tp_claim_req bm_tp_open(const bm_tp_params &p, const bm_tp_place<NT, CS> &at,
                                                       bm_xchg<NT, CS> &xc, bool xchg, unsigned long long &E)
@@ -145,14 +141,6 @@ __device__ __forceinline__ bm_tp_claim_req bm_tp_open(const bm_tp_params &p, con
      * the kernel, after every thread has used it (bm_tp_finish). */
     E = bm_tp_epoch(p, at.fb);
     return bm_tp_claim_send(p);
-}
-
-__device__ __forceinline__ int bm_tp_close(const bm_tp_params &p, int fb, unsigned long long E,
-                                           const bm_tp_claim_req &q, int &conc)
-{
-    int dead;
-    conc = bm_tp_begin(p, E, q, fb, dead);
-    return conc | dead;
 }
 
 /* a = +0; a = a + w[k] * f(x[k]) over the K slots of one row (xr, wr: the
