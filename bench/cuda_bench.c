@@ -141,11 +141,12 @@ static double now_s(void)
 typedef struct shape {
     int64_t T;
     int32_t H;
+    int quick; /* also in the --quick run */
 } shape;
 
 static const shape shapes[] = {
-    {1, 7168}, {8, 7168}, {64, 7168}, {128, 7168}, {512, 7168}, {4096, 7168}, {16384, 7168},
-    {4096, 4096}, {4096, 2048},
+    {1, 7168, 1},    {8, 7168, 0},     {64, 7168, 1},   {128, 7168, 0}, {512, 7168, 0},
+    {4096, 7168, 1}, {16384, 7168, 0}, {4096, 4096, 0}, {4096, 2048, 0},
 };
 
 /* The CUDA backend's table: every timed call goes through it, and a failed
@@ -478,7 +479,7 @@ int main(int argc, char **argv)
         beam_norm post, next;
         beam_cpu_group *group;
 
-        if (quick && (H != 7168 || (T != 1 && T != 64 && T != 4096))) continue;
+        if (quick && !shapes[si].quick) continue;
         o_w = (bx + align - 1) / align * align;
         o_res = o_w + (bw + align - 1) / align * align;
         o_out = o_res + (brow + align - 1) / align * align;
