@@ -51,14 +51,21 @@
 /* TWOSHOT's second flag of block fb is fb + BM_AR_FLAG2 */
 #define BM_AR_FLAG2 (BM_TP_MAX_BLOCKS / 2)
 
+/* The kernel's paths: the partials pulled (ONESHOT and TWOSHOT), pushed
+ * as LL words (ONESHOT at decode sizes), or a group of one rank (no
+ * exchange). A variant (bm_ar_family) is a path and a form, the dense
+ * one or the MoE one (BM_AR_MOE): each kernel holds one form's code. */
+enum { BM_AR_PULL = 0, BM_AR_LL = 1, BM_AR_ONE = 2, BM_AR_PATHS = 3 };
+enum { BM_AR_MOE = BM_AR_PATHS, BM_AR_NV = 2 * BM_AR_PATHS };
+
 /* This rank's BF16 partial of row g (pk; v: its values widened): the
  * dense form's row of x, or the finalize of its slots (no post-norm). */
-template <int NT, int J, int CS, bool VEC>
+template <int NT, int J, int CS, bool VEC, bool MOE>
 __device__ __forceinline__ void bm_ar_partial(const bm_tp_params &p, int64_t g, float (&v)[J][8],
                                               bm_pack8 (&pk)[J], int C, int g0)
 {
     constexpr int STRIDE = CS * NT;
-    if (p.experts) {
+    if (MOE) {
         bm_tp_finalize_row<NT, J, CS, VEC>(p, p.experts + (size_t)g * (size_t)p.top_k * p.hidden,
                                            p.weights + (size_t)g * p.top_k, v, pk, C, g0);
         return;
@@ -96,14 +103,14 @@ __device__ __forceinline__ void bm_ar_take(const float (&hv)[J][8], const bm_pac
  * residual. One next row, not two (measured slower too). The row group's
  * first thread, when the arrays are 16-byte aligned (VEC; every row is
  * then, hidden being a multiple of 256). */
-template <bool VEC>
+template <bool VEC, bool MOE>
 __device__ __forceinline__ void bm_ar_prefetch(const bm_tp_params &p, int64_t g, int64_t end, int g0, bool part,
                                                bool res)
 {
     if (!VEC || g0 != 0 || g >= end)
         return;
     const uint32_t row = (uint32_t)p.hidden * 2u;
-    if (part && !p.experts)
+    if (part && !MOE)
         bm_prefetch_l2(p.x + (size_t)g * p.hidden, row);
     if (res)
         bm_prefetch_l2(p.residual + (size_t)g * p.hidden, row);
@@ -214,13 +221,21 @@ __device__ __forceinline__ int64_t bm_ar_rows(const bm_tp_params &p, int s, int6
     return n < 0 ? 0 : (n > p.L ? p.L : n);
 }
 
-/* ONESHOT and TWOSHOT are one kernel (p.twoshot); LL: ONESHOT's kernel
- * for decode sizes, with the LL path, a kernel of its own because its
- * waits and loads would cost the other paths registers (docs/strategies.md
- * #all-reduce). It takes the flags at the epochs that clear the LL rows. */
-template <int NT, int J, int CS, bool VEC, bool LL, int Q>
+/* ONESHOT and TWOSHOT are one kernel (V = BM_AR_PULL, p.twoshot); LL:
+ * ONESHOT's kernel for decode sizes, with the LL path, a kernel of its own
+ * because its waits and loads would cost the other paths registers
+ * (docs/strategies.md#all-reduce); it takes the flags at the epochs that
+ * clear the LL rows. ONE: a group of one rank, a kernel without the
+ * exchange's code, whose paths (four times a row kernel's instructions)
+ * kept a decode launch waiting on instruction fetch
+ * [2026-12-06-allreduce-local: finish] and, compiled into the others,
+ * made the LL kernels of 512 threads spill [2026-12-07-tp-kernels: spills]. */
+template <int NT, int J, int CS, bool VEC, int V, int Q>
 __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<Q>::type p)
 {
+    constexpr bool LL = V % BM_AR_PATHS == BM_AR_LL;
+    constexpr bool one = V % BM_AR_PATHS == BM_AR_ONE; /* p.nranks == 1 */
+    constexpr bool MOE = V >= BM_AR_MOE; /* p.experts != NULL */
     __shared__ float red[2][NT];
     __shared__ bm_xchg<NT, CS> xc[1];
     constexpr int STRIDE = CS * NT;
@@ -229,7 +244,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
     const bm_tp_place<NT, CS> at;
     const int b = at.b, G = at.G, g0 = at.g0;
     const bool xchg = CS > 1 && (p.normA || p.normB);
-    const bool one = p.nranks == 1, two = !LL && p.twoshot != 0;
+    const bool two = !LL && !one && p.twoshot != 0;
     bm_tree_ctx<NT, CS> tc = {red, xc, 0, 0u, 0, 0, -1};
     unsigned long long E;
     int dead;
@@ -246,7 +261,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
     if (held) {
         if (one)
             bm_tp_load_res<J, STRIDE, VEC>(p, hres, b, C, g0);
-        bm_ar_partial<NT, J, CS, VEC>(p, b, hv, hpk, C, g0);
+        bm_ar_partial<NT, J, CS, VEC, MOE>(p, b, hv, hpk, C, g0);
     }
     const int conc = bm_tp_begin(p, E, rq, at.fb, dead);
     int bad = conc | dead;
@@ -263,11 +278,11 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
             for (int64_t i = b; i < n; i += G) {
                 float v[J][8];
                 bm_pack8 pk[J];
-                bm_ar_prefetch<VEC>(p, lo + i + G, lo + n, g0, true, false);
+                bm_ar_prefetch<VEC, MOE>(p, lo + i + G, lo + n, g0, true, false);
                 if (held)
                     bm_ar_take<J>(hv, hpk, v, pk, held);
                 else
-                    bm_ar_partial<NT, J, CS, VEC>(p, lo + i, v, pk, C, g0);
+                    bm_ar_partial<NT, J, CS, VEC, MOE>(p, lo + i, v, pk, C, g0);
                 if (bad)
                     continue;
                 if (ll)
@@ -295,7 +310,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
         const int64_t g = lo + i;
         float v[J][8];
         bm_pack8 pk[J], res[J];
-        bm_ar_prefetch<VEC>(p, g + G, lo + n, g0, one, true);
+        bm_ar_prefetch<VEC, MOE>(p, g + G, lo + n, g0, one, true);
         if (held) {
 #pragma unroll
             for (int j = 0; j < J; ++j)
@@ -303,7 +318,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
             bm_ar_take<J>(hv, hpk, v, pk, held);
         } else if (one) {
             bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
-            bm_ar_partial<NT, J, CS, VEC>(p, g, v, pk, C, g0);
+            bm_ar_partial<NT, J, CS, VEC, MOE>(p, g, v, pk, C, g0);
         } else {
             bm_tp_load_res<J, STRIDE, VEC>(p, res, g, C, g0);
         }
@@ -375,12 +390,15 @@ __global__ void __launch_bounds__(256) bm_ar_sum_kernel(const bm_ar_sum_args a)
 
 /* ---- host side ----------------------------------------------------------- */
 
-/* The variant is LL; the two-chunk shapes (L > 128 only) have none. */
+/* The variants of bm_ar_kernel; the two-chunk shapes (L > 128 only) have
+ * no LL path. */
 struct bm_ar_family {
-    template <int NT, int J, int CS, bool VEC, bool V, int Q>
+    static constexpr int NV = BM_AR_NV;
+    template <int NT, int J, int CS, bool VEC, int V, int Q>
     static auto kernel()
     {
-        return &bm_ar_kernel<NT, J, CS, VEC, V && J == 1, Q>;
+        constexpr int path = V % BM_AR_PATHS == BM_AR_LL && J != 1 ? BM_AR_PULL : V % BM_AR_PATHS;
+        return &bm_ar_kernel<NT, J, CS, VEC, path + (V >= BM_AR_MOE ? BM_AR_MOE : 0), Q>;
     }
 };
 
@@ -417,7 +435,8 @@ cudaError_t bm_ar_launch_fused(const bm_tp_ws *w, const bm_args *a, int twoshot,
     if (twoshot && cap * cs > BM_AR_FLAG2)
         cap = BM_AR_FLAG2 / cs;
     const int64_t want = rows < 1 ? 1 : rows;
-    return bm_tp_launch_family<bm_ar_family>(shape, pq, pq.ll, (unsigned)(want < cap ? want : cap), stream);
+    const int variant = (w->nranks == 1 ? BM_AR_ONE : pq.ll ? BM_AR_LL : BM_AR_PULL) + (pq.experts ? BM_AR_MOE : 0);
+    return bm_tp_launch_family<bm_ar_family>(shape, pq, variant, (unsigned)(want < cap ? want : cap), stream);
 }
 
 cudaError_t bm_ar_launch_sum(const uint16_t *blocks, size_t stride, int nranks, uint16_t *dst, size_t values,

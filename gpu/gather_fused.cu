@@ -327,14 +327,18 @@ static int bm_tp_next_pow2(int c)
 
 /* Decode sizes (few rows per rank): one chunk per thread, and the row
  * spread over a cluster (gpu/tp_shape.h). Larger: two chunks per thread,
- * one block per row group. Depends on L, hidden and the workspace's agreed
- * multiprocessor count only, so every rank picks the same shape. */
+ * one block per row group; also where the one-chunk shape would be a
+ * block of 1024 threads beyond LL sizes, whose kernels spill at the 64
+ * registers a thread that such a block allows
+ * [2026-12-07-tp-kernels: spills]. Depends on L, hidden and the
+ * workspace's agreed multiprocessor count only, so every rank picks the
+ * same shape. */
 int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms)
 {
     const int n2 = bm_tp_next_pow2(hidden / 8); /* 32 .. 1024 */
-    if (L > 128 && n2 >= 256)
-        return n2 == 1024 ? 17 : (n2 == 512 ? 16 : 15);
     const int cs = bm_tp_cluster_size(L, n2, qkind == BEAM_QUANT_FP8_TOKEN, sms);
+    if (n2 >= 256 && (L > 128 || (n2 == 1024 && cs == 1 && L > BM_TP_LL_MAX_L)))
+        return n2 == 1024 ? 17 : (n2 == 512 ? 16 : 15);
     const int nt = n2 / cs;
 #define BM_PICK(I, NT, J, CS) \
     if (J == 1 && NT == nt && CS == cs) return I;
@@ -347,10 +351,11 @@ int bm_tp_shape_index(int64_t L, int hidden, int qkind, int sms)
  * once on this device, every fused kernel (the gather's and the
  * all-reduce's, ONESHOT and TWOSHOT) counted. */
 struct bm_tp_family {
-    template <int NT, int J, int CS, bool VEC, bool TWO, int Q>
+    static constexpr int NV = 2; /* ONESHOT, TWOSHOT */
+    template <int NT, int J, int CS, bool VEC, int V, int Q>
     static auto kernel()
     {
-        return &bm_tp_kernel<NT, J, CS, VEC, TWO, Q>;
+        return &bm_tp_kernel<NT, J, CS, VEC, V != 0, Q>;
     }
 };
 

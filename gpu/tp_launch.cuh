@@ -4,12 +4,15 @@
  * (internal, C++): the launch by shape of BM_TP_SHAPES, quantized form,
  * alignment and strategy, the preload, and the occupancy that the caps
  * take. A family F names its kernels: F::kernel<NT, J, CS, VEC, V, Q>(),
- * V its variant (the gather's: TWOSHOT; the all-reduce's: LL).
+ * V its variant, 0 .. F::NV - 1 (the gather's: ONESHOT, TWOSHOT; the
+ * all-reduce's: gpu/allreduce_fused.cu's bm_ar_family).
  */
 #ifndef BEAMMOE_GPU_TP_LAUNCH_CUH
 #define BEAMMOE_GPU_TP_LAUNCH_CUH
 
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "gather_stages.cuh"
 #include "launch.h"
@@ -36,6 +39,24 @@ inline int bm_tp_vec(const bm_tp_params_q &pq)
     return !pq.q.kind || bm_quant_vec_ok(pq.q);
 }
 
+/* f(v) for variant v of F, v a compile-time constant (a bad v: variant 0) */
+template <class F, int V = F::NV - 1, class G>
+inline auto bm_tp_with_variant(int v, G &&f) -> decltype(f(std::integral_constant<int, 0>()))
+{
+    if constexpr (V > 0)
+        if (v != V)
+            return bm_tp_with_variant<F, V - 1>(v, f);
+    return f(std::integral_constant<int, V>());
+}
+
+/* f(v) for every variant v of F */
+template <class F, class G>
+inline void bm_tp_each_variant(G &&f)
+{
+    for (int v = 0; v < F::NV; ++v)
+        bm_tp_with_variant<F>(v, [&](auto vc) { f(vc); return 0; });
+}
+
 /* F's kernel of shape, pq.q's form, the alignment and the variant, over
  * `groups` row groups (clusters of CS blocks), with programmatic dependent
  * launch. */
@@ -51,11 +72,11 @@ cudaError_t bm_tp_launch_family(int shape, const bm_tp_params_q &pq, int variant
             constexpr int Q = decltype(qf)::value;                                                       \
             const typename bm_tp_kparams<Q>::type &k = bm_kp<Q>(p, pq);                                  \
             auto go = [&](auto kernel) { return bm_launch(kernel, k, groups * CS, NT, CS, 0, 1, stream); }; \
-            if (variant)                                                                                 \
-                return vec ? go(F::template kernel<NT, J, CS, true, true, Q>())                          \
-                           : go(F::template kernel<NT, J, CS, false, true, Q>());                        \
-            return vec ? go(F::template kernel<NT, J, CS, true, false, Q>())                             \
-                       : go(F::template kernel<NT, J, CS, false, false, Q>());                           \
+            return bm_tp_with_variant<F>(variant, [&](auto vc) {                                         \
+                constexpr int V = decltype(vc)::value;                                                   \
+                return vec ? go(F::template kernel<NT, J, CS, true, V, Q>())                             \
+                           : go(F::template kernel<NT, J, CS, false, V, Q>());                           \
+            });                                                                                          \
         });
     BM_TP_SHAPES(BM_GO)
 #undef BM_GO
@@ -69,16 +90,17 @@ void bm_tp_preload_family(cudaError_t &e)
 #define BM_PRE(I, NT, J, CS)                                                  \
     bm_each_form([&](auto qf) {                                               \
         constexpr int Q = decltype(qf)::value;                                \
-        bm_preload(e, F::template kernel<NT, J, CS, true, false, Q>());       \
-        bm_preload(e, F::template kernel<NT, J, CS, false, false, Q>());      \
-        bm_preload(e, F::template kernel<NT, J, CS, true, true, Q>());        \
-        bm_preload(e, F::template kernel<NT, J, CS, false, true, Q>());       \
+        bm_tp_each_variant<F>([&](auto vc) {                                  \
+            constexpr int V = decltype(vc)::value;                            \
+            bm_preload(e, F::template kernel<NT, J, CS, true, V, Q>());       \
+            bm_preload(e, F::template kernel<NT, J, CS, false, V, Q>());      \
+        });                                                                   \
     });
     BM_TP_SHAPES(BM_PRE)
 #undef BM_PRE
 }
 
-/* The fewest blocks of F's kernels of a shape (both variants, both
+/* The fewest blocks of F's kernels of a shape (every variant, both
  * alignments; q: every form with a quantized output, else the plain ones)
  * resident on one multiprocessor; 0 when the runtime cannot tell. */
 template <class F>
@@ -96,12 +118,12 @@ int bm_tp_family_occupancy(int shape, bool q)
     if (shape == I)                                                           \
         bm_each_form([&](auto qf) {                                           \
             constexpr int Q = decltype(qf)::value;                            \
-            if ((Q != BM_QF_NONE) == q) {                                     \
-                occ(F::template kernel<NT, J, CS, true, false, Q>(), NT);     \
-                occ(F::template kernel<NT, J, CS, true, true, Q>(), NT);      \
-                occ(F::template kernel<NT, J, CS, false, false, Q>(), NT);    \
-                occ(F::template kernel<NT, J, CS, false, true, Q>(), NT);     \
-            }                                                                 \
+            if ((Q != BM_QF_NONE) == q)                                       \
+                bm_tp_each_variant<F>([&](auto vc) {                          \
+                    constexpr int V = decltype(vc)::value;                    \
+                    occ(F::template kernel<NT, J, CS, true, V, Q>(), NT);     \
+                    occ(F::template kernel<NT, J, CS, false, V, Q>(), NT);    \
+                });                                                           \
         });
     BM_TP_SHAPES(BM_OCC)
 #undef BM_OCC
