@@ -65,18 +65,18 @@ __device__ __forceinline__ void bm_ar_partial(const bm_tp_params &p, int64_t g, 
                                               bm_pack8 (&pk)[J], int C, int g0)
 {
     constexpr int STRIDE = CS * NT;
-    if (MOE) {
+    if constexpr (MOE) {
         bm_tp_finalize_row<NT, J, CS, VEC>(p, p.experts + (size_t)g * (size_t)p.top_k * p.hidden,
                                            p.weights + (size_t)g * p.top_k, v, pk, C, g0);
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int j = 0; j < J; ++j) {
-        const int c = g0 + j * STRIDE;
-        pk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
-        if (c < C)
-            pk[j] = bm_load8<VEC>(p.x + (size_t)g * p.hidden + (size_t)c * 8);
-        bm_unpack8(pk[j], v[j]);
+        for (int j = 0; j < J; ++j) {
+            const int c = g0 + j * STRIDE;
+            pk[j] = bm_pack8{{0u, 0u, 0u, 0u}};
+            if (c < C)
+                pk[j] = bm_load8<VEC>(p.x + (size_t)g * p.hidden + (size_t)c * 8);
+            bm_unpack8(pk[j], v[j]);
+        }
     }
 }
 
