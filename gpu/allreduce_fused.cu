@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
     int bad = conc | dead;
     const int par = (int)(E & 1ull);
     const uint32_t tag = (uint32_t)E;
-    const bool ll = LL && !one && p.ll && !bm_tp_ll_clearing(E);
+    const bool ll = LL && p.ll && !bm_tp_ll_clearing(E);
     int64_t lo, n;
 
     /* ---- phase 0: this rank's partials of S_b ---- */
@@ -334,11 +334,11 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
         }
         if (p.normA)
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
-        bm_tp_stage_b<NT, J, CS, VEC, true, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, two && !bad && !one);
+        bm_tp_stage_b<NT, J, CS, VEC, true, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, two && !bad);
     }
 
     /* ---- phase 2 (TWOSHOT): the rows the peers finished ---- */
-    if (two && !one) {
+    if (two) {
         bad = bm_tp_signal_wait(p, E, at.fb + BM_AR_FLAG2, bad, conc);
         for (int s = 0; s < p.nranks; ++s) {
             if (s == p.rank)
