@@ -626,7 +626,13 @@ static void test_refusals(void)
             proto.refused = &c;
             proto.ll = ll;
             run_ranks(&proto, brank_main, "refusal");
-            CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
+            {
+                const beam_status gd = ops->cpu_group_destroy(g);
+                if (gd != BEAM_OK)
+                    fprintf(stderr, "  refusal: %s R=%d kind %d ll %d: the group's destroy: %s\n", ops->name, R, k,
+                            ll, ops->last_error());
+                CU_ASSERT_EQUAL(gd, BEAM_OK);
+            }
             acase_free(&c);
         }
     }
