@@ -376,6 +376,17 @@ static void run_ranks(const arank *proto, void *(*fn)(void *), const char *what)
     }
 }
 
+/* A group's destroy; when it fails (a workspace of the group still live),
+ * the case (what) that left it so is named. */
+static void group_destroy(const beam_ops *ops, beam_cpu_group *g, const char *what)
+{
+    const beam_status st = ops->cpu_group_destroy(g);
+    if (st != BEAM_OK)
+        fprintf(stderr, "  %s: %s: the group's destroy: %s (seed %llu)\n", what, ops->name, ops->last_error(),
+                (unsigned long long)g_seed);
+    CU_ASSERT_EQUAL(st, BEAM_OK);
+}
+
 /* the cases of line l of the plan (large: as run_plan's) */
 static int plan_cases(int l, int large)
 {
@@ -414,7 +425,7 @@ static void run_plan(const beam_ops *ops, int R, int large, int *n)
     proto.g = g;
     proto.R = R;
     run_ranks(&proto, arank_main, "all-reduce");
-    CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
+    group_destroy(ops, g, "all-reduce");
     for (l = 0; l < A_NLINES; l++) {
         for (i = 0; i < proto.ncases[l]; i++) acase_free(&cases[l][i]);
         hu_free(cases[l]);
@@ -512,7 +523,7 @@ static void test_one_rank(void)
             hc_free(&d);
         }
         CU_ASSERT_EQUAL(ops->workspace_destroy(ws), BEAM_OK);
-        CU_ASSERT_EQUAL(ops->cpu_group_destroy(g), BEAM_OK);
+        group_destroy(ops, g, "a group of one");
     }
 }
 
@@ -611,6 +622,7 @@ static void test_refusals(void)
             arank proto;
             acase c;
             beam_cpu_group *g;
+            char what[64];
             if (ri >= hu_world_sizes(ops->device_memory)) continue;
             /* one rank cannot disagree with itself */
             if (R == 1 && (k == BAD_TOKENS || k == BAD_GATHER || k == BAD_FORM || k == BAD_ABSENT)) continue;
@@ -626,13 +638,8 @@ static void test_refusals(void)
             proto.refused = &c;
             proto.ll = ll;
             run_ranks(&proto, brank_main, "refusal");
-            {
-                const beam_status gd = ops->cpu_group_destroy(g);
-                if (gd != BEAM_OK)
-                    fprintf(stderr, "  refusal: %s R=%d kind %d ll %d: the group's destroy: %s\n", ops->name, R, k,
-                            ll, ops->last_error());
-                CU_ASSERT_EQUAL(gd, BEAM_OK);
-            }
+            snprintf(what, sizeof what, "refusal %d at R=%d%s", k, R, ll ? ", room for LL rows" : "");
+            group_destroy(ops, g, what);
             acase_free(&c);
         }
     }
