@@ -473,56 +473,80 @@ static void test_wrap(void)
     }
 }
 
-/* A group of one gives the local operations' bits: the fused op for the
- * MoE form, norm_residual_norm for the dense one, over the suite's sweep
- * (signed zeros, NaNs, infinities and subnormals included). */
+/* Case s of a group of one (workspace ws) against the local operations:
+ * the fused op for the MoE form, norm_residual_norm for the dense one. */
+static void one_rank_case(const beam_ops *ops, beam_workspace *ws, hc_spec s, uint64_t seed)
+{
+    const unsigned dev = ops->device_memory ? HC_DEVICE : 0u;
+    hc_case d;
+    int m;
+    s.misalign = 0;
+    hc_make(&d, &s, seed);
+    for (m = 0; m < 2; m++) {
+        const hc_op op = m ? HC_FUSED : HC_NRN;
+        char err[300] = "";
+        hc_out o[2];
+        hc_bound b;
+        beam_status st[2];
+        CU_ASSERT_EQUAL_FATAL(hc_out_make(&o[0], &d, 1), 0);
+        CU_ASSERT_EQUAL_FATAL(hc_out_make(&o[1], &d, 1), 0);
+        CU_ASSERT_EQUAL_FATAL(hc_bind(&b, &d, op, &o[0], hc_how(&s) | dev, err, sizeof err), 0);
+        if (m)
+            st[0] = ops->moe_finalize_allreduce_norm_residual_norm(
+                ws, b.experts, b.weights, d.cap, s.T, s.K, s.H, d.rs, b.post_p, b.residual, b.scales, b.next_p,
+                b.hidden, b.normalized, NULL, BEAM_STRATEGY_AUTO, NULL);
+        else
+            st[0] = ops->allreduce_norm_residual_norm(ws, b.x, s.T, s.H, b.pre_p, b.residual, b.scales, b.next_p,
+                                                      b.hidden, b.normalized, NULL, BEAM_STRATEGY_AUTO, NULL);
+        CU_ASSERT_EQUAL(hc_finish(&b, err, sizeof err), 0);
+        hc_unbind(&b);
+        st[1] = hc_run(ops, &d, op, BEAM_STRATEGY_FUSED, hc_how(&s) | dev, &o[1], err, sizeof err);
+        CU_ASSERT_EQUAL(st[0], BEAM_OK);
+        CU_ASSERT_EQUAL(st[1], BEAM_OK);
+        CU_ASSERT(memcmp(o[0].hidden, o[1].hidden, 2 * (size_t)o[0].rows * (size_t)s.H) == 0);
+        CU_ASSERT(memcmp(o[0].normalized, o[1].normalized, 2 * (size_t)o[0].rows * (size_t)s.H) == 0);
+        hc_out_free(&o[0]);
+        hc_out_free(&o[1]);
+        g_calls += 2;
+    }
+    hc_free(&d);
+}
+
+/* Prefill sizes of a group of one on a device backend, not under
+ * BEAM_TEST_QUICK: the two-chunk launch shapes, whose grids each kernel
+ * variant's own cap sizes (gpu/tp_shape.h), more than one row a block. */
+static const hc_spec ONE_PREFILL[] = {
+    {8, 7168, 4096, 0, HC_NORM_WEIGHT, HC_NORM_WEIGHT, HC_NORM_WEIGHT, 1, 0, 0, 0, 1},
+    {4, 4096, 1000, 3, HC_NORM_PLAIN, HC_NORM_OFF, HC_NORM_WEIGHT, 0, 1, 1, 0, 0},
+    {6, 2048, 700, 0, HC_NORM_OFF, HC_NORM_WEIGHT, HC_NORM_WEIGHT, 1, 0, 0, 0, 1},
+};
+
+/* A group of one gives the local operations' bits over the suite's sweep
+ * (signed zeros, NaNs, infinities and subnormals included), and on a
+ * device backend at prefill sizes. */
 static void test_one_rank(void)
 {
     FOR_EACH_BACKEND(ops)
     {
-        const unsigned dev = ops->device_memory ? HC_DEVICE : 0u;
         beam_cpu_group *g;
         beam_workspace *ws;
-        int i, m;
+        int i;
         CU_ASSERT_EQUAL_FATAL(ops->cpu_group_create(1, &g), BEAM_OK);
         CU_ASSERT_EQUAL_FATAL(ops->workspace_create_cpu(g, 0, 128, 8192, NULL, &ws), BEAM_OK);
         for (i = 0; i < HC_SWEEP_SIZE; i++) {
-            hc_spec s = hc_sweep_spec(i);
-            hc_case d;
-            if (s.H != 8192) continue; /* the workspace's */
-            s.misalign = 0;
-            hc_make(&d, &s, g_seed ^ (0x1A11ULL + (uint64_t)i));
-            for (m = 0; m < 2; m++) {
-                const hc_op op = m ? HC_FUSED : HC_NRN;
-                char err[300] = "";
-                hc_out o[2];
-                hc_bound b;
-                beam_status st[2];
-                CU_ASSERT_EQUAL_FATAL(hc_out_make(&o[0], &d, 1), 0);
-                CU_ASSERT_EQUAL_FATAL(hc_out_make(&o[1], &d, 1), 0);
-                CU_ASSERT_EQUAL_FATAL(hc_bind(&b, &d, op, &o[0], hc_how(&s) | dev, err, sizeof err), 0);
-                if (m)
-                    st[0] = ops->moe_finalize_allreduce_norm_residual_norm(
-                        ws, b.experts, b.weights, d.cap, s.T, s.K, s.H, d.rs, b.post_p, b.residual, b.scales,
-                        b.next_p, b.hidden, b.normalized, NULL, BEAM_STRATEGY_AUTO, NULL);
-                else
-                    st[0] = ops->allreduce_norm_residual_norm(ws, b.x, s.T, s.H, b.pre_p, b.residual, b.scales,
-                                                              b.next_p, b.hidden, b.normalized, NULL,
-                                                              BEAM_STRATEGY_AUTO, NULL);
-                CU_ASSERT_EQUAL(hc_finish(&b, err, sizeof err), 0);
-                hc_unbind(&b);
-                st[1] = hc_run(ops, &d, op, BEAM_STRATEGY_FUSED, hc_how(&s) | dev, &o[1], err, sizeof err);
-                CU_ASSERT_EQUAL(st[0], BEAM_OK);
-                CU_ASSERT_EQUAL(st[1], BEAM_OK);
-                CU_ASSERT(memcmp(o[0].hidden, o[1].hidden, 2 * (size_t)o[0].rows * (size_t)s.H) == 0);
-                CU_ASSERT(memcmp(o[0].normalized, o[1].normalized, 2 * (size_t)o[0].rows * (size_t)s.H) == 0);
-                hc_out_free(&o[0]);
-                hc_out_free(&o[1]);
-                g_calls += 2;
-            }
-            hc_free(&d);
+            const hc_spec s = hc_sweep_spec(i);
+            if (s.H == 8192) /* the workspace's */
+                one_rank_case(ops, ws, s, g_seed ^ (0x1A11ULL + (uint64_t)i));
         }
         CU_ASSERT_EQUAL(ops->workspace_destroy(ws), BEAM_OK);
+        for (i = 0; i < (int)(sizeof ONE_PREFILL / sizeof ONE_PREFILL[0]); i++) {
+            const hc_spec *s = &ONE_PREFILL[i];
+            if (!ops->device_memory || hu_quick())
+                break;
+            CU_ASSERT_EQUAL_FATAL(ops->workspace_create_cpu(g, 0, s->T, s->H, NULL, &ws), BEAM_OK);
+            one_rank_case(ops, ws, *s, g_seed ^ (0x1A12ULL + (uint64_t)i));
+            CU_ASSERT_EQUAL(ops->workspace_destroy(ws), BEAM_OK);
+        }
         group_destroy(ops, g, "a group of one");
     }
 }
