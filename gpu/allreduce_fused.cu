@@ -306,6 +306,18 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
      * and copies after. */
     const bool early = !two && !conc;
     uint32_t done = 0u;
+    /* The dense group of one at prefill's widest shape holds the norms'
+     * weight chunks for all its rows, loaded once, instead of loading them
+     * after each reduction: faster with the pre-norm, level without it; the
+     * narrower shapes and the MoE form measured slower, the quantized
+     * outputs and the unaligned path were not timed
+     * [2026-12-07-allreduce-prefill: weights]. */
+    constexpr bool HW = one && !MOE && NT == 512 && J == 2 && VEC && Q == BM_QF_NONE;
+    bm_pack8 wpA[J], wpB[J];
+    if constexpr (HW) {
+        bm_weight_chunks<J, VEC, STRIDE>(wpA, p.normA ? p.wA : NULL, C, g0);
+        bm_weight_chunks<J, VEC, STRIDE>(wpB, p.normB ? p.wB : NULL, C, g0);
+    }
     for (int64_t i = b; i < n; i += G) {
         const int64_t g = lo + i;
         float v[J][8];
@@ -332,9 +344,12 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
                 bad = bm_tp_ll_sigs(p, E, bad);
             done = bm_tp_finish_send(p, E, at.fb, (int)gridDim.x);
         }
-        if (p.normA)
+        if (p.normA && HW)
+            bm_norm_stage_held<NT, J, CS, STRIDE>(v, pk, wpA, p.wA != NULL, p.epsA, H, C, g0, tc, false);
+        else if (p.normA)
             bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wA, p.epsA, H, C, g0, tc, false);
-        bm_tp_stage_b<NT, J, CS, VEC, true, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, two && !bad);
+        bm_tp_stage_b<NT, J, CS, VEC, true, Q>(p, v, pk, res, g, par, C, g0, tc, !bad, two && !bad,
+                                               HW ? &wpB : nullptr);
     }
 
     /* ---- phase 2 (TWOSHOT): the rows the peers finished ---- */

@@ -45,12 +45,14 @@ __device__ __forceinline__ void bm_tp_out_normalized(const typename bm_tp_kparam
 /* Stage B and norm B of docs/numerics.md on the thread's chunks of row g
  * (v: f(finalized row) in; pk: its bits out, hidden then normalized):
  * stores hidden and normalized when st, and pushes both to every peer when
- * PUSH && push (TWOSHOT). */
+ * PUSH && push (TWOSHOT). wB: norm B's weight chunks held in registers
+ * (bm_weight_chunks), or NULL to load them after the reduction. */
 template <int NT, int J, int CS, bool VEC, bool PUSH, int Q>
 __device__ __forceinline__ void bm_tp_stage_b(const typename bm_tp_kparams<Q>::type &p, float (&v)[J][8],
                                               bm_pack8 (&pk)[J],
                                               const bm_pack8 (&res)[J], int64_t g, int par, int C, int g0,
-                                              bm_tree_ctx<NT, CS> &tc, bool st, bool push)
+                                              bm_tree_ctx<NT, CS> &tc, bool st, bool push,
+                                              const bm_pack8 (*wB)[J] = nullptr)
 {
     constexpr int STRIDE = CS * NT;
     const int H = p.hidden;
@@ -63,7 +65,10 @@ __device__ __forceinline__ void bm_tp_stage_b(const typename bm_tp_kparams<Q>::t
     if (PUSH && push)
         bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
     if (p.normB) {
-        bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, false);
+        if (wB)
+            bm_norm_stage_held<NT, J, CS, STRIDE>(v, pk, *wB, p.wB != NULL, p.epsB, H, C, g0, tc, false);
+        else
+            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, false);
         bm_tp_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, g, pk, v, C, g0, tc, st);
         if (PUSH && push)
             bm_tp_push<J, STRIDE>(p, par, 1, g, pk, C, g0);
