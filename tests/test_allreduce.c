@@ -513,8 +513,8 @@ static void one_rank_case(const beam_ops *ops, beam_workspace *ws, hc_spec s, ui
 }
 
 /* Prefill sizes of a group of one on a device backend, not under
- * BEAM_TEST_QUICK: the two-chunk launch shapes, whose grids each kernel
- * variant's own cap sizes (gpu/tp_shape.h), more than one row a block. */
+ * BEAM_TEST_QUICK: the two-chunk launch shapes, with more rows than the
+ * grid has blocks (its launch cap, gpu/tp_shape.h). */
 static const hc_spec ONE_PREFILL[] = {
     {8, 7168, 4096, 0, HC_NORM_WEIGHT, HC_NORM_WEIGHT, HC_NORM_WEIGHT, 1, 0, 0, 0, 1},
     {4, 4096, 1000, 3, HC_NORM_PLAIN, HC_NORM_OFF, HC_NORM_WEIGHT, 0, 1, 1, 0, 0},
