@@ -599,7 +599,8 @@ class Workspace:
 
     def close(self):
         """Collective: destroy the workspace, then its NCCL communicator (a
-        CPU workspace over a process group holds neither). Refused while a
+        CPU workspace over a process group holds neither), and let go of the
+        group (device_group is None after it). Refused while a
         call of the gather in Python holds it; once an earlier failure left
         the workspace unusable, it closes and raises that failure
         (BeamCommError)."""
@@ -608,6 +609,10 @@ class Workspace:
                                     "returns" % self._overlap("a call"))
         h, self._handle = self._handle, None
         comm, self._comm = self._comm, None
+        # Nor the group: one kept alive past destroy_process_group() is
+        # destroyed while the interpreter exits, where gloo may abort
+        # [2026-12-07-gloo-teardown].
+        self.device_group = None
         self._lock.release()
         if h is not None:
             _open.pop(h, None)

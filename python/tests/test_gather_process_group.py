@@ -47,7 +47,7 @@ def test_cpu_workspace_over_a_gloo_group(gen, gloo1):
             gather(ws, *layer(gen, 33, K, H))
         with pytest.raises(TypeError, match=r"x must be an unfinalized MoE output"):
             beammoe.beam_moe_finalize_gather_norm_residual_norm(g, residual, None, None, None, None, None, ws)
-    assert ws.closed
+    assert ws.closed and ws.device_group is None  # the group is not kept alive past its destroy
     with pytest.raises(ValueError, match=r"the workspace is closed"):
         gather(ws, g, w, residual, pw, nw)
 
@@ -491,9 +491,10 @@ def test_workspace_on_a_subgroup(stubbed):
     with beammoe.Workspace(sub, 16, 256, moe_gather_separate_norm_min_tokens=9) as ws:
         assert ws.world_size == 1 and ws.device_group is sub
         assert ws.moe_gather_separate_norm_min_tokens == 9 and ws.twoshot_max_tokens == 8
+    assert ws.device_group is None
     # no override of the others: the backend's defaults
     assert stubbed[2][4] == (defaults.oneshot_max_tokens, 8, defaults.timeout_ms)
-    settle()  # before the subgroup (also ws.device_group) is released
+    settle()  # before the subgroup is released
 
 
 @needs_gloo
