@@ -344,6 +344,8 @@ __global__ void __launch_bounds__(NT) bm_ar_kernel(const typename bm_tp_kparams<
                 bad = bm_tp_ll_sigs(p, E, bad);
             done = bm_tp_finish_send(p, E, at.fb, (int)gridDim.x);
         }
+        /* written out, not through bm_norm_stage's held argument, which
+         * compiles the HW kernel to another schedule than the one timed */
         if (p.normA && HW)
             bm_norm_stage_held<NT, J, CS, STRIDE>(v, pk, wpA, p.wA != NULL, p.epsA, H, C, g0, tc, false);
         else if (p.normA)

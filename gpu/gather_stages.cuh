@@ -65,10 +65,7 @@ __device__ __forceinline__ void bm_tp_stage_b(const typename bm_tp_kparams<Q>::t
     if (PUSH && push)
         bm_tp_push<J, STRIDE>(p, par, 0, g, pk, C, g0);
     if (p.normB) {
-        if (wB)
-            bm_norm_stage_held<NT, J, CS, STRIDE>(v, pk, *wB, p.wB != NULL, p.epsB, H, C, g0, tc, false);
-        else
-            bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, false);
+        bm_norm_stage<NT, J, CS, VEC, STRIDE>(v, pk, p.wB, p.epsB, H, C, g0, tc, false, wB);
         bm_tp_out_normalized<NT, J, CS, VEC, STRIDE, Q>(p, g, pk, v, C, g0, tc, st);
         if (PUSH && push)
             bm_tp_push<J, STRIDE>(p, par, 1, g, pk, C, g0);

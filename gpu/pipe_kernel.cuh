@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const type
      * of dependent steps, where they cost the post-norm configurations 3-6
      * points of the floor [2026-12-04-constants: hold]. */
     constexpr bool HOLD = NT * J <= 512 && MB <= 1;
-    bm_pack8 wAr[HOLD ? J : 1], wBr[HOLD ? J : 1];
+    bm_pack8 wAr[J], wBr[J]; /* unused unless HOLD */
     if constexpr (HOLD) {
         bm_weight_chunks<J, true, NT>(wAr, p.normA ? p.wA : NULL, C, t);
         bm_weight_chunks<J, true, NT>(wBr, p.normB ? p.wB : NULL, C, t);
@@ -175,10 +175,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const type
 
         /* ---- norm A ---- */
         if (p.normA)
-            if constexpr (HOLD)
-                bm_norm_stage_held<NT, J, 1, NT>(v, pk, wAr, p.wA != NULL, p.epsA, H, C, t, tc, false);
-            else
-                bm_norm_stage<NT, J, 1, true, NT, true>(v, pk, p.wA, p.epsA, H, C, t, tc, false);
+            bm_norm_stage<NT, J, 1, true, NT, true>(v, pk, p.wA, p.epsA, H, C, t, tc, false, HOLD ? &wAr : nullptr);
 
         if (!p.residual) {
             bm_store_row<J, true, NT>(p.out + (size_t)row * H, pk, C, t);
@@ -202,10 +199,7 @@ __global__ void __launch_bounds__(NT, MB > 1 ? MB : 0) bm_pipe_kernel(const type
 
         /* ---- norm B ---- */
         if (p.normB) {
-            if constexpr (HOLD)
-                bm_norm_stage_held<NT, J, 1, NT>(v, pk, wBr, p.wB != NULL, p.epsB, H, C, t, tc, false);
-            else
-                bm_norm_stage<NT, J, 1, true, NT, true>(v, pk, p.wB, p.epsB, H, C, t, tc, false);
+            bm_norm_stage<NT, J, 1, true, NT, true>(v, pk, p.wB, p.epsB, H, C, t, tc, false, HOLD ? &wBr : nullptr);
             bm_out_normalized<NT, J, 1, true, NT, Q>(p, row, pk, v, C, t, tc, false);
         }
     }

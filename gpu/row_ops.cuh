@@ -530,14 +530,18 @@ __device__ __forceinline__ void bm_norm_stage_packed(const bm_pack8 (&h)[J], con
  * behind it, their registers held across it) instead of after it: of the
  * decode kernels only the FP8 ones gain from it and ask for it
  * [2026-12-04-constants: wfirst]; the pipelined kernel does where it
- * cannot hold the weights (pipe_kernel.cuh). */
+ * cannot hold the weights (pipe_kernel.cuh). held: the thread's weight
+ * chunks where the kernel holds them for all its rows (bm_weight_chunks
+ * before its first row), else NULL. */
 template <int NT, int J, int CS, bool VEC, int STRIDE, bool WFIRST = false>
 __device__ __forceinline__ void bm_norm_stage(float (&v)[J][8], bm_pack8 (&out)[J],
                                               const uint16_t *w, float eps, int hidden,
                                               int C, int g0, bm_tree_ctx<NT, CS> &tc,
-                                              bool last)
+                                              bool last, const bm_pack8 (*held)[J] = nullptr)
 {
-    if constexpr (WFIRST) {
+    if (held) {
+        bm_norm_stage_held<NT, J, CS, STRIDE>(v, out, *held, w != NULL, eps, hidden, C, g0, tc, last);
+    } else if constexpr (WFIRST) {
         bm_pack8 wp[J];
         bm_weight_chunks<J, VEC, STRIDE>(wp, w, C, g0);
         bm_norm_stage_held<NT, J, CS, STRIDE>(v, out, wp, w != NULL, eps, hidden, C, g0, tc, last);
