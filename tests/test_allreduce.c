@@ -480,7 +480,6 @@ static void one_rank_case(const beam_ops *ops, beam_workspace *ws, hc_spec s, ui
     const unsigned dev = ops->device_memory ? HC_DEVICE : 0u;
     hc_case d;
     int m;
-    s.misalign = 0;
     hc_make(&d, &s, seed);
     for (m = 0; m < 2; m++) {
         const hc_op op = m ? HC_FUSED : HC_NRN;
@@ -514,16 +513,21 @@ static void one_rank_case(const beam_ops *ops, beam_workspace *ws, hc_spec s, ui
 
 /* Prefill sizes of a group of one on a device backend, not under
  * BEAM_TEST_QUICK: the two-chunk launch shapes, with more rows than the
- * grid has blocks (its launch cap, gpu/tp_shape.h). */
+ * grid has blocks (its launch cap, gpu/tp_shape.h); the last with its
+ * arrays 2 bytes off 16 (the kernels' unaligned twins). */
 static const hc_spec ONE_PREFILL[] = {
-    {8, 7168, 4096, 0, HC_NORM_WEIGHT, HC_NORM_WEIGHT, HC_NORM_WEIGHT, 1, 0, 0, 0, 1},
-    {4, 4096, 1000, 3, HC_NORM_PLAIN, HC_NORM_OFF, HC_NORM_WEIGHT, 0, 1, 1, 0, 0},
-    {6, 2048, 700, 0, HC_NORM_OFF, HC_NORM_WEIGHT, HC_NORM_WEIGHT, 1, 0, 0, 0, 1},
+    {.K = 8, .H = 7168, .T = 4096, .post = HC_NORM_WEIGHT, .pre = HC_NORM_WEIGHT, .next = HC_NORM_WEIGHT,
+     .scales = 1, .exotic = 1},
+    {.K = 4, .H = 4096, .T = 1000, .pad = 3, .post = HC_NORM_PLAIN, .next = HC_NORM_WEIGHT, .rs_one = 1,
+     .inplace = 1},
+    {.K = 6, .H = 2048, .T = 700, .pre = HC_NORM_WEIGHT, .next = HC_NORM_WEIGHT, .scales = 1, .exotic = 1},
+    {.K = 8, .H = 7168, .T = 2000, .post = HC_NORM_WEIGHT, .pre = HC_NORM_PLAIN, .next = HC_NORM_WEIGHT,
+     .misalign = 1},
 };
 
 /* A group of one gives the local operations' bits over the suite's sweep
- * (signed zeros, NaNs, infinities and subnormals included), and on a
- * device backend at prefill sizes. */
+ * (signed zeros, NaNs, infinities and subnormals included, misaligned
+ * arrays), and on a device backend at prefill sizes. */
 static void test_one_rank(void)
 {
     FOR_EACH_BACKEND(ops)
