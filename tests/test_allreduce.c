@@ -524,6 +524,7 @@ static const hc_spec ONE_PREFILL[] = {
     {.K = 8, .H = 7168, .T = 2000, .post = HC_NORM_WEIGHT, .pre = HC_NORM_PLAIN, .next = HC_NORM_WEIGHT,
      .misalign = 1},
 };
+#define ONE_NPREFILL ((int)(sizeof ONE_PREFILL / sizeof ONE_PREFILL[0]))
 
 /* A group of one gives the local operations' bits over the suite's sweep
  * (signed zeros, NaNs, infinities and subnormals included, misaligned
@@ -543,10 +544,8 @@ static void test_one_rank(void)
                 one_rank_case(ops, ws, s, g_seed ^ (0x1A11ULL + (uint64_t)i));
         }
         CU_ASSERT_EQUAL(ops->workspace_destroy(ws), BEAM_OK);
-        for (i = 0; i < (int)(sizeof ONE_PREFILL / sizeof ONE_PREFILL[0]); i++) {
+        for (i = 0; ops->device_memory && !hu_quick() && i < ONE_NPREFILL; i++) {
             const hc_spec *s = &ONE_PREFILL[i];
-            if (!ops->device_memory || hu_quick())
-                break;
             CU_ASSERT_EQUAL_FATAL(ops->workspace_create_cpu(g, 0, s->T, s->H, NULL, &ws), BEAM_OK);
             one_rank_case(ops, ws, *s, g_seed ^ (0x1A12ULL + (uint64_t)i));
             CU_ASSERT_EQUAL(ops->workspace_destroy(ws), BEAM_OK);
