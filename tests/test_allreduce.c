@@ -67,26 +67,37 @@ static size_t a_nv(const beam_quant *q, int64_t T, int32_t H) { return qm_values
 static size_t a_ns(const beam_quant *q, int64_t T, int32_t H) { return qm_scale_floats(q, T, H) + A_QGUARD; }
 static size_t a_max(size_t a, size_t b) { return a > b ? a : b; }
 
-/* host, or with c->dev a device copy of it */
-static const void *a_place(acase *c, const void *host, size_t bytes)
+/* host, or a copy of it off bytes past a 16-byte boundary: on the device
+ * with c->dev, on the host with off alone */
+static const void *a_place(acase *c, const void *host, size_t bytes, size_t off)
 {
-    void *d;
-    if (!c->dev || !host) return host;
-    d = dev_alloc(bytes ? bytes : 1);
-    if (!d || dev_upload(d, host, bytes)) {
+    unsigned char *d;
+    if (!host || (!c->dev && !off)) return host;
+    if (!c->dev) {
+        d = (unsigned char *)hu_alloc(bytes ? bytes : 1, off);
+        memcpy(d, host, bytes);
+        c->blocks[c->nblocks++] = d;
+        return d;
+    }
+    d = (unsigned char *)dev_alloc(bytes + 16);
+    if (!d || dev_upload(d + off, host, bytes)) {
         fprintf(stderr, "device memory: %s\n", dev_last_error());
         exit(1);
     }
-    return c->blocks[c->nblocks++] = d;
+    c->blocks[c->nblocks++] = d;
+    return d + off;
 }
 
 /* only: -1, or the quantized form of the dense calls (the MoE calls'
- * the next one): the only ones called, and modelled (the large line: the
+ * the next one): the only ones called, and modelled (the large lines: the
  * model takes seconds a form there) */
 static void acase_make(const beam_ops *ops, acase *c, int R, int n, int32_t H, int64_t T, int only)
 {
     const uint16_t *part[A_MAXR], *slots[A_MAXR];
     hc_spec s = hc_sweep_spec(n);
+    /* the sweep's misaligned specs: every array 2 (BF16) or 4 (FP32)
+     * bytes off 16, which takes the kernels' unaligned twins */
+    const size_t mb = s.misalign ? 2 : 0, mf = s.misalign ? 4 : 0;
     int r, m, f;
     memset(c, 0, sizeof *c);
     c->R = R;
@@ -96,21 +107,20 @@ static void acase_make(const beam_ops *ops, acase *c, int R, int n, int32_t H, i
     c->only[1] = only < 0 ? -1 : (only + 1) % QM_NFORMS;
     s.H = H;
     s.T = T;
-    s.misalign = 0;
     if (T > 4096 && s.K > 4) s.K = 4;
     if (s.next == HC_NORM_OFF && n % 3 == 0) s.next = HC_NORM_WEIGHT; /* the quantized calls need one */
     for (r = 0; r < R; r++) {
         hc_make(&c->d[r], &s, g_seed ^ (0xA11ULL + 7919ULL * (uint64_t)n + 131ULL * (uint64_t)r));
         part[r] = c->d[r].x;
         slots[r] = c->d[r].experts;
-        c->x[r] = (const uint16_t *)a_place(c, part[r], 2 * (size_t)c->d[r].cap * (size_t)H);
-        c->ex[r] = (const uint16_t *)a_place(c, slots[r], 2 * (size_t)c->d[r].cap * (size_t)s.K * (size_t)H);
+        c->x[r] = (const uint16_t *)a_place(c, part[r], 2 * (size_t)c->d[r].cap * (size_t)H, mb);
+        c->ex[r] = (const uint16_t *)a_place(c, slots[r], 2 * (size_t)c->d[r].cap * (size_t)s.K * (size_t)H, mb);
     }
-    c->wt = (const float *)a_place(c, c->d[0].weights, 4 * (size_t)c->d[0].cap * (size_t)s.K);
-    c->res = (const uint16_t *)a_place(c, c->d[0].residual, 2 * (size_t)c->d[0].cap * (size_t)H);
-    c->wpost = (const uint16_t *)a_place(c, c->d[0].post.weight, 2 * (size_t)H);
-    c->wpre = (const uint16_t *)a_place(c, c->d[0].pre.weight, 2 * (size_t)H);
-    c->wnext = (const uint16_t *)a_place(c, c->d[0].next.weight, 2 * (size_t)H);
+    c->wt = (const float *)a_place(c, c->d[0].weights, 4 * (size_t)c->d[0].cap * (size_t)s.K, mf);
+    c->res = (const uint16_t *)a_place(c, c->d[0].residual, 2 * (size_t)c->d[0].cap * (size_t)H, mb);
+    c->wpost = (const uint16_t *)a_place(c, c->d[0].post.weight, 2 * (size_t)H, mb);
+    c->wpre = (const uint16_t *)a_place(c, c->d[0].pre.weight, 2 * (size_t)H, mb);
+    c->wnext = (const uint16_t *)a_place(c, c->d[0].next.weight, 2 * (size_t)H, mb);
     for (m = 0; m < 2; m++) {
         const hc_case *d = &c->d[0];
         c->ref_h[m] = (uint16_t *)hu_alloc(2 * (size_t)T * (size_t)H + 2, 0);
@@ -143,7 +153,12 @@ static void acase_free(acase *c)
         }
     }
     for (r = 0; r < c->R; r++) hc_free(&c->d[r]);
-    for (r = 0; r < c->nblocks; r++) dev_free(c->blocks[r]);
+    for (r = 0; r < c->nblocks; r++) {
+        if (c->dev)
+            dev_free(c->blocks[r]);
+        else
+            hu_free(c->blocks[r]);
+    }
 }
 
 /* One call of rank r on c: form m (0 dense, 1 MoE), strategy s, quant form
@@ -174,10 +189,13 @@ static beam_status acall(const beam_ops *ops, beam_workspace *ws, const acase *c
                                              f < QM_NFORMS ? &qu : NULL, s, stream);
 }
 
-/* The cases of one world: H, then tokens a * R + b; a large line only on
- * a device backend, and not under BEAM_TEST_QUICK (top_k at most 4 there;
- * normalized kept, and one quantized form for each of dense and MoE,
- * another pair at each world size). */
+/* The cases of one world: H, then tokens a * R + b; large lines only on
+ * a device backend, and not under BEAM_TEST_QUICK (top_k at most 4 past
+ * 4096 tokens; normalized kept, and one quantized form for each of dense
+ * and MoE, another pair at each world size and line: large k starts k - 1
+ * forms on). The last: more than 128 rows a rank on every strategy at
+ * H = 7168, the two-chunk kernels of 512 threads (gpu/gather_fused.cu,
+ * bm_tp_shape_index). */
 static const struct aline {
     int32_t H;
     int nt, large;
@@ -187,6 +205,7 @@ static const struct aline {
     {2048, 2, 0, {{0, 3}, {3, 1}}},
     {7168, 3, 0, {{0, 1}, {0, 64}, {0, 100}}},
     {2048, 1, 1, {{0, 16384}}},
+    {7168, 1, 2, {{129, 300}}},
 };
 #define A_NLINES ((int)(sizeof APLAN / sizeof APLAN[0]))
 
@@ -216,7 +235,7 @@ typedef struct arank {
  * them where the backend writes; after it (back 1): wait for the rank's
  * stream and bring them back. hidden and normalized take `out` bytes,
  * values and scales vb and sb: the call's own form's (0 without one), not
- * the buffers', which the large line sizes. 0, or -1 with
+ * the buffers', which the large lines size. 0, or -1 with
  * dev_last_error(). */
 static int arank_out(arank *a, size_t out, size_t vb, size_t sb, const uint16_t *first, size_t keep, int back)
 {
@@ -393,8 +412,8 @@ static int plan_cases(int l, int large)
     return APLAN[l].large && large < 0 ? 0 : APLAN[l].nt;
 }
 
-/* R ranks of ops over the plan (large >= 0: its large line too, with
- * that quantized form, acase_make's only); *n counts the cases made, the
+/* R ranks of ops over the plan (large >= 0: its large lines too, with
+ * that quantized form and the next, acase_make's only); *n counts the cases made, the
  * index of each one's draw in the sweep */
 static void run_plan(const beam_ops *ops, int R, int large, int *n)
 {
@@ -412,7 +431,7 @@ static void run_plan(const beam_ops *ops, int R, int large, int *n)
             acase *c = &cases[l][i];
             int f;
             acase_make(ops, c, R, *n, APLAN[l].H, APLAN[l].t[i][0] * R + APLAN[l].t[i][1],
-                       APLAN[l].large ? large : -1);
+                       APLAN[l].large ? large + APLAN[l].large - 1 : -1);
             proto.ob = a_max(proto.ob, 2 * (size_t)(c->T + A_GUARD) * (size_t)APLAN[l].H);
             for (f = 0; c->d[0].s.next && f < QM_NFORMS; f++) {
                 proto.vb = a_max(proto.vb, a_nv(&c->forms[f], c->T, APLAN[l].H));
