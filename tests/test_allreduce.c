@@ -192,10 +192,10 @@ static beam_status acall(const beam_ops *ops, beam_workspace *ws, const acase *c
 /* The cases of one world: H, then tokens a * R + b; large lines only on
  * a device backend, and not under BEAM_TEST_QUICK (top_k at most 4 past
  * 4096 tokens; normalized kept, and one quantized form for each of dense
- * and MoE, another pair at each world size and line: large k starts k - 1
- * forms on). The last: more than 128 rows a rank on every strategy at
- * H = 7168, the two-chunk kernels of 512 threads (gpu/gather_fused.cu,
- * bm_tp_shape_index). */
+ * and MoE: another pair at each world size, and on the line of large = k,
+ * k - 1 forms further on). The last: more than 128 rows a rank on every
+ * strategy at H = 7168, the two-chunk kernels of 512 threads
+ * (gpu/gather_fused.cu, bm_tp_shape_index). */
 static const struct aline {
     int32_t H;
     int nt, large;
@@ -412,9 +412,9 @@ static int plan_cases(int l, int large)
     return APLAN[l].large && large < 0 ? 0 : APLAN[l].nt;
 }
 
-/* R ranks of ops over the plan (large >= 0: its large lines too, with
- * that quantized form and the next, acase_make's only); *n counts the cases made, the
- * index of each one's draw in the sweep */
+/* R ranks of ops over the plan (large >= 0: its large lines too, from
+ * that quantized form on, acase_make's only); *n counts the cases made,
+ * the index of each one's draw in the sweep */
 static void run_plan(const beam_ops *ops, int R, int large, int *n)
 {
     arank proto;
