@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "devmem.h"
+#include "util.h"
 
 typedef int (*malloc_fn)(void **, size_t);
 typedef int (*free_fn)(void *);
@@ -113,6 +114,32 @@ void *dev_alloc(size_t bytes)
 void dev_free(void *p)
 {
     if (p && g.cfree) g.cfree(p);
+}
+
+const void *dev_place(const void *src, size_t bytes, size_t off, int dev, void **block)
+{
+    unsigned char *p;
+    *block = NULL;
+    if (!src || (!dev && !off)) return src;
+    if (!dev) {
+        p = (unsigned char *)hu_alloc(bytes ? bytes : 1, off);
+        memcpy(p, src, bytes);
+        *block = p;
+        return p;
+    }
+    p = (unsigned char *)dev_alloc(bytes + 16);
+    if (!p) return NULL;
+    *block = p;
+    if (dev_upload(p + off, src, bytes)) return NULL;
+    return p + off;
+}
+
+void dev_unplace(void *block, int dev)
+{
+    if (dev)
+        dev_free(block);
+    else
+        hu_free(block);
 }
 
 int dev_upload(void *dst, const void *src, size_t bytes)

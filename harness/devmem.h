@@ -16,6 +16,12 @@ void *dev_alloc(size_t bytes);                           /* NULL on failure */
 void dev_free(void *p);
 int dev_upload(void *dst, const void *src, size_t bytes); /* 0 on success */
 int dev_download(void *dst, const void *src, size_t bytes);
+/* src where a backend is to read it: a copy `off` bytes past a 16-byte
+ * boundary, in device memory with dev, else on the host; on the host with
+ * off 0, src itself. *block: what dev_unplace(*block, dev) frees (NULL for
+ * src itself). NULL on failure, with dev_last_error(); NULL src: NULL. */
+const void *dev_place(const void *src, size_t bytes, size_t off, int dev, void **block);
+void dev_unplace(void *block, int dev);
 int dev_sync(void);
 /* A stream that does not wait for the legacy default stream (each rank of
  * an in-process group its own), its synchronization, its end. */

@@ -67,25 +67,16 @@ static size_t a_nv(const beam_quant *q, int64_t T, int32_t H) { return qm_values
 static size_t a_ns(const beam_quant *q, int64_t T, int32_t H) { return qm_scale_floats(q, T, H) + A_QGUARD; }
 static size_t a_max(size_t a, size_t b) { return a > b ? a : b; }
 
-/* host, or a copy of it off bytes past a 16-byte boundary: on the device
- * with c->dev, on the host with off alone */
+/* host as the backend reads it (dev_place); c keeps the copy */
 static const void *a_place(acase *c, const void *host, size_t bytes, size_t off)
 {
-    unsigned char *d;
-    if (!host || (!c->dev && !off)) return host;
-    if (!c->dev) {
-        d = (unsigned char *)hu_alloc(bytes ? bytes : 1, off);
-        memcpy(d, host, bytes);
-        c->blocks[c->nblocks++] = d;
-        return d;
-    }
-    d = (unsigned char *)dev_alloc(bytes + 16);
-    if (!d || dev_upload(d + off, host, bytes)) {
+    const void *p = dev_place(host, bytes, off, c->dev, &c->blocks[c->nblocks]);
+    if (host && !p) {
         fprintf(stderr, "device memory: %s\n", dev_last_error());
         exit(1);
     }
-    c->blocks[c->nblocks++] = d;
-    return d + off;
+    if (c->blocks[c->nblocks]) c->nblocks++;
+    return p;
 }
 
 /* only: -1, or the quantized form of the dense calls (the MoE calls'
@@ -153,12 +144,7 @@ static void acase_free(acase *c)
         }
     }
     for (r = 0; r < c->R; r++) hc_free(&c->d[r]);
-    for (r = 0; r < c->nblocks; r++) {
-        if (c->dev)
-            dev_free(c->blocks[r]);
-        else
-            hu_free(c->blocks[r]);
-    }
+    for (r = 0; r < c->nblocks; r++) dev_unplace(c->blocks[r], c->dev);
 }
 
 /* One call of rank r on c: form m (0 dense, 1 MoE), strategy s, quant form

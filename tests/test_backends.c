@@ -320,19 +320,15 @@ typedef struct gcase {
     float *want_s[QM_NFORMS];
 } gcase;
 
-/* src as the backend takes it: itself, or a copy `off` bytes past 16 */
+/* src as the backend takes it (dev_place); block i keeps the copy */
 static const void *g_place(gcase *c, int i, const void *src, size_t bytes, size_t off)
 {
-    unsigned char *p;
-    if (!src || (!c->dev && !off)) return src;
-    p = c->dev ? dev_alloc(bytes + 16) : hu_alloc(bytes, off);
-    if (!p || (c->dev && dev_upload(p + off, src, bytes))) {
+    const void *p = dev_place(src, bytes, off, c->dev, &c->blocks[i]);
+    if (src && !p) {
         fprintf(stderr, "device memory: %s\n", dev_last_error());
         exit(1);
     }
-    if (!c->dev) memcpy(p, src, bytes);
-    c->blocks[i] = p;
-    return c->dev ? p + off : p;
+    return p;
 }
 
 static size_t g_nv(const beam_quant *q, int64_t T, int32_t H) { return qm_values_bytes(q, T, H) + G_QGUARD; }
@@ -378,7 +374,7 @@ static void gcase_make(const beam_ops *ops, gcase *c, int l, int R, int64_t T, i
 static void gcase_free(gcase *c)
 {
     int i;
-    for (i = 0; i < 5; i++) c->dev ? dev_free(c->blocks[i]) : hu_free(c->blocks[i]);
+    for (i = 0; i < 5; i++) dev_unplace(c->blocks[i], c->dev);
     for (i = 0; i < QM_NFORMS; i++) {
         hu_free(c->want_v[i]);
         hu_free(c->want_s[i]);
